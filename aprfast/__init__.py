@@ -1,0 +1,39 @@
+"""aprfast: read and write .apr machine-learning model files at C speed.
+
+The API mirrors safetensors: ``save_file``/``save`` write, ``load_file``/``load``
+read everything, ``open`` gives lazy zero-copy access, ``Writer`` streams tensors one
+at a time, ``inspect`` reads only the header, metadata and index.
+"""
+
+from ._crc import crc32, crc32_combine
+from ._version import __version__
+from .api import inspect, load, load_file, open, save, save_file
+from .dtypes import DType
+from .errors import (
+    AprError,
+    AprIOError,
+    ChecksumError,
+    CorruptError,
+    DecryptError,
+    FormatError,
+    LayoutError,
+    LimitError,
+    SignatureError,
+    TensorNotFoundError,
+    UnknownDTypeError,
+    VersionError,
+)
+from .limits import Limits
+from .reader import AprFile, TensorSlice, aligned_empty
+from .tensors import QuantizedTensor, RawTensor, TensorInfo
+from .writer import Writer
+
+__all__ = [
+    "__version__",
+    "save_file", "save", "load_file", "load", "open", "inspect", "Writer",
+    "AprFile", "TensorSlice", "TensorInfo", "RawTensor", "QuantizedTensor", "DType", "Limits",
+    "crc32", "crc32_combine", "aligned_empty",
+    "AprError", "FormatError", "CorruptError", "VersionError", "ChecksumError", "DecryptError",
+    "SignatureError", "AprIOError", "LimitError", "TensorNotFoundError", "UnknownDTypeError",
+    "LayoutError",
+]

@@ -1,0 +1,76 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""CRC-32 (IEEE, as zlib.crc32) over any contiguous buffer, GIL released.
+
+The kernel in csrc/crc32.c picks PCLMULQDQ, VPCLMULQDQ/AVX-512, ARMv8 CRC or a
+portable table path at run time; large buffers are split over threads and the
+partial CRCs combined.
+"""
+
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+
+cdef extern from "crc32.h" nogil:
+    uint32_t apr_crc32_parallel(int path, uint32_t crc, const uint8_t *buf, size_t len, int nthreads)
+    uint32_t apr_crc32_combine(uint32_t crc1, uint32_t crc2, uint64_t len2)
+    int apr_crc32_path_available(int path)
+    int apr_crc32_best_path()
+    const char *apr_crc32_path_name(int path)
+
+PATHS = {"auto": -1, "portable": 0, "pclmul": 1, "vpclmul": 2, "armv8": 3}
+
+# Releasing the GIL costs more than checksumming a few KiB.
+cdef size_t NOGIL_MIN = 16384
+
+
+cdef int _path_id(path) except -2:
+    if path is None:
+        return -1
+    try:
+        pid = PATHS[path]
+    except KeyError:
+        raise ValueError(f"unknown CRC32 path {path!r}; known: {', '.join(PATHS)}") from None
+    if pid >= 0 and not apr_crc32_path_available(pid):
+        raise ValueError(f"CRC32 path {path!r} is not available on this CPU")
+    return pid
+
+
+def crc32(data, unsigned int value=0, *, path=None, int threads=0):
+    """CRC-32 of ``data`` continuing from ``value``; equals ``zlib.crc32(data, value)``.
+
+    ``data`` is any C-contiguous buffer (bytes, bytearray, memoryview, NumPy array).
+    ``path`` forces a kernel ("portable", "pclmul", "vpclmul", "armv8"); ``threads``
+    caps the threads used for large buffers (0 = all cores).
+    """
+    cdef int pid = _path_id(path)
+    cdef const uint8_t[::1] view = _byte_view(data)
+    cdef size_t n = view.shape[0]
+    cdef const uint8_t *ptr = &view[0] if n else <const uint8_t *>b""
+    cdef uint32_t crc = value
+    if n < NOGIL_MIN:
+        return apr_crc32_parallel(pid, crc, ptr, n, 1)
+    with nogil:
+        crc = apr_crc32_parallel(pid, crc, ptr, n, threads)
+    return crc
+
+
+def crc32_combine(unsigned int crc1, unsigned int crc2, unsigned long long len2):
+    """CRC of A||B from crc32(A), crc32(B) and len(B)."""
+    return apr_crc32_combine(crc1, crc2, len2)
+
+
+def available_paths():
+    """Names of the CRC32 kernels this CPU can run, best last."""
+    return [name for name, pid in PATHS.items() if pid >= 0 and apr_crc32_path_available(pid)]
+
+
+def best_path():
+    """Name of the kernel ``crc32`` uses by default."""
+    return apr_crc32_path_name(apr_crc32_best_path()).decode()
+
+
+def _byte_view(data):
+    view = memoryview(data)
+    if view.format in ("B", "b", "c") and view.ndim == 1 and view.c_contiguous:
+        return view if view.format == "B" else view.cast("B")
+    if not view.c_contiguous:
+        raise ValueError("crc32 needs a C-contiguous buffer")
+    return view.cast("B")

@@ -1,0 +1,208 @@
+"""The dtype registry: every element type aprfast knows, and each layout's ids for it.
+
+A :class:`DType` says how many bytes a tensor of a given shape takes and which NumPy
+dtype (if any) views those bytes.  Packed (block-quantized) types have no NumPy
+dtype; they travel as :class:`aprfast.tensors.QuantizedTensor` with their logical
+shape.  :class:`IdTable` maps one layout's on-disk dtype byte to a DType and back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from .errors import LayoutError, UnknownDTypeError
+
+__all__ = [
+    "DType",
+    "IdTable",
+    "DTYPES",
+    "by_name",
+    "from_numpy",
+    "numpy_dtype",
+    "bfloat16",
+    "APRENDER_IDS",
+    "APR2_IDS",
+]
+
+try:  # bf16 arrays need ml_dtypes; without it BF16 tensors come back as uint16.
+    from ml_dtypes import bfloat16
+except ImportError:  # pragma: no cover - exercised only without the optional extra
+    bfloat16 = None
+
+
+@dataclass(frozen=True)
+class DType:
+    """One element type.  ``itemsize`` is 0 for packed block types."""
+
+    name: str
+    numpy: str | None = None
+    itemsize: int = 0
+    block_elems: int = 0
+    block_bytes: int = 0
+    blocks_per_row: bool = True  # GGML blocks never span rows; aprender's APR_Q4 does
+
+    @property
+    def packed(self) -> bool:
+        return self.itemsize == 0
+
+    def nbytes(self, shape) -> int:
+        """Bytes a tensor of ``shape`` takes in this dtype."""
+        count = element_count(shape)
+        if not self.packed:
+            return count * self.itemsize
+        if count == 0:
+            return 0
+        if self.name == "APR_Q8":  # one f32 scale for the whole tensor, then i8 values
+            return 4 + count
+        if not self.blocks_per_row:
+            return -(-count // self.block_elems) * self.block_bytes
+        row = shape[-1] if len(shape) else 1
+        rows = count // row
+        return rows * -(-row // self.block_elems) * self.block_bytes
+
+    def __repr__(self) -> str:
+        return f"aprfast.dtypes.{self.name}"
+
+
+def element_count(shape) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def _fixed(name, numpy_str):
+    return DType(name, numpy_str, np.dtype(numpy_str).itemsize)
+
+
+def _blocks(name, elems, nbytes, per_row=True):
+    return DType(name, None, 0, elems, nbytes, per_row)
+
+
+DTYPES: dict[str, DType] = {
+    d.name: d
+    for d in (
+        _fixed("F32", "<f4"),
+        _fixed("F16", "<f2"),
+        DType("BF16", None, 2),
+        _fixed("F64", "<f8"),
+        _fixed("I8", "i1"),
+        _fixed("I16", "<i2"),
+        _fixed("I32", "<i4"),
+        _fixed("I64", "<i8"),
+        _fixed("U8", "u1"),
+        _fixed("U16", "<u2"),
+        _fixed("U32", "<u4"),
+        _fixed("U64", "<u8"),
+        _fixed("BOOL", "?"),
+        # GGML blocks (llama.cpp ggml-common.h sizes).
+        _blocks("Q8_0", 32, 34),
+        _blocks("Q4_0", 32, 18),
+        _blocks("Q4_1", 32, 20),
+        _blocks("Q5_0", 32, 22),
+        _blocks("Q5_1", 32, 24),
+        _blocks("Q4_K", 256, 144),
+        _blocks("Q6_K", 256, 210),
+        # aprender's own: APR_Q4 = per-32 f16 scale + 16 nibble bytes, blocks run across
+        # rows; APR_Q8 = one f32 scale + i8 per element (see nbytes).
+        _blocks("APR_Q4", 32, 18, per_row=False),
+        DType("APR_Q8", None, 0, 1, 1, False),
+    )
+}
+
+_ALIASES = {
+    "FLOAT32": "F32", "FLOAT16": "F16", "HALF": "F16", "BFLOAT16": "BF16",
+    "FLOAT64": "F64", "DOUBLE": "F64", "INT8": "I8", "INT16": "I16", "INT32": "I32",
+    "INT64": "I64", "UINT8": "U8", "UINT16": "U16", "UINT32": "U32", "UINT64": "U64",
+    "Q4K": "Q4_K", "Q6K": "Q6_K", "APRQ4": "APR_Q4", "APRQ8": "APR_Q8",
+}
+
+
+def by_name(name) -> DType:
+    """The DType called ``name`` ("F32", "bf16", "q4_k", ... case-insensitive)."""
+    if isinstance(name, DType):
+        return name
+    key = str(name).upper()
+    key = _ALIASES.get(key, key)
+    try:
+        return DTYPES[key]
+    except KeyError:
+        raise UnknownDTypeError(f"unknown dtype name {name!r}; known: {', '.join(DTYPES)}") from None
+
+
+_FROM_NUMPY = {np.dtype(d.numpy).newbyteorder("<"): d for d in DTYPES.values() if d.numpy}
+
+
+def from_numpy(dtype) -> DType:
+    """The DType that stores arrays of NumPy ``dtype`` (any byte order)."""
+    dtype = np.dtype(dtype)
+    if bfloat16 is not None and dtype == np.dtype(bfloat16):
+        return DTYPES["BF16"]
+    found = _FROM_NUMPY.get(dtype.newbyteorder("<"))
+    if found is None:
+        raise LayoutError(f"arrays of dtype {dtype} cannot be stored; supported: "
+                          + ", ".join(sorted(str(np.dtype(d.numpy)) for d in DTYPES.values() if d.numpy))
+                          + (", bfloat16" if bfloat16 is not None else ""))
+    return found
+
+
+def numpy_dtype(dtype: DType) -> np.dtype:
+    """The little-endian NumPy dtype that views ``dtype``'s bytes (bf16 needs ml_dtypes)."""
+    if dtype.name == "BF16":
+        return np.dtype(bfloat16) if bfloat16 is not None else np.dtype("<u2")
+    if dtype.packed:
+        raise LayoutError(f"{dtype.name} is a packed block type with no NumPy dtype")
+    return np.dtype(dtype.numpy)
+
+
+class IdTable:
+    """One layout's dtype bytes: ``write`` ids (one per dtype) plus read-only legacy ids."""
+
+    def __init__(self, layout: str, write: Mapping[int, str], legacy: Mapping[int, str] = {}):
+        self.layout = layout
+        self._by_id = {i: DTYPES[n] for i, n in {**legacy, **write}.items()}
+        self._by_name = {n: i for i, n in write.items()}
+
+    def dtype(self, type_id: int) -> DType:
+        try:
+            return self._by_id[type_id]
+        except KeyError:
+            raise UnknownDTypeError(f"dtype id {type_id} is not defined by the {self.layout} layout") from None
+
+    def id_of(self, dtype: DType) -> int:
+        try:
+            return self._by_name[dtype.name]
+        except KeyError:
+            raise LayoutError(f"the {self.layout} layout has no id for dtype {dtype.name}") from None
+
+    def knows(self, type_id: int) -> bool:
+        return type_id in self._by_id
+
+    def holds(self, dtype: DType) -> bool:
+        return dtype.name in self._by_name
+
+    def names(self):
+        return list(self._by_name)
+
+
+#: aprender's `TensorDType` (apr-format 0.72): current ids, plus the pre-GH-438 ids
+#: 2 (BF16), 8 (APR_Q4) and 9 (APR_Q8) that older files carry.
+APRENDER_IDS = IdTable(
+    "aprender",
+    write={0: "F32", 1: "F16", 3: "F64", 4: "I32", 5: "I64", 6: "I8", 7: "U8",
+           12: "Q4_K", 14: "Q6_K", 30: "BF16", 128: "APR_Q4", 129: "APR_Q8"},
+    legacy={2: "BF16", 8: "APR_Q4", 9: "APR_Q8"},
+)
+
+#: The APR2 spec's ids (seed 001 §3.5) plus aprfast's extensions from 32 up for types
+#: the spec lacks (docs/FORMAT.md); 128/129 are shared with aprender.
+APR2_IDS = IdTable(
+    "apr2",
+    write={0: "F32", 1: "F16", 2: "BF16", 3: "I8", 4: "I16", 5: "I32", 6: "I64", 7: "U8",
+           16: "Q8_0", 17: "Q4_0", 18: "Q4_1", 19: "Q5_0", 20: "Q5_1",
+           32: "F64", 33: "BOOL", 34: "U16", 35: "U32", 36: "U64", 37: "Q4_K", 38: "Q6_K",
+           128: "APR_Q4", 129: "APR_Q8"},
+)

@@ -1,0 +1,128 @@
+"""Typed errors with the seed's codes (APR spec 2.0 §7).
+
+Every error aprfast raises on bad input is an :class:`AprError` carrying one of the
+codes E001-E008.  Each subclass also inherits the builtin a caller would already
+catch (``ValueError`` for malformed files, ``KeyError`` for a missing tensor,
+``OSError`` for I/O), so code written for safetensors or numpy keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AprError",
+    "FormatError",
+    "CorruptError",
+    "VersionError",
+    "ChecksumError",
+    "DecryptError",
+    "SignatureError",
+    "AprIOError",
+    "LimitError",
+    "TensorNotFoundError",
+    "UnknownDTypeError",
+    "LayoutError",
+    "CODES",
+]
+
+#: code -> category, exactly the table of APR spec 2.0 §7.
+CODES = {
+    "E001": "FORMAT",
+    "E002": "CORRUPT",
+    "E003": "VERSION",
+    "E004": "CHECKSUM",
+    "E005": "DECRYPT",
+    "E006": "SIGNATURE",
+    "E007": "IO",
+    "E008": "MEMORY",
+}
+
+
+class AprError(Exception):
+    """Base of every aprfast error; ``code`` is one of E001-E008."""
+
+    code = "E001"
+
+    def __init__(self, message: str, *, path=None):
+        self.message = message
+        self.path = None if path is None else str(path)
+        where = f"{self.path}: " if self.path else ""
+        super().__init__(f"[{self.code}] {where}{message}")
+
+    @property
+    def category(self) -> str:
+        return CODES[self.code]
+
+    def __reduce__(self):
+        # Keep the keyword-only ``path`` when errors cross process boundaries.
+        return (_rebuild_error, (type(self), self.message, self.path))
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return self.args[0] if self.args else ""
+
+
+def _rebuild_error(cls, message, path):
+    return cls(message, path=path)
+
+
+class FormatError(AprError, ValueError):
+    """E001: the bytes are not a file of a layout aprfast knows."""
+
+    code = "E001"
+
+
+class CorruptError(AprError, ValueError):
+    """E002: a known layout whose sizes, offsets or contents contradict each other."""
+
+    code = "E002"
+
+
+class VersionError(AprError, ValueError):
+    """E003: a layout version or feature this build does not read."""
+
+    code = "E003"
+
+
+class ChecksumError(CorruptError):
+    """E004: a stored CRC32 does not match the bytes it covers."""
+
+    code = "E004"
+
+
+class DecryptError(AprError, ValueError):
+    """E005: decryption failed (wrong key, wrong password or tampering)."""
+
+    code = "E005"
+
+
+class SignatureError(AprError, ValueError):
+    """E006: a signature is missing, untrusted or does not verify."""
+
+    code = "E006"
+
+
+class AprIOError(AprError, OSError):
+    """E007: the operating system refused a read or write."""
+
+    code = "E007"
+
+
+class LimitError(AprError, ValueError):
+    """E008: honouring the file would exceed a limit from :mod:`aprfast.limits`."""
+
+    code = "E008"
+
+
+class TensorNotFoundError(AprError, KeyError):
+    """E001: the file has no tensor of that name."""
+
+    code = "E001"
+
+
+class UnknownDTypeError(FormatError):
+    """E001: a dtype id that the layout does not define."""
+
+
+class LayoutError(AprError, ValueError):
+    """E001: a write request the chosen layout cannot represent."""
+
+    code = "E001"

@@ -1,0 +1,203 @@
+"""What the two v2 tensor layouts share: the parsed-file object, the write plan, the
+binary index codec and the checks every index passes before a tensor is touched."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .. import _index
+from ..dtypes import IdTable
+from ..errors import CorruptError, LayoutError, LimitError, TensorNotFoundError
+from ..limits import Limits
+from ..tensors import TensorInfo, TensorInput
+
+__all__ = ["align", "ParsedFile", "Plan", "PlannedTensor", "parse_index", "encode_index", "decode_json"]
+
+
+def align(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+@dataclass
+class PlannedTensor:
+    """Where one tensor's bytes go: ``offset`` is absolute, ``pad`` zero bytes follow."""
+
+    input: TensorInput
+    offset: int
+    pad: int
+
+
+@dataclass
+class Plan:
+    """Everything a writer needs before streaming tensor bytes: the bytes in front of
+    the data (header, metadata, index, padding), the tensors in file order, and the
+    footer, which only needs the CRC of everything written before it."""
+
+    layout: str
+    prefix: bytes
+    tensors: list
+    total_size: int
+    footer: object  # callable(crc_of_everything_before_the_footer) -> bytes
+
+
+class ParsedFile:
+    """A v2 file's header, lazily decoded metadata and validated tensor index."""
+
+    def __init__(self, *, layout, ids, source, version, flags, header, metadata_range, entries,
+                 names, data_start, data_len, footer_crc_offset, stored_crc, limits: Limits):
+        self.layout = layout
+        self.ids = ids
+        self.source = source
+        self.version = version
+        self.flags = flags
+        self.header = header
+        self._metadata_range = metadata_range
+        self.entries = entries
+        self.names = names
+        self.data_start = data_start
+        self.data_len = data_len
+        self.footer_crc_offset = footer_crc_offset
+        self.stored_crc = stored_crc
+        self.limits = limits
+        self._infos = {}
+
+    @cached_property
+    def metadata(self) -> dict:
+        start, size = self._metadata_range
+        return decode_json(self.source.read(start, size, "metadata"), self.source.path)
+
+    @cached_property
+    def position(self) -> dict:
+        return {name: i for i, name in enumerate(self.names)}
+
+    def info(self, name: str) -> TensorInfo:
+        found = self._infos.get(name)
+        if found is None:
+            found = self._infos[name] = self._make_info(name)
+        return found
+
+    def _make_info(self, name) -> TensorInfo:
+        try:
+            i = self.position[name]
+        except KeyError:
+            raise TensorNotFoundError(_missing(name, self.names), path=self.source.path) from None
+        e = self.entries
+        type_id = int(e.dtype_id[i])
+        dtype = self.ids.dtype(type_id) if self.ids.knows(type_id) else None
+        return TensorInfo(name, dtype, type_id, e.shape(i), self.data_start + int(e.offset[i]),
+                          int(e.size[i]), int(e.flags[i]))
+
+
+def _missing(name, names) -> str:
+    shown = ", ".join(repr(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
+    return f"no tensor named {name!r}; the file has {len(names)}: {shown}"
+
+
+def decode_json(raw, path=None) -> dict:
+    """Parse a metadata block; anything but a UTF-8 JSON object is CorruptError."""
+    try:
+        value = json.loads(bytes(raw).decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CorruptError(f"metadata ({len(raw)} bytes) is not valid UTF-8 JSON: {exc}", path=path) from None
+    if not isinstance(value, dict):
+        raise CorruptError(f"metadata must be a JSON object, found {type(value).__name__}", path=path)
+    return value
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def rule_tables(ids: IdTable):
+    """Per-id size rules for :func:`aprfast._index.check_entries`, built once per table."""
+    rule = np.zeros(256, np.int8)
+    a = np.zeros(256, np.int64)
+    b = np.zeros(256, np.int64)
+    for type_id in range(256):
+        if not ids.knows(type_id):
+            continue
+        d = ids.dtype(type_id)
+        if not d.packed:
+            rule[type_id], a[type_id] = _index.RULE_FIXED, d.itemsize
+        elif d.name == "APR_Q8":
+            rule[type_id] = _index.RULE_SCALE_PLUS_ONE
+        else:
+            rule[type_id] = _index.RULE_ROW_BLOCKS if d.blocks_per_row else _index.RULE_FLAT_BLOCKS
+            a[type_id], b[type_id] = d.block_elems, d.block_bytes
+    return rule, a, b
+
+
+def parse_index(source, *, start, end, count, spec_layout, ids, rules, data_start, data_len,
+                limits: Limits, strict_dtypes: bool):
+    """Read, decode and validate ``count`` index entries in ``[start, end)``."""
+    if count > limits.max_tensor_count:
+        raise LimitError(f"header declares {count} tensors, above the limit of {limits.max_tensor_count} "
+                         "(aprfast.limits.MAX_TENSOR_COUNT)", path=source.path)
+    if end - start > limits.max_index_size:
+        raise LimitError(f"tensor index of {end - start} bytes exceeds the limit of "
+                         f"{limits.max_index_size} (aprfast.limits.MAX_INDEX_SIZE)", path=source.path)
+    blob = source.read(start, end - start, "tensor index")
+    try:
+        entries, _ = _index.parse_entries(blob, 0, len(blob), count, spec_layout,
+                                          limits.max_dims, limits.max_name_bytes)
+        names = entries.names()
+        if not _index.names_strictly_sorted(entries.blob, entries.name_start, entries.name_len):
+            _check_unique(names)
+        _index.check_entries(entries, *rules, data_len, strict_dtypes, names)
+    except (CorruptError, LimitError) as exc:
+        raise type(exc)(exc.message, path=source.path) from None
+    return entries, names
+
+
+def _check_unique(names):
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise CorruptError(f"tensor name {name!r} appears twice in the index")
+        seen.add(name)
+
+
+def encode_index(tensors, ids: IdTable, data_start: int, *, spec_layout: bool) -> bytes:
+    """Index entries for ``tensors`` (PlannedTensor, in index order)."""
+    out = []
+    for t in tensors:
+        name = t.input.name.encode("utf-8")
+        shape = t.input.shape
+        out.append(struct.pack(f"<H{len(name)}sBB{len(shape)}Q", len(name), name,
+                               ids.id_of(t.input.dtype), len(shape), *shape))
+        out.append(struct.pack("<QQ", t.offset - data_start, t.input.nbytes))
+        if spec_layout:
+            out.append(struct.pack("<QI", 0, 0))  # raw_size 0 = stored uncompressed; no flags
+    return b"".join(out)
+
+
+def check_names(inputs, max_name_bytes: int):
+    """Names must be unique, encodable and within the limit; return them in index order."""
+    ordered = sorted(inputs, key=lambda t: t.name)
+    for prev, cur in zip(ordered, ordered[1:]):
+        if prev.name == cur.name:
+            raise LayoutError(f"tensor name {cur.name!r} is given twice")
+    for t in ordered:
+        try:
+            size = len(t.name.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise LayoutError(f"tensor name {t.name!r} is not encodable as UTF-8: {exc.reason}") from None
+        if size > max_name_bytes:
+            raise LayoutError(f"tensor name {t.name[:40]!r}... is {size} bytes; this layout holds "
+                              f"at most {max_name_bytes}")
+    return ordered
+
+
+def lay_out_data(ordered, data_start: int, alignment: int):
+    """Place each tensor at an aligned offset, padded to the alignment, in index order."""
+    planned, offset = [], data_start
+    for t in ordered:
+        pad = align(t.nbytes, alignment) - t.nbytes
+        planned.append(PlannedTensor(t, offset, pad))
+        offset += t.nbytes + pad
+    return planned, offset

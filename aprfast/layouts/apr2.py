@@ -1,0 +1,137 @@
+"""The v2 tensor container as the APR 2.0 spec draws it (seed 001 §3.2-3.7): magic
+``APR2``, 32-byte header with u32 flags and section offsets, JSON metadata carrying
+``apr_version``, a binary index with an 8-byte index header and per-tensor
+``raw_size`` and flags, tensors aligned to 64 (or 32) bytes, and a 16-byte footer
+``crc32 | "2RPA" | u64 file_size``.
+
+Where the spec is silent aprfast decides, and docs/FORMAT.md §3 records each choice:
+metadata at byte 32 then the index with no gap, one padding run before the data,
+every tensor padded to the alignment, offsets relative to the data section, and
+dtype ids from 32 up for types the spec lacks.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .. import _serde_json
+from ..dtypes import APR2_IDS
+from ..errors import CorruptError, FormatError, LayoutError, LimitError, VersionError
+from ..limits import Limits
+from ._common import ParsedFile, Plan, align, check_names, encode_index, lay_out_data, parse_index, rule_tables
+
+NAME = "apr2"
+MAGIC = b"APR2"
+FOOTER_MAGIC = b"2RPA"
+HEADER_SIZE = 32
+FOOTER_SIZE = 16
+INDEX_HEADER_SIZE = 8
+APR_VERSION = "2.0.0"
+MAX_NAME_BYTES = 65535
+
+FLAGS = {"COMPRESSED": 0x01, "ALIGNED_64": 0x02, "ALIGNED_32": 0x04, "SHARDED": 0x08,
+         "ENCRYPTED": 0x10, "SIGNED": 0x20, "QUANTIZED": 0x40, "STREAMING": 0x80}
+_ALIGNMENT_FLAG = {64: FLAGS["ALIGNED_64"], 32: FLAGS["ALIGNED_32"]}
+# Features the spec names that this build does not implement yet: refuse, don't misread.
+_UNSUPPORTED = FLAGS["COMPRESSED"] | FLAGS["ENCRYPTED"] | FLAGS["SIGNED"] | FLAGS["STREAMING"]
+
+_HEADER = struct.Struct("<4sHHIIIIII")
+_FOOTER = struct.Struct("<I4sQ")
+_RULES = rule_tables(APR2_IDS)
+
+
+def encode_metadata(metadata: dict) -> bytes:
+    """Compact JSON: ``apr_version`` first, then every key sorted, recursively."""
+    metadata = dict(metadata or {})
+    version = metadata.pop("apr_version", APR_VERSION)
+    if version != APR_VERSION:
+        raise LayoutError(f"apr_version {version!r} cannot be written; this layout writes {APR_VERSION!r}")
+    ordered = {"apr_version": APR_VERSION, **_sorted(metadata)}
+    try:
+        return _serde_json.dumps(ordered)
+    except ValueError as exc:
+        raise LayoutError(f"metadata cannot be written as JSON: {exc}") from None
+
+
+def _sorted(value):
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise LayoutError(f"metadata keys must be str, not {key!r}")
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, (list, tuple)):
+        return [_sorted(v) for v in value]
+    return value
+
+
+def plan(inputs, metadata, *, alignment: int = 64) -> Plan:
+    if alignment not in _ALIGNMENT_FLAG:
+        raise LayoutError(f"the apr2 layout aligns tensors to 64 or 32 bytes, not {alignment}")
+    ordered = check_names(inputs, MAX_NAME_BYTES)
+    for t in ordered:
+        if not APR2_IDS.holds(t.dtype):
+            raise LayoutError(f"tensor {t.name!r}: the apr2 layout has no dtype id for {t.dtype.name}")
+        if len(t.shape) > 255:
+            raise LayoutError(f"tensor {t.name!r} has {len(t.shape)} dims; a u8 counts at most 255")
+    meta = encode_metadata(metadata)
+    index_offset = HEADER_SIZE + len(meta)
+    index_len = INDEX_HEADER_SIZE + sum(2 + len(t.name.encode()) + 2 + 8 * len(t.shape) + 28 for t in ordered)
+    data_start = align(index_offset + index_len, alignment)
+    if data_start >= 2**32:
+        raise LayoutError(f"metadata and index end at byte {data_start}; the apr2 header's u32 offsets "
+                          "stop at 4 GiB")
+    tensors, data_end = lay_out_data(ordered, data_start, alignment)
+    index = struct.pack("<II", len(tensors), 0) + encode_index(tensors, APR2_IDS, data_start, spec_layout=True)
+    flags = _ALIGNMENT_FLAG[alignment]
+    if any(t.dtype.packed for t in ordered):
+        flags |= FLAGS["QUANTIZED"]
+    header = _HEADER.pack(MAGIC, 2, 0, flags, HEADER_SIZE, len(meta), index_offset, len(index), data_start)
+    prefix = header + meta + index + bytes(data_start - index_offset - len(index))
+    total = data_end + FOOTER_SIZE
+    return Plan(NAME, prefix, tensors, total, lambda crc: _FOOTER.pack(crc, FOOTER_MAGIC, total))
+
+
+def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
+    path = source.path
+    if source.size < HEADER_SIZE + INDEX_HEADER_SIZE + FOOTER_SIZE:
+        raise FormatError(f"file is {source.size} bytes; an APR2 file needs at least "
+                          f"{HEADER_SIZE + INDEX_HEADER_SIZE + FOOTER_SIZE}", path=path)
+    raw = bytes(source.read(0, HEADER_SIZE, "header"))
+    magic, major, minor, flags, meta_off, meta_size, index_off, index_size, data_off = _HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise FormatError(f"magic {magic!r} is not {MAGIC!r}", path=path)
+    if major != 2:
+        raise VersionError(f"APR2 header says version {major}.{minor}; this build reads 2.x", path=path)
+    stored_crc, footer_magic, declared_size = _FOOTER.unpack(
+        bytes(source.read(source.size - FOOTER_SIZE, FOOTER_SIZE, "footer")))
+    if footer_magic != FOOTER_MAGIC or declared_size != source.size:
+        raise CorruptError(f"footer says {footer_magic!r} and {declared_size} bytes, but the file has "
+                           f"{source.size} bytes (expected {FOOTER_MAGIC!r}): truncated or extended?", path=path)
+    if flags & _UNSUPPORTED:
+        names = [n for n, bit in FLAGS.items() if flags & bit & _UNSUPPORTED]
+        raise VersionError(f"flags {flags:#x} ask for {', '.join(names)}, not supported by this build",
+                           path=path)
+    if meta_size > limits.max_metadata_size:
+        raise LimitError(f"metadata of {meta_size} bytes exceeds the limit of {limits.max_metadata_size} "
+                         "(aprfast.limits.MAX_METADATA_SIZE)", path=path)
+    body_end = source.size - FOOTER_SIZE
+    source.check_range(meta_off, meta_size, "metadata")
+    if index_size < INDEX_HEADER_SIZE or index_off + index_size > data_off or data_off > body_end:
+        raise CorruptError(f"index [{index_off}, +{index_size}) and data offset {data_off} must satisfy "
+                           f"index_size >= 8, index end <= data offset <= {body_end}", path=path)
+    count, _reserved = struct.unpack("<II", bytes(source.read(index_off, INDEX_HEADER_SIZE, "index header")))
+    entries, names = parse_index(
+        source, start=index_off + INDEX_HEADER_SIZE, end=index_off + index_size, count=count, spec_layout=True,
+        ids=APR2_IDS, rules=_RULES, data_start=data_off, data_len=body_end - data_off, limits=limits,
+        strict_dtypes=strict_dtypes)
+    if entries.count and (entries.raw_size.any() or entries.flags.any()):
+        raise VersionError("per-tensor compression or flags are set; this build reads only stored tensors",
+                           path=path)
+    header = {"magic": "APR2", "version": f"{major}.{minor}", "flags": flags,
+              "flag_names": [n for n, bit in FLAGS.items() if flags & bit], "tensor_count": count,
+              "metadata_offset": meta_off, "metadata_size": meta_size, "index_offset": index_off,
+              "index_size": index_size, "data_offset": data_off, "file_size": source.size}
+    return ParsedFile(layout=NAME, ids=APR2_IDS, source=source, version=(major, minor), flags=flags,
+                      header=header, metadata_range=(meta_off, meta_size), entries=entries, names=names,
+                      data_start=data_off, data_len=body_end - data_off, footer_crc_offset=body_end,
+                      stored_crc=stored_crc, limits=limits)

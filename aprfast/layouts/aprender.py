@@ -1,0 +1,247 @@
+"""The v2 tensor container as aprender writes it: magic ``APR\\0``, 64-byte header with
+its own CRC, compact JSON metadata in aprender's field order, a packed index sorted by
+name, 64-byte padding after every section and tensor, and a 4-byte CRC32 footer.
+
+Byte-identical to ``apr_format::v2::AprV2Writer`` (apr-format 0.72) for the same
+content; reads everything aprender has written, including pre-#2254 null-filled
+metadata and pre-GH-438 dtype ids.  docs/FORMAT.md §2 has the byte table.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .. import _serde_json
+from .._crc import crc32
+from ..dtypes import APRENDER_IDS
+from ..errors import ChecksumError, CorruptError, FormatError, LayoutError, LimitError, VersionError
+from ..limits import Limits
+from ._common import ParsedFile, Plan, align, check_names, encode_index, lay_out_data, parse_index, rule_tables
+
+NAME = "aprender"
+MAGIC = b"APR\x00"
+HEADER_SIZE = 64
+FOOTER_SIZE = 4
+ALIGNMENT = 64
+#: aprender's writer silently truncates longer names; aprfast refuses them instead.
+MAX_NAME_BYTES = 256
+MAX_DIMS = 8
+
+FLAGS = {
+    "LZ4_COMPRESSED": 0x0001, "ZSTD_COMPRESSED": 0x0002, "ENCRYPTED": 0x0004, "SIGNED": 0x0008,
+    "SHARDED": 0x0010, "QUANTIZED": 0x0020, "HAS_FILTERBANK": 0x0040, "HAS_MODEL_CARD": 0x0080,
+    "STREAMING": 0x0100, "HAS_VOCAB": 0x0200, "LAYOUT_ROW_MAJOR": 0x0400, "LAYOUT_COLUMN_MAJOR": 0x0800,
+}
+# No aprender build applies these to the bytes; a file claiming them can't be read right.
+_UNREADABLE = FLAGS["ENCRYPTED"] | FLAGS["SIGNED"] | FLAGS["LAYOUT_COLUMN_MAJOR"]
+
+_HEADER = struct.Struct("<4sBBHIQIQQI20s")
+_RULES = rule_tables(APRENDER_IDS)
+
+# --- metadata ---------------------------------------------------------------------
+# AprV2Metadata's fields in declaration order (serde order) with their Rust types.
+# "opt" fields are skipped when None; "null" fields are written as null when None
+# (license provenance, #2254); "req" fields always appear, with a default if absent.
+_FIELDS = (
+    ("model_type", "str", "req", ""), ("name", "str", "opt", None), ("description", "str", "opt", None),
+    ("author", "str", "opt", None), ("license", "str", "null", None), ("data_source", "str", "null", None),
+    ("data_license", "str", "null", None), ("version", "str", "opt", None), ("source", "str", "opt", None),
+    ("original_format", "str", "opt", None), ("created_at", "str", "opt", None),
+    ("total_size", "u64", "req", 0), ("param_count", "u64", "req", 0),
+    ("quantization", "quantization", "opt", None), ("sharding", "sharding", "opt", None),
+    ("chat_template", "str", "opt", None), ("chat_format", "str", "opt", None),
+    ("special_tokens", "special_tokens", "opt", None), ("architecture", "str", "opt", None),
+    ("hf_architecture", "str", "opt", None), ("hf_model_type", "str", "opt", None),
+    ("hidden_size", "u64", "opt", None), ("num_layers", "u64", "opt", None),
+    ("num_heads", "u64", "opt", None), ("num_kv_heads", "u64", "opt", None),
+    ("vocab_size", "u64", "opt", None), ("intermediate_size", "u64", "opt", None),
+    ("max_position_embeddings", "u64", "opt", None), ("rope_theta", "f32", "opt", None),
+    ("rope_type", "u32", "opt", None), ("rms_norm_eps", "f32", "opt", None),
+    ("head_dim", "u64", "opt", None), ("num_experts", "u64", "opt", None),
+    ("num_experts_per_tok", "u64", "opt", None), ("moe_intermediate_size", "u64", "opt", None),
+)
+_TYPED = {name for name, *_ in _FIELDS}
+# Nested structs: every field is written, None as null; missing required keys fail.
+_NESTED = {
+    "quantization": (("quant_type", "str", True), ("bits", "u8", True), ("block_size", "u64", False),
+                     ("symmetric", "bool", True)),
+    "sharding": (("shard_count", "u64", True), ("shard_index", "u64", True), ("total_size", "u64", True),
+                 ("pattern", "str", False)),
+    "special_tokens": tuple((k, "str", False) for k in (
+        "bos_token", "eos_token", "unk_token", "pad_token", "im_start_token", "im_end_token")),
+}
+_INT_MAX = {"u64": 2**64, "u32": 2**32, "u8": 2**8}
+
+
+def encode_metadata(metadata: dict) -> bytes:
+    """JSON exactly as serde_json writes aprender's ``AprV2Metadata``.
+
+    Keys that are not typed fields go last, sorted (aprender's order for them is its
+    HashMap's, random per process).  A value aprender could not hold raises LayoutError.
+    """
+    metadata = dict(metadata or {})
+    for key in metadata:
+        if not isinstance(key, str):
+            raise LayoutError(f"metadata keys must be str, not {key!r}")
+    ordered, f32_keys = {}, set()
+    for key, kind, policy, default in _FIELDS:
+        value = metadata.get(key, default)
+        if value is None:
+            if policy == "null":
+                ordered[key] = None
+            elif policy == "req":
+                raise LayoutError(f"aprender metadata field {key!r} cannot be null")
+            continue
+        ordered[key] = _typed(key, kind, value)
+        if kind == "f32":
+            f32_keys.add(key)
+    for key in sorted(k for k in metadata if k not in _TYPED):
+        ordered[key] = _sorted_json(metadata[key])
+    try:
+        return _serde_json.dumps(ordered, f32_paths=frozenset(f32_keys))
+    except ValueError as exc:
+        raise LayoutError(f"metadata cannot be written as aprender JSON: {exc}") from None
+
+
+def _typed(key, kind, value):
+    if kind in _NESTED:
+        return _nested(key, value)
+    if kind == "str":
+        if not isinstance(value, str):
+            raise LayoutError(f"aprender metadata field {key!r} must be a string, not {value!r}")
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise LayoutError(f"aprender metadata field {key!r} must be a bool, not {value!r}")
+        return value
+    if kind == "f32":
+        return _f32(key, value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _INT_MAX[kind]:
+        raise LayoutError(f"aprender metadata field {key!r} must be an integer in [0, {_INT_MAX[kind]}), "
+                          f"not {value!r}")
+    return int(value)
+
+
+def _f32(key, value):
+    import numpy as np
+
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise LayoutError(f"aprender metadata field {key!r} must be a number, not {value!r}")
+    with np.errstate(over="ignore"):
+        as_f32 = np.float32(value)
+    if not np.isfinite(as_f32):
+        raise LayoutError(f"aprender metadata field {key!r} = {value!r} is not a finite f32")
+    return float(as_f32)
+
+
+def _nested(key, value):
+    if not isinstance(value, dict):
+        raise LayoutError(f"aprender metadata field {key!r} must be an object, not {value!r}")
+    fields = _NESTED[key]
+    extra = set(value) - {name for name, *_ in fields}
+    if extra:
+        raise LayoutError(f"aprender metadata field {key!r} has keys aprender would drop: {sorted(extra)}")
+    out = {}
+    for name, kind, required in fields:
+        item = value.get(name)
+        if item is None:
+            if required:
+                raise LayoutError(f"aprender metadata field {key}.{name} is required")
+            out[name] = None
+        else:
+            out[name] = _typed(f"{key}.{name}", kind, item)
+    return out
+
+
+def _sorted_json(value):
+    # serde_json::Value objects are BTreeMaps: nested keys come out sorted.
+    if isinstance(value, dict):
+        return {k: _sorted_json(value[k]) for k in sorted(value)}
+    if isinstance(value, (list, tuple)):
+        return [_sorted_json(v) for v in value]
+    return value
+
+
+# --- writing ----------------------------------------------------------------------
+def plan(inputs, metadata, *, alignment: int = ALIGNMENT) -> Plan:
+    """Lay out a file; LayoutError says why aprender's layout cannot hold the request."""
+    if alignment != ALIGNMENT:
+        raise LayoutError(f"the aprender layout always aligns tensors to 64 bytes, not {alignment}")
+    ordered = check_names(inputs, MAX_NAME_BYTES)
+    for t in ordered:
+        if not APRENDER_IDS.holds(t.dtype):
+            raise LayoutError(f"tensor {t.name!r}: the aprender layout has no dtype id for {t.dtype.name}")
+        if len(t.shape) > MAX_DIMS:
+            raise LayoutError(f"tensor {t.name!r} has {len(t.shape)} dims; the aprender layout holds 8")
+    meta = encode_metadata(metadata)
+    if len(meta) >= 2**32:
+        raise LayoutError(f"metadata of {len(meta)} bytes does not fit aprender's u32 size field")
+    index_offset = HEADER_SIZE + align(len(meta), ALIGNMENT)
+    # Entry sizes don't depend on offsets, so encode once with placeholder offsets to size the index.
+    index_len = sum(2 + len(t.name.encode()) + 2 + 8 * len(t.shape) + 16 for t in ordered)
+    data_start = index_offset + align(index_len, ALIGNMENT)
+    tensors, data_end = lay_out_data(ordered, data_start, ALIGNMENT)
+    index = encode_index(tensors, APRENDER_IDS, data_start, spec_layout=False)
+    flags = FLAGS["LAYOUT_ROW_MAJOR"]
+    if (metadata or {}).get("sharding") is not None:
+        flags |= FLAGS["SHARDED"]
+    header = _pack_header(flags, len(tensors), len(meta), index_offset, data_start)
+    prefix = b"".join([header, _pad(meta, ALIGNMENT), _pad(index, ALIGNMENT)])
+    return Plan(NAME, prefix, tensors, data_end + FOOTER_SIZE, lambda crc: struct.pack("<I", crc))
+
+
+def _pad(blob: bytes, to: int) -> bytes:
+    return blob + bytes(align(len(blob), to) - len(blob))
+
+
+def _pack_header(flags, count, meta_size, index_offset, data_offset) -> bytes:
+    fields = (MAGIC, 2, 0, flags, count, HEADER_SIZE, meta_size, index_offset, data_offset)
+    unsigned = _HEADER.pack(*fields, 0, bytes(20))
+    return _HEADER.pack(*fields, _header_crc(unsigned), bytes(20))
+
+
+def _header_crc(header: bytes) -> int:
+    return crc32(header[44:64], crc32(header[:40]))
+
+
+# --- reading ----------------------------------------------------------------------
+def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
+    """Validate the header, index and extents of an ``APR\\0`` file (not the footer CRC)."""
+    path = source.path
+    if source.size < HEADER_SIZE + FOOTER_SIZE:
+        raise FormatError(f"file is {source.size} bytes; an aprender v2 file needs at least "
+                          f"{HEADER_SIZE + FOOTER_SIZE}", path=path)
+    raw = bytes(source.read(0, HEADER_SIZE, "header"))
+    magic, major, minor, flags, count, meta_off, meta_size, index_off, data_off, stored, _ = _HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise FormatError(f"magic {magic!r} is not {MAGIC!r}", path=path)
+    if _header_crc(raw) != stored:
+        raise ChecksumError(f"header CRC32 is {stored:#010x} but bytes 0..64 give {_header_crc(raw):#010x}",
+                            path=path)
+    if major != 2:
+        raise VersionError(f"aprender v2 header says version {major}.{minor}", path=path)
+    if flags & _UNREADABLE:
+        names = [n for n, bit in FLAGS.items() if flags & bit & _UNREADABLE]
+        raise VersionError(f"flags {flags:#06x} ask for {', '.join(names)}, which no aprender build "
+                           "writes and aprfast does not read in this layout", path=path)
+    body_end = source.size - FOOTER_SIZE
+    if meta_size > limits.max_metadata_size:
+        raise LimitError(f"metadata of {meta_size} bytes exceeds the limit of {limits.max_metadata_size} "
+                         "(aprfast.limits.MAX_METADATA_SIZE)", path=path)
+    source.check_range(meta_off, meta_size, "metadata")
+    if not (index_off <= data_off <= body_end):
+        raise CorruptError(f"tensor index offset {index_off} and data offset {data_off} must satisfy "
+                           f"index <= data <= {body_end} (file size minus footer)", path=path)
+    entries, names = parse_index(
+        source, start=index_off, end=data_off, count=count, spec_layout=False, ids=APRENDER_IDS,
+        rules=_RULES, data_start=data_off, data_len=body_end - data_off, limits=limits,
+        strict_dtypes=strict_dtypes)
+    header = {"magic": "APR\\0", "version": f"{major}.{minor}", "flags": flags,
+              "flag_names": [n for n, bit in FLAGS.items() if flags & bit], "tensor_count": count,
+              "metadata_offset": meta_off, "metadata_size": meta_size, "tensor_index_offset": index_off,
+              "data_offset": data_off, "header_crc32": stored, "file_size": source.size}
+    stored_crc = struct.unpack("<I", bytes(source.read(body_end, FOOTER_SIZE, "footer")))[0]
+    return ParsedFile(layout=NAME, ids=APRENDER_IDS, source=source, version=(major, minor), flags=flags,
+                      header=header, metadata_range=(meta_off, meta_size), entries=entries, names=names,
+                      data_start=data_off, data_len=body_end - data_off, footer_crc_offset=body_end,
+                      stored_crc=stored_crc, limits=limits)

@@ -1,0 +1,51 @@
+"""Limits that bound what a reader will believe before it allocates or slices.
+
+Every size, count and offset in a file is checked against the bytes really present;
+these limits bound the rest (how much metadata JSON to parse, how many index entries
+to build objects for).  They are plain module constants so a caller can raise them
+for one process (``aprfast.limits.MAX_TENSOR_COUNT = 10_000_000``) or pass a
+:class:`Limits` to one call (``aprfast.open(path, limits=Limits(max_dims=16))``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "MAX_METADATA_SIZE",
+    "MAX_INDEX_SIZE",
+    "MAX_TENSOR_COUNT",
+    "MAX_DIMS",
+    "MAX_NAME_BYTES",
+    "MAX_ALIGNMENT",
+    "Limits",
+]
+
+#: Bytes of JSON metadata parsed (aprender declares 16 MiB as its own maximum).
+MAX_METADATA_SIZE = 64 * 1024 * 1024
+#: Bytes of binary tensor index parsed.
+MAX_INDEX_SIZE = 256 * 1024 * 1024
+#: Tensors in one file.
+MAX_TENSOR_COUNT = 4_000_000
+#: Dimensions of one tensor (both v2 layouts define at most 8).
+MAX_DIMS = 8
+#: Bytes of one tensor name (aprender writes at most 256; both layouts store a u16).
+MAX_NAME_BYTES = 65535
+#: Largest alignment a caller may ask of a buffer or a layout.
+MAX_ALIGNMENT = 4096
+
+
+def _current(name):
+    # Read the module global at construction time so later assignments count.
+    return field(default_factory=lambda: globals()[name])
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One set of limits; defaults are the module constants at creation time."""
+
+    max_metadata_size: int = _current("MAX_METADATA_SIZE")
+    max_index_size: int = _current("MAX_INDEX_SIZE")
+    max_tensor_count: int = _current("MAX_TENSOR_COUNT")
+    max_dims: int = _current("MAX_DIMS")
+    max_name_bytes: int = _current("MAX_NAME_BYTES")

@@ -1,0 +1,336 @@
+"""Reading v2 files: :class:`AprFile` (what ``aprfast.open`` returns) and eager loads.
+
+An AprFile parses the header and index once, then hands out tensors: zero-copy
+read-only views of the mapped file by default, or owned arrays in aligned memory
+(``copy=True``, or whenever the source is read with ``pread``).  Slices read only the
+bytes they need.  All methods are safe to call from several threads at once.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import _memory, layouts
+from ._crc import crc32
+from .dtypes import numpy_dtype
+from .errors import AprError, ChecksumError, LayoutError
+from .limits import Limits
+from .sources import open_source
+from .tensors import QuantizedTensor, RawTensor, TensorInfo
+
+__all__ = ["AprFile", "TensorSlice", "aligned_empty"]
+
+
+def aligned_empty(nbytes: int, alignment: int = 64) -> np.ndarray:
+    """A writable uint8 array of ``nbytes`` whose data starts on ``alignment``."""
+    return np.frombuffer(_memory.AlignedBuffer(nbytes, alignment), np.uint8, nbytes)
+
+
+class AprFile:
+    """An open ``.apr`` v2 file (either layout).  Use as a context manager.
+
+    ``mode`` is "mmap" (default for files) or "pread"; ``limits`` bounds what the
+    parser believes; ``unknown_dtypes="raw"`` returns tensors of unknown dtype ids as
+    :class:`RawTensor` instead of failing at open; ``verify=True`` checks the whole-file
+    CRC32 at open; ``alignment`` is the alignment of owned arrays.
+    """
+
+    def __init__(self, target, *, mode: str | None = None, limits: Limits | None = None,
+                 unknown_dtypes: str = "error", verify: bool = False, alignment: int = 64):
+        if unknown_dtypes not in ("error", "raw"):
+            raise ValueError(f"unknown_dtypes must be 'error' or 'raw', not {unknown_dtypes!r}")
+        self.alignment = alignment
+        self._source = open_source(target, mode=mode)
+        try:
+            layout = layouts.detect(self._source)
+            self._file = layout.parse(self._source, limits or Limits(),
+                                      strict_dtypes=unknown_dtypes == "error")
+            if verify:
+                self.verify()
+        except BaseException:
+            self._source.close()
+            raise
+
+    # --- what the file holds ------------------------------------------------------
+    @property
+    def layout(self) -> str:
+        """"aprender" (APR\\0) or "apr2" (the spec's APR2)."""
+        return self._file.layout
+
+    @property
+    def header(self) -> dict:
+        return dict(self._file.header)
+
+    @property
+    def metadata(self) -> dict:
+        return self._file.metadata
+
+    @property
+    def path(self):
+        return self._source.path
+
+    def keys(self) -> list:
+        return list(self._file.names)
+
+    def __iter__(self):
+        return iter(self._file.names)
+
+    def __len__(self) -> int:
+        return len(self._file.names)
+
+    def __contains__(self, name) -> bool:
+        return name in self._file.position
+
+    def info(self, name: str) -> TensorInfo:
+        """dtype, shape, absolute offset and stored byte size of one tensor."""
+        return self._file.info(name)
+
+    # --- tensors ------------------------------------------------------------------
+    def get_tensor(self, name: str, copy: bool = False):
+        """The tensor ``name``: a NumPy array, or a QuantizedTensor/RawTensor for packed
+        or unknown dtypes.  Without ``copy`` it is a read-only view of the mapped file
+        when the file is mapped; with ``copy`` an owned, aligned, writable array."""
+        info = self._file.info(name)
+        data = self._bytes(info, copy)
+        if info.dtype is None:
+            return RawTensor(None, info.shape, data, info.dtype_id)
+        if info.dtype.packed:
+            return QuantizedTensor(info.dtype, info.shape, data)
+        return data.view(numpy_dtype(info.dtype)).reshape(info.shape)
+
+    def _bytes(self, info: TensorInfo, copy: bool) -> np.ndarray:
+        source = self._source
+        if source.zero_copy and not copy:
+            return np.frombuffer(source.read(info.offset, info.nbytes, f"tensor {info.name!r}"), np.uint8)
+        out = aligned_empty(info.nbytes, self.alignment)
+        source.readinto(info.offset, out)
+        return out
+
+    def get_slice(self, name: str) -> "TensorSlice":
+        """A lazy handle whose ``[...]`` reads only the rows/blocks a NumPy basic index needs."""
+        return TensorSlice(self, self._file.info(name))
+
+    def tensors(self, copy: bool = False) -> dict:
+        """Every tensor, by name."""
+        return {name: self.get_tensor(name, copy) for name in self._file.names}
+
+    # --- integrity and lifetime ---------------------------------------------------
+    def verify(self) -> None:
+        """Check the footer CRC32 over every byte before it; raise ChecksumError if not."""
+        end = self._file.footer_crc_offset
+        if self._source.zero_copy:
+            actual = crc32(self._source.read(0, end))
+        else:
+            actual = self._source.readinto(0, aligned_empty(end), crc=0)
+        if actual != self._file.stored_crc:
+            raise ChecksumError(f"footer CRC32 is {self._file.stored_crc:#010x} but bytes 0..{end} give "
+                                f"{actual:#010x}", path=self.path)
+
+    def close(self) -> None:
+        self._source.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._source.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{len(self)} tensors"
+        return f"<aprfast.AprFile {self.path or '<buffer>'} layout={self.layout} {state}>"
+
+    # --- eager loading ------------------------------------------------------------
+    def load_all(self, *, verify: bool = True, threads: int = 0) -> dict:
+        """Read the whole data section into one aligned buffer with parallel reads,
+        checking the footer CRC on the way, and return every tensor as an owned array
+        viewing that buffer (each 64-byte aligned, like the file)."""
+        f = self._file
+        arena = aligned_empty(f.data_len, max(self.alignment, 64))
+        prefix_crc = crc32(self._source.read(0, f.data_start, "header")) if verify else None
+        crc = self._source.readinto(f.data_start, arena, threads=threads, crc=prefix_crc)
+        if verify and crc != f.stored_crc:
+            raise ChecksumError(f"footer CRC32 is {f.stored_crc:#010x} but the file's bytes give {crc:#010x}",
+                                path=self.path)
+        return _slice_arena(f, arena)
+
+
+def _slice_arena(parsed, arena: np.ndarray) -> dict:
+    """Tensors as views of the arena, without building a TensorInfo per tensor."""
+    e = parsed.entries
+    ids = parsed.ids
+    out = {}
+    views = {}
+    for i, (name, type_id, start, size) in enumerate(
+            zip(parsed.names, e.dtype_id.tolist(), e.offset.tolist(), e.size.tolist())):
+        shape = e.shape(i)
+        view = views.get(type_id)
+        if view is None:
+            view = views[type_id] = _viewer(ids, type_id)
+        out[name] = view(arena[start:start + size], shape)
+    return out
+
+
+def _viewer(ids, type_id):
+    if not ids.knows(type_id):
+        return lambda data, shape: RawTensor(None, shape, data, type_id)
+    dtype = ids.dtype(type_id)
+    if dtype.packed:
+        return lambda data, shape: QuantizedTensor(dtype, shape, data)
+    np_dtype = numpy_dtype(dtype)
+    return lambda data, shape: data.view(np_dtype).reshape(shape)
+
+
+class TensorSlice:
+    """``file.get_slice(name)[key]``: owned arrays read with as few bytes as the key needs.
+
+    Supports NumPy basic indexing (ints, slices with steps, ``...``, ``None``) and
+    :meth:`intervals` for tensor-parallel shards along one axis.
+    """
+
+    #: Above this many separate runs a single bounding read is cheaper than many preads.
+    MAX_RUNS = 4096
+
+    def __init__(self, file: AprFile, info: TensorInfo):
+        if info.dtype is None or info.dtype.packed:
+            raise LayoutError(f"tensor {info.name!r} is {info.dtype_name}; slicing reads elementwise "
+                              "dtypes only (read packed tensors whole with get_tensor)")
+        self._file = file
+        self.info = info
+        self.shape = info.shape
+        self.dtype = numpy_dtype(info.dtype)
+        self._lock = threading.Lock()
+
+    def get_shape(self) -> list:
+        return list(self.shape)
+
+    def get_dtype(self) -> str:
+        return self.info.dtype.name
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __getitem__(self, key) -> np.ndarray:
+        box, local_key = _bounding_box(key, self.shape)
+        region = self._read_box(box)
+        return np.array(region[local_key], copy=True)
+
+    def intervals(self, ranges, axis: int = 0) -> np.ndarray:
+        """Rows ``[start, stop)`` for each range along ``axis``, concatenated in order."""
+        if not self.shape:
+            raise IndexError("a 0-d tensor has no axis to take intervals along")
+        axis = _axis(axis, len(self.shape))
+        parts = []
+        for start, stop in ranges:
+            if not 0 <= start <= stop <= self.shape[axis]:
+                raise IndexError(f"interval [{start}, {stop}) is outside axis {axis} of length "
+                                 f"{self.shape[axis]}")
+            key = (slice(None),) * axis + (slice(start, stop),)
+            parts.append(self[key])
+        if not parts:
+            shape = list(self.shape)
+            shape[axis] = 0
+            return np.empty(shape, self.dtype)
+        return np.concatenate(parts, axis=axis)
+
+    def _read_box(self, box) -> np.ndarray:
+        """The sub-array covering ``box`` (per-axis [lo, hi)), read with bounded I/O."""
+        source = self._file._source
+        item = self.dtype.itemsize
+        if source.zero_copy:  # slicing a map touches only the pages the key needs
+            whole = np.frombuffer(source.read(self.info.offset, self.info.nbytes), self.dtype)
+            return whole.reshape(self.shape)[tuple(slice(lo, hi) for lo, hi in box)]
+        return _read_box_pread(source, self.info.offset, self.shape, item, box, self.dtype, self.MAX_RUNS)
+
+
+def _axis(axis, ndim):
+    if not -ndim <= axis < ndim:
+        raise IndexError(f"axis {axis} is out of range for {ndim} dims")
+    return axis % ndim
+
+
+def _bounding_box(key, shape):
+    """Per-axis [lo, hi) covering what ``key`` selects, and ``key`` shifted into that box."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if sum(1 for k in key if k is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if n_real > len(shape):
+        raise IndexError(f"too many indices: tensor has {len(shape)} dims, {n_real} were indexed")
+    expanded = []
+    for k in key:
+        if k is Ellipsis:
+            expanded.extend([slice(None)] * (len(shape) - n_real))
+        else:
+            expanded.append(k)
+    if Ellipsis not in key:
+        expanded.extend([slice(None)] * (len(shape) - n_real))
+    box, local, axis = [], [], 0
+    for k in expanded:
+        if k is None:
+            local.append(None)
+            continue
+        dim = shape[axis]
+        axis += 1
+        if isinstance(k, slice):
+            start, stop, step = k.indices(dim)
+            idx = range(start, stop, step)
+            if len(idx) == 0:
+                box.append((0, 0))
+                local.append(slice(0, 0))
+                continue
+            lo, hi = min(idx[0], idx[-1]), max(idx[0], idx[-1]) + 1
+            box.append((lo, hi))
+            new_stop = idx[-1] - lo + (1 if step > 0 else -1)
+            local.append(slice(idx[0] - lo, None if new_stop < 0 else new_stop, step))
+        else:
+            try:
+                i = int(np.asarray(k).item()) if not isinstance(k, (int, np.integer)) else int(k)
+            except (TypeError, ValueError):
+                raise IndexError(f"only integers, slices, '...' and None are valid indices, not {k!r}") from None
+            if isinstance(k, (bool, np.bool_)):
+                raise IndexError("boolean indices are not basic indexing")
+            if not -dim <= i < dim:
+                raise IndexError(f"index {i} is out of bounds for axis {axis - 1} with size {dim}")
+            i %= dim
+            box.append((i, i + 1))
+            local.append(0)
+    return box, tuple(local)
+
+
+def _read_box_pread(source, offset, shape, item, box, dtype, max_runs) -> np.ndarray:
+    box_shape = tuple(hi - lo for lo, hi in box)
+    out = np.empty(box_shape, dtype)
+    if out.size == 0:
+        return out
+    # Axes after the last partially-selected one are whole, so each run along that
+    # axis is one contiguous byte range in the file.
+    last = max((d for d, (lo, hi) in enumerate(box) if hi - lo != shape[d]), default=-1)
+    strides = np.cumprod((1,) + tuple(reversed(shape)))[::-1][1:] if shape else ()
+    if last < 0:
+        source.readinto(offset, out.reshape(-1).view(np.uint8))
+        return out
+    run_elems = box_shape[last] * int(np.prod(shape[last + 1:], dtype=np.int64))
+    outer = box_shape[:last]
+    runs = int(np.prod(outer, dtype=np.int64)) if outer else 1
+    if runs > max_runs:
+        # Too many small runs: read the rows spanning the box once and slice in memory.
+        lo0, hi0 = box[0]
+        row = int(np.prod(shape[1:], dtype=np.int64))
+        rows = np.empty((hi0 - lo0,) + tuple(shape[1:]), dtype)
+        source.readinto(offset + lo0 * row * item, rows.reshape(-1).view(np.uint8))
+        return rows[(slice(None),) + tuple(slice(lo, hi) for lo, hi in box[1:])]
+    flat = out.reshape(runs, run_elems)
+    for r, index in enumerate(np.ndindex(*outer) if outer else [()]):
+        start = sum((box[d][0] + index[d]) * int(strides[d]) for d in range(last)) + box[last][0] * int(strides[last])
+        source.readinto(offset + start * item, flat[r].view(np.uint8))
+    return out

@@ -1,0 +1,149 @@
+"""Tensor values that are not plain NumPy arrays, and how writer inputs become bytes.
+
+* :class:`TensorInfo` describes one stored tensor (what ``info(name)`` returns).
+* :class:`RawTensor` is bytes with a declared dtype and logical shape: the form of a
+  tensor whose dtype id is unknown (when raw access is asked for), and a way to save
+  bytes of a dtype NumPy lacks (bf16 without ml_dtypes).
+* :class:`QuantizedTensor` is a RawTensor of a packed block type (Q4_K, APR_Q4, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import dtypes as _dtypes
+from .dtypes import DType
+from .errors import CorruptError, LayoutError
+
+__all__ = ["TensorInfo", "RawTensor", "QuantizedTensor", "TensorInput", "as_input"]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One index entry: ``offset`` is absolute in the file, ``nbytes`` the stored size."""
+
+    name: str
+    dtype: DType | None
+    dtype_id: int
+    shape: tuple
+    offset: int
+    nbytes: int
+    flags: int = 0
+
+    @property
+    def dtype_name(self) -> str:
+        return self.dtype.name if self.dtype else f"unknown({self.dtype_id})"
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+    def as_dict(self) -> dict:
+        return {"dtype": self.dtype_name, "shape": list(self.shape), "offset": self.offset,
+                "nbytes": self.nbytes}
+
+
+@dataclass(frozen=True, eq=False)
+class RawTensor:
+    """Stored bytes with their dtype (``None`` if unknown) and logical shape."""
+
+    dtype: DType | None
+    shape: tuple
+    data: np.ndarray = field(repr=False)
+    dtype_id: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if isinstance(self.dtype, str):
+            object.__setattr__(self, "dtype", _dtypes.by_name(self.dtype))
+        data = np.asarray(self.data)
+        if data.dtype != np.uint8 or data.ndim != 1:
+            data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        object.__setattr__(self, "data", data)
+        if self.dtype is not None and self.dtype.nbytes(self.shape) != data.nbytes:
+            raise LayoutError(
+                f"{self.dtype.name} tensor of shape {list(self.shape)} takes "
+                f"{self.dtype.nbytes(self.shape)} bytes, but {data.nbytes} were given")
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def __eq__(self, other):
+        return (type(other) is type(self) and self.dtype == other.dtype
+                and self.shape == other.shape and np.array_equal(self.data, other.data))
+
+    def __repr__(self):
+        name = self.dtype.name if self.dtype else f"unknown({self.dtype_id})"
+        return f"{type(self).__name__}({name}, shape={list(self.shape)}, nbytes={self.nbytes})"
+
+
+class QuantizedTensor(RawTensor):
+    """Packed blocks of a quantized dtype, with the logical shape they decode to."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.dtype is None or not self.dtype.packed:
+            raise LayoutError(f"QuantizedTensor needs a packed dtype, not {self.dtype}")
+
+
+@dataclass(frozen=True)
+class TensorInput:
+    """A writer input reduced to what a layout stores: dtype, shape and C-order bytes."""
+
+    name: str
+    dtype: DType
+    shape: tuple
+    data: memoryview  # 1-D unsigned bytes, little-endian element order
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+
+def as_input(name, value) -> TensorInput:
+    """Turn an array, buffer, ``__array__`` object or RawTensor into a TensorInput."""
+    if not isinstance(name, str):
+        raise LayoutError(f"tensor names must be str, not {type(name).__name__}: {name!r}")
+    if isinstance(value, RawTensor):
+        if value.dtype is None:
+            raise LayoutError(f"tensor {name!r}: cannot write a tensor of unknown dtype id {value.dtype_id}")
+        return TensorInput(name, value.dtype, value.shape, _bytes_of(np.ascontiguousarray(value.data)))
+    array = _as_array(name, value)
+    dtype = _dtypes.from_numpy(array.dtype)
+    if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not _LITTLE):
+        array = array.astype(array.dtype.newbyteorder("<"))
+    array = np.ascontiguousarray(array)
+    return TensorInput(name, dtype, tuple(int(d) for d in array.shape), _bytes_of(array))
+
+
+_LITTLE = np.little_endian
+
+
+def _as_array(name, value) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value)
+    except Exception as exc:  # torch bf16, exotic buffers: say which tensor failed
+        raise LayoutError(f"tensor {name!r}: cannot read {type(value).__name__} as an array ({exc})") from exc
+
+
+def _bytes_of(array: np.ndarray) -> memoryview:
+    if array.size == 0:
+        return memoryview(b"")
+    # A uint8 view first: custom dtypes such as ml_dtypes' bfloat16 export no buffer format.
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+def check_stored_size(info: TensorInfo, path=None) -> None:
+    """A stored size must equal shape x dtype; the message names both numbers."""
+    if info.dtype is None:
+        return
+    expected = info.dtype.nbytes(info.shape)
+    if expected != info.nbytes:
+        raise CorruptError(
+            f"tensor {info.name!r}: {info.dtype.name} of shape {list(info.shape)} needs "
+            f"{expected} bytes but the index says {info.nbytes}", path=path)

@@ -1,0 +1,300 @@
+"""Writing v2 files: one pass from a layout's plan, to a path (atomically) or to any
+writable file object, pipes included.
+
+``save_file``/``save`` know every tensor up front, so the layout is planned first and
+the bytes stream out once: prefix (header, metadata, index), each tensor with its
+padding, then the footer, whose CRC is combined from per-piece CRCs rather than
+re-read.  :class:`Writer` takes tensors one at a time: each is checksummed and
+spooled to a temporary file as it arrives (peak memory about one tensor), and on
+close the plan is made and the spool copied out in index order with the kernel's
+``copy_file_range``/``sendfile`` where possible.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+
+from . import layouts
+from ._crc import crc32, crc32_combine
+from .errors import AprError, AprIOError, LayoutError
+from .tensors import TensorInput, as_input
+
+__all__ = ["Writer", "write_plan", "AtomicFile"]
+
+# Small pieces are gathered into one buffer so 10,000 tiny tensors cost a few syscalls.
+_GATHER_LIMIT = 1 << 20
+_ZEROS = bytes(4096)
+
+
+class AtomicFile:
+    """A temporary file beside ``path`` that replaces it only on :meth:`commit`."""
+
+    def __init__(self, path, *, durable: bool = True):
+        self.path = os.fspath(path)
+        self.durable = durable
+        directory = os.path.dirname(os.path.abspath(self.path))
+        base = os.path.basename(self.path)
+        try:
+            self.fd, self.temp_path = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+        except OSError as exc:
+            raise AprIOError(f"cannot create a temporary file in {directory}: {exc.strerror}",
+                             path=self.path) from exc
+        os.fchmod(self.fd, _default_mode()) if hasattr(os, "fchmod") else None
+
+    def commit(self) -> None:
+        try:
+            if self.durable:
+                os.fsync(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+            os.replace(self.temp_path, self.path)
+            if self.durable:
+                _fsync_directory(os.path.dirname(os.path.abspath(self.path)))
+        except OSError as exc:
+            self.abort()
+            raise AprIOError(f"cannot commit the written file: {exc.strerror}", path=self.path) from exc
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        try:
+            os.unlink(self.temp_path)
+        except FileNotFoundError:
+            pass
+
+
+_mode_lock = threading.Lock()
+_mode = None
+
+
+def _default_mode() -> int:
+    # mkstemp makes 0600 files; a saved model should get the usual 0666 & ~umask.
+    global _mode
+    with _mode_lock:
+        if _mode is None:
+            umask = os.umask(0o022)
+            os.umask(umask)
+            _mode = 0o666 & ~umask
+    return _mode
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # some platforms can't open directories; the rename is still atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _Sink:
+    """Writes byte pieces to a descriptor or file object, gathering small ones."""
+
+    def __init__(self, fd=None, fileobj=None):
+        self._fd = fd
+        self._file = fileobj
+        self._pending = bytearray()
+
+    def write(self, piece) -> None:
+        n = len(piece)
+        if n == 0:
+            return
+        if n < _GATHER_LIMIT // 4:
+            self._pending += piece
+            if len(self._pending) >= _GATHER_LIMIT:
+                self.flush()
+            return
+        self.flush()
+        self._write_all(memoryview(piece))
+
+    def zeros(self, n: int) -> None:
+        while n:
+            step = min(n, len(_ZEROS))
+            self.write(_ZEROS[:step])
+            n -= step
+
+    def flush(self) -> None:
+        if self._pending:
+            self._write_all(memoryview(self._pending))
+            self._pending = bytearray()
+
+    def copy_from(self, spool_fd: int, offset: int, n: int) -> None:
+        """Copy ``n`` bytes at ``offset`` of ``spool_fd`` without passing them through Python."""
+        self.flush()
+        if self._fd is not None and _kernel_copy(spool_fd, self._fd, offset, n):
+            return
+        while n:
+            chunk = os.pread(spool_fd, min(n, 8 << 20), offset)
+            if not chunk:
+                raise AprIOError("spool file ended early")
+            self._write_all(memoryview(chunk))
+            offset += len(chunk)
+            n -= len(chunk)
+
+    def _write_all(self, view: memoryview) -> None:
+        while len(view):
+            if self._fd is not None:
+                written = os.write(self._fd, view)
+            else:
+                written = self._file.write(view)
+                written = len(view) if written is None else written
+            view = view[written:]
+
+
+def _kernel_copy(src_fd, dst_fd, offset, n) -> bool:
+    """True if the kernel copied the range; False if it can't (then nothing was copied)."""
+    copy = getattr(os, "copy_file_range", None)
+    if copy is None:
+        return False
+    copied = 0
+    try:
+        while copied < n:
+            done = copy(src_fd, dst_fd, n - copied, offset + copied)
+            if done == 0:
+                raise AprIOError("spool file ended early")
+            copied += done
+        return True
+    except OSError:
+        if copied:  # the destination moved on; falling back would duplicate bytes
+            raise
+        return False
+
+
+def write_plan(plan, sink: _Sink, *, spool_fd=None) -> None:
+    """Stream a plan: prefix, tensors with padding, footer; CRCs combined, never re-read."""
+    crc = crc32(plan.prefix)
+    sink.write(plan.prefix)
+    for t in plan.tensors:
+        data = t.input
+        if spool_fd is None:
+            sink.write(data.data)
+            crc = crc32(data.data, crc)
+        else:
+            sink.copy_from(spool_fd, data.spool_offset, data.nbytes)
+            crc = crc32_combine(crc, data.crc, data.nbytes)
+        if t.pad:
+            sink.zeros(t.pad)
+            crc = crc32(_ZEROS[:t.pad], crc) if t.pad <= len(_ZEROS) else crc32(bytes(t.pad), crc)
+    sink.write(plan.footer(crc))
+    sink.flush()
+
+
+def save_to(target, plan, *, durable: bool = True) -> None:
+    """Write a complete plan to a path (atomically) or a writable file object."""
+    if isinstance(target, (str, os.PathLike)):
+        atomic = AtomicFile(target, durable=durable)
+        try:
+            write_plan(plan, _Sink(fd=atomic.fd))
+        except BaseException:
+            atomic.abort()
+            raise
+        atomic.commit()
+    else:
+        _require_writable(target)
+        write_plan(plan, _Sink(fileobj=target))
+
+
+def _require_writable(target) -> None:
+    if not hasattr(target, "write"):
+        raise TypeError(f"cannot write .apr data to {type(target).__name__}; give a path or a writable file")
+
+
+class _Spooled:
+    """A tensor already written to the spool: what a plan needs, without its bytes."""
+
+    __slots__ = ("name", "dtype", "shape", "nbytes", "spool_offset", "crc")
+
+    def __init__(self, item: TensorInput, spool_offset: int, crc: int):
+        self.name, self.dtype, self.shape = item.name, item.dtype, item.shape
+        self.nbytes, self.spool_offset, self.crc = item.nbytes, spool_offset, crc
+
+
+class Writer:
+    """Write a file one tensor at a time; use as a context manager.
+
+    ``target`` is a path (written atomically: nothing replaces it unless the ``with``
+    block completes) or a writable file object, which may be a pipe.  ``add`` writes
+    each tensor out as it comes; the file is assembled on close, in the same bytes
+    ``save_file`` would produce for the same tensors, whatever order they came in.
+    """
+
+    def __init__(self, target, metadata=None, *, layout: str = "auto", alignment: int = 64,
+                 durable: bool = True):
+        if not isinstance(target, (str, os.PathLike)):
+            _require_writable(target)
+        self._target = target
+        self._metadata = dict(metadata or {})
+        self._layout = layout
+        self._alignment = alignment
+        self._durable = durable
+        self._names = set()
+        self._items = []
+        self._size = 0
+        spool_dir = os.path.dirname(os.path.abspath(target)) if isinstance(target, (str, os.PathLike)) else None
+        self._spool = tempfile.TemporaryFile(prefix=".aprfast-spool-", dir=spool_dir)
+        self._state = "open"
+
+    def add(self, name: str, tensor) -> None:
+        """Write one tensor (array, buffer, ``__array__`` object or RawTensor)."""
+        self._require_state("open", "add")
+        if name in self._names:
+            raise LayoutError(f"tensor {name!r} was already added")
+        item = as_input(name, tensor)
+        fd = self._spool.fileno()
+        offset = self._size
+        _Sink(fd=fd)._write_all(item.data)
+        self._items.append(_Spooled(item, offset, crc32(item.data)))
+        self._names.add(name)
+        self._size += item.nbytes
+
+    def close(self) -> None:
+        """Assemble and commit the file."""
+        if self._state == "closed":
+            return
+        self._require_state("open", "close")
+        self._state = "closing"
+        try:
+            plan = layouts.plan(self._items, self._metadata, layout=self._layout, alignment=self._alignment)
+            self._emit(plan)
+        finally:
+            self._state = "closed"
+            self._spool.close()
+
+    def abort(self) -> None:
+        """Discard everything added; the target is left as it was."""
+        self._state = "closed"
+        self._spool.close()
+
+    def _emit(self, plan) -> None:
+        fd = self._spool.fileno()
+        if isinstance(self._target, (str, os.PathLike)):
+            atomic = AtomicFile(self._target, durable=self._durable)
+            try:
+                write_plan(plan, _Sink(fd=atomic.fd), spool_fd=fd)
+            except BaseException:
+                atomic.abort()
+                raise
+            atomic.commit()
+        else:
+            write_plan(plan, _Sink(fileobj=self._target), spool_fd=fd)
+
+    def _require_state(self, state, action):
+        if self._state != state:
+            raise AprError(f"Writer.{action}() called on a {self._state} writer")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False

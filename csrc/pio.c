@@ -1,0 +1,155 @@
+#define _GNU_SOURCE
+#include "pio.h"
+#include "crc32.h"
+
+#include <errno.h>
+#include <string.h>
+
+#ifndef _WIN32
+#include <pthread.h>
+#include <unistd.h>
+#endif
+
+/* Below this size a second thread costs more than it saves. */
+#define PARALLEL_MIN ((size_t)8 << 20)
+/* Checksum in cache-sized steps right after each read, while the bytes are hot. */
+#define CHUNK ((size_t)1 << 20)
+#define MAX_THREADS 64
+
+int apr_default_threads(void)
+{
+#ifdef _WIN32
+    return 1;
+#else
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (n > MAX_THREADS ? MAX_THREADS : (int)n);
+#endif
+}
+
+static int clamp_threads(int nthreads, size_t len)
+{
+    if (nthreads <= 0)
+        nthreads = apr_default_threads();
+    if (nthreads > MAX_THREADS)
+        nthreads = MAX_THREADS;
+    if (len < PARALLEL_MIN)
+        return 1;
+    return nthreads;
+}
+
+typedef struct {
+    int fd;
+    uint8_t *dst;
+    const uint8_t *src;
+    uint64_t offset;
+    size_t len;
+    int want_crc;
+    uint32_t crc;
+    int status;
+} piece;
+
+static int pread_piece(piece *p)
+{
+#ifdef _WIN32
+    (void)p;
+    return ENOSYS;
+#else
+    size_t done = 0;
+    while (done < p->len) {
+        size_t step = p->len - done < CHUNK ? p->len - done : CHUNK;
+        ssize_t got = pread(p->fd, p->dst + done, step, (off_t)(p->offset + done));
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        if (got == 0)
+            return -1;
+        if (p->want_crc)
+            p->crc = apr_crc32(p->crc, p->dst + done, (size_t)got);
+        done += (size_t)got;
+    }
+    return 0;
+#endif
+}
+
+static void *pread_worker(void *arg)
+{
+    piece *p = arg;
+    p->status = pread_piece(p);
+    return NULL;
+}
+
+static void *copy_worker(void *arg)
+{
+    piece *p = arg;
+    memcpy(p->dst, p->src, p->len);
+    return NULL;
+}
+
+/* Split [0, len) into n contiguous pieces and run work on each, the last on the
+ * calling thread.  Falls back to running everything here if a thread can't start. */
+static void run_pieces(piece *pieces, int n, size_t len, void *(*work)(void *))
+{
+    size_t each = len / (size_t)n;
+    for (int i = 0; i < n; i++) {
+        size_t start = each * (size_t)i;
+        pieces[i].len = i == n - 1 ? len - start : each;
+        pieces[i].dst += start;
+        if (pieces[i].src)
+            pieces[i].src += start;
+        pieces[i].offset += start;
+    }
+#ifndef _WIN32
+    pthread_t threads[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int i = 0; i < n - 1; i++)
+        started[i] = pthread_create(&threads[i], NULL, work, &pieces[i]) == 0;
+    work(&pieces[n - 1]);
+    for (int i = 0; i < n - 1; i++) {
+        if (started[i])
+            pthread_join(threads[i], NULL);
+        else
+            work(&pieces[i]);
+    }
+#else
+    for (int i = 0; i < n; i++)
+        work(&pieces[i]);
+#endif
+}
+
+int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc)
+{
+    int n = clamp_threads(nthreads, len);
+    piece pieces[MAX_THREADS];
+    for (int i = 0; i < n; i++) {
+        piece p = {fd, dst, NULL, offset, 0, crc != NULL, 0, 0};
+        pieces[i] = p;
+    }
+    run_pieces(pieces, n, len, pread_worker);
+    uint32_t total = crc ? *crc : 0;
+    for (int i = 0; i < n; i++) {
+        if (pieces[i].status)
+            return pieces[i].status;
+        if (crc)
+            total = apr_crc32_combine(total, pieces[i].crc, pieces[i].len);
+    }
+    if (crc)
+        *crc = total;
+    return 0;
+}
+
+void apr_copy(uint8_t *dst, const uint8_t *src, size_t len, int nthreads)
+{
+    int n = clamp_threads(nthreads, len);
+    if (n == 1) {
+        memcpy(dst, src, len);
+        return;
+    }
+    piece pieces[MAX_THREADS];
+    for (int i = 0; i < n; i++) {
+        piece p = {-1, dst, src, 0, 0, 0, 0, 0};
+        pieces[i] = p;
+    }
+    run_pieces(pieces, n, len, copy_worker);
+}

@@ -1,0 +1,30 @@
+/* Parallel bulk I/O and copies for eager loads.
+ *
+ * A load of a large model is bound by copying bytes out of the page cache; two
+ * threads, each reading its own contiguous half with pread and checksumming each
+ * chunk while it is still in cache, use both cores and make the CRC nearly free. */
+#ifndef APRFAST_PIO_H
+#define APRFAST_PIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Read exactly len bytes at offset of fd into dst.  Returns 0, an errno value, or -1
+ * if the file ended first.  If crc is not NULL it is updated (zlib.crc32 semantics)
+ * over the bytes read. */
+int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc);
+
+/* memcpy split over nthreads for large copies (e.g. from a mapped file). */
+void apr_copy(uint8_t *dst, const uint8_t *src, size_t len, int nthreads);
+
+/* Cores to use when the caller passes 0. */
+int apr_default_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

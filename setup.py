@@ -1,0 +1,36 @@
+"""Build the compiled core: Cython glue in aprfast/_*.pyx over C kernels in csrc/."""
+
+import sys
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+
+def c_flags():
+    if sys.platform == "win32":
+        return ["/O2"]
+    return ["-O3", "-std=c99", "-D_GNU_SOURCE", "-fno-strict-aliasing"]
+
+
+def link_flags():
+    return [] if sys.platform == "win32" else ["-pthread"]
+
+
+def extension(name, sources):
+    return Extension(
+        f"aprfast.{name}",
+        sources=[f"aprfast/{name}.pyx"] + [f"csrc/{src}" for src in sources],
+        include_dirs=["csrc"],
+        extra_compile_args=c_flags(),
+        extra_link_args=link_flags(),
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    )
+
+
+EXTENSIONS = [
+    extension("_crc", ["crc32.c"]),
+    extension("_memory", ["buffers.c", "pio.c", "crc32.c"]),
+    extension("_index", []),
+]
+
+setup(ext_modules=cythonize(EXTENSIONS, compiler_directives={"language_level": "3"}))
