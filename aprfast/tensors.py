@@ -60,7 +60,7 @@ class RawTensor:
             object.__setattr__(self, "dtype", _dtypes.by_name(self.dtype))
         data = np.asarray(self.data)
         if data.dtype != np.uint8 or data.ndim != 1:
-            data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+            data = _c_order(data).reshape(-1).view(np.uint8)
         object.__setattr__(self, "data", data)
         if self.dtype is not None and self.dtype.nbytes(self.shape) != data.nbytes:
             raise LayoutError(
@@ -110,16 +110,21 @@ def as_input(name, value) -> TensorInput:
     if isinstance(value, RawTensor):
         if value.dtype is None:
             raise LayoutError(f"tensor {name!r}: cannot write a tensor of unknown dtype id {value.dtype_id}")
-        return TensorInput(name, value.dtype, value.shape, _bytes_of(np.ascontiguousarray(value.data)))
+        return TensorInput(name, value.dtype, value.shape, _bytes_of(_c_order(value.data)))
     array = _as_array(name, value)
     dtype = _dtypes.from_numpy(array.dtype)
     if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not _LITTLE):
         array = array.astype(array.dtype.newbyteorder("<"))
-    array = np.ascontiguousarray(array)
+    array = _c_order(array)
     return TensorInput(name, dtype, tuple(int(d) for d in array.shape), _bytes_of(array))
 
 
 _LITTLE = np.little_endian
+
+
+def _c_order(array: np.ndarray) -> np.ndarray:
+    # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
+    return array if array.flags.c_contiguous else array.copy(order="C")
 
 
 def _as_array(name, value) -> np.ndarray:
