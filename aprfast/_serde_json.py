@@ -3,8 +3,7 @@
 The APR metadata blob is written by Rust with ``serde_json::to_vec`` (either a
 ``serde_json::Value`` or a ``#[derive(Serialize)]`` struct).  To produce files
 that are byte-identical to the Rust writer this module reimplements, in pure
-Python, the three parts of serde_json's output that Python's ``json`` module
-gets differently:
+Python, the three parts of serde_json's output that decide its bytes:
 
 * float formatting.  serde_json 1.0.147 and later format floats with the
   ``zmij`` crate (earlier releases used ``ryu``).  Both print the shortest
@@ -28,32 +27,35 @@ gets differently:
 * string escaping: only '"', '\\' and control characters below U+0020 are
   escaped (\\b \\f \\n \\r \\t short forms, the rest as \\u00XX with lowercase
   hex); DEL (0x7f), U+2028/U+2029 and all non-ASCII text are written raw as
-  UTF-8.  This is exactly what CPython's C helper
-  ``json.encoder.c_encode_basestring`` produces, so it is reused for speed.
+  UTF-8.  This is exactly what ``json.encoder.encode_basestring`` (CPython's
+  C escaper, used by ``json.dumps(..., ensure_ascii=False)``) produces, so it
+  is reused for speed.
 
 * map key order: serde_json writes struct fields in declaration order and a
   ``Value`` map in its own order; here the caller supplies dicts whose
   insertion order already is the wanted order, and it is kept as given.
 
-Checked against serde_json 1.0.154 with zmij 1.0.23 (the newest on crates.io
-when this was written) and also serde_json 1.0.150 with zmij 1.0.21 and
-serde_json 1.0.147 with zmij 0.1.7, which all give the same bytes, on several
-hundred thousand random f64 and f32 bit patterns, all powers of ten and their
-neighbours, integral floats up to 2**70, subnormals, signed zeros, and random
-strings full of control characters, quotes, backslashes, DEL, U+2028/U+2029
-and non-BMP characters.  serde_json <= 1.0.146 (ryu) differs only in writing
-"1e16" instead of "1e+16".
+Checked byte for byte against serde_json 1.0.154 with zmij 1.0.23 (the
+newest on crates.io when this was written), serde_json 1.0.150 with zmij
+1.0.21 and serde_json 1.0.147 with zmij 0.1.7, which all agree: millions of
+random f64 and f32 bit patterns, all powers of ten and their neighbours,
+integral floats up to 2**70, subnormals, signed zeros, random strings full of
+control characters, quotes, backslashes, DEL, U+2028/U+2029 and non-BMP
+characters, random nested values, and a derived struct with f32 fields.
+ryu 1.0.23 (what serde_json <= 1.0.146 used) picks the same digits and
+layout and differs only in writing "1e16" where zmij writes "1e+16".
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Set as AbstractSet
 from json.encoder import encode_basestring as _encode_json_string
-from typing import AbstractSet, Any, List
+from typing import Any
 
 import numpy as np
 
-__all__ = ["format_f64", "format_f32", "dumps"]
+__all__ = ["dumps", "format_f32", "format_f64"]
 
 # Decimal-exponent windows (inclusive) inside which serde_json writes plain
 # notation; outside them it writes d.ddde+XX.  These are ryu's windows, which
@@ -93,12 +95,12 @@ def _layout_shortest(negative: bool, digits: str, exp: int, plain_window: tuple[
     lowest_plain, highest_plain = plain_window
     if lowest_plain <= exp <= highest_plain:
         if len(digits) <= exp + 1:
-            # All digits are in the integer part: 1234e7 -> 12340000000.0
+            # All digits before the point: ("1234", 10) -> 12340000000.0
             return sign + digits + "0" * (exp + 1 - len(digits)) + ".0"
         if exp >= 0:
-            # Point falls inside the digits: 1234e-2 -> 12.34
+            # Point inside the digits: ("1234", 1) -> 12.34
             return sign + digits[: exp + 1] + "." + digits[exp + 1 :]
-        # Value below one: 1234e-6 -> 0.001234
+        # Below one: ("1234", -3) -> 0.001234
         return sign + "0." + "0" * (-exp - 1) + digits
     # Scientific: one digit before the point, no ".0" for a single digit,
     # explicit sign on the exponent, no zero padding.
@@ -202,14 +204,14 @@ def _format_json_float(x: float, as_f32: bool) -> str:
     return text
 
 
-def _append_string(chunks: List[str], s: str) -> None:
+def _append_string(chunks: list[str], s: str) -> None:
     # CPython's C escaper matches serde_json's escape table exactly; see the
     # module docstring.  Lone surrogates pass through here and are caught
     # when the joined text is encoded to UTF-8.
     chunks.append(_encode_json_string(s))
 
 
-def _append_value(chunks: List[str], value: Any, as_f32: bool) -> None:
+def _append_value(chunks: list[str], value: Any, as_f32: bool) -> None:
     """Append the JSON text of ``value`` to ``chunks``.
 
     ``as_f32`` marks values under an f32-typed Rust field: their numbers are
@@ -237,7 +239,7 @@ def _append_value(chunks: List[str], value: Any, as_f32: bool) -> None:
         _append_other(chunks, value, as_f32)
 
 
-def _append_other(chunks: List[str], value: Any, as_f32: bool) -> None:
+def _append_other(chunks: list[str], value: Any, as_f32: bool) -> None:
     """Handle subclasses and numpy scalars, the less common types."""
     if isinstance(value, (bool, np.bool_)):
         chunks.append("true" if value else "false")
@@ -258,7 +260,7 @@ def _append_other(chunks: List[str], value: Any, as_f32: bool) -> None:
         raise TypeError(f"cannot serialise {type(value).__name__} to JSON")
 
 
-def _append_array(chunks: List[str], items: Any, as_f32: bool) -> None:
+def _append_array(chunks: list[str], items: Any, as_f32: bool) -> None:
     chunks.append("[")
     first = True
     for item in items:
@@ -270,7 +272,7 @@ def _append_array(chunks: List[str], items: Any, as_f32: bool) -> None:
 
 
 def _append_object(
-    chunks: List[str], mapping: dict, as_f32: bool, f32_keys: AbstractSet[str] = frozenset()
+    chunks: list[str], mapping: dict, as_f32: bool, f32_keys: AbstractSet[str] = frozenset()
 ) -> None:
     """Append a JSON object, keeping the dict's insertion order."""
     chunks.append("{")
@@ -293,14 +295,17 @@ def dumps(value: Any, *, f32_paths: AbstractSet[str] = frozenset()) -> bytes:
     """Serialise ``value`` to the bytes ``serde_json::to_vec`` would produce.
 
     ``f32_paths`` names top-level keys whose Rust field is typed f32
-    (``f32``, ``Option<f32>``, ``Vec<f32>``): every number under those keys
-    is written with :func:`format_f32`.
+    (``f32``, ``Option<f32>``, ``Vec<f32>``): every number under those keys,
+    ints included, is written with :func:`format_f32`, as Rust would print
+    the f32 it holds (10000 -> "10000.0").  Elsewhere numpy float32 scalars
+    are widened to f64, like ``serde_json::Value::from(f32)`` does
+    (np.float32(0.1) -> "0.10000000149011612").
 
     Raises ValueError for non-str dict keys, ints outside [-2**63, 2**64),
     NaN/infinite floats and strings holding lone surrogates; TypeError for
     values that have no JSON form.
     """
-    chunks: List[str] = []
+    chunks: list[str] = []
     if isinstance(value, dict):
         _append_object(chunks, value, False, f32_paths)
     else:
