@@ -8,6 +8,8 @@ partial CRCs combined.
 
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 
+import os
+
 cdef extern from "crc32.h" nogil:
     uint32_t apr_crc32_parallel(int path, uint32_t crc, const uint8_t *buf, size_t len, int nthreads)
     uint32_t apr_crc32_combine(uint32_t crc1, uint32_t crc2, uint64_t len2)
@@ -15,7 +17,10 @@ cdef extern from "crc32.h" nogil:
     int apr_crc32_best_path()
     const char *apr_crc32_path_name(int path)
 
-PATHS = {"auto": -1, "portable": 0, "pclmul": 1, "vpclmul": 2, "armv8": 3}
+# Kernel names as the C side reports them, plus short aliases.
+PATHS = {apr_crc32_path_name(i).decode(): i for i in range(4)}
+PATHS.update({"auto": -1, "vpclmul": 2, "armv8": 3})
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 # Releasing the GIL costs more than checksumming a few KiB.
 cdef size_t NOGIL_MIN = 16384
@@ -45,6 +50,8 @@ def crc32(data, unsigned int value=0, *, path=None, int threads=0):
     cdef size_t n = view.shape[0]
     cdef const uint8_t *ptr = &view[0] if n else <const uint8_t *>b""
     cdef uint32_t crc = value
+    if threads <= 0:
+        threads = _CORES
     if n < NOGIL_MIN:
         return apr_crc32_parallel(pid, crc, ptr, n, 1)
     with nogil:
@@ -59,7 +66,7 @@ def crc32_combine(unsigned int crc1, unsigned int crc2, unsigned long long len2)
 
 def available_paths():
     """Names of the CRC32 kernels this CPU can run, best last."""
-    return [name for name, pid in PATHS.items() if pid >= 0 and apr_crc32_path_available(pid)]
+    return [apr_crc32_path_name(pid).decode() for pid in range(4) if apr_crc32_path_available(pid)]
 
 
 def best_path():

@@ -11,7 +11,7 @@ objects are made only for the tensors a caller asks about.
 import numpy as np
 
 from libc.stdint cimport int8_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memcpy
 
 from .errors import CorruptError, LimitError, UnknownDTypeError
 
@@ -47,38 +47,46 @@ cdef inline uint16_t le16(const uint8_t *p) nogil:
 
 
 class Entries:
-    """Flat arrays describing every index entry; ``names`` are decoded on demand."""
+    """Flat arrays describing every index entry; names are decoded by the caller.
 
-    def __init__(self, blob, count, name_start, name_len, dtype_id, ndim, dim_start, dims,
-                 offset, size, raw_size, flags):
+    ``fields`` is (count, 5) int64: name start, name length, dtype id, ndim, first dim;
+    ``extents`` is (count, 4) uint64: offset, size, raw size, flags; ``dims`` holds
+    every entry's dims back to back.  Three allocations however many tensors.
+    """
+
+    def __init__(self, blob, count, fields, extents, dims):
         self.blob = blob
         self.count = count
-        self.name_start = name_start
-        self.name_len = name_len
-        self.dtype_id = dtype_id
-        self.ndim = ndim
-        self.dim_start = dim_start
+        self.fields = fields
+        self.extents = extents
         self.dims = dims
-        self.offset = offset
-        self.size = size
-        self.raw_size = raw_size
-        self.flags = flags
+
+    name_start = property(lambda self: self.fields[:, 0])
+    name_len = property(lambda self: self.fields[:, 1])
+    dtype_id = property(lambda self: self.fields[:, 2])
+    ndim = property(lambda self: self.fields[:, 3])
+    dim_start = property(lambda self: self.fields[:, 4])
+    offset = property(lambda self: self.extents[:, 0])
+    size = property(lambda self: self.extents[:, 1])
+    raw_size = property(lambda self: self.extents[:, 2])
+    flags = property(lambda self: self.extents[:, 3])
 
     def shape(self, Py_ssize_t i):
-        start = self.dim_start[i]
-        return tuple(self.dims[start:start + self.ndim[i]].tolist())
+        start, nd = self.fields[i, 4], self.fields[i, 3]
+        return tuple(self.dims[start:start + nd].tolist())
 
     def names(self):
-        return decode_names(self.blob, self.name_start, self.name_len)
+        return decode_names(self.blob, self.fields)
 
 
-def decode_names(const uint8_t[::1] blob, int64_t[::1] starts, uint16_t[::1] lens):
+def decode_names(const uint8_t[::1] blob, const int64_t[:, ::1] fields):
     """Tensor names as str; invalid UTF-8 raises CorruptError naming the entry."""
-    cdef Py_ssize_t i, n = starts.shape[0]
+    cdef Py_ssize_t i, n = fields.shape[0]
+    cdef const char *base = <const char *>&blob[0] if blob.shape[0] else NULL
     names = [None] * n
     for i in range(n):
         try:
-            names[i] = (<const char *>&blob[0] + starts[i])[:lens[i]].decode("utf-8")
+            names[i] = (base + fields[i, 0])[:fields[i, 1]].decode("utf-8")
         except UnicodeDecodeError as exc:
             raise CorruptError(f"tensor index entry {i}: name is not UTF-8 ({exc.reason})") from None
     return names
@@ -92,26 +100,12 @@ def parse_entries(const uint8_t[::1] blob, Py_ssize_t start, Py_ssize_t end, Py_
     if count < 0 or end - start < 0 or count > (end - start) // min_entry:
         raise CorruptError(f"tensor index holds {end - start} bytes, too few for the {count} "
                            f"entries the header declares (each takes at least {min_entry})")
-    name_start = np.empty(count, np.int64)
-    name_len = np.empty(count, np.uint16)
-    dtype_id = np.empty(count, np.uint8)
-    ndim = np.empty(count, np.uint8)
-    dim_start = np.empty(count, np.int64)
+    fields = np.empty((count, 5), np.int64)
+    extents = np.zeros((count, 4), np.uint64)
     dims = np.empty(count * max_dims if max_dims > 0 else 0, np.uint64)
-    offset = np.empty(count, np.uint64)
-    size = np.empty(count, np.uint64)
-    raw_size = np.zeros(count, np.uint64)
-    flags = np.zeros(count, np.uint32)
-    cdef int64_t[::1] v_name_start = name_start
-    cdef uint16_t[::1] v_name_len = name_len
-    cdef uint8_t[::1] v_dtype = dtype_id
-    cdef uint8_t[::1] v_ndim = ndim
-    cdef int64_t[::1] v_dim_start = dim_start
+    cdef int64_t[:, ::1] f = fields
+    cdef uint64_t[:, ::1] x = extents
     cdef uint64_t[::1] v_dims = dims
-    cdef uint64_t[::1] v_offset = offset
-    cdef uint64_t[::1] v_size = size
-    cdef uint64_t[::1] v_raw = raw_size
-    cdef uint32_t[::1] v_flags = flags
     cdef const uint8_t *p = &blob[0] if blob.shape[0] else NULL
     cdef Py_ssize_t pos = start, i, d, nd, nl, ndims_total = 0
     for i in range(count):
@@ -125,10 +119,10 @@ def parse_entries(const uint8_t[::1] blob, Py_ssize_t start, Py_ssize_t end, Py_
         if end - pos < 2 + nl + 2:
             raise CorruptError(f"tensor index entry {i} at byte {pos} is cut off (name of {nl} bytes, "
                                f"{end - pos - 2} left)")
-        v_name_start[i] = pos + 2
-        v_name_len[i] = <uint16_t>nl
+        f[i, 0] = pos + 2
+        f[i, 1] = nl
         pos += 2 + nl
-        v_dtype[i] = p[pos]
+        f[i, 2] = p[pos]
         nd = p[pos + 1]
         pos += 2
         if nd > max_dims:
@@ -137,21 +131,20 @@ def parse_entries(const uint8_t[::1] blob, Py_ssize_t start, Py_ssize_t end, Py_
         if end - pos < nd * 8 + fixed_tail:
             raise CorruptError(f"tensor index entry {i} is cut off: {nd} dims need {nd * 8 + fixed_tail} "
                                f"more bytes, {end - pos} left")
-        v_ndim[i] = <uint8_t>nd
-        v_dim_start[i] = ndims_total
+        f[i, 3] = nd
+        f[i, 4] = ndims_total
         for d in range(nd):
             v_dims[ndims_total + d] = le64(p + pos + 8 * d)
         ndims_total += nd
         pos += 8 * nd
-        v_offset[i] = le64(p + pos)
-        v_size[i] = le64(p + pos + 8)
+        x[i, 0] = le64(p + pos)
+        x[i, 1] = le64(p + pos + 8)
         pos += 16
         if spec_layout:
-            v_raw[i] = le64(p + pos)
-            v_flags[i] = le32(p + pos + 8)
+            x[i, 2] = le64(p + pos)
+            x[i, 3] = le32(p + pos + 8)
             pos += 12
-    return Entries(blob, count, name_start, name_len, dtype_id, ndim, dim_start, dims[:ndims_total],
-                   offset, size, raw_size, flags), pos
+    return Entries(blob, count, fields, extents, dims[:ndims_total]), pos
 
 
 cdef uint64_t expected_size(int rule, int64_t a, int64_t b, const uint64_t *dims, int nd, bint *too_big) nogil:
@@ -190,64 +183,115 @@ def check_entries(entries, const int8_t[::1] rule, const int64_t[::1] rule_a, co
                   uint64_t data_len, bint strict_dtypes, list names):
     """Reject unknown dtypes (when strict), sizes that differ from shape x dtype, extents
     outside the ``data_len`` bytes of the data section, and overlapping extents."""
-    cdef Py_ssize_t i, n = entries.count
-    cdef const uint8_t[::1] dt = entries.dtype_id
-    cdef const uint8_t[::1] nd = entries.ndim
-    cdef const int64_t[::1] ds = entries.dim_start
+    cdef Py_ssize_t i, n = entries.count, prev = -1
+    cdef const int64_t[:, ::1] f = entries.fields
+    cdef const uint64_t[:, ::1] x = entries.extents
     cdef const uint64_t[::1] dims = entries.dims
-    cdef const uint64_t[::1] off = entries.offset
-    cdef const uint64_t[::1] size = entries.size
     cdef const uint64_t *dp
-    cdef uint64_t want
-    cdef bint too_big
-    cdef int r
+    cdef uint64_t want, off, size
+    cdef bint too_big, monotonic = True
+    cdef int r, t
     for i in range(n):
-        if off[i] > data_len or size[i] > data_len - off[i]:
-            raise CorruptError(f"tensor {names[i]!r}: bytes [{off[i]}, {off[i] + size[i]}) of the data "
+        off, size = x[i, 0], x[i, 1]
+        if off > data_len or size > data_len - off:
+            raise CorruptError(f"tensor {names[i]!r}: bytes [{off}, {off + size}) of the data "
                                f"section lie outside its {data_len} bytes")
-        r = rule[dt[i]]
+        t = <int>f[i, 2]
+        r = rule[t]
         if r == C_UNKNOWN:
             if strict_dtypes:
-                raise UnknownDTypeError(f"tensor {names[i]!r}: unknown dtype id {dt[i]}")
-            continue
-        too_big = False
-        dp = &dims[ds[i]] if nd[i] else NULL
-        want = expected_size(r, rule_a[dt[i]], rule_b[dt[i]], dp, nd[i], &too_big)
-        if too_big:
-            raise CorruptError(f"tensor {names[i]!r}: shape {list(entries.shape(i))} declares more "
-                               f"than 2**62 bytes")
-        if want != size[i]:
-            raise CorruptError(f"tensor {names[i]!r}: shape {list(entries.shape(i))} needs {want} bytes "
-                               f"but the index says {size[i]}")
-    _check_no_overlap(entries, names)
+                raise UnknownDTypeError(f"tensor {names[i]!r}: unknown dtype id {t}")
+        else:
+            too_big = False
+            dp = &dims[f[i, 4]] if f[i, 3] else NULL
+            want = expected_size(r, rule_a[t], rule_b[t], dp, <int>f[i, 3], &too_big)
+            if too_big:
+                raise CorruptError(f"tensor {names[i]!r}: shape {list(entries.shape(i))} declares more "
+                                   f"than 2**62 bytes")
+            if want != size:
+                raise CorruptError(f"tensor {names[i]!r}: shape {list(entries.shape(i))} needs {want} "
+                                   f"bytes but the index says {size}")
+        if size:  # an empty tensor occupies nothing, wherever it points
+            if prev >= 0 and off < x[prev, 0] + x[prev, 1]:
+                monotonic = False
+            prev = i
+    if not monotonic:
+        _check_no_overlap(entries, names)
 
 
 def _check_no_overlap(entries, list names):
-    cdef const uint64_t[::1] off = entries.offset
-    cdef const uint64_t[::1] size = entries.size
+    cdef const uint64_t[:, ::1] x = entries.extents
     order = np.argsort(entries.offset, kind="stable")
     cdef const int64_t[::1] o = order
     cdef Py_ssize_t k, prev = -1, cur
     for k in range(o.shape[0]):
         cur = o[k]
-        if size[cur] == 0:
-            continue  # an empty tensor occupies nothing, wherever it points
-        if prev >= 0 and off[cur] < off[prev] + size[prev]:
-            raise CorruptError(f"tensors {names[prev]!r} [{off[prev]}, {off[prev] + size[prev]}) and "
-                               f"{names[cur]!r} [{off[cur]}, {off[cur] + size[cur]}) overlap")
+        if x[cur, 1] == 0:
+            continue
+        if prev >= 0 and x[cur, 0] < x[prev, 0] + x[prev, 1]:
+            raise CorruptError(f"tensors {names[prev]!r} [{x[prev, 0]}, {x[prev, 0] + x[prev, 1]}) and "
+                               f"{names[cur]!r} [{x[cur, 0]}, {x[cur, 0] + x[cur, 1]}) overlap")
         prev = cur
 
 
-def names_strictly_sorted(const uint8_t[::1] blob, const int64_t[::1] starts, const uint16_t[::1] lens):
+def names_strictly_sorted(const uint8_t[::1] blob, const int64_t[:, ::1] fields):
     """True when names are in strictly increasing byte order (so they are unique)."""
-    cdef Py_ssize_t i, n = starts.shape[0]
+    cdef Py_ssize_t i, n = fields.shape[0]
     cdef int c
-    cdef uint16_t la, lb
+    cdef int64_t la, lb
     cdef const uint8_t *p = &blob[0] if blob.shape[0] else NULL
     for i in range(1, n):
-        la = lens[i - 1]
-        lb = lens[i]
-        c = memcmp(p + starts[i - 1], p + starts[i], la if la < lb else lb)
+        la = fields[i - 1, 1]
+        lb = fields[i, 1]
+        c = memcmp(p + fields[i - 1, 0], p + fields[i, 0], la if la < lb else lb)
         if c > 0 or (c == 0 and la >= lb):
             return False
     return True
+
+
+def encode_entries(list names, list type_ids, list shapes, list offsets, list sizes, bint spec_layout):
+    """Index entries: ``names`` are UTF-8 bytes, offsets relative to the data section."""
+    cdef Py_ssize_t i, d, n = len(names), total = 0, pos = 0
+    cdef Py_ssize_t tail = 16 + (12 if spec_layout else 0)
+    cdef bytes name
+    for i in range(n):
+        total += 2 + len(<bytes>names[i]) + 2 + 8 * len(shapes[i]) + tail
+    out = bytearray(total)
+    cdef unsigned char[::1] o = out
+    for i in range(n):
+        name = names[i]
+        shape = shapes[i]
+        put_le(&o[pos], len(name), 2)
+        pos += 2
+        if len(name):
+            memcpy(&o[pos], <const char *>name, len(name))
+        pos += len(name)
+        o[pos] = <unsigned char>type_ids[i]
+        o[pos + 1] = <unsigned char>len(shape)
+        pos += 2
+        for d in range(len(shape)):
+            put_le(&o[pos], shape[d], 8)
+            pos += 8
+        put_le(&o[pos], offsets[i], 8)
+        put_le(&o[pos + 8], sizes[i], 8)
+        pos += 16
+        if spec_layout:
+            pos += 12  # raw_size 0 (stored uncompressed) and flags 0, already zero
+    return bytes(out)
+
+
+cdef inline void put_le(unsigned char *p, uint64_t value, int width):
+    cdef int k
+    for k in range(width):
+        p[k] = <unsigned char>(value >> (8 * k))
+
+
+def all_shapes(entries):
+    """Every entry's shape as a tuple of ints, in index order."""
+    cdef const int64_t[:, ::1] f = entries.fields
+    cdef const uint64_t[::1] dims = entries.dims
+    cdef Py_ssize_t i, d, n = f.shape[0]
+    out = [None] * n
+    for i in range(n):
+        out[i] = tuple([dims[f[i, 4] + d] for d in range(f[i, 3])])
+    return out

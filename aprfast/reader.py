@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from . import _memory, layouts
+from . import _index, _memory, layouts
 from ._crc import crc32
 from .dtypes import numpy_dtype
 from .errors import AprError, ChecksumError, LayoutError
@@ -164,27 +164,27 @@ class AprFile:
 def _slice_arena(parsed, arena: np.ndarray) -> dict:
     """Tensors as views of the arena, without building a TensorInfo per tensor."""
     e = parsed.entries
-    ids = parsed.ids
+    buffer = arena.base if arena.base is not None else arena
     out = {}
-    views = {}
-    for i, (name, type_id, start, size) in enumerate(
-            zip(parsed.names, e.dtype_id.tolist(), e.offset.tolist(), e.size.tolist())):
-        shape = e.shape(i)
-        view = views.get(type_id)
-        if view is None:
-            view = views[type_id] = _viewer(ids, type_id)
-        out[name] = view(arena[start:start + size], shape)
+    makers = {}
+    for name, type_id, start, size, shape in zip(parsed.names, e.dtype_id.tolist(), e.offset.tolist(),
+                                                 e.size.tolist(), _index.all_shapes(e)):
+        make = makers.get(type_id)
+        if make is None:
+            make = makers[type_id] = _maker(parsed.ids, type_id, buffer, arena)
+        out[name] = make(shape, start, size)
     return out
 
 
-def _viewer(ids, type_id):
+def _maker(ids, type_id, buffer, arena):
+    """A function (shape, offset, size) -> tensor over ``buffer`` for one dtype id."""
     if not ids.knows(type_id):
-        return lambda data, shape: RawTensor(None, shape, data, type_id)
+        return lambda shape, start, size: RawTensor(None, shape, arena[start:start + size], type_id)
     dtype = ids.dtype(type_id)
     if dtype.packed:
-        return lambda data, shape: QuantizedTensor(dtype, shape, data)
+        return lambda shape, start, size: QuantizedTensor(dtype, shape, arena[start:start + size])
     np_dtype = numpy_dtype(dtype)
-    return lambda data, shape: data.view(np_dtype).reshape(shape)
+    return lambda shape, start, size: np.ndarray(shape, np_dtype, buffer, start)
 
 
 class TensorSlice:

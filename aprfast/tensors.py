@@ -89,37 +89,39 @@ class QuantizedTensor(RawTensor):
             raise LayoutError(f"QuantizedTensor needs a packed dtype, not {self.dtype}")
 
 
-@dataclass(frozen=True)
 class TensorInput:
-    """A writer input reduced to what a layout stores: dtype, shape and C-order bytes."""
+    """A writer input reduced to what a layout stores: dtype, shape and C-order
+    little-endian bytes (``data``: any contiguous buffer of ``nbytes`` bytes)."""
 
-    name: str
-    dtype: DType
-    shape: tuple
-    data: memoryview  # 1-D unsigned bytes, little-endian element order
+    __slots__ = ("name", "dtype", "shape", "data", "nbytes")
 
-    @property
-    def nbytes(self) -> int:
-        return self.data.nbytes
+    def __init__(self, name, dtype, shape, data, nbytes):
+        self.name, self.dtype, self.shape, self.data, self.nbytes = name, dtype, shape, data, nbytes
 
 
 def as_input(name, value) -> TensorInput:
     """Turn an array, buffer, ``__array__`` object or RawTensor into a TensorInput."""
-    if not isinstance(name, str):
+    if type(name) is not str:
         raise LayoutError(f"tensor names must be str, not {type(name).__name__}: {name!r}")
+    if type(value) is np.ndarray:
+        dtype = _NATIVE_DTYPES.get(value.dtype)
+        if dtype is not None and value.flags.c_contiguous:  # the common case, kept cheap
+            return TensorInput(name, dtype, value.shape, value, value.nbytes)
     if isinstance(value, RawTensor):
         if value.dtype is None:
             raise LayoutError(f"tensor {name!r}: cannot write a tensor of unknown dtype id {value.dtype_id}")
-        return TensorInput(name, value.dtype, value.shape, _bytes_of(_c_order(value.data)))
+        return TensorInput(name, value.dtype, value.shape, _c_order(value.data), value.nbytes)
     array = _as_array(name, value)
     dtype = _dtypes.from_numpy(array.dtype)
     if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not _LITTLE):
         array = array.astype(array.dtype.newbyteorder("<"))
     array = _c_order(array)
-    return TensorInput(name, dtype, tuple(int(d) for d in array.shape), _bytes_of(array))
+    return TensorInput(name, dtype, tuple(int(d) for d in array.shape), _bytes_of(array), array.nbytes)
 
 
 _LITTLE = np.little_endian
+# Arrays of these dtypes (little-endian on this host) export their bytes as they are.
+_NATIVE_DTYPES = {np.dtype(d.numpy): d for d in _dtypes.DTYPES.values() if d.numpy} if _LITTLE else {}
 
 
 def _c_order(array: np.ndarray) -> np.ndarray:

@@ -95,41 +95,50 @@ def _fsync_directory(directory: str) -> None:
 
 
 class _Sink:
-    """Writes byte pieces to a descriptor or file object, gathering small ones."""
+    """Writes byte pieces to a descriptor or file object, keeping the running CRC32 of
+    everything written.  Small pieces are gathered so many tiny tensors cost a few
+    syscalls and one CRC call per megabyte."""
 
     def __init__(self, fd=None, fileobj=None):
         self._fd = fd
         self._file = fileobj
         self._pending = bytearray()
+        self.crc = 0
 
-    def write(self, piece) -> None:
-        n = len(piece)
-        if n == 0:
+    def write(self, piece, nbytes: int) -> None:
+        """Write ``nbytes`` bytes from ``piece`` (any C-contiguous buffer)."""
+        if nbytes == 0:
             return
-        if n < _GATHER_LIMIT // 4:
-            self._pending += piece
+        if nbytes < _GATHER_LIMIT // 4:
+            self._pending += _as_bytes(piece)
             if len(self._pending) >= _GATHER_LIMIT:
                 self.flush()
             return
         self.flush()
-        self._write_all(memoryview(piece))
+        view = _as_bytes(piece)
+        self.crc = crc32(view, self.crc)
+        self._write_all(view)
 
     def zeros(self, n: int) -> None:
-        while n:
-            step = min(n, len(_ZEROS))
-            self.write(_ZEROS[:step])
-            n -= step
+        self._pending += _ZEROS[:n] if n <= len(_ZEROS) else bytes(n)
+        if len(self._pending) >= _GATHER_LIMIT:
+            self.flush()
 
     def flush(self) -> None:
         if self._pending:
+            self.crc = crc32(self._pending, self.crc)
             self._write_all(memoryview(self._pending))
             self._pending = bytearray()
 
-    def copy_from(self, spool_fd: int, offset: int, n: int) -> None:
-        """Copy ``n`` bytes at ``offset`` of ``spool_fd`` without passing them through Python."""
+    def copy_from(self, spool_fd: int, offset: int, n: int, crc: int) -> None:
+        """Copy ``n`` bytes whose CRC is ``crc`` from ``spool_fd`` without passing them
+        through Python when the kernel can."""
         self.flush()
-        if self._fd is not None and _kernel_copy(spool_fd, self._fd, offset, n):
-            return
+        if not (self._fd is not None and _kernel_copy(spool_fd, self._fd, offset, n)):
+            self._copy_through_memory(spool_fd, offset, n)
+        self.crc = crc32_combine(self.crc, crc, n)
+
+    def _copy_through_memory(self, spool_fd, offset, n):
         while n:
             chunk = os.pread(spool_fd, min(n, 8 << 20), offset)
             if not chunk:
@@ -146,6 +155,12 @@ class _Sink:
                 written = self._file.write(view)
                 written = len(view) if written is None else written
             view = view[written:]
+
+
+def _as_bytes(piece) -> memoryview:
+    """A flat unsigned-byte view of any C-contiguous buffer (0-d arrays included)."""
+    view = memoryview(piece)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 def _kernel_copy(src_fd, dst_fd, offset, n) -> bool:
@@ -168,21 +183,19 @@ def _kernel_copy(src_fd, dst_fd, offset, n) -> bool:
 
 
 def write_plan(plan, sink: _Sink, *, spool_fd=None) -> None:
-    """Stream a plan: prefix, tensors with padding, footer; CRCs combined, never re-read."""
-    crc = crc32(plan.prefix)
-    sink.write(plan.prefix)
+    """Stream a plan: prefix, tensors with padding, footer over the sink's running CRC."""
+    sink.write(plan.prefix, len(plan.prefix))
     for t in plan.tensors:
-        data = t.input
+        item = t.input
         if spool_fd is None:
-            sink.write(data.data)
-            crc = crc32(data.data, crc)
+            sink.write(item.data, item.nbytes)
         else:
-            sink.copy_from(spool_fd, data.spool_offset, data.nbytes)
-            crc = crc32_combine(crc, data.crc, data.nbytes)
+            sink.copy_from(spool_fd, item.spool_offset, item.nbytes, item.crc)
         if t.pad:
             sink.zeros(t.pad)
-            crc = crc32(_ZEROS[:t.pad], crc) if t.pad <= len(_ZEROS) else crc32(bytes(t.pad), crc)
-    sink.write(plan.footer(crc))
+    sink.flush()
+    footer = plan.footer(sink.crc)
+    sink.write(footer, len(footer))
     sink.flush()
 
 
@@ -247,10 +260,9 @@ class Writer:
         if name in self._names:
             raise LayoutError(f"tensor {name!r} was already added")
         item = as_input(name, tensor)
-        fd = self._spool.fileno()
-        offset = self._size
-        _Sink(fd=fd)._write_all(item.data)
-        self._items.append(_Spooled(item, offset, crc32(item.data)))
+        data = _as_bytes(item.data) if item.nbytes else memoryview(b"")
+        _Sink(fd=self._spool.fileno())._write_all(data)
+        self._items.append(_Spooled(item, self._size, crc32(data)))
         self._names.add(name)
         self._size += item.nbytes
 

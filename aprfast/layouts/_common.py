@@ -4,7 +4,7 @@ binary index codec and the checks every index passes before a tensor is touched.
 from __future__ import annotations
 
 import json
-import struct
+import operator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -23,13 +23,13 @@ def align(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-@dataclass
 class PlannedTensor:
     """Where one tensor's bytes go: ``offset`` is absolute, ``pad`` zero bytes follow."""
 
-    input: TensorInput
-    offset: int
-    pad: int
+    __slots__ = ("input", "offset", "pad")
+
+    def __init__(self, input, offset, pad):
+        self.input, self.offset, self.pad = input, offset, pad
 
 
 @dataclass
@@ -146,7 +146,7 @@ def parse_index(source, *, start, end, count, spec_layout, ids, rules, data_star
         entries, _ = _index.parse_entries(blob, 0, len(blob), count, spec_layout,
                                           limits.max_dims, limits.max_name_bytes)
         names = entries.names()
-        if not _index.names_strictly_sorted(entries.blob, entries.name_start, entries.name_len):
+        if not _index.names_strictly_sorted(entries.blob, entries.fields):
             _check_unique(names)
         _index.check_entries(entries, *rules, data_len, strict_dtypes, names)
     except (CorruptError, LimitError) as exc:
@@ -164,25 +164,33 @@ def _check_unique(names):
 
 def encode_index(tensors, ids: IdTable, data_start: int, *, spec_layout: bool) -> bytes:
     """Index entries for ``tensors`` (PlannedTensor, in index order)."""
-    out = []
+    id_of = {}
+    names, type_ids, shapes, offsets, sizes = [], [], [], [], []
     for t in tensors:
-        name = t.input.name.encode("utf-8")
-        shape = t.input.shape
-        out.append(struct.pack(f"<H{len(name)}sBB{len(shape)}Q", len(name), name,
-                               ids.id_of(t.input.dtype), len(shape), *shape))
-        out.append(struct.pack("<QQ", t.offset - data_start, t.input.nbytes))
-        if spec_layout:
-            out.append(struct.pack("<QI", 0, 0))  # raw_size 0 = stored uncompressed; no flags
-    return b"".join(out)
+        item = t.input
+        type_id = id_of.get(item.dtype)
+        if type_id is None:
+            type_id = id_of[item.dtype] = ids.id_of(item.dtype)
+        names.append(item.name.encode("utf-8"))
+        type_ids.append(type_id)
+        shapes.append(item.shape)
+        offsets.append(t.offset - data_start)
+        sizes.append(item.nbytes)
+    return _index.encode_entries(names, type_ids, shapes, offsets, sizes, spec_layout)
+
+
+_by_name = operator.attrgetter("name")
 
 
 def check_names(inputs, max_name_bytes: int):
     """Names must be unique, encodable and within the limit; return them in index order."""
-    ordered = sorted(inputs, key=lambda t: t.name)
+    ordered = sorted(inputs, key=_by_name)
     for prev, cur in zip(ordered, ordered[1:]):
         if prev.name == cur.name:
             raise LayoutError(f"tensor name {cur.name!r} is given twice")
     for t in ordered:
+        if len(t.name) * 4 <= max_name_bytes:
+            continue  # no UTF-8 encoding of this name can be too long
         try:
             size = len(t.name.encode("utf-8"))
         except UnicodeEncodeError as exc:
@@ -196,8 +204,9 @@ def check_names(inputs, max_name_bytes: int):
 def lay_out_data(ordered, data_start: int, alignment: int):
     """Place each tensor at an aligned offset, padded to the alignment, in index order."""
     planned, offset = [], data_start
+    mask = alignment - 1
     for t in ordered:
-        pad = align(t.nbytes, alignment) - t.nbytes
+        pad = -t.nbytes & mask
         planned.append(PlannedTensor(t, offset, pad))
         offset += t.nbytes + pad
     return planned, offset
