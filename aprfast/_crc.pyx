@@ -76,6 +76,8 @@ def best_path():
 
 def _byte_view(data):
     view = memoryview(data)
+    if view.nbytes == 0:
+        return b""  # memoryview.cast refuses shapes with a zero in them
     if view.format in ("B", "b", "c") and view.ndim == 1 and view.c_contiguous:
         return view if view.format == "B" else view.cast("B")
     if not view.c_contiguous:

@@ -31,6 +31,8 @@ RULE_SCALE_PLUS_ONE = C_SCALE_PLUS_ONE
 
 # No real file is this large; products beyond it are reported instead of wrapping.
 cdef uint64_t HUGE = (<uint64_t>1) << 62
+# NPY_MAXDIMS of NumPy 2 (NumPy 1 has 32; arrays beyond it fail there with ValueError).
+cdef int NUMPY_MAX_DIMS = 64
 
 
 cdef inline uint64_t le64(const uint8_t *p) nogil:
@@ -148,29 +150,32 @@ def parse_entries(const uint8_t[::1] blob, Py_ssize_t start, Py_ssize_t end, Py_
 
 
 cdef uint64_t expected_size(int rule, int64_t a, int64_t b, const uint64_t *dims, int nd, bint *too_big) nogil:
-    cdef uint64_t count = 1, row = 1, blocks
+    """Stored bytes of a tensor under ``rule``.  ``too_big`` is set when the product of the
+    non-zero dims (times the item size) passes 2**62, which no file holds and NumPy can't
+    shape even when another dim is 0."""
+    cdef uint64_t count = 1, row, blocks
     cdef int d
     cdef bint empty = False
     for d in range(nd):
         if dims[d] == 0:
             empty = True
+        elif dims[d] > HUGE or count > HUGE / dims[d]:
+            too_big[0] = True
+            return 0
+        else:
+            count *= dims[d]
+    if rule == C_FIXED and count > HUGE / <uint64_t>a:
+        too_big[0] = True
+        return 0
     if empty:
         return 0
-    for d in range(nd):
-        if dims[d] > HUGE or count > HUGE / dims[d]:
-            too_big[0] = True
-            return 0
-        count *= dims[d]
     if rule == C_FIXED:
-        if count > HUGE / <uint64_t>a:
-            too_big[0] = True
-            return 0
         return count * <uint64_t>a
     if rule == C_SCALE_PLUS_ONE:
         return 4 + count
     if rule == C_FLAT_BLOCKS:
         return (count + <uint64_t>a - 1) / <uint64_t>a * <uint64_t>b
-    # RULE_ROW_BLOCKS: GGML blocks never straddle rows
+    # C_ROW_BLOCKS: GGML blocks never straddle rows
     row = dims[nd - 1] if nd > 0 else 1
     blocks = (count / row) * ((row + <uint64_t>a - 1) / <uint64_t>a)
     if blocks > HUGE / <uint64_t>b:
@@ -194,7 +199,7 @@ def check_entries(entries, const int8_t[::1] rule, const int64_t[::1] rule_a, co
     for i in range(n):
         off, size = x[i, 0], x[i, 1]
         if off > data_len or size > data_len - off:
-            raise CorruptError(f"tensor {names[i]!r}: bytes [{off}, {off + size}) of the data "
+            raise CorruptError(f"tensor {names[i]!r}: {size} bytes at offset {off} of the data "
                                f"section lie outside its {data_len} bytes")
         t = <int>f[i, 2]
         r = rule[t]
@@ -202,12 +207,15 @@ def check_entries(entries, const int8_t[::1] rule, const int64_t[::1] rule_a, co
             if strict_dtypes:
                 raise UnknownDTypeError(f"tensor {names[i]!r}: unknown dtype id {t}")
         else:
+            if r == C_FIXED and f[i, 3] > NUMPY_MAX_DIMS:
+                raise LimitError(f"tensor {names[i]!r} has {f[i, 3]} dims; NumPy arrays hold at most "
+                                 f"{NUMPY_MAX_DIMS}")
             too_big = False
             dp = &dims[f[i, 4]] if f[i, 3] else NULL
             want = expected_size(r, rule_a[t], rule_b[t], dp, <int>f[i, 3], &too_big)
             if too_big:
                 raise CorruptError(f"tensor {names[i]!r}: shape {list(entries.shape(i))} declares more "
-                                   f"than 2**62 bytes")
+                                   f"than 2**62 elements or bytes")
             if want != size:
                 raise CorruptError(f"tensor {names[i]!r}: shape {list(entries.shape(i))} needs {want} "
                                    f"bytes but the index says {size}")
@@ -229,8 +237,8 @@ def _check_no_overlap(entries, list names):
         if x[cur, 1] == 0:
             continue
         if prev >= 0 and x[cur, 0] < x[prev, 0] + x[prev, 1]:
-            raise CorruptError(f"tensors {names[prev]!r} [{x[prev, 0]}, {x[prev, 0] + x[prev, 1]}) and "
-                               f"{names[cur]!r} [{x[cur, 0]}, {x[cur, 0] + x[cur, 1]}) overlap")
+            raise CorruptError(f"tensors {names[prev]!r} ({x[prev, 1]} bytes at offset {x[prev, 0]}) and "
+                               f"{names[cur]!r} ({x[cur, 1]} bytes at offset {x[cur, 0]}) overlap")
         prev = cur
 
 
@@ -249,35 +257,55 @@ def names_strictly_sorted(const uint8_t[::1] blob, const int64_t[:, ::1] fields)
     return True
 
 
-def encode_entries(list names, list type_ids, list shapes, list offsets, list sizes, bint spec_layout):
-    """Index entries: ``names`` are UTF-8 bytes, offsets relative to the data section."""
-    cdef Py_ssize_t i, d, n = len(names), total = 0, pos = 0
+def encode_entries(list tensors, list offsets, dict id_of, bint spec_layout):
+    """Index entries for writer inputs (name, dtype, shape, nbytes) at ``offsets`` in
+    the data section; ``id_of`` maps each DType to this layout's id."""
+    cdef Py_ssize_t i, d, n = len(tensors), total = 0, pos = 0, nd
     cdef Py_ssize_t tail = 16 + (12 if spec_layout else 0)
     cdef bytes name
+    names = [None] * n
     for i in range(n):
-        total += 2 + len(<bytes>names[i]) + 2 + 8 * len(shapes[i]) + tail
+        item = tensors[i]
+        name = item.name.encode("utf-8")
+        names[i] = name
+        total += 2 + len(name) + 2 + 8 * len(item.shape) + tail
     out = bytearray(total)
     cdef unsigned char[::1] o = out
     for i in range(n):
+        item = tensors[i]
         name = names[i]
-        shape = shapes[i]
+        shape = item.shape
+        nd = len(shape)
         put_le(&o[pos], len(name), 2)
         pos += 2
         if len(name):
             memcpy(&o[pos], <const char *>name, len(name))
         pos += len(name)
-        o[pos] = <unsigned char>type_ids[i]
-        o[pos + 1] = <unsigned char>len(shape)
+        o[pos] = <unsigned char>id_of[item.dtype]
+        o[pos + 1] = <unsigned char>nd
         pos += 2
-        for d in range(len(shape)):
+        for d in range(nd):
             put_le(&o[pos], shape[d], 8)
             pos += 8
         put_le(&o[pos], offsets[i], 8)
-        put_le(&o[pos + 8], sizes[i], 8)
-        pos += 16
-        if spec_layout:
-            pos += 12  # raw_size 0 (stored uncompressed) and flags 0, already zero
+        put_le(&o[pos + 8], item.nbytes, 8)
+        pos += tail  # the spec layout's raw_size 0 and flags 0 are already zero
     return bytes(out)
+
+
+def lay_out(list tensors, Py_ssize_t alignment):
+    """Aligned offsets in the data section for ``tensors`` in order, the padding after
+    each, and the section size."""
+    cdef Py_ssize_t i, n = len(tensors), offset = 0, size, pad, mask = alignment - 1
+    offsets = [0] * n
+    pads = [0] * n
+    for i in range(n):
+        size = tensors[i].nbytes
+        pad = -size & mask
+        offsets[i] = offset
+        pads[i] = pad
+        offset += size + pad
+    return offsets, pads, offset
 
 
 cdef inline void put_le(unsigned char *p, uint64_t value, int width):

@@ -33,9 +33,10 @@ except ImportError:  # pragma: no cover - exercised only without the optional ex
     bfloat16 = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DType:
-    """One element type.  ``itemsize`` is 0 for packed block types."""
+    """One element type.  ``itemsize`` is 0 for packed block types.  Each exists once
+    (in ``DTYPES``), so identity is equality and hashing is cheap."""
 
     name: str
     numpy: str | None = None

@@ -35,7 +35,7 @@ class Source:
 
     def check_range(self, offset: int, n: int, what: str = "range") -> None:
         if offset < 0 or n < 0 or offset + n > self.size:
-            raise CorruptError(f"{what} [{offset}, {offset + n}) lies outside the "
+            raise CorruptError(f"{what} of {n} bytes at offset {offset} lies outside the "
                                f"{self.size} bytes present", path=self.path)
 
     def read(self, offset: int, n: int, what: str = "range") -> memoryview:

@@ -132,6 +132,8 @@ def _c_order(array: np.ndarray) -> np.ndarray:
 def _as_array(name, value) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
+    if isinstance(value, (bytes, bytearray)):
+        return np.frombuffer(value, np.uint8)  # raw bytes are uint8, not a NumPy string
     try:
         return np.asarray(value)
     except Exception as exc:  # torch bf16, exotic buffers: say which tensor failed

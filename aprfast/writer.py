@@ -18,6 +18,7 @@ import threading
 
 from . import layouts
 from ._crc import crc32, crc32_combine
+from ._memory import append_padded
 from .errors import AprError, AprIOError, LayoutError
 from .tensors import TensorInput, as_input
 
@@ -66,19 +67,26 @@ class AtomicFile:
             pass
 
 
-_mode_lock = threading.Lock()
-_mode = None
+_umask_lock = threading.Lock()
 
 
 def _default_mode() -> int:
-    # mkstemp makes 0600 files; a saved model should get the usual 0666 & ~umask.
-    global _mode
-    with _mode_lock:
-        if _mode is None:
-            umask = os.umask(0o022)
-            os.umask(umask)
-            _mode = 0o666 & ~umask
-    return _mode
+    """0666 & ~umask, the mode ``open()`` would give; mkstemp makes 0600 files."""
+    return 0o666 & ~_current_umask()
+
+
+def _current_umask() -> int:
+    try:  # Linux reports it without changing it
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _umask_lock:  # elsewhere: set and restore (racy only against other umask users)
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return umask
 
 
 def _fsync_directory(directory: str) -> None:
@@ -102,7 +110,7 @@ class _Sink:
     def __init__(self, fd=None, fileobj=None):
         self._fd = fd
         self._file = fileobj
-        self._pending = bytearray()
+        self.pending = bytearray()
         self.crc = 0
 
     def write(self, piece, nbytes: int) -> None:
@@ -110,8 +118,8 @@ class _Sink:
         if nbytes == 0:
             return
         if nbytes < _GATHER_LIMIT // 4:
-            self._pending += _as_bytes(piece)
-            if len(self._pending) >= _GATHER_LIMIT:
+            self.pending += _as_bytes(piece)
+            if len(self.pending) >= _GATHER_LIMIT:
                 self.flush()
             return
         self.flush()
@@ -120,15 +128,15 @@ class _Sink:
         self._write_all(view)
 
     def zeros(self, n: int) -> None:
-        self._pending += _ZEROS[:n] if n <= len(_ZEROS) else bytes(n)
-        if len(self._pending) >= _GATHER_LIMIT:
+        self.pending += _ZEROS[:n] if n <= len(_ZEROS) else bytes(n)
+        if len(self.pending) >= _GATHER_LIMIT:
             self.flush()
 
     def flush(self) -> None:
-        if self._pending:
-            self.crc = crc32(self._pending, self.crc)
-            self._write_all(memoryview(self._pending))
-            self._pending = bytearray()
+        if self.pending:
+            self.crc = crc32(self.pending, self.crc)
+            self._write_all(memoryview(self.pending))
+            self.pending = bytearray()
 
     def copy_from(self, spool_fd: int, offset: int, n: int, crc: int) -> None:
         """Copy ``n`` bytes whose CRC is ``crc`` from ``spool_fd`` without passing them
@@ -160,7 +168,9 @@ class _Sink:
 def _as_bytes(piece) -> memoryview:
     """A flat unsigned-byte view of any C-contiguous buffer (0-d arrays included)."""
     view = memoryview(piece)
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    if view.format == "B" and view.ndim == 1:
+        return view
+    return view.cast("B") if view.nbytes else memoryview(b"")
 
 
 def _kernel_copy(src_fd, dst_fd, offset, n) -> bool:
@@ -185,14 +195,17 @@ def _kernel_copy(src_fd, dst_fd, offset, n) -> bool:
 def write_plan(plan, sink: _Sink, *, spool_fd=None) -> None:
     """Stream a plan: prefix, tensors with padding, footer over the sink's running CRC."""
     sink.write(plan.prefix, len(plan.prefix))
-    for t in plan.tensors:
-        item = t.input
-        if spool_fd is None:
-            sink.write(item.data, item.nbytes)
-        else:
+    small = _GATHER_LIMIT // 4
+    for item, pad in zip(plan.tensors, plan.pads):
+        if spool_fd is not None:
             sink.copy_from(spool_fd, item.spool_offset, item.nbytes, item.crc)
-        if t.pad:
-            sink.zeros(t.pad)
+            sink.zeros(pad)
+        elif item.nbytes < small:
+            if append_padded(sink.pending, item.data, pad) and len(sink.pending) >= _GATHER_LIMIT:
+                sink.flush()
+        else:
+            sink.write(item.data, item.nbytes)
+            sink.zeros(pad)
     sink.flush()
     footer = plan.footer(sink.crc)
     sink.write(footer, len(footer))
@@ -201,17 +214,33 @@ def write_plan(plan, sink: _Sink, *, spool_fd=None) -> None:
 
 def save_to(target, plan, *, durable: bool = True) -> None:
     """Write a complete plan to a path (atomically) or a writable file object."""
+    _emit_to(target, lambda sink: write_plan(plan, sink), durable)
+
+
+def _emit_to(target, emit, durable: bool) -> None:
+    """Run ``emit(sink)`` into a path (atomically: temp file, fsync, rename) or a file
+    object; an OS refusal (disk full, file too large, broken pipe) is AprIOError."""
     if isinstance(target, (str, os.PathLike)):
         atomic = AtomicFile(target, durable=durable)
         try:
-            write_plan(plan, _Sink(fd=atomic.fd))
-        except BaseException:
+            emit(_Sink(fd=atomic.fd))
+        except BaseException as exc:
             atomic.abort()
+            _raise_io_error(exc, target)
             raise
         atomic.commit()
-    else:
-        _require_writable(target)
-        write_plan(plan, _Sink(fileobj=target))
+        return
+    _require_writable(target)
+    try:
+        emit(_Sink(fileobj=target))
+    except BaseException as exc:
+        _raise_io_error(exc, getattr(target, "name", None))
+        raise
+
+
+def _raise_io_error(exc, path) -> None:
+    if isinstance(exc, OSError) and not isinstance(exc, AprError):
+        raise AprIOError(f"write failed: {exc.strerror or exc}", path=path) from exc
 
 
 def _require_writable(target) -> None:
@@ -285,17 +314,8 @@ class Writer:
         self._spool.close()
 
     def _emit(self, plan) -> None:
-        fd = self._spool.fileno()
-        if isinstance(self._target, (str, os.PathLike)):
-            atomic = AtomicFile(self._target, durable=self._durable)
-            try:
-                write_plan(plan, _Sink(fd=atomic.fd), spool_fd=fd)
-            except BaseException:
-                atomic.abort()
-                raise
-            atomic.commit()
-        else:
-            write_plan(plan, _Sink(fileobj=self._target), spool_fd=fd)
+        spool_fd = self._spool.fileno()
+        _emit_to(self._target, lambda sink: write_plan(plan, sink, spool_fd=spool_fd), self._durable)
 
     def _require_state(self, state, action):
         if self._state != state:

@@ -14,33 +14,26 @@ from .. import _index
 from ..dtypes import IdTable
 from ..errors import CorruptError, LayoutError, LimitError, TensorNotFoundError
 from ..limits import Limits
-from ..tensors import TensorInfo, TensorInput
+from ..tensors import TensorInfo
 
-__all__ = ["align", "ParsedFile", "Plan", "PlannedTensor", "parse_index", "encode_index", "decode_json"]
+__all__ = ["align", "ParsedFile", "Plan", "parse_index", "encode_index", "decode_json"]
 
 
 def align(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-class PlannedTensor:
-    """Where one tensor's bytes go: ``offset`` is absolute, ``pad`` zero bytes follow."""
-
-    __slots__ = ("input", "offset", "pad")
-
-    def __init__(self, input, offset, pad):
-        self.input, self.offset, self.pad = input, offset, pad
-
-
 @dataclass
 class Plan:
     """Everything a writer needs before streaming tensor bytes: the bytes in front of
-    the data (header, metadata, index, padding), the tensors in file order, and the
-    footer, which only needs the CRC of everything written before it."""
+    the data (header, metadata, index, padding), the tensors in file order with the
+    zero padding after each, and the footer, which only needs the CRC of everything
+    written before it."""
 
     layout: str
     prefix: bytes
     tensors: list
+    pads: list
     total_size: int
     footer: object  # callable(crc_of_everything_before_the_footer) -> bytes
 
@@ -147,36 +140,27 @@ def parse_index(source, *, start, end, count, spec_layout, ids, rules, data_star
                                           limits.max_dims, limits.max_name_bytes)
         names = entries.names()
         if not _index.names_strictly_sorted(entries.blob, entries.fields):
-            _check_unique(names)
+            _refuse_unsorted(names)
         _index.check_entries(entries, *rules, data_len, strict_dtypes, names)
     except (CorruptError, LimitError) as exc:
         raise type(exc)(exc.message, path=source.path) from None
     return entries, names
 
 
-def _check_unique(names):
-    seen = set()
-    for name in names:
-        if name in seen:
-            raise CorruptError(f"tensor name {name!r} appears twice in the index")
-        seen.add(name)
+def _refuse_unsorted(names):
+    """Both layouts keep the index sorted by name, strictly (so names are unique);
+    aprender's reader refuses anything else too."""
+    for i, (prev, cur) in enumerate(zip(names, names[1:]), 1):
+        if prev.encode("utf-8", "surrogatepass") >= cur.encode("utf-8", "surrogatepass"):
+            what = "appears twice" if prev == cur else f"comes after {prev!r}"
+            raise CorruptError(f"tensor index entry {i}: name {cur!r} {what}; names must be unique "
+                               "and sorted")
 
 
-def encode_index(tensors, ids: IdTable, data_start: int, *, spec_layout: bool) -> bytes:
-    """Index entries for ``tensors`` (PlannedTensor, in index order)."""
-    id_of = {}
-    names, type_ids, shapes, offsets, sizes = [], [], [], [], []
-    for t in tensors:
-        item = t.input
-        type_id = id_of.get(item.dtype)
-        if type_id is None:
-            type_id = id_of[item.dtype] = ids.id_of(item.dtype)
-        names.append(item.name.encode("utf-8"))
-        type_ids.append(type_id)
-        shapes.append(item.shape)
-        offsets.append(t.offset - data_start)
-        sizes.append(item.nbytes)
-    return _index.encode_entries(names, type_ids, shapes, offsets, sizes, spec_layout)
+def encode_index(tensors, offsets, ids: IdTable, *, spec_layout: bool) -> bytes:
+    """Index entries for ``tensors`` in index order, at ``offsets`` in the data section."""
+    id_of = {d: ids.id_of(d) for d in {t.dtype for t in tensors}}
+    return _index.encode_entries(tensors, offsets, id_of, spec_layout)
 
 
 _by_name = operator.attrgetter("name")
@@ -201,12 +185,7 @@ def check_names(inputs, max_name_bytes: int):
     return ordered
 
 
-def lay_out_data(ordered, data_start: int, alignment: int):
-    """Place each tensor at an aligned offset, padded to the alignment, in index order."""
-    planned, offset = [], data_start
-    mask = alignment - 1
-    for t in ordered:
-        pad = -t.nbytes & mask
-        planned.append(PlannedTensor(t, offset, pad))
-        offset += t.nbytes + pad
-    return planned, offset
+def lay_out_data(ordered, alignment: int):
+    """Offsets of each tensor in the data section (aligned, in index order), the zero
+    padding after each, and the section's size."""
+    return _index.lay_out(ordered, alignment)

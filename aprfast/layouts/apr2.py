@@ -28,6 +28,7 @@ FOOTER_SIZE = 16
 INDEX_HEADER_SIZE = 8
 APR_VERSION = "2.0.0"
 MAX_NAME_BYTES = 65535
+MAX_DIMS = 8
 
 FLAGS = {"COMPRESSED": 0x01, "ALIGNED_64": 0x02, "ALIGNED_32": 0x04, "SHARDED": 0x08,
          "ENCRYPTED": 0x10, "SIGNED": 0x20, "QUANTIZED": 0x40, "STREAMING": 0x80}
@@ -71,24 +72,23 @@ def plan(inputs, metadata, *, alignment: int = 64) -> Plan:
     for t in ordered:
         if not APR2_IDS.holds(t.dtype):
             raise LayoutError(f"tensor {t.name!r}: the apr2 layout has no dtype id for {t.dtype.name}")
-        if len(t.shape) > 255:
-            raise LayoutError(f"tensor {t.name!r} has {len(t.shape)} dims; a u8 counts at most 255")
+        if len(t.shape) > MAX_DIMS:
+            raise LayoutError(f"tensor {t.name!r} has {len(t.shape)} dims; the spec allows at most {MAX_DIMS}")
     meta = encode_metadata(metadata)
     index_offset = HEADER_SIZE + len(meta)
-    index_len = INDEX_HEADER_SIZE + sum(2 + len(t.name.encode()) + 2 + 8 * len(t.shape) + 28 for t in ordered)
-    data_start = align(index_offset + index_len, alignment)
+    offsets, pads, data_len = lay_out_data(ordered, alignment)
+    index = struct.pack("<II", len(ordered), 0) + encode_index(ordered, offsets, APR2_IDS, spec_layout=True)
+    data_start = align(index_offset + len(index), alignment)
     if data_start >= 2**32:
         raise LayoutError(f"metadata and index end at byte {data_start}; the apr2 header's u32 offsets "
                           "stop at 4 GiB")
-    tensors, data_end = lay_out_data(ordered, data_start, alignment)
-    index = struct.pack("<II", len(tensors), 0) + encode_index(tensors, APR2_IDS, data_start, spec_layout=True)
     flags = _ALIGNMENT_FLAG[alignment]
     if any(t.dtype.packed for t in ordered):
         flags |= FLAGS["QUANTIZED"]
     header = _HEADER.pack(MAGIC, 2, 0, flags, HEADER_SIZE, len(meta), index_offset, len(index), data_start)
     prefix = header + meta + index + bytes(data_start - index_offset - len(index))
-    total = data_end + FOOTER_SIZE
-    return Plan(NAME, prefix, tensors, total, lambda crc: _FOOTER.pack(crc, FOOTER_MAGIC, total))
+    total = data_start + data_len + FOOTER_SIZE
+    return Plan(NAME, prefix, ordered, pads, total, lambda crc: _FOOTER.pack(crc, FOOTER_MAGIC, total))
 
 
 def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
+
 from .. import _serde_json
 from .._crc import crc32
 from ..dtypes import APRENDER_IDS
@@ -177,17 +179,16 @@ def plan(inputs, metadata, *, alignment: int = ALIGNMENT) -> Plan:
     if len(meta) >= 2**32:
         raise LayoutError(f"metadata of {len(meta)} bytes does not fit aprender's u32 size field")
     index_offset = HEADER_SIZE + align(len(meta), ALIGNMENT)
-    # Entry sizes don't depend on offsets, so encode once with placeholder offsets to size the index.
-    index_len = sum(2 + len(t.name.encode()) + 2 + 8 * len(t.shape) + 16 for t in ordered)
-    data_start = index_offset + align(index_len, ALIGNMENT)
-    tensors, data_end = lay_out_data(ordered, data_start, ALIGNMENT)
-    index = encode_index(tensors, APRENDER_IDS, data_start, spec_layout=False)
+    offsets, pads, data_len = lay_out_data(ordered, ALIGNMENT)
+    index = encode_index(ordered, offsets, APRENDER_IDS, spec_layout=False)
+    data_start = index_offset + align(len(index), ALIGNMENT)
     flags = FLAGS["LAYOUT_ROW_MAJOR"]
     if (metadata or {}).get("sharding") is not None:
         flags |= FLAGS["SHARDED"]
-    header = _pack_header(flags, len(tensors), len(meta), index_offset, data_start)
+    header = _pack_header(flags, len(ordered), len(meta), index_offset, data_start)
     prefix = b"".join([header, _pad(meta, ALIGNMENT), _pad(index, ALIGNMENT)])
-    return Plan(NAME, prefix, tensors, data_end + FOOTER_SIZE, lambda crc: struct.pack("<I", crc))
+    return Plan(NAME, prefix, ordered, pads, data_start + data_len + FOOTER_SIZE,
+                lambda crc: struct.pack("<I", crc))
 
 
 def _pad(blob: bytes, to: int) -> bytes:
@@ -205,6 +206,20 @@ def _header_crc(header: bytes) -> int:
 
 
 # --- reading ----------------------------------------------------------------------
+def _check_file_length(entries, data_offset, body_end, path) -> None:
+    """Both aprender writers pad every tensor to 64 bytes, so the index fixes where the
+    footer must be (aprender's own ``required_file_len``); anything else is a file cut
+    short or extended, caught here even where every tensor's bytes are still present."""
+    if entries.count:
+        padded = (entries.size + np.uint64(ALIGNMENT - 1)) & ~np.uint64(ALIGNMENT - 1)
+        data_end = data_offset + int((entries.offset + padded).max())
+    else:
+        data_end = data_offset
+    if data_end != body_end:
+        raise CorruptError(f"file is {body_end + FOOTER_SIZE} bytes but its index puts the footer at "
+                           f"{data_end}: truncated or extended", path=path)
+
+
 def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
     """Validate the header, index and extents of an ``APR\\0`` file (not the footer CRC)."""
     path = source.path
@@ -236,6 +251,7 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
         source, start=index_off, end=data_off, count=count, spec_layout=False, ids=APRENDER_IDS,
         rules=_RULES, data_start=data_off, data_len=body_end - data_off, limits=limits,
         strict_dtypes=strict_dtypes)
+    _check_file_length(entries, data_off, body_end, path)
     header = {"magic": "APR\\0", "version": f"{major}.{minor}", "flags": flags,
               "flag_names": [n for n, bit in FLAGS.items() if flags & bit], "tensor_count": count,
               "metadata_offset": meta_off, "metadata_size": meta_size, "tensor_index_offset": index_off,
