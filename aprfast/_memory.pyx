@@ -30,6 +30,9 @@ cdef extern from "pio.h" nogil:
 
 cdef size_t NOGIL_MIN = 65536
 
+cdef extern from "Python.h":
+    const Py_ssize_t PY_SSIZE_T_MAX
+
 
 cdef class AlignedBuffer:
     """A writable byte buffer whose first byte is aligned to ``alignment``."""
@@ -43,6 +46,8 @@ cdef class AlignedBuffer:
     def __cinit__(self, size_t size, size_t alignment=64):
         if alignment == 0 or (alignment & (alignment - 1)) or alignment > 4096:
             raise ValueError(f"alignment must be a power of two up to 4096, not {alignment}")
+        if size > <size_t>PY_SSIZE_T_MAX:
+            raise MemoryError(f"cannot allocate {size} bytes: more than a buffer can address")
         cdef int rc
         with nogil:
             rc = apr_block_alloc(&self.block, size, alignment)

@@ -207,7 +207,7 @@ def _from_fd(fd: int, path, mode) -> Source:
         if os.fstat(fd).st_size == 0:
             return BufferSource(b"", path)
         return MappedSource(fd, path)
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
         if mode == "mmap":
-            raise
+            raise AprIOError(f"cannot memory-map: {getattr(exc, 'strerror', None) or exc}", path=path) from exc
         return PreadSource(fd, path)

@@ -130,8 +130,11 @@ def _c_order(array: np.ndarray) -> np.ndarray:
 
 
 def _as_array(name, value) -> np.ndarray:
+    if isinstance(value, np.ma.MaskedArray):
+        raise LayoutError(f"tensor {name!r} is a masked array; its mask has no place in the file "
+                          "(save .filled(...) or .data explicitly)")
     if isinstance(value, np.ndarray):
-        return value
+        return value.view(np.ndarray) if type(value) is not np.ndarray else value
     if isinstance(value, (bytes, bytearray)):
         return np.frombuffer(value, np.uint8)  # raw bytes are uint8, not a NumPy string
     try:

@@ -234,8 +234,12 @@ def _emit_to(target, emit, durable: bool) -> None:
     try:
         emit(_Sink(fileobj=target))
     except BaseException as exc:
-        _raise_io_error(exc, getattr(target, "name", None))
+        _raise_io_error(exc, _name_of(target))
         raise
+
+
+def _name_of(target):
+    return os.fspath(target) if isinstance(target, (str, os.PathLike)) else getattr(target, "name", None)
 
 
 def _raise_io_error(exc, path) -> None:
@@ -280,7 +284,11 @@ class Writer:
         self._items = []
         self._size = 0
         spool_dir = os.path.dirname(os.path.abspath(target)) if isinstance(target, (str, os.PathLike)) else None
-        self._spool = tempfile.TemporaryFile(prefix=".aprfast-spool-", dir=spool_dir)
+        try:
+            self._spool = tempfile.TemporaryFile(prefix=".aprfast-spool-", dir=spool_dir)
+        except OSError as exc:
+            raise AprIOError(f"cannot create a spool file in {spool_dir or 'the temp dir'}: {exc.strerror}",
+                             path=_name_of(target)) from exc
         self._state = "open"
 
     def add(self, name: str, tensor) -> None:
@@ -290,7 +298,11 @@ class Writer:
             raise LayoutError(f"tensor {name!r} was already added")
         item = as_input(name, tensor)
         data = _as_bytes(item.data) if item.nbytes else memoryview(b"")
-        _Sink(fd=self._spool.fileno())._write_all(data)
+        try:
+            _Sink(fd=self._spool.fileno())._write_all(data)
+        except OSError as exc:
+            raise AprIOError(f"cannot spool tensor {name!r}: {exc.strerror or exc}",
+                             path=_name_of(self._target)) from exc
         self._items.append(_Spooled(item, self._size, crc32(data)))
         self._names.add(name)
         self._size += item.nbytes

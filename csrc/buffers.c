@@ -42,6 +42,8 @@ static int heap_alloc(apr_block *block, size_t size, size_t alignment)
  * a huge-page boundary: transparent huge pages only back 2 MiB-aligned ranges. */
 static int mapped_alloc(apr_block *block, size_t size)
 {
+    if (size > SIZE_MAX - 2 * HUGE_PAGE)
+        return ENOMEM; /* rounding up would wrap around */
     size_t want = round_up(size, HUGE_PAGE);
     size_t total = want + HUGE_PAGE;
     uint8_t *raw = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

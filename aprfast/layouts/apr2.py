@@ -50,7 +50,7 @@ def encode_metadata(metadata: dict) -> bytes:
     ordered = {"apr_version": APR_VERSION, **_sorted(metadata)}
     try:
         return _serde_json.dumps(ordered)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         raise LayoutError(f"metadata cannot be written as JSON: {exc}") from None
 
 

@@ -9,6 +9,7 @@ metadata and pre-GH-438 dtype ids.  docs/FORMAT.md §2 has the byte table.
 
 from __future__ import annotations
 
+import numbers
 import struct
 
 import numpy as np
@@ -101,7 +102,7 @@ def encode_metadata(metadata: dict) -> bytes:
         ordered[key] = _sorted_json(metadata[key])
     try:
         return _serde_json.dumps(ordered, f32_paths=frozenset(f32_keys))
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         raise LayoutError(f"metadata cannot be written as aprender JSON: {exc}") from None
 
 
@@ -118,16 +119,15 @@ def _typed(key, kind, value):
         return value
     if kind == "f32":
         return _f32(key, value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _INT_MAX[kind]:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) \
+            or not 0 <= value < _INT_MAX[kind]:
         raise LayoutError(f"aprender metadata field {key!r} must be an integer in [0, {_INT_MAX[kind]}), "
                           f"not {value!r}")
     return int(value)
 
 
 def _f32(key, value):
-    import numpy as np
-
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise LayoutError(f"aprender metadata field {key!r} must be a number, not {value!r}")
     with np.errstate(over="ignore"):
         as_f32 = np.float32(value)
@@ -158,6 +158,9 @@ def _nested(key, value):
 def _sorted_json(value):
     # serde_json::Value objects are BTreeMaps: nested keys come out sorted.
     if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise LayoutError(f"metadata keys must be str, not {key!r}")
         return {k: _sorted_json(value[k]) for k in sorted(value)}
     if isinstance(value, (list, tuple)):
         return [_sorted_json(v) for v in value]

@@ -1,0 +1,230 @@
+"""Aligned buffers, aligned tensor views, and the bulk-copy/pread helpers behind them."""
+
+import os
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+import aprfast
+from aprfast import _memory
+
+ALIGNMENTS = [1 << k for k in range(13)]  # 1 .. 4096
+SIZES = [0, 1, 63, 4097, 3 << 20]
+HUGE_THRESHOLD = 2 << 20
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("alignment", ALIGNMENTS)
+def test_aligned_buffer_start_is_aligned(size, alignment):
+    buf = _memory.AlignedBuffer(size, alignment)
+    assert buf.address % alignment == 0
+    assert len(buf) == size and buf.size == size and buf.alignment == alignment
+    view = memoryview(buf)
+    assert view.nbytes == size and not view.readonly and view.format == "B"
+    if size:
+        arr = np.frombuffer(buf, np.uint8)
+        assert arr.ctypes.data == buf.address
+        arr[:] = 0xA5
+        arr[-1] = 7
+        assert arr[-1] == 7 and (size == 1 or arr[0] == 0xA5)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_default_alignment_is_64(size):
+    buf = _memory.AlignedBuffer(size)
+    assert buf.alignment == 64 and buf.address % 64 == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge-page mapping is a Linux path")
+@pytest.mark.parametrize("size", SIZES + [HUGE_THRESHOLD - 1, HUGE_THRESHOLD])
+def test_buffers_of_two_mib_and_more_are_huge_page_backed(size):
+    buf = _memory.AlignedBuffer(size, 64)
+    assert buf.huge_page_backed == (size >= HUGE_THRESHOLD)
+    if buf.huge_page_backed:
+        assert buf.address % HUGE_THRESHOLD == 0
+
+
+@pytest.mark.parametrize("alignment", [0, 3, 6, 100, 8192, 1 << 20])
+def test_invalid_alignments_raise_value_error(alignment):
+    with pytest.raises(ValueError):
+        _memory.AlignedBuffer(16, alignment)
+
+
+def test_many_buffers_are_independent():
+    bufs = [_memory.AlignedBuffer(100 + i, 256) for i in range(50)]
+    arrays = [np.frombuffer(b, np.uint8) for b in bufs]
+    for i, a in enumerate(arrays):
+        a[:] = i
+    for i, a in enumerate(arrays):
+        assert (a == i).all()
+        assert bufs[i].address % 256 == 0
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 100, 3 << 20])
+@pytest.mark.parametrize("alignment", [1, 64, 4096])
+def test_aligned_empty_is_a_writable_aligned_uint8_array(nbytes, alignment):
+    arr = aprfast.aligned_empty(nbytes, alignment)
+    assert arr.dtype == np.uint8 and arr.shape == (nbytes,)
+    assert arr.flags.writeable and arr.flags.c_contiguous
+    if nbytes:
+        assert arr.ctypes.data % alignment == 0
+        arr[:] = 3
+        assert int(arr.sum()) == 3 * nbytes
+
+
+def _model():
+    return {
+        f"t{i}": np.arange(n, dtype=dtype)
+        for i, (n, dtype) in enumerate([(1, np.uint8), (3, np.float32), (17, np.int64), (100, np.float16),
+                                        (65, np.int8), (1000, np.float64), (64, np.uint8)])
+    }
+
+
+@pytest.mark.parametrize("layout", ["aprender", "apr2"])
+def test_zero_copy_views_of_a_mapped_file_are_64_byte_aligned(tmp_path, layout):
+    path = tmp_path / "m.apr"
+    aprfast.save_file(_model(), path, layout=layout)
+    with aprfast.open(path) as f:
+        for name in f.keys():
+            arr = f.get_tensor(name)
+            assert not arr.flags.writeable  # really a view of the map
+            assert arr.ctypes.data % 64 == 0, name
+    for name, arr in aprfast.load_file(path, mmap=True).items():
+        assert arr.ctypes.data % 64 == 0, name
+
+
+@pytest.mark.parametrize("mode", ["mmap", "pread"])
+@pytest.mark.parametrize("alignment", [64, 4096])
+def test_copies_use_the_files_alignment(tmp_path, mode, alignment):
+    path = tmp_path / "m.apr"
+    tensors = _model()
+    tensors["large"] = np.ones(3 << 18, np.float32)  # 3 MiB, mapped-buffer path
+    aprfast.save_file(tensors, path)
+    with aprfast.open(path, mode=mode, alignment=alignment) as f:
+        for name, want in tensors.items():
+            arr = f.get_tensor(name, copy=True)
+            assert arr.flags.writeable
+            assert arr.ctypes.data % alignment == 0, name
+            assert arr.tobytes() == want.tobytes()
+
+
+def test_load_all_with_a_4096_alignment_aligns_the_arena(tmp_path):
+    path = tmp_path / "m.apr"
+    aprfast.save_file(_model(), path)
+    with aprfast.open(path, mode="pread", alignment=4096) as f:
+        loaded = f.load_all()
+    first = min(loaded.values(), key=lambda a: a.ctypes.data)
+    assert first.ctypes.data % 4096 == 0
+    assert all(a.ctypes.data % 64 == 0 for a in loaded.values())
+
+
+# --- pread_into and copy_into ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    data = np.random.default_rng(5).integers(0, 256, (9 << 20) + 123, dtype=np.uint8).tobytes()
+    path = tmp_path_factory.mktemp("pio") / "data.bin"
+    path.write_bytes(data)
+    return path, data
+
+
+@pytest.mark.parametrize("offset,length", [(0, 0), (0, 1), (5, 4096), (777, 1 << 20), (0, (9 << 20) + 123),
+                                           (100, 9 << 20)])
+@pytest.mark.parametrize("threads", [0, 1, 3])
+def test_pread_into_reads_exact_bytes_and_their_crc(data_file, offset, length, threads):
+    path, data = data_file
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        out = aprfast.aligned_empty(length)
+        assert _memory.pread_into(fd, offset, out, threads) is None
+        assert out.tobytes() == data[offset:offset + length]
+        out[:] = 0
+        crc = _memory.pread_into(fd, offset, out, threads, 0)
+        assert out.tobytes() == data[offset:offset + length]
+        assert crc == zlib.crc32(data[offset:offset + length])
+        seed = zlib.crc32(b"prefix")
+        assert _memory.pread_into(fd, offset, out, threads, seed) == zlib.crc32(data[offset:offset + length], seed)
+    finally:
+        os.close(fd)
+
+
+def test_pread_into_past_the_end_raises_eof_error(data_file):
+    path, data = data_file
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(EOFError):
+            _memory.pread_into(fd, len(data) - 10, bytearray(11))
+    finally:
+        os.close(fd)
+
+
+def test_pread_into_a_directory_descriptor_raises_os_error(tmp_path):
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as info:
+            _memory.pread_into(fd, 0, bytearray(10))
+        assert not isinstance(info.value, EOFError)
+    finally:
+        os.close(fd)
+
+
+def test_pread_into_needs_a_writable_buffer(data_file):
+    path, _ = data_file
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises((TypeError, ValueError, BufferError)):
+            _memory.pread_into(fd, 0, b"immutable")
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("n", [0, 1, 65535, 65536, (8 << 20) + 3, 17 << 20])
+@pytest.mark.parametrize("threads", [0, 1, 2, 5])
+def test_copy_into_copies_every_byte(n, threads):
+    src = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
+    dst = aprfast.aligned_empty(n)
+    _memory.copy_into(dst, src, threads)
+    assert np.array_equal(dst, src)
+    assert zlib.crc32(dst) == zlib.crc32(src)
+
+
+def test_copy_into_unaligned_slices():
+    src = np.arange(300, dtype=np.uint8)
+    dst = np.zeros(400, np.uint8)
+    _memory.copy_into(dst[3:203], src[7:207])
+    assert np.array_equal(dst[3:203], src[7:207])
+    assert not dst[:3].any() and not dst[203:].any()
+
+
+def test_copy_into_refuses_mismatched_lengths():
+    with pytest.raises(ValueError):
+        _memory.copy_into(bytearray(10), b"x" * 11)
+
+
+def test_default_threads_is_at_least_one():
+    assert _memory.default_threads() >= 1
+
+
+HUGE_SIZES_SCRIPT = """
+from aprfast import _memory
+for size in (2**63, 2**64 - 2**20, 2**64 - 1):
+    try:
+        buf = _memory.AlignedBuffer(size, 64)
+    except (MemoryError, ValueError, OverflowError) as exc:
+        print(type(exc).__name__)
+    else:
+        print("created", buf.size)
+"""
+
+
+def test_impossible_sizes_raise_instead_of_crashing():
+    # Sizes near 2**64 must not wrap around in the size arithmetic (run in a child:
+    # a wrapped size maps a small region and later frees it with the wrong call).
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    out = subprocess.run([sys.executable, "-c", HUGE_SIZES_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, (out.returncode, out.stdout, out.stderr[-2000:])
+    lines = out.stdout.split("\n")[:3]
+    assert all(line in ("MemoryError", "ValueError", "OverflowError") for line in lines), out.stdout
