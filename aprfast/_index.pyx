@@ -185,10 +185,13 @@ cdef uint64_t expected_size(int rule, int64_t a, int64_t b, const uint64_t *dims
 
 
 def check_entries(entries, const int8_t[::1] rule, const int64_t[::1] rule_a, const int64_t[::1] rule_b,
-                  uint64_t data_len, bint strict_dtypes, list names):
+                  uint64_t data_len, bint strict_dtypes, list names, uint64_t pad_to=1):
     """Reject unknown dtypes (when strict), sizes that differ from shape x dtype, extents
-    outside the ``data_len`` bytes of the data section, and overlapping extents."""
+    outside the ``data_len`` bytes of the data section, and overlapping extents.
+
+    Returns where the data ends if every tensor is padded to ``pad_to`` bytes."""
     cdef Py_ssize_t i, n = entries.count, prev = -1
+    cdef uint64_t end, data_end = 0
     cdef const int64_t[:, ::1] f = entries.fields
     cdef const uint64_t[:, ::1] x = entries.extents
     cdef const uint64_t[::1] dims = entries.dims
@@ -219,12 +222,16 @@ def check_entries(entries, const int8_t[::1] rule, const int64_t[::1] rule_a, co
             if want != size:
                 raise CorruptError(f"tensor {names[i]!r}: shape {list(entries.shape(i))} needs {want} "
                                    f"bytes but the index says {size}")
+        end = off + (size + pad_to - 1) // pad_to * pad_to  # no wrap: both are below data_len
+        if end > data_end:
+            data_end = end
         if size:  # an empty tensor occupies nothing, wherever it points
             if prev >= 0 and off < x[prev, 0] + x[prev, 1]:
                 monotonic = False
             prev = i
     if not monotonic:
         _check_no_overlap(entries, names)
+    return data_end
 
 
 def _check_no_overlap(entries, list names):

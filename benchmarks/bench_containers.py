@@ -42,16 +42,19 @@ except ImportError:
 MiB = 1 << 20
 
 
-def models(scale: float):
+MODELS = ("large", "small", "tiny")
+
+
+def model(name: str, scale: float) -> dict:
+    """One benchmark model, built only when asked for (the large one is 512 MiB)."""
     rng = np.random.default_rng(0)
-    large_rows = max(1, int(655 * scale))
-    return {
-        "large": {f"layers.{i:03d}.weight": rng.standard_normal((large_rows, 1024), dtype=np.float32)
-                  for i in range(200)},
-        "small": {f"layers.{i:02d}.weight": rng.standard_normal((80, 256), dtype=np.float32)
-                  for i in range(50)},
-        "tiny": {f"t.{i:05d}": rng.standard_normal(256, dtype=np.float32) for i in range(10_000)},
-    }
+    if name == "large":
+        rows = max(1, int(655 * scale))
+        return {f"layers.{i:03d}.weight": rng.standard_normal((rows, 1024), dtype=np.float32)
+                for i in range(200)}
+    if name == "small":
+        return {f"layers.{i:02d}.weight": rng.standard_normal((80, 256), dtype=np.float32) for i in range(50)}
+    return {f"t.{i:05d}": rng.standard_normal(256, dtype=np.float32) for i in range(10_000)}
 
 
 def best(fn, repeat):
@@ -99,6 +102,7 @@ class Bench:
         for name, value in tensors.items():
             np.save(os.path.join(npy_dir, name + ".npy"), value)
         names = list(tensors)
+        os.sync()  # let writeback of what was just saved finish before timing reads
 
         # open and list
         def st_keys():
@@ -164,14 +168,14 @@ def crc_row(bench, size):
     bench.row("crc32", f"{size // MiB} MiB (1 thread)", single, {"zlib.crc32": z})
 
 
-def save_peak_rss(model, scale, directory):
+def save_peak_rss(model_name, scale, directory):
     """Peak RSS above the inputs while save_file runs, in a fresh process (MiB)."""
     code = f"""
 import os, resource, sys
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 import numpy as np, aprfast, safetensors.numpy as stn
-from bench_containers import models
-t = models({scale})[{model!r}]
+from bench_containers import model
+t = model({model_name!r}, {scale})
 def rss():
     return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 base = rss()
@@ -203,10 +207,11 @@ def main():
         bench = Bench(directory, repeat)
         print(f"aprfast {aprfast.__version__}, crc32 kernel {aprfast._crc.best_path()}, {os.cpu_count()} cores, "
               f"torch {'yes' if torch else 'not installed'}")
-        for model, tensors in models(scale).items():
+        for name in MODELS:
+            tensors = model(name, scale)
             size = sum(v.nbytes for v in tensors.values())
-            print(f"--- {model}: {len(tensors)} tensors, {size / MiB:.1f} MiB")
-            bench.run_model(model, tensors)
+            print(f"--- {name}: {len(tensors)} tensors, {size / MiB:.1f} MiB")
+            bench.run_model(name, tensors)
             del tensors
             gc.collect()
         crc_row(bench, int(256 * MiB * scale))

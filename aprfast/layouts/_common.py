@@ -125,9 +125,10 @@ def rule_tables(ids: IdTable):
     return rule, a, b
 
 
-def parse_index(source, *, start, end, count, spec_layout, ids, rules, data_start, data_len,
-                limits: Limits, strict_dtypes: bool):
-    """Read, decode and validate ``count`` index entries in ``[start, end)``."""
+def parse_index(source, *, start, end, count, spec_layout, ids, rules, data_len, limits: Limits,
+                strict_dtypes: bool, pad_to: int = 1):
+    """Read, decode and validate ``count`` index entries in ``[start, end)``; return the
+    entries, their names, and where the data ends when each tensor is padded to ``pad_to``."""
     if count > limits.max_tensor_count:
         raise LimitError(f"header declares {count} tensors, above the limit of {limits.max_tensor_count} "
                          "(aprfast.limits.MAX_TENSOR_COUNT)", path=source.path)
@@ -141,10 +142,10 @@ def parse_index(source, *, start, end, count, spec_layout, ids, rules, data_star
         names = entries.names()
         if not _index.names_strictly_sorted(entries.blob, entries.fields):
             _refuse_unsorted(names)
-        _index.check_entries(entries, *rules, data_len, strict_dtypes, names)
+        data_end = _index.check_entries(entries, *rules, data_len, strict_dtypes, names, pad_to)
     except (CorruptError, LimitError) as exc:
         raise type(exc)(exc.message, path=source.path) from None
-    return entries, names
+    return entries, names, data_end
 
 
 def _refuse_unsorted(names):

@@ -120,10 +120,9 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
         raise CorruptError(f"index [{index_off}, +{index_size}) and data offset {data_off} must satisfy "
                            f"index_size >= 8, index end <= data offset <= {body_end}", path=path)
     count, _reserved = struct.unpack("<II", bytes(source.read(index_off, INDEX_HEADER_SIZE, "index header")))
-    entries, names = parse_index(
+    entries, names, _ = parse_index(
         source, start=index_off + INDEX_HEADER_SIZE, end=index_off + index_size, count=count, spec_layout=True,
-        ids=APR2_IDS, rules=_RULES, data_start=data_off, data_len=body_end - data_off, limits=limits,
-        strict_dtypes=strict_dtypes)
+        ids=APR2_IDS, rules=_RULES, data_len=body_end - data_off, limits=limits, strict_dtypes=strict_dtypes)
     if entries.count and (entries.raw_size.any() or entries.flags.any()):
         raise VersionError("per-tensor compression or flags are set; this build reads only stored tensors",
                            path=path)

@@ -209,20 +209,6 @@ def _header_crc(header: bytes) -> int:
 
 
 # --- reading ----------------------------------------------------------------------
-def _check_file_length(entries, data_offset, body_end, path) -> None:
-    """Both aprender writers pad every tensor to 64 bytes, so the index fixes where the
-    footer must be (aprender's own ``required_file_len``); anything else is a file cut
-    short or extended, caught here even where every tensor's bytes are still present."""
-    if entries.count:
-        padded = (entries.size + np.uint64(ALIGNMENT - 1)) & ~np.uint64(ALIGNMENT - 1)
-        data_end = data_offset + int((entries.offset + padded).max())
-    else:
-        data_end = data_offset
-    if data_end != body_end:
-        raise CorruptError(f"file is {body_end + FOOTER_SIZE} bytes but its index puts the footer at "
-                           f"{data_end}: truncated or extended", path=path)
-
-
 def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
     """Validate the header, index and extents of an ``APR\\0`` file (not the footer CRC)."""
     path = source.path
@@ -250,11 +236,16 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
     if not (index_off <= data_off <= body_end):
         raise CorruptError(f"tensor index offset {index_off} and data offset {data_off} must satisfy "
                            f"index <= data <= {body_end} (file size minus footer)", path=path)
-    entries, names = parse_index(
+    entries, names, data_end = parse_index(
         source, start=index_off, end=data_off, count=count, spec_layout=False, ids=APRENDER_IDS,
-        rules=_RULES, data_start=data_off, data_len=body_end - data_off, limits=limits,
-        strict_dtypes=strict_dtypes)
-    _check_file_length(entries, data_off, body_end, path)
+        rules=_RULES, data_len=body_end - data_off, limits=limits, strict_dtypes=strict_dtypes,
+        pad_to=ALIGNMENT)
+    # Both aprender writers pad every tensor to 64 bytes, so the index fixes where the footer
+    # is (aprender's own required_file_len): anything else was cut short or extended, caught
+    # here even where every tensor's bytes are still present.
+    if data_off + data_end != body_end:
+        raise CorruptError(f"file is {source.size} bytes but its index puts the footer at "
+                           f"{data_off + data_end}: truncated or extended", path=path)
     header = {"magic": "APR\\0", "version": f"{major}.{minor}", "flags": flags,
               "flag_names": [n for n, bit in FLAGS.items() if flags & bit], "tensor_count": count,
               "metadata_offset": meta_off, "metadata_size": meta_size, "tensor_index_offset": index_off,
