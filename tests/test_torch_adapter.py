@@ -1,0 +1,56 @@
+"""aprfast.torch: torch tensors round-trip through both layouts (torch is optional)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+aprfast_torch = pytest.importorskip("aprfast.torch")
+
+import aprfast  # noqa: E402
+
+
+def sample():
+    g = torch.Generator().manual_seed(7)
+    return {
+        "f32": torch.randn(3, 4, generator=g),
+        "bf16": torch.randn(5, generator=g).to(torch.bfloat16),
+        "f16": torch.randn(2, 2, generator=g).half(),
+        "i64": torch.arange(6, dtype=torch.int64).reshape(2, 3),
+        "transposed": torch.randn(4, 3, generator=g).t(),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 3),
+    }
+
+
+@pytest.mark.parametrize("layout", ["aprender", "apr2"])
+def test_torch_tensors_round_trip_with_dtype_and_values(tmp_path, layout):
+    tensors = sample()
+    path = tmp_path / "t.apr"
+    aprfast_torch.save_file(tensors, path, layout=layout)
+    back = aprfast_torch.load_file(path)
+    assert set(back) == set(tensors)
+    for name, tensor in tensors.items():
+        assert back[name].dtype == tensor.dtype, name
+        assert back[name].shape == tensor.shape, name
+        assert torch.equal(back[name], tensor), name
+
+
+def test_bf16_is_stored_as_bf16_bits(tmp_path):
+    bits = torch.tensor([1.0, -2.5, 0.15625], dtype=torch.bfloat16)
+    data = aprfast_torch.save({"x": bits})
+    with aprfast.open(data) as f:
+        assert f.info("x").dtype.name == "BF16"
+        raw = f.get_tensor("x").view(np.uint16)
+    np.testing.assert_array_equal(raw, bits.view(torch.int16).numpy().view(np.uint16))
+
+
+def test_bytes_round_trip_and_bool_goes_to_the_spec_layout():
+    tensors = {"mask": torch.tensor([True, False, True])}
+    data = aprfast_torch.save(tensors)
+    assert aprfast.open(data).layout == "apr2"
+    assert torch.equal(aprfast_torch.load(data)["mask"], tensors["mask"])
+
+
+def test_non_tensors_are_refused():
+    with pytest.raises(TypeError):
+        aprfast_torch.save({"x": np.zeros(2)})
