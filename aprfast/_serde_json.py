@@ -126,7 +126,7 @@ def format_f64(x: float) -> str:
     return _layout_shortest(negative, digits, exp, _F64_PLAIN_EXPONENTS)
 
 
-def _int_to_f32(n: int) -> np.float32:
+def _intto_f32(n: int) -> np.float32:
     """Round a Python int to the nearest float32 (ties to even), like Rust `as`.
 
     Going through float64 first can round twice for |n| > 2**53, so large
@@ -150,10 +150,10 @@ def _int_to_f32(n: int) -> np.float32:
         return np.float32(-rounded if n < 0 else rounded)
 
 
-def _to_f32(x: Any) -> np.float32:
+def to_f32(x: Any) -> np.float32:
     """Convert a number to float32 the way Rust's `as f32` would."""
     if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
-        return _int_to_f32(int(x))
+        return _intto_f32(int(x))
     # Overflow to infinity is the intended result (Rust does the same).
     with np.errstate(over="ignore"):
         return np.float32(x)
@@ -166,7 +166,7 @@ def format_f32(x: float) -> str:
     round-trip *as float32*, laid out with zmij's f32 window.  Non-finite
     values (including finite floats that overflow float32) give "null".
     """
-    value = _to_f32(x)
+    value = to_f32(x)
     if not np.isfinite(value):
         return "null"
     if value == 0:

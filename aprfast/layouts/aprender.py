@@ -35,8 +35,10 @@ FLAGS = {
     "SHARDED": 0x0010, "QUANTIZED": 0x0020, "HAS_FILTERBANK": 0x0040, "HAS_MODEL_CARD": 0x0080,
     "STREAMING": 0x0100, "HAS_VOCAB": 0x0200, "LAYOUT_ROW_MAJOR": 0x0400, "LAYOUT_COLUMN_MAJOR": 0x0800,
 }
-# No aprender build applies these to the bytes; a file claiming them can't be read right.
-_UNREADABLE = FLAGS["ENCRYPTED"] | FLAGS["SIGNED"] | FLAGS["LAYOUT_COLUMN_MAJOR"]
+# aprender refuses column-major files.  ENCRYPTED and SIGNED are read as aprender reads
+# them, ignored: no aprender build encrypts or signs v2 data, but `set_header_flags`
+# carries the bits over when a file is re-stamped.
+_UNREADABLE = FLAGS["LAYOUT_COLUMN_MAJOR"]
 
 _HEADER = struct.Struct("<4sBBHIQIQQI20s")
 _RULES = rule_tables(APRENDER_IDS)
@@ -129,8 +131,7 @@ def _typed(key, kind, value):
 def _f32(key, value):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise LayoutError(f"aprender metadata field {key!r} must be a number, not {value!r}")
-    with np.errstate(over="ignore"):
-        as_f32 = np.float32(value)
+    as_f32 = _serde_json.to_f32(value)  # one rounding, as serde's u64/f64 -> f32
     if not np.isfinite(as_f32):
         raise LayoutError(f"aprender metadata field {key!r} = {value!r} is not a finite f32")
     return float(as_f32)
@@ -226,8 +227,8 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
         raise VersionError(f"aprender v2 header says version {major}.{minor}", path=path)
     if flags & _UNREADABLE:
         names = [n for n, bit in FLAGS.items() if flags & bit & _UNREADABLE]
-        raise VersionError(f"flags {flags:#06x} ask for {', '.join(names)}, which no aprender build "
-                           "writes and aprfast does not read in this layout", path=path)
+        raise VersionError(f"flags {flags:#06x} ask for {', '.join(names)}, which aprender refuses too",
+                           path=path)
     body_end = source.size - FOOTER_SIZE
     if meta_size > limits.max_metadata_size:
         raise LimitError(f"metadata of {meta_size} bytes exceeds the limit of {limits.max_metadata_size} "
