@@ -17,3 +17,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def child_env():
+    """Environment for a child Python that imports the same aprfast as this process
+    (the installed package in CI, the in-place build in a checkout)."""
+    import aprfast
+
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(aprfast.__file__)))
+    return dict(os.environ, PYTHONPATH=package_parent)

@@ -219,10 +219,10 @@ for size in (2**63, 2**64 - 2**20, 2**64 - 1):
 """
 
 
-def test_impossible_sizes_raise_instead_of_crashing():
+def test_impossible_sizes_raise_instead_of_crashing(child_env):
     # Sizes near 2**64 must not wrap around in the size arithmetic (run in a child:
     # a wrapped size maps a small region and later frees it with the wrong call).
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    env = child_env
     out = subprocess.run([sys.executable, "-c", HUGE_SIZES_SCRIPT], env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, (out.returncode, out.stdout, out.stderr[-2000:])

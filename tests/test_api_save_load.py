@@ -18,7 +18,6 @@ from ml_dtypes import bfloat16
 import aprfast
 from aprfast.errors import AprError, AprIOError, LayoutError, TensorNotFoundError
 
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def sample_tensors():
@@ -104,11 +103,11 @@ WRITE_FAILS_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_save_file_reports_an_os_write_failure_as_apr_io_error(tmp_path):
+def test_save_file_reports_an_os_write_failure_as_apr_io_error(tmp_path, child_env):
     # A real EFBIG from the kernel halfway through the file (RLIMIT_FSIZE), in a child process.
     target = tmp_path / "model.apr"
     target.write_bytes(b"previous contents")
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = child_env
     out = subprocess.run([sys.executable, "-c", WRITE_FAILS_SCRIPT, str(target)], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

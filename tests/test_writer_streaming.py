@@ -241,11 +241,11 @@ else:
 """
 
 
-def test_writer_reports_an_os_write_failure_as_apr_io_error(tmp_path):
+def test_writer_reports_an_os_write_failure_as_apr_io_error(tmp_path, child_env):
     # A real EFBIG from the kernel while spooling (RLIMIT_FSIZE), in a child process.
     target = tmp_path / "model.apr"
     target.write_bytes(b"previous contents")
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    env = child_env
     out = subprocess.run([sys.executable, "-c", SPOOL_FAILS_SCRIPT, str(target)], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
