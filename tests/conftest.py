@@ -1,6 +1,9 @@
 """Shared test setup: hypothesis profiles and small helpers."""
 
 import os
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -20,10 +23,17 @@ def rng():
 
 
 @pytest.fixture
-def child_env():
-    """Environment for a child Python that imports the same aprfast as this process
-    (the installed package in CI, the in-place build in a checkout)."""
+def run_child():
+    """Run a Python snippet in a child process that imports the same aprfast as this
+    process (the installed package in CI, the in-place build in a checkout).  It runs
+    from a neutral directory, since a child's working directory comes first on its path."""
     import aprfast
 
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(aprfast.__file__)))
-    return dict(os.environ, PYTHONPATH=package_parent)
+    env = dict(os.environ, PYTHONPATH=package_parent)
+
+    def run(script, *args, timeout=60):
+        return subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env,
+                              cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=timeout)
+
+    return run

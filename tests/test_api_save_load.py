@@ -103,13 +103,11 @@ WRITE_FAILS_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_save_file_reports_an_os_write_failure_as_apr_io_error(tmp_path, child_env):
+def test_save_file_reports_an_os_write_failure_as_apr_io_error(tmp_path, run_child):
     # A real EFBIG from the kernel halfway through the file (RLIMIT_FSIZE), in a child process.
     target = tmp_path / "model.apr"
     target.write_bytes(b"previous contents")
-    env = child_env
-    out = subprocess.run([sys.executable, "-c", WRITE_FAILS_SCRIPT, str(target)], env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = run_child(WRITE_FAILS_SCRIPT, target)
     assert out.returncode == 0, out.stderr
     assert target.read_bytes() == b"previous contents"
     assert dir_entries(tmp_path) == ["model.apr"]
