@@ -321,12 +321,15 @@ cdef inline void put_le(unsigned char *p, uint64_t value, int width):
         p[k] = <unsigned char>(value >> (8 * k))
 
 
-def all_shapes(entries):
-    """Every entry's shape as a tuple of ints, in index order."""
+def all_rows(entries, int64_t data_start):
+    """Per entry ``(dtype_id, absolute offset, size, shape)``, in index order: what a
+    reader needs to hand out a tensor without touching the arrays again."""
     cdef const int64_t[:, ::1] f = entries.fields
+    cdef const uint64_t[:, ::1] x = entries.extents
     cdef const uint64_t[::1] dims = entries.dims
     cdef Py_ssize_t i, d, n = f.shape[0]
     out = [None] * n
     for i in range(n):
-        out[i] = tuple([dims[f[i, 4] + d] for d in range(f[i, 3])])
+        shape = tuple([dims[f[i, 4] + d] for d in range(f[i, 3])])
+        out[i] = (f[i, 2], data_start + <int64_t>x[i, 0], x[i, 1], shape)
     return out

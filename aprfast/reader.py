@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from . import _index, _memory, layouts
+from . import _memory, layouts
 from ._crc import crc32
 from .dtypes import numpy_dtype
 from .errors import AprError, ChecksumError, LayoutError
@@ -42,6 +42,7 @@ class AprFile:
         if unknown_dtypes not in ("error", "raw"):
             raise ValueError(f"unknown_dtypes must be 'error' or 'raw', not {unknown_dtypes!r}")
         self.alignment = alignment
+        self._makers = {}
         self._source = open_source(target, mode=mode)
         try:
             layout = layouts.detect(self._source)
@@ -92,21 +93,17 @@ class AprFile:
         """The tensor ``name``: a NumPy array, or a QuantizedTensor/RawTensor for packed
         or unknown dtypes.  Without ``copy`` it is a read-only view of the mapped file
         when the file is mapped; with ``copy`` an owned, aligned, writable array."""
-        info = self._file.info(name)
-        data = self._bytes(info, copy)
-        if info.dtype is None:
-            return RawTensor(None, info.shape, data, info.dtype_id)
-        if info.dtype.packed:
-            return QuantizedTensor(info.dtype, info.shape, data)
-        return data.view(numpy_dtype(info.dtype)).reshape(info.shape)
+        type_id, offset, size, shape = self._file.row(name)
+        make = self._makers.get(type_id) or self._maker(type_id)
+        if copy or not self._source.zero_copy:
+            owned = _memory.AlignedBuffer(size, self.alignment)
+            self._source.readinto(offset, owned)
+            return make(shape, owned, 0, size)
+        return make(shape, self._source.buffer(), offset, size)
 
-    def _bytes(self, info: TensorInfo, copy: bool) -> np.ndarray:
-        source = self._source
-        if source.zero_copy and not copy:
-            return np.frombuffer(source.read(info.offset, info.nbytes, f"tensor {info.name!r}"), np.uint8)
-        out = aligned_empty(info.nbytes, self.alignment)
-        source.readinto(info.offset, out)
-        return out
+    def _maker(self, type_id):
+        make = self._makers[type_id] = _maker(self._file.ids, type_id)
+        return make
 
     def get_slice(self, name: str) -> "TensorSlice":
         """A lazy handle whose ``[...]`` reads only the rows/blocks a NumPy basic index needs."""
@@ -121,9 +118,9 @@ class AprFile:
         """Check the footer CRC32 over every byte before it; raise ChecksumError if not."""
         end = self._file.footer_crc_offset
         if self._source.zero_copy:
-            actual = crc32(self._source.read(0, end))
+            actual = crc32(self._source.view(0, end))
         else:
-            actual = self._source.readinto(0, aligned_empty(end), crc=0)
+            actual = _crc_by_chunks(self._source, end)
         if actual != self._file.stored_crc:
             raise ChecksumError(f"footer CRC32 is {self._file.stored_crc:#010x} but bytes 0..{end} give "
                                 f"{actual:#010x}", path=self.path)
@@ -161,30 +158,43 @@ class AprFile:
         return _slice_arena(f, arena)
 
 
+def _crc_by_chunks(source, end: int, chunk: int = 8 << 20) -> int:
+    """CRC32 of ``[0, end)`` read in bounded chunks, for sources that are not mapped."""
+    buf = aligned_empty(min(end, chunk))
+    crc = 0
+    for start in range(0, end, chunk):
+        n = min(chunk, end - start)
+        crc = source.readinto(start, buf[:n], crc=crc)
+    return crc
+
+
 def _slice_arena(parsed, arena: np.ndarray) -> dict:
-    """Tensors as views of the arena, without building a TensorInfo per tensor."""
-    e = parsed.entries
+    """Tensors as views of the arena (which holds the data section)."""
     buffer = arena.base if arena.base is not None else arena
-    out = {}
+    base = parsed.data_start
     makers = {}
-    for name, type_id, start, size, shape in zip(parsed.names, e.dtype_id.tolist(), e.offset.tolist(),
-                                                 e.size.tolist(), _index.all_shapes(e)):
+    out = {}
+    for name, (type_id, offset, size, shape) in zip(parsed.names, parsed.rows):
         make = makers.get(type_id)
         if make is None:
-            make = makers[type_id] = _maker(parsed.ids, type_id, buffer, arena)
-        out[name] = make(shape, start, size)
+            make = makers[type_id] = _maker(parsed.ids, type_id)
+        out[name] = make(shape, buffer, offset - base, size)
     return out
 
 
-def _maker(ids, type_id, buffer, arena):
-    """A function (shape, offset, size) -> tensor over ``buffer`` for one dtype id."""
+def _maker(ids, type_id):
+    """A function (shape, buffer, offset, size) -> tensor for one dtype id."""
     if not ids.knows(type_id):
-        return lambda shape, start, size: RawTensor(None, shape, arena[start:start + size], type_id)
+        return lambda shape, buf, start, size: RawTensor(None, shape, _bytes_at(buf, start, size), type_id)
     dtype = ids.dtype(type_id)
     if dtype.packed:
-        return lambda shape, start, size: QuantizedTensor(dtype, shape, arena[start:start + size])
+        return lambda shape, buf, start, size: QuantizedTensor(dtype, shape, _bytes_at(buf, start, size))
     np_dtype = numpy_dtype(dtype)
-    return lambda shape, start, size: np.ndarray(shape, np_dtype, buffer, start)
+    return lambda shape, buf, start, size: np.ndarray(shape, np_dtype, buf, start)
+
+
+def _bytes_at(buffer, start, size) -> np.ndarray:
+    return np.frombuffer(buffer, np.uint8, size, start)
 
 
 class TensorSlice:
@@ -246,8 +256,8 @@ class TensorSlice:
         source = self._file._source
         item = self.dtype.itemsize
         if source.zero_copy:  # slicing a map touches only the pages the key needs
-            whole = np.frombuffer(source.read(self.info.offset, self.info.nbytes), self.dtype)
-            return whole.reshape(self.shape)[tuple(slice(lo, hi) for lo, hi in box)]
+            whole = np.ndarray(self.shape, self.dtype, source.buffer(), self.info.offset)
+            return whole[tuple(slice(lo, hi) for lo, hi in box)]
         return _read_box_pread(source, self.info.offset, self.shape, item, box, self.dtype, self.MAX_RUNS)
 
 

@@ -1,31 +1,34 @@
-"""Where a file's bytes come from: a memory map, ``pread`` on a descriptor, an
-in-memory buffer, or a Python file object.
+"""Where a file's bytes come from: a file descriptor (read with ``pread``, mapped into
+memory on demand), an in-memory buffer, or a Python file object.
 
-Every read goes through :meth:`Source.read`, which checks the range against the
-bytes really present before slicing or allocating, so a lying offset or size in a
-file becomes a :class:`~aprfast.errors.CorruptError` naming the numbers, never a
-short read, a crash or a huge allocation.  All sources are safe to read from
-several threads at once.
+Every access goes through :meth:`Source.read` (bytes, possibly copied: headers,
+metadata, the index) or :meth:`Source.view` (zero-copy: tensor data), and both check
+the range against the bytes really present before slicing or allocating, so a lying
+offset or size in a file becomes a :class:`~aprfast.errors.CorruptError` naming the
+numbers, never a short read, a crash or a huge allocation.  All sources are safe to
+read from several threads at once.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import stat
 import threading
 
 import numpy as np
 
 from . import _memory
+from ._crc import crc32
 from .errors import AprIOError, CorruptError
 
-__all__ = ["Source", "MappedSource", "PreadSource", "BufferSource", "StreamSource", "open_source"]
+__all__ = ["Source", "FileSource", "BufferSource", "StreamSource", "open_source"]
 
 
 class Source:
     """Bytes of one file, read by absolute offset."""
 
-    #: True when :meth:`read` returns views into memory that stays valid while open.
+    #: True when :meth:`view` is available (memory that stays valid while open).
     zero_copy = False
     path = None
 
@@ -38,28 +41,35 @@ class Source:
             raise CorruptError(f"{what} of {n} bytes at offset {offset} lies outside the "
                                f"{self.size} bytes present", path=self.path)
 
-    def read(self, offset: int, n: int, what: str = "range") -> memoryview:
-        """``n`` bytes at ``offset`` (a view when ``zero_copy``, else a fresh copy)."""
+    def read(self, offset: int, n: int, what: str = "range"):
+        """``n`` bytes at ``offset`` as a bytes-like object (may be a copy)."""
         self._check_open()
         self.check_range(offset, n, what)
         return self._read(offset, n)
 
+    def view(self, offset: int, n: int, what: str = "range") -> memoryview:
+        """A zero-copy view of ``n`` bytes at ``offset`` (only when ``zero_copy``)."""
+        self._check_open()
+        self.check_range(offset, n, what)
+        return self.buffer()[offset:offset + n]
+
+    def buffer(self) -> memoryview:
+        """The whole file as one read-only buffer (zero-copy sources only)."""
+        raise NotImplementedError(f"{type(self).__name__} has no zero-copy buffer")
+
     def readinto(self, offset: int, out, *, threads: int = 0, crc=None):
         """Fill the writable byte buffer ``out`` from ``offset``; return the running CRC
         over those bytes if ``crc`` is given (zlib.crc32 semantics)."""
-        out = memoryview(out).cast("B") if memoryview(out).format != "B" else memoryview(out)
+        out = memoryview(out)
+        if out.format != "B" or out.ndim != 1:
+            out = out.cast("B")
         self._check_open()
         self.check_range(offset, out.nbytes)
         return self._readinto(offset, out, threads, crc)
 
     def _readinto(self, offset, out, threads, crc):
-        view = self._read(offset, out.nbytes)
-        _memory.copy_into(out, view, threads)
-        if crc is None:
-            return None
-        from ._crc import crc32
-
-        return crc32(out, crc, threads=threads)
+        _memory.copy_into(out, self._read(offset, out.nbytes), threads)
+        return None if crc is None else crc32(out, crc, threads=threads)
 
     def _check_open(self):
         if self.closed:
@@ -85,6 +95,10 @@ class BufferSource(Source):
         self.path = path
         super().__init__(self._view.nbytes)
 
+    def buffer(self):
+        self._check_open()
+        return self._view
+
     def _read(self, offset, n):
         return self._view[offset:offset + n]
 
@@ -93,39 +107,50 @@ class BufferSource(Source):
         self._view = None
 
 
-class MappedSource(BufferSource):
-    """A read-only memory map of a file descriptor."""
+class FileSource(Source):
+    """A file descriptor (a private duplicate, so no shared file position).
 
-    def __init__(self, fd: int, path=None):
-        self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        super().__init__(self._map, path)
+    Headers and the index are read with ``pread``; the file is memory-mapped only
+    when a zero-copy view is first asked for, so opening and listing stay cheap.
+    ``mappable=False`` (mode "pread") never maps: tensors are then always copied.
+    """
 
-    def close(self):
-        view, mapping = self._view, self._map
-        super().close()
-        self._map = None
-        if view is not None:
-            view.release()
-        try:
-            mapping.close()
-        except BufferError:
-            # Arrays handed out still view the map; it unmaps when the last one dies,
-            # so those arrays never point at unmapped memory.
-            pass
-
-
-class PreadSource(Source):
-    """``pread`` on a private duplicate of a descriptor (no shared file position)."""
-
-    def __init__(self, fd: int, path=None):
+    def __init__(self, fd: int, path=None, *, mappable: bool = True):
         self._fd = os.dup(fd)
         self.path = path
+        self.zero_copy = mappable
+        self._map = None
+        self._map_view = None
+        self._lock = threading.Lock()
         super().__init__(os.fstat(self._fd).st_size)
 
+    def buffer(self):
+        self._check_open()
+        view = self._map_view
+        if view is None:
+            view = self._map_file()
+        return view
+
+    def _map_file(self):
+        if not self.zero_copy:
+            raise AprIOError("this file was opened with mode='pread' and is not mapped", path=self.path)
+        with self._lock:
+            if self._map_view is None:
+                try:
+                    self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ) if self.size else None
+                except (OSError, ValueError) as exc:
+                    raise AprIOError(f"cannot memory-map: {getattr(exc, 'strerror', None) or exc}",
+                                     path=self.path) from exc
+                self._map_view = memoryview(self._map) if self._map is not None else memoryview(b"")
+            return self._map_view
+
     def _read(self, offset, n):
+        view = self._map_view
+        if view is not None:
+            return view[offset:offset + n]
         out = bytearray(n)
         self._readinto(offset, memoryview(out), 1, None)
-        return memoryview(out)
+        return out
 
     def _readinto(self, offset, out, threads, crc):
         try:
@@ -139,9 +164,22 @@ class PreadSource(Source):
         return self._fd
 
     def close(self):
-        if not self.closed:
-            super().close()
-            os.close(self._fd)
+        if self.closed:
+            return
+        super().close()
+        with self._lock:
+            view, mapping = self._map_view, self._map
+            self._map_view = self._map = None
+        if view is not None:
+            view.release()
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:
+                # Arrays handed out still view the map; it unmaps when the last one dies,
+                # so those arrays never point at unmapped memory.
+                pass
+        os.close(self._fd)
 
 
 class StreamSource(Source):
@@ -151,22 +189,28 @@ class StreamSource(Source):
         self._file = fileobj
         self._lock = threading.Lock()
         self.path = path
-        size = fileobj.seek(0, os.SEEK_END)
+        with self._lock:
+            self._start = fileobj.tell()
+            size = fileobj.seek(0, os.SEEK_END) - self._start
+            fileobj.seek(self._start)
         super().__init__(size)
 
     def _read(self, offset, n):
         with self._lock:
-            self._file.seek(offset)
+            position = self._file.tell()
+            self._file.seek(self._start + offset)
             data = self._file.read(n)
+            self._file.seek(position)
         if len(data) != n:
             raise CorruptError(f"stream returned {len(data)} of {n} bytes at {offset}", path=self.path)
-        return memoryview(data)
+        return data
 
 
 def open_source(target, *, mode: str | None = None) -> Source:
     """A Source for a path, a file object, or an in-memory buffer.
 
-    ``mode`` is "mmap" (the default for files), "pread", or None to choose.
+    ``mode`` is "mmap" (the default for files: zero-copy views), "pread" (tensors are
+    always read into owned memory), or None for the default.
     """
     if mode not in (None, "mmap", "pread"):
         raise ValueError(f"mode must be 'mmap' or 'pread', not {mode!r}")
@@ -174,19 +218,22 @@ def open_source(target, *, mode: str | None = None) -> Source:
         return BufferSource(target)
     if isinstance(target, (str, os.PathLike)):
         return _open_path(os.fspath(target), mode)
-    if hasattr(target, "fileno"):
-        try:
-            fd = target.fileno()
-        except (OSError, ValueError):
-            fd = None
-        if fd is not None:
-            return _from_fd(fd, getattr(target, "name", None), mode)
+    fd = _fileno(target)
+    if fd is not None:
+        return _from_fd(fd, getattr(target, "name", None), mode)
     if hasattr(target, "seek") and hasattr(target, "read"):
         return StreamSource(target, getattr(target, "name", None))
     try:
         return BufferSource(target)
     except TypeError:
         raise TypeError(f"cannot read .apr data from {type(target).__name__}") from None
+
+
+def _fileno(target):
+    try:
+        return target.fileno() if hasattr(target, "fileno") else None
+    except (OSError, ValueError):  # io.BytesIO and friends have no descriptor
+        return None
 
 
 def _open_path(path: str, mode):
@@ -201,13 +248,13 @@ def _open_path(path: str, mode):
 
 
 def _from_fd(fd: int, path, mode) -> Source:
-    if mode == "pread":
-        return PreadSource(fd, path)
-    try:
-        if os.fstat(fd).st_size == 0:
-            return BufferSource(b"", path)
-        return MappedSource(fd, path)
-    except (OSError, ValueError) as exc:
-        if mode == "mmap":
-            raise AprIOError(f"cannot memory-map: {getattr(exc, 'strerror', None) or exc}", path=path) from exc
-        return PreadSource(fd, path)
+    # Only regular files can be mapped; anything else is read with pread by default.
+    regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    source = FileSource(fd, path, mappable=mode == "mmap" or (mode is None and regular))
+    if mode == "mmap":
+        try:
+            source.buffer()  # asked for explicitly: fail now, with the reason
+        except AprIOError:
+            source.close()
+            raise
+    return source

@@ -68,6 +68,17 @@ class ParsedFile:
     def position(self) -> dict:
         return {name: i for i, name in enumerate(self.names)}
 
+    @cached_property
+    def rows(self) -> list:
+        """Per tensor ``(dtype_id, absolute offset, size, shape)``, in index order."""
+        return _index.all_rows(self.entries, self.data_start)
+
+    def row(self, name: str):
+        try:
+            return self.rows[self.position[name]]
+        except KeyError:
+            raise TensorNotFoundError(_missing(name, self.names), path=self.source.path) from None
+
     def info(self, name: str) -> TensorInfo:
         found = self._infos.get(name)
         if found is None:
@@ -75,15 +86,10 @@ class ParsedFile:
         return found
 
     def _make_info(self, name) -> TensorInfo:
-        try:
-            i = self.position[name]
-        except KeyError:
-            raise TensorNotFoundError(_missing(name, self.names), path=self.source.path) from None
-        e = self.entries
-        type_id = int(e.dtype_id[i])
+        type_id, offset, size, shape = self.row(name)
         dtype = self.ids.dtype(type_id) if self.ids.knows(type_id) else None
-        return TensorInfo(name, dtype, type_id, e.shape(i), self.data_start + int(e.offset[i]),
-                          int(e.size[i]), int(e.flags[i]))
+        flags = int(self.entries.flags[self.position[name]])
+        return TensorInfo(name, dtype, type_id, shape, offset, size, flags)
 
 
 def _missing(name, names) -> str:
