@@ -31,6 +31,7 @@ EXTENSIONS = [
     extension("_crc", ["crc32.c"]),
     extension("_memory", ["buffers.c", "pio.c", "crc32.c"]),
     extension("_index", []),
+    extension("_inputs", []),
 ]
 
 setup(ext_modules=cythonize(EXTENSIONS, compiler_directives={"language_level": "3"}))

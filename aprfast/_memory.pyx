@@ -27,6 +27,7 @@ cdef extern from "pio.h" nogil:
     int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc)
     void apr_copy(uint8_t *dst, const uint8_t *src, size_t len, int nthreads)
     int apr_default_threads()
+    int apr_preallocate(int fd, uint64_t size)
 
 cdef size_t NOGIL_MIN = 65536
 
@@ -123,6 +124,14 @@ def copy_into(uint8_t[::1] dst, const uint8_t[::1] src, int threads=0):
         return
     with nogil:
         apr_copy(&dst[0], &src[0], n, threads)
+
+
+def preallocate(int fd, unsigned long long size):
+    """Reserve ``size`` bytes for ``fd`` (Linux ``fallocate``); 0 or an errno value."""
+    cdef int rc
+    with nogil:
+        rc = apr_preallocate(fd, size)
+    return rc
 
 
 def default_threads():

@@ -8,7 +8,7 @@ import os
 from . import layouts
 from .limits import Limits
 from .reader import AprFile
-from .tensors import as_input
+from .tensors import as_inputs
 from .writer import save_to
 
 __all__ = ["save_file", "save", "load_file", "load", "open", "inspect"]
@@ -17,7 +17,7 @@ __all__ = ["save_file", "save", "load_file", "load", "open", "inspect"]
 def _plan(tensors, metadata, layout, alignment):
     if not hasattr(tensors, "items"):
         raise TypeError(f"tensors must be a mapping of name to array, not {type(tensors).__name__}")
-    inputs = [as_input(name, value) for name, value in tensors.items()]
+    inputs = as_inputs(tensors)
     return layouts.plan(inputs, metadata, layout=layout, alignment=alignment)
 
 

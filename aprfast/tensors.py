@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import dtypes as _dtypes
+from ._inputs import TensorInput, inputs_of
 from .dtypes import DType
 from .errors import CorruptError, LayoutError
 
-__all__ = ["TensorInfo", "RawTensor", "QuantizedTensor", "TensorInput", "as_input"]
+__all__ = ["TensorInfo", "RawTensor", "QuantizedTensor", "TensorInput", "as_input", "as_inputs"]
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,9 @@ class QuantizedTensor(RawTensor):
             raise LayoutError(f"QuantizedTensor needs a packed dtype, not {self.dtype}")
 
 
-class TensorInput:
-    """A writer input reduced to what a layout stores: dtype, shape and C-order
-    little-endian bytes (``data``: any contiguous buffer of ``nbytes`` bytes)."""
-
-    __slots__ = ("name", "dtype", "shape", "data", "nbytes")
-
-    def __init__(self, name, dtype, shape, data, nbytes):
-        self.name, self.dtype, self.shape, self.data, self.nbytes = name, dtype, shape, data, nbytes
+def as_inputs(tensors) -> list:
+    """TensorInputs for a name -> value mapping (plain arrays take a compiled path)."""
+    return inputs_of(tensors, _NATIVE_DTYPES, as_input)
 
 
 def as_input(name, value) -> TensorInput:

@@ -17,7 +17,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -57,14 +56,26 @@ def model(name: str, scale: float) -> dict:
     return {f"t.{i:05d}": rng.standard_normal(256, dtype=np.float32) for i in range(10_000)}
 
 
-def best(fn, repeat):
-    fn()  # warm: page cache, imports, first-touch
+def best(fn, repeat, min_sample=0.05):
+    """Best per-call time over ``repeat`` samples; like timeit, each sample loops the
+    call enough times to last ``min_sample`` seconds, so fast calls are not timer noise."""
+    fn()  # warm: page cache, imports, first touch
+    number = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_sample or number >= 1_000_000:
+            break
+        number *= max(2, min(10, int(min_sample / max(elapsed, 1e-9)) + 1))
     times = []
     for _ in range(repeat):
         gc.collect()
         start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - start) / number)
     return min(times)
 
 
@@ -176,16 +187,19 @@ sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 import numpy as np, aprfast, safetensors.numpy as stn
 from bench_containers import model
 t = model({model_name!r}, {scale})
-def rss():
-    return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
-base = rss()
+def status(key):
+    for line in open('/proc/self/status'):
+        if line.startswith(key + ':'):
+            return int(line.split()[1]) * 1024
+base = status('VmRSS')
+with open('/proc/self/clear_refs', 'w') as f:
+    f.write('5')  # reset the peak (VmHWM) to the current RSS: measure the save alone
 fn = sys.argv[1]
 if fn == 'aprfast':
     aprfast.save_file(t, {os.path.join(directory, 'peak.apr')!r})
 else:
     stn.save_file(t, {os.path.join(directory, 'peak.safetensors')!r})
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print((peak - base) / 2**20)
+print((status('VmHWM') - base) / 2**20)
 """
     out = {}
     for who in ("aprfast", "safetensors"):
@@ -216,8 +230,8 @@ def main():
             gc.collect()
         crc_row(bench, int(256 * MiB * scale))
         peaks = {m: save_peak_rss(m, scale, directory) for m in ("large", "small")}
-        for model, peak in peaks.items():
-            print(f"{model:6} save_file peak RSS above inputs: aprfast {peak['aprfast']:.1f} MiB, "
+        for name, peak in peaks.items():
+            print(f"{name:6} save_file peak RSS above inputs: aprfast {peak['aprfast']:.1f} MiB, "
                   f"safetensors {peak['safetensors']:.1f} MiB")
         if args.json:
             with open(args.json, "w") as f:

@@ -21,6 +21,10 @@ int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthre
 /* memcpy split over nthreads for large copies (e.g. from a mapped file). */
 void apr_copy(uint8_t *dst, const uint8_t *src, size_t len, int nthreads);
 
+/* Reserve size bytes for fd up front (Linux fallocate, never an emulation that
+ * writes zeros).  Returns 0 on success, else an errno value; callers may ignore it. */
+int apr_preallocate(int fd, uint64_t size);
+
 /* Cores to use when the caller passes 0. */
 int apr_default_threads(void);
 

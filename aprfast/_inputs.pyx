@@ -1,0 +1,46 @@
+# cython: language_level=3
+"""Writer inputs: values reduced to what a layout stores (name, dtype, shape, bytes).
+
+Saving 10,000 small tensors is dominated by per-tensor Python work, so the common
+case, a C-contiguous native-endian ndarray of a known dtype, is handled here in one
+compiled loop; anything else goes to the Python fallback in aprfast.tensors.
+"""
+
+import numpy as np
+
+_ndarray = np.ndarray
+
+
+cdef class TensorInput:
+    """A writer input: dtype, shape and C-order little-endian bytes (``data``: any
+    contiguous buffer of ``nbytes`` bytes)."""
+
+    cdef readonly object name
+    cdef readonly object dtype
+    cdef readonly tuple shape
+    cdef readonly object data
+    cdef readonly Py_ssize_t nbytes
+
+    def __init__(self, name, dtype, tuple shape, data, Py_ssize_t nbytes):
+        self.name = name
+        self.dtype = dtype
+        self.shape = shape
+        self.data = data
+        self.nbytes = nbytes
+
+    def __repr__(self):
+        return f"TensorInput({self.name!r}, {self.dtype.name}, shape={list(self.shape)}, nbytes={self.nbytes})"
+
+
+def inputs_of(tensors, dict native, fallback):
+    """TensorInputs for a name -> value mapping; ``native`` maps NumPy dtypes whose
+    bytes are stored as they are, ``fallback(name, value)`` handles everything else."""
+    out = []
+    for name, value in tensors.items():
+        if type(value) is _ndarray and type(name) is str:
+            dtype = native.get(value.dtype)
+            if dtype is not None and value.flags.c_contiguous:
+                out.append(TensorInput(name, dtype, value.shape, value, value.nbytes))
+                continue
+        out.append(fallback(name, value))
+    return out
