@@ -214,6 +214,7 @@ def main():
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where to write files (default: a temp dir)")
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
+    parser.add_argument("--markdown", action="store_true", help="also print the README table")
     args = parser.parse_args()
     scale = 0.125 if args.quick else 1.0
     repeat = 2 if args.quick else args.repeat
@@ -233,9 +234,31 @@ def main():
         for name, peak in peaks.items():
             print(f"{name:6} save_file peak RSS above inputs: aprfast {peak['aprfast']:.1f} MiB, "
                   f"safetensors {peak['safetensors']:.1f} MiB")
+        results = {"rows": bench.rows, "save_peak_rss_mib": peaks, "scale": scale}
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"rows": bench.rows, "save_peak_rss_mib": peaks, "scale": scale}, f, indent=1)
+                json.dump(results, f, indent=1)
+        if args.markdown:
+            print(markdown_table(results))
+
+
+def markdown_table(results) -> str:
+    """The README's table: each operation, aprfast's time, and each peer's time and ratio."""
+    def ms(t):
+        return f"{t * 1e3:.3f} ms" if t < 0.01 else f"{t * 1e3:.1f} ms"
+
+    lines = ["| model | operation | aprfast | safetensors (zlib for crc32) | other peers |",
+             "|---|---|---|---|---|"]
+    for row in results["rows"]:
+        peers = dict(row["peers"])
+        st = peers.pop("safetensors", None) or peers.pop("zlib.crc32", None)
+        st_text = f"{ms(st)} (**{st / row['aprfast']:.1f}x**)" if st else ""
+        others = ", ".join(f"{name} {ms(t)} ({t / row['aprfast']:.1f}x)" for name, t in peers.items())
+        lines.append(f"| {row['model']} | {row['op']} | {ms(row['aprfast'])} | {st_text} | {others} |")
+    for name, peak in results["save_peak_rss_mib"].items():
+        lines.append(f"| {name} | save_file peak RSS above the inputs | {peak['aprfast']:.1f} MiB | "
+                     f"{peak['safetensors']:.1f} MiB | |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
