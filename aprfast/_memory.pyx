@@ -115,7 +115,7 @@ def pread_into(int fd, unsigned long long offset, uint8_t[::1] dst, int threads=
 def copy_into(uint8_t[::1] dst, const uint8_t[::1] src, int threads=0):
     """memcpy ``src`` into ``dst`` (same length), split over threads when large."""
     cdef size_t n = src.shape[0]
-    if dst.shape[0] != n:
+    if <size_t>dst.shape[0] != n:
         raise ValueError(f"copy_into: destination holds {dst.shape[0]} bytes, source has {n}")
     if n == 0:
         return

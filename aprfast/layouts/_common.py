@@ -192,6 +192,31 @@ def check_names(inputs, max_name_bytes: int):
     return ordered
 
 
+def checked_inputs(inputs, ids: IdTable, *, max_name_bytes: int, max_dims: int) -> list:
+    """Writer inputs sorted by name, each checked against what the layout can hold."""
+    ordered = check_names(inputs, max_name_bytes)
+    for t in ordered:
+        if not ids.holds(t.dtype):
+            raise LayoutError(f"tensor {t.name!r}: the {ids.layout} layout has no dtype id for {t.dtype.name}")
+        if len(t.shape) > max_dims:
+            raise LayoutError(f"tensor {t.name!r} has {len(t.shape)} dims; the {ids.layout} layout holds "
+                              f"at most {max_dims}")
+    return ordered
+
+
+def sorted_json(value):
+    """A JSON value with every object's keys sorted (serde_json's ``Value`` maps are
+    BTreeMaps, and sorted is the one order independent of how a dict was built)."""
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise LayoutError(f"metadata keys must be str, not {key!r}")
+        return {k: sorted_json(value[k]) for k in sorted(value)}
+    if isinstance(value, (list, tuple)):
+        return [sorted_json(v) for v in value]
+    return value
+
+
 def lay_out_data(ordered, alignment: int):
     """Offsets of each tensor in the data section (aligned, in index order), the zero
     padding after each, and the section's size."""

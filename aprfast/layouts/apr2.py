@@ -18,7 +18,8 @@ from .. import _serde_json
 from ..dtypes import APR2_IDS
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, VersionError
 from ..limits import Limits
-from ._common import ParsedFile, Plan, align, check_names, encode_index, lay_out_data, parse_index, rule_tables
+from ._common import (ParsedFile, Plan, align, checked_inputs, encode_index, lay_out_data, parse_index,
+                      rule_tables, sorted_json)
 
 NAME = "apr2"
 MAGIC = b"APR2"
@@ -47,33 +48,17 @@ def encode_metadata(metadata: dict) -> bytes:
     version = metadata.pop("apr_version", APR_VERSION)
     if version != APR_VERSION:
         raise LayoutError(f"apr_version {version!r} cannot be written; this layout writes {APR_VERSION!r}")
-    ordered = {"apr_version": APR_VERSION, **_sorted(metadata)}
+    ordered = {"apr_version": APR_VERSION, **sorted_json(metadata)}
     try:
         return _serde_json.dumps(ordered)
     except (ValueError, TypeError) as exc:
         raise LayoutError(f"metadata cannot be written as JSON: {exc}") from None
 
 
-def _sorted(value):
-    if isinstance(value, dict):
-        for key in value:
-            if not isinstance(key, str):
-                raise LayoutError(f"metadata keys must be str, not {key!r}")
-        return {k: _sorted(value[k]) for k in sorted(value)}
-    if isinstance(value, (list, tuple)):
-        return [_sorted(v) for v in value]
-    return value
-
-
 def plan(inputs, metadata, *, alignment: int = 64) -> Plan:
     if alignment not in _ALIGNMENT_FLAG:
         raise LayoutError(f"the apr2 layout aligns tensors to 64 or 32 bytes, not {alignment}")
-    ordered = check_names(inputs, MAX_NAME_BYTES)
-    for t in ordered:
-        if not APR2_IDS.holds(t.dtype):
-            raise LayoutError(f"tensor {t.name!r}: the apr2 layout has no dtype id for {t.dtype.name}")
-        if len(t.shape) > MAX_DIMS:
-            raise LayoutError(f"tensor {t.name!r} has {len(t.shape)} dims; the spec allows at most {MAX_DIMS}")
+    ordered = checked_inputs(inputs, APR2_IDS, max_name_bytes=MAX_NAME_BYTES, max_dims=MAX_DIMS)
     meta = encode_metadata(metadata)
     index_offset = HEADER_SIZE + len(meta)
     offsets, pads, data_len = lay_out_data(ordered, alignment)

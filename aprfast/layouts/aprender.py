@@ -19,7 +19,8 @@ from .._crc import crc32
 from ..dtypes import APRENDER_IDS
 from ..errors import ChecksumError, CorruptError, FormatError, LayoutError, LimitError, VersionError
 from ..limits import Limits
-from ._common import ParsedFile, Plan, align, check_names, encode_index, lay_out_data, parse_index, rule_tables
+from ._common import (ParsedFile, Plan, align, checked_inputs, encode_index, lay_out_data, parse_index,
+                      rule_tables, sorted_json)
 
 NAME = "aprender"
 MAGIC = b"APR\x00"
@@ -101,7 +102,7 @@ def encode_metadata(metadata: dict) -> bytes:
         if kind == "f32":
             f32_keys.add(key)
     for key in sorted(k for k in metadata if k not in _TYPED):
-        ordered[key] = _sorted_json(metadata[key])
+        ordered[key] = sorted_json(metadata[key])
     try:
         return _serde_json.dumps(ordered, f32_paths=frozenset(f32_keys))
     except (ValueError, TypeError) as exc:
@@ -156,29 +157,12 @@ def _nested(key, value):
     return out
 
 
-def _sorted_json(value):
-    # serde_json::Value objects are BTreeMaps: nested keys come out sorted.
-    if isinstance(value, dict):
-        for key in value:
-            if not isinstance(key, str):
-                raise LayoutError(f"metadata keys must be str, not {key!r}")
-        return {k: _sorted_json(value[k]) for k in sorted(value)}
-    if isinstance(value, (list, tuple)):
-        return [_sorted_json(v) for v in value]
-    return value
-
-
 # --- writing ----------------------------------------------------------------------
 def plan(inputs, metadata, *, alignment: int = ALIGNMENT) -> Plan:
     """Lay out a file; LayoutError says why aprender's layout cannot hold the request."""
     if alignment != ALIGNMENT:
         raise LayoutError(f"the aprender layout always aligns tensors to 64 bytes, not {alignment}")
-    ordered = check_names(inputs, MAX_NAME_BYTES)
-    for t in ordered:
-        if not APRENDER_IDS.holds(t.dtype):
-            raise LayoutError(f"tensor {t.name!r}: the aprender layout has no dtype id for {t.dtype.name}")
-        if len(t.shape) > MAX_DIMS:
-            raise LayoutError(f"tensor {t.name!r} has {len(t.shape)} dims; the aprender layout holds 8")
+    ordered = checked_inputs(inputs, APRENDER_IDS, max_name_bytes=MAX_NAME_BYTES, max_dims=MAX_DIMS)
     meta = encode_metadata(metadata)
     if len(meta) >= 2**32:
         raise LayoutError(f"metadata of {len(meta)} bytes does not fit aprender's u32 size field")
