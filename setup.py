@@ -32,6 +32,8 @@ EXTENSIONS = [
     extension("_memory", ["buffers.c", "pio.c", "crc32.c"]),
     extension("_index", []),
     extension("_inputs", []),
+    extension("_quant", ["quant.c"]),
+    extension("_half", ["half.c"]),
 ]
 
 setup(ext_modules=cythonize(EXTENSIONS, compiler_directives={"language_level": "3"}))
