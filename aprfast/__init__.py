@@ -2,7 +2,8 @@
 
 The API mirrors safetensors: ``save_file``/``save`` write, ``load_file``/``load``
 read everything, ``open`` gives lazy zero-copy access, ``Writer`` streams tensors one
-at a time, ``inspect`` reads only the header, metadata and index.
+at a time, ``inspect`` reads only the header, metadata and index.  Quantization is
+explicit: ``quantize``/``dequantize``/``quantize_tensors`` run only when called.
 """
 
 from ._crc import crc32, crc32_combine
@@ -17,23 +18,29 @@ from .errors import (
     DecryptError,
     FormatError,
     LayoutError,
+    LicenseError,
     LimitError,
+    ModelTypeMismatchError,
     SignatureError,
     TensorNotFoundError,
     UnknownDTypeError,
     VersionError,
 )
 from .limits import Limits
-from .reader import AprFile, TensorSlice, aligned_empty
+from .precision import to_bfloat16, to_float16, to_float32
+from .quantization import QuantizationReport, dequantize, quantize, quantize_tensors, register_quantizer
+from .reader import AprFile, QuantizedSlice, TensorSlice, aligned_empty
 from .tensors import QuantizedTensor, RawTensor, TensorInfo
 from .writer import Writer
 
 __all__ = [
     "__version__",
     "save_file", "save", "load_file", "load", "open", "inspect", "Writer",
-    "AprFile", "TensorSlice", "TensorInfo", "RawTensor", "QuantizedTensor", "DType", "Limits",
+    "quantize", "dequantize", "quantize_tensors", "register_quantizer", "QuantizationReport",
+    "to_float16", "to_bfloat16", "to_float32",
+    "AprFile", "TensorSlice", "QuantizedSlice", "TensorInfo", "RawTensor", "QuantizedTensor", "DType", "Limits",
     "crc32", "crc32_combine", "aligned_empty",
     "AprError", "FormatError", "CorruptError", "VersionError", "ChecksumError", "DecryptError",
     "SignatureError", "AprIOError", "LimitError", "TensorNotFoundError", "UnknownDTypeError",
-    "LayoutError",
+    "LayoutError", "ModelTypeMismatchError", "LicenseError",
 ]

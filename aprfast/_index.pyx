@@ -21,7 +21,7 @@ cdef enum:
     C_FIXED = 1         # count * a
     C_ROW_BLOCKS = 2    # rows * ceil(last_dim / a) * b
     C_FLAT_BLOCKS = 3   # ceil(count / a) * b
-    C_SCALE_PLUS_ONE = 4  # 4 + count, or 0 when empty
+    C_SCALE_PLUS_ONE = 4  # a + count (a = header bytes: APR_Q8 4, Q8_TENSOR 8), or 0 when empty
 
 RULE_UNKNOWN = C_UNKNOWN
 RULE_FIXED = C_FIXED
@@ -172,7 +172,7 @@ cdef uint64_t expected_size(int rule, int64_t a, int64_t b, const uint64_t *dims
     if rule == C_FIXED:
         return count * <uint64_t>a
     if rule == C_SCALE_PLUS_ONE:
-        return 4 + count
+        return <uint64_t>a + count
     if rule == C_FLAT_BLOCKS:
         return (count + <uint64_t>a - 1) / <uint64_t>a * <uint64_t>b
     # C_ROW_BLOCKS: GGML blocks never straddle rows

@@ -44,6 +44,9 @@ class DType:
     block_elems: int = 0
     block_bytes: int = 0
     blocks_per_row: bool = True  # GGML blocks never span rows; aprender's APR_Q4 does
+    # Per-tensor types: one header (scale, zero point) for the whole tensor, then one
+    # byte per element.  APR_Q8: 4 (f32 scale); Q8_TENSOR: 8 (f32 scale, i32 zero point).
+    tensor_header: int = 0
 
     @property
     def packed(self) -> bool:
@@ -56,8 +59,8 @@ class DType:
             return count * self.itemsize
         if count == 0:
             return 0
-        if self.name == "APR_Q8":  # one f32 scale for the whole tensor, then i8 values
-            return 4 + count
+        if self.tensor_header:  # one header for the whole tensor, then i8 values
+            return self.tensor_header + count
         if not self.blocks_per_row:
             return -(-count // self.block_elems) * self.block_bytes
         row = shape[-1] if len(shape) else 1
@@ -110,7 +113,9 @@ DTYPES: dict[str, DType] = {
         # aprender's own: APR_Q4 = per-32 f16 scale + 16 nibble bytes, blocks run across
         # rows; APR_Q8 = one f32 scale + i8 per element (see nbytes).
         _blocks("APR_Q4", 32, 18, per_row=False),
-        DType("APR_Q8", None, 0, 1, 1, False),
+        DType("APR_Q8", None, 0, 1, 1, False, tensor_header=4),
+        # The spec's Q8_TENSOR (seed 002 §6.2): f32 scale, i32 zero point, i8 per element.
+        DType("Q8_TENSOR", None, 0, 1, 1, False, tensor_header=8),
     )
 }
 
@@ -119,6 +124,7 @@ _ALIASES = {
     "FLOAT64": "F64", "DOUBLE": "F64", "INT8": "I8", "INT16": "I16", "INT32": "I32",
     "INT64": "I64", "UINT8": "U8", "UINT16": "U16", "UINT32": "U32", "UINT64": "U64",
     "Q4K": "Q4_K", "Q6K": "Q6_K", "APRQ4": "APR_Q4", "APRQ8": "APR_Q8",
+    "Q8TENSOR": "Q8_TENSOR",
 }
 
 
@@ -132,6 +138,20 @@ def by_name(name) -> DType:
         return DTYPES[key]
     except KeyError:
         raise UnknownDTypeError(f"unknown dtype name {name!r}; known: {', '.join(DTYPES)}") from None
+
+
+def add_dtype(dtype: DType) -> DType:
+    """Register a new packed type (custom quantizers); refuses a name or alias in use."""
+    key = dtype.name.upper()
+    if key != dtype.name or key in DTYPES or key in _ALIASES:
+        raise LayoutError(f"dtype name {dtype.name!r} is taken or not upper-case; known: {', '.join(DTYPES)}")
+    DTYPES[key] = dtype
+    return dtype
+
+
+def remove_dtype(name: str) -> None:
+    """Forget a dtype added with :func:`add_dtype`."""
+    DTYPES.pop(name, None)
 
 
 _FROM_NUMPY = {np.dtype(d.numpy).newbyteorder("<"): d for d in DTYPES.values() if d.numpy}
@@ -188,6 +208,21 @@ class IdTable:
     def names(self):
         return list(self._by_name)
 
+    def add(self, type_id: int, dtype: DType) -> None:
+        """Give ``dtype`` the id ``type_id`` (custom quantizers); refuses an id or dtype in use."""
+        if type_id in self._by_id or dtype.name in self._by_name:
+            taken = self._by_id.get(type_id)
+            raise LayoutError(f"the {self.layout} layout already uses dtype id {type_id} "
+                              f"({taken.name if taken else 'free'}) or has an id for {dtype.name}")
+        self._by_id[type_id] = dtype
+        self._by_name[dtype.name] = type_id
+
+    def remove(self, type_id: int) -> None:
+        """Drop an id given with :meth:`add`."""
+        dtype = self._by_id.pop(type_id, None)
+        if dtype is not None:
+            self._by_name.pop(dtype.name, None)
+
 
 #: aprender's `TensorDType` (apr-format 0.72): current ids, plus the pre-GH-438 ids
 #: 2 (BF16), 8 (APR_Q4) and 9 (APR_Q8) that older files carry.
@@ -205,5 +240,5 @@ APR2_IDS = IdTable(
     write={0: "F32", 1: "F16", 2: "BF16", 3: "I8", 4: "I16", 5: "I32", 6: "I64", 7: "U8",
            16: "Q8_0", 17: "Q4_0", 18: "Q4_1", 19: "Q5_0", 20: "Q5_1",
            32: "F64", 33: "BOOL", 34: "U16", 35: "U32", 36: "U64", 37: "Q4_K", 38: "Q6_K",
-           128: "APR_Q4", 129: "APR_Q8"},
+           39: "Q8_TENSOR", 128: "APR_Q4", 129: "APR_Q8"},
 )

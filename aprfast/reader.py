@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from . import _memory, layouts
+from . import _memory, layouts, quantization
 from ._crc import crc32
 from .dtypes import numpy_dtype
 from .errors import AprError, ChecksumError, LayoutError
@@ -20,7 +20,7 @@ from .limits import Limits
 from .sources import open_source
 from .tensors import QuantizedTensor, RawTensor, TensorInfo
 
-__all__ = ["AprFile", "TensorSlice", "aligned_empty"]
+__all__ = ["AprFile", "TensorSlice", "QuantizedSlice", "aligned_empty"]
 
 
 def aligned_empty(nbytes: int, alignment: int = 64) -> np.ndarray:
@@ -89,25 +89,38 @@ class AprFile:
         return self._file.info(name)
 
     # --- tensors ------------------------------------------------------------------
-    def get_tensor(self, name: str, copy: bool = False):
+    def get_tensor(self, name: str, copy: bool = False, dequantize: bool = False):
         """The tensor ``name``: a NumPy array, or a QuantizedTensor/RawTensor for packed
         or unknown dtypes.  Without ``copy`` it is a read-only view of the mapped file
-        when the file is mapped; with ``copy`` an owned, aligned, writable array."""
+        when the file is mapped; with ``copy`` an owned, aligned, writable array.
+        ``dequantize=True`` turns packed tensors into owned float32 arrays (other
+        tensors come back as without it)."""
         type_id, offset, size, shape = self._file.row(name)
         make = self._makers.get(type_id) or self._maker(type_id)
         if copy or not self._source.zero_copy:
             owned = _memory.AlignedBuffer(size, self.alignment)
             self._source.readinto(offset, owned)
-            return make(shape, owned, 0, size)
-        return make(shape, self._source.buffer(), offset, size)
+            tensor = make(shape, owned, 0, size)
+        else:
+            tensor = make(shape, self._source.buffer(), offset, size)
+        if dequantize and isinstance(tensor, QuantizedTensor):
+            return quantization.dequantize(tensor)
+        return tensor
 
     def _maker(self, type_id):
         make = self._makers[type_id] = _maker(self._file.ids, type_id)
         return make
 
-    def get_slice(self, name: str) -> "TensorSlice":
-        """A lazy handle whose ``[...]`` reads only the rows/blocks a NumPy basic index needs."""
-        return TensorSlice(self, self._file.info(name))
+    def get_slice(self, name: str, dequantize: bool = False):
+        """A lazy handle whose ``[...]`` reads only the rows/blocks a NumPy basic index needs.
+
+        Packed tensors of per-row block types (GGML, K-quants) give a QuantizedSlice:
+        ``[a:b]`` reads rows a..b along axis 0 and returns a QuantizedTensor (float32
+        with ``dequantize=True``)."""
+        info = self._file.info(name)
+        if info.dtype is not None and info.dtype.packed:
+            return QuantizedSlice(self, info, dequantize)
+        return TensorSlice(self, info)
 
     def tensors(self, copy: bool = False) -> dict:
         """Every tensor, by name."""
@@ -190,7 +203,16 @@ def _maker(ids, type_id):
     if dtype.packed:
         return lambda shape, buf, start, size: QuantizedTensor(dtype, shape, _bytes_at(buf, start, size))
     np_dtype = numpy_dtype(dtype)
-    return lambda shape, buf, start, size: np.ndarray(shape, np_dtype, buf, start)
+    count_of = _count_of(np_dtype)
+    # np.frombuffer, not np.ndarray(buffer=...): the latter keeps no buffer export, so a
+    # closed file's map could be unmapped under the array.  frombuffer's memoryview base
+    # pins the map until the last array dies.
+    return lambda shape, buf, start, size: np.frombuffer(buf, np_dtype, count_of(size), start).reshape(shape)
+
+
+def _count_of(np_dtype):
+    itemsize = np_dtype.itemsize
+    return lambda size: size // itemsize
 
 
 def _bytes_at(buffer, start, size) -> np.ndarray:
@@ -256,7 +278,8 @@ class TensorSlice:
         source = self._file._source
         item = self.dtype.itemsize
         if source.zero_copy:  # slicing a map touches only the pages the key needs
-            whole = np.ndarray(self.shape, self.dtype, source.buffer(), self.info.offset)
+            whole = np.frombuffer(source.buffer(), self.dtype, self.info.nbytes // self.dtype.itemsize,
+                                  self.info.offset).reshape(self.shape)
             return whole[tuple(slice(lo, hi) for lo, hi in box)]
         return _read_box_pread(source, self.info.offset, self.shape, item, box, self.dtype, self.MAX_RUNS)
 
@@ -344,3 +367,79 @@ def _read_box_pread(source, offset, shape, item, box, dtype, max_runs) -> np.nda
         start = sum((box[d][0] + index[d]) * int(strides[d]) for d in range(last)) + box[last][0] * int(strides[last])
         source.readinto(offset + start * item, flat[r].view(np.uint8))
     return out
+
+
+class QuantizedSlice:
+    """``file.get_slice(name)[a:b]`` for a packed tensor of a per-row block type.
+
+    GGML blocks never span rows, so a range of indices along axis 0 is a run of whole
+    blocks: ``[a:b]`` (step 1; trailing full slices or ``...`` allowed) reads only those
+    bytes and returns a QuantizedTensor of shape ``(b - a, *shape[1:])``, or its float32
+    values when made with ``dequantize=True``.  A 1-D tensor is a single row, so its
+    bounds must fall on block boundaries.  APR_Q4 (blocks run across rows), APR_Q8 and
+    Q8_TENSOR (one scale for the whole tensor) are read whole, with ``get_tensor``.
+    """
+
+    def __init__(self, file: AprFile, info: TensorInfo, dequantize: bool = False):
+        d = info.dtype
+        if not d.blocks_per_row:
+            why = "one scale covers the whole tensor" if d.tensor_header else "its blocks run across rows"
+            raise LayoutError(f"tensor {info.name!r} is {d.name}: {why}, so it has no row slices; "
+                              "read it whole with get_tensor")
+        if not info.shape:
+            raise LayoutError(f"tensor {info.name!r} is a 0-d {d.name} tensor; read it with get_tensor")
+        self._file = file
+        self.info = info
+        self.shape = info.shape
+        self.dequantize = dequantize
+
+    def get_shape(self) -> list:
+        return list(self.shape)
+
+    def get_dtype(self) -> str:
+        return self.info.dtype.name
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        start, stop = self._row_range(key)
+        d, shape = self.info.dtype, (stop - start,) + tuple(self.shape[1:])
+        if len(self.shape) == 1:
+            skip = start // d.block_elems * d.block_bytes
+        else:  # every index along axis 0 holds the same number of whole blocks
+            skip = start * (self.info.nbytes // self.shape[0]) if self.shape[0] else 0
+        nbytes = d.nbytes(shape)
+        owned = _memory.AlignedBuffer(nbytes, self._file.alignment)
+        if nbytes:
+            self._file._source.readinto(self.info.offset + skip, owned)
+        tensor = QuantizedTensor(d, shape, np.frombuffer(owned, np.uint8, nbytes))
+        return quantization.dequantize(tensor) if self.dequantize else tensor
+
+    def _row_range(self, key):
+        """[start, stop) along axis 0 for a key that selects whole blocks, else an error."""
+        name, d, shape = self.info.name, self.info.dtype, self.shape
+        parts = key if isinstance(key, tuple) else (key,)
+        if sum(1 for k in parts if k is Ellipsis) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+        if sum(1 for k in parts if k is not Ellipsis) > len(shape):
+            raise IndexError(f"too many indices: tensor has {len(shape)} dims")
+        at = next((i for i, k in enumerate(parts) if k is Ellipsis), None)
+        if at is not None:  # expand it to full slices, so every key has its axis
+            parts = parts[:at] + (slice(None),) * (len(shape) - len(parts) + 1) + parts[at + 1:]
+        first = parts[0] if parts else slice(None)
+        whole_rows = isinstance(first, slice) and first.indices(shape[0])[2] == 1 and all(
+            _whole_axis(k, shape[axis]) for axis, k in enumerate(parts[1:], 1))
+        if not whole_rows:
+            raise LayoutError(f"tensor {name!r} is {d.name}: packed tensors are sliced by whole rows along "
+                              f"axis 0 (t[a:b]), not with {key!r}")
+        start, stop, _ = first.indices(shape[0])
+        stop = max(start, stop)
+        if len(shape) == 1 and start != stop and (start % d.block_elems or (stop % d.block_elems and stop != shape[0])):
+            raise LayoutError(f"tensor {name!r} is one {d.name} row of {shape[0]} elements; [{start}:{stop}] "
+                              f"does not fall on its {d.block_elems}-element block boundaries")
+        return start, stop
+
+
+def _whole_axis(key, dim) -> bool:
+    return isinstance(key, slice) and key.indices(dim) == (0, dim, 1)

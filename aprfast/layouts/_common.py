@@ -112,23 +112,34 @@ def _reject_constant(name):
     raise ValueError(f"{name} is not JSON")
 
 
+_RULE_TABLES = {}
+
+
 def rule_tables(ids: IdTable):
-    """Per-id size rules for :func:`aprfast._index.check_entries`, built once per table."""
-    rule = np.zeros(256, np.int8)
-    a = np.zeros(256, np.int64)
-    b = np.zeros(256, np.int64)
-    for type_id in range(256):
-        if not ids.knows(type_id):
-            continue
-        d = ids.dtype(type_id)
-        if not d.packed:
-            rule[type_id], a[type_id] = _index.RULE_FIXED, d.itemsize
-        elif d.name == "APR_Q8":
-            rule[type_id] = _index.RULE_SCALE_PLUS_ONE
-        else:
-            rule[type_id] = _index.RULE_ROW_BLOCKS if d.blocks_per_row else _index.RULE_FLAT_BLOCKS
-            a[type_id], b[type_id] = d.block_elems, d.block_bytes
-    return rule, a, b
+    """Per-id size rules for :func:`aprfast._index.check_entries`, built once per table
+    (the same arrays every time, so :func:`update_rule` reaches every layout using them)."""
+    tables = _RULE_TABLES.get(ids)
+    if tables is None:
+        tables = _RULE_TABLES[ids] = (np.zeros(256, np.int8), np.zeros(256, np.int64), np.zeros(256, np.int64))
+        for type_id in range(256):
+            update_rule(ids, type_id)
+    return tables
+
+
+def update_rule(ids: IdTable, type_id: int) -> None:
+    """Set one id's size rule from the table (after a custom quantizer added or removed it)."""
+    rule, a, b = rule_tables(ids)
+    rule[type_id] = a[type_id] = b[type_id] = 0
+    if not ids.knows(type_id):
+        return
+    d = ids.dtype(type_id)
+    if not d.packed:
+        rule[type_id], a[type_id] = _index.RULE_FIXED, d.itemsize
+    elif d.tensor_header:
+        rule[type_id], a[type_id] = _index.RULE_SCALE_PLUS_ONE, d.tensor_header
+    else:
+        rule[type_id] = _index.RULE_ROW_BLOCKS if d.blocks_per_row else _index.RULE_FLAT_BLOCKS
+        a[type_id], b[type_id] = d.block_elems, d.block_bytes
 
 
 def parse_index(source, *, start, end, count, spec_layout, ids, rules, data_len, limits: Limits,

@@ -173,6 +173,10 @@ def plan(inputs, metadata, *, alignment: int = ALIGNMENT) -> Plan:
     flags = FLAGS["LAYOUT_ROW_MAJOR"]
     if (metadata or {}).get("sharding") is not None:
         flags |= FLAGS["SHARDED"]
+    # QUANTIZED follows the `quantization` object as SHARDED follows `sharding`: aprender
+    # sets it only through set_header_flags, so the same content gives the same bytes.
+    if (metadata or {}).get("quantization") is not None:
+        flags |= FLAGS["QUANTIZED"]
     header = _pack_header(flags, len(ordered), len(meta), index_offset, data_start)
     prefix = b"".join([header, _pad(meta, ALIGNMENT), _pad(index, ALIGNMENT)])
     return Plan(NAME, prefix, ordered, pads, data_start + data_len + FOOTER_SIZE,

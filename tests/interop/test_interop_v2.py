@@ -291,9 +291,13 @@ def rust_file(harness, tensors, metadata=None, **options) -> bytes:
 
 
 def sharded_flag_for(metadata) -> dict:
-    """AprV2Writer sets SHARDED only when asked (with_sharding/set_header_flags); aprfast
-    sets it whenever the metadata has `sharding`.  The options that make them match."""
-    return {"header_flags": 0x0010} if (metadata or {}).get("sharding") is not None else {}
+    """AprV2Writer sets SHARDED and QUANTIZED only when asked (with_sharding /
+    set_header_flags); aprfast sets them whenever the metadata has a `sharding` or a
+    `quantization` object.  The writer options that make the two match."""
+    metadata = metadata or {}
+    flags = (0x0010 if metadata.get("sharding") is not None else 0) | \
+        (0x0020 if metadata.get("quantization") is not None else 0)
+    return {"header_flags": flags} if flags else {}
 
 
 def metadata_text(data: bytes) -> bytes:
@@ -674,10 +678,11 @@ def test_byte_identical_sharded_with_pattern_and_total_size(harness):
 def test_byte_identical_zoo(harness, writer):
     """All dtypes, odd names, empty tensors.  The streaming writer matches too when the
     tensors arrive sorted (it writes data in insertion order).  It has no way to set the
-    SHARDED flag, so the metadata here has no `sharding`."""
+    SHARDED or QUANTIZED flags, so the metadata here has no `sharding` or `quantization`."""
     specs = sorted(zoo_specs(), key=lambda s: s["name"].encode())
-    assert_same_bytes(aprfast.save(zoo_values(), ALL_TYPED_UNSHARDED, layout="aprender"),
-                      rust_file(harness, specs, ALL_TYPED_UNSHARDED, writer=writer))
+    metadata = {k: v for k, v in ALL_TYPED_UNSHARDED.items() if k != "quantization"}
+    assert_same_bytes(aprfast.save(zoo_values(), metadata, layout="aprender"),
+                      rust_file(harness, specs, metadata, writer=writer))
 
 
 def test_byte_identical_aprfast_streaming_writer(harness, tmp_path):
@@ -686,7 +691,7 @@ def test_byte_identical_aprfast_streaming_writer(harness, tmp_path):
     with aprfast.Writer(path, ALL_TYPED, layout="aprender") as w:
         for name in reversed(list(values)):
             w.add(name, values[name])
-    assert_same_bytes(path.read_bytes(), rust_file(harness, zoo_specs(), ALL_TYPED, header_flags=0x0010))
+    assert_same_bytes(path.read_bytes(), rust_file(harness, zoo_specs(), ALL_TYPED, **sharded_flag_for(ALL_TYPED)))
 
 
 def test_byte_identical_nothing(harness):
@@ -752,6 +757,20 @@ def test_sharding_metadata_without_sharded_flag(harness):
     ours = aprfast.save({"w": np.ones(1, np.float32)}, metadata, layout="aprender")
     assert metadata_text(ours) == metadata_text(theirs)
     assert struct.unpack_from("<H", ours, 6)[0] == 0x0410
+
+
+def test_quantization_metadata_without_quantized_flag(harness):
+    """Likewise QUANTIZED: aprfast sets it exactly when the metadata has `quantization`
+    (aprender sets it only through set_header_flags).  The flagless file still reads."""
+    metadata = {"model_type": "m", "quantization": {"quant_type": "q4_k", "bits": 4, "block_size": 256,
+                                                   "symmetric": False}}
+    theirs = rust_file(harness, [{"name": "w", "shape": [1], "f32": [1]}], metadata)
+    assert assert_same_view(harness, theirs)["header"]["flags"] == 0x0400
+    ours = aprfast.save({"w": np.ones(1, np.float32)}, metadata, layout="aprender")
+    assert metadata_text(ours) == metadata_text(theirs)
+    assert struct.unpack_from("<H", ours, 6)[0] == 0x0420
+    assert_same_bytes(ours, rust_file(harness, [{"name": "w", "shape": [1], "f32": [1]}], metadata,
+                                      header_flags=0x0020))
 
 
 def test_long_names_truncated_by_aprender_refused_by_aprfast(harness):

@@ -1,0 +1,159 @@
+"""aprfast.to_float16 / to_bfloat16 / to_float32 give NumPy's and ml_dtypes' bits."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import array_shapes, arrays
+from ml_dtypes import bfloat16
+
+import aprfast
+from aprfast import precision
+from aprfast.errors import LayoutError
+
+# Every float32 bit pattern: NaN payloads, subnormals, +-0, +-inf, ties.
+f32_bits = arrays(np.uint32, array_shapes(min_dims=0, max_dims=3, max_side=9)).map(lambda a: a.view(np.float32))
+u16_bits = arrays(np.uint16, array_shapes(min_dims=0, max_dims=3, max_side=9))
+
+
+def bits16(a):
+    return np.asarray(a).view(np.uint16)
+
+
+@given(x=f32_bits)
+def test_to_float16_is_numpy_astype(x):
+    with np.errstate(all="ignore"):
+        want = x.astype(np.float16)
+    got = aprfast.to_float16(x)
+    assert got.dtype == np.float16 and got.shape == x.shape
+    assert np.array_equal(bits16(got), bits16(want))
+
+
+@given(x=f32_bits)
+def test_to_bfloat16_is_ml_dtypes_astype(x):
+    got = aprfast.to_bfloat16(x)
+    with np.errstate(all="ignore"):  # ml_dtypes warns on some NaN casts
+        want = x.astype(bfloat16)
+    assert got.dtype == np.dtype(bfloat16) and got.shape == x.shape
+    assert np.array_equal(bits16(got), bits16(want))
+
+
+@given(bits=u16_bits)
+def test_to_float32_widens_exactly(bits):
+    halves = bits.view(np.float16)
+    got = aprfast.to_float32(halves)
+    with np.errstate(all="ignore"):  # the oracles may warn on NaN casts
+        want_f16, want_bf16 = halves.astype(np.float32), bits.view(bfloat16).astype(np.float32)
+    assert got.dtype == np.float32 and got.shape == bits.shape
+    assert np.array_equal(got.view(np.uint32), want_f16.view(np.uint32))
+    assert np.array_equal(aprfast.to_float32(bits.view(bfloat16)).view(np.uint32), want_bf16.view(np.uint32))
+    assert np.array_equal(aprfast.to_float32(bits, dtype="bf16").view(np.uint32), want_bf16.view(np.uint32))
+    assert np.array_equal(aprfast.to_float32(bits, dtype="F16").view(np.uint32), want_f16.view(np.uint32))
+
+
+def test_float64_inputs_convert_as_numpy_and_ml_dtypes_do():
+    # 1 + 2**-11 + 2**-40 rounds up to f16 directly, but to 1.0 through float32.
+    x = np.array([1 + 2**-11 + 2**-40, 1 + 2**-8 + 2**-30, -3.25, 1e300], np.float64)
+    with np.errstate(over="ignore"):  # the oracles warn on overflow; aprfast doesn't
+        assert np.array_equal(bits16(aprfast.to_float16(x)), bits16(x.astype(np.float16)))
+        assert np.array_equal(bits16(aprfast.to_bfloat16(x)), bits16(x.astype(bfloat16)))
+        assert np.array_equal(aprfast.to_float32(x), x.astype(np.float32))
+    assert np.isinf(aprfast.to_float32(x)[3]) and np.isinf(aprfast.to_float16(x)[3])
+
+
+def test_half_inputs_convert_between_each_other():
+    x = (np.random.default_rng(1).standard_normal(100) * 100).astype(np.float32)
+    h, b = x.astype(np.float16), x.astype(bfloat16)
+    assert np.array_equal(bits16(aprfast.to_float16(h)), bits16(h))
+    assert np.array_equal(bits16(aprfast.to_bfloat16(b)), bits16(b))
+    assert np.array_equal(bits16(aprfast.to_float16(b)), bits16(b.astype(np.float32).astype(np.float16)))
+    assert np.array_equal(bits16(aprfast.to_bfloat16(h)), bits16(h.astype(np.float32).astype(bfloat16)))
+    assert np.array_equal(aprfast.to_float32(x), x) and not np.shares_memory(aprfast.to_float32(x), x)
+
+
+def test_non_contiguous_and_big_endian_inputs():
+    x = (np.random.default_rng(2).standard_normal((6, 8)) * 10).astype(np.float32)
+    assert np.array_equal(aprfast.to_float16(x.T), x.T.astype(np.float16))
+    assert np.array_equal(aprfast.to_float16(x[:, ::3]), x[:, ::3].astype(np.float16))
+    assert np.array_equal(aprfast.to_float16(x.astype(">f4")), x.astype(np.float16))
+    assert np.array_equal(aprfast.to_float32(x.astype(">f2")), x.astype(np.float16).astype(np.float32))
+    assert np.array_equal(aprfast.to_float32(x.astype(np.float16).T), x.T.astype(np.float16).astype(np.float32))
+
+
+def test_large_arrays_over_threads_give_the_same_bits():
+    x = (np.random.default_rng(3).standard_normal(300_000) * 1e3).astype(np.float32)
+    for threads in (1, 2, 0):
+        assert np.array_equal(aprfast.to_float16(x, threads=threads), x.astype(np.float16))
+        assert np.array_equal(bits16(aprfast.to_bfloat16(x, threads=threads)), bits16(x.astype(bfloat16)))
+        assert np.array_equal(aprfast.to_float32(x.astype(np.float16), threads=threads),
+                              x.astype(np.float16).astype(np.float32))
+
+
+def test_out_is_filled_and_returned():
+    x = np.linspace(-5, 5, 24, dtype=np.float32).reshape(4, 6)
+    out = np.empty((4, 6), np.float16)
+    assert aprfast.to_float16(x, out) is out and np.array_equal(out, x.astype(np.float16))
+    bits = np.empty(24, np.uint16)  # raw bits, any shape with the right count
+    got = aprfast.to_bfloat16(x, out=bits)
+    assert got.shape == (4, 6) and np.shares_memory(got, bits)
+    assert np.array_equal(bits, bits16(x.astype(bfloat16)).reshape(-1))
+    wide = np.empty(24, np.float32)
+    got = aprfast.to_float32(out, out=wide)
+    assert got.shape == (4, 6) and np.shares_memory(got, wide) and np.array_equal(got, x.astype(np.float16))
+
+
+@pytest.mark.parametrize("func, bad", [
+    (aprfast.to_float16, np.empty(24, np.float32)),
+    (aprfast.to_float16, np.empty(23, np.float16)),
+    (aprfast.to_float16, np.empty((6, 8), np.float16)[:, ::2]),
+    (aprfast.to_bfloat16, np.empty(24, np.float16)),
+    (aprfast.to_float32, np.empty(24, np.float64)),
+    (aprfast.to_float32, [0.0] * 24),
+])
+def test_unusable_out_is_refused(func, bad):
+    x = np.ones((4, 6), np.float16 if func is aprfast.to_float32 else np.float32)
+    with pytest.raises(LayoutError, match="out"):
+        func(x, bad)
+
+
+def test_read_only_out_is_refused():
+    out = np.empty(3, np.float16)
+    out.flags.writeable = False
+    with pytest.raises(LayoutError, match="writable"):
+        aprfast.to_float16(np.ones(3, np.float32), out)
+
+
+def test_inputs_that_are_not_floats_are_refused():
+    for func in (aprfast.to_float16, aprfast.to_bfloat16):
+        with pytest.raises(LayoutError, match="floating-point"):
+            func(np.arange(4))
+    with pytest.raises(LayoutError, match="dtype='bf16'"):
+        aprfast.to_float32(np.zeros(4, np.uint16))  # raw bits: f16 or bf16?
+    with pytest.raises(LayoutError, match="16-bit"):
+        aprfast.to_float32(np.zeros(4, np.float32), dtype="bf16")
+    with pytest.raises(LayoutError, match="F16 or BF16"):
+        aprfast.to_float32(np.zeros(4, np.uint16), dtype="i16")
+
+
+def test_raw_bf16_tensors_widen_with_their_own_dtype():
+    """BF16 tensors read without ml_dtypes are uint16 bits; a RawTensor says what they are."""
+    values = np.array([[1.5, -2.0], [np.inf, 0.1]], np.float32)
+    raw = aprfast.RawTensor("BF16", (2, 2), bits16(values.astype(bfloat16)))
+    assert np.array_equal(aprfast.to_float32(raw), values.astype(bfloat16).astype(np.float32))
+    with pytest.raises(LayoutError):
+        aprfast.to_float32(aprfast.RawTensor("F32", (1,), bytes(4)))
+
+
+def test_bf16_without_ml_dtypes_returns_uint16_bits(monkeypatch):
+    monkeypatch.setattr(precision, "_BF16", None)
+    x = np.array([1.0, -0.5, 3.14159], np.float32)
+    got = aprfast.to_bfloat16(x)
+    assert got.dtype == np.uint16 and np.array_equal(got, bits16(x.astype(bfloat16)))
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (1, 1, 1)])
+def test_shapes_are_kept(shape):
+    x = np.full(shape, 0.3, np.float32)
+    assert aprfast.to_float16(x).shape == shape
+    assert aprfast.to_bfloat16(x).shape == shape
+    assert aprfast.to_float32(aprfast.to_float16(x)).shape == shape
