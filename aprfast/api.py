@@ -8,6 +8,7 @@ import os
 from . import layouts
 from .limits import Limits
 from .reader import AprFile
+from .sources import open_source
 from .tensors import as_inputs
 from .writer import save_to
 
@@ -74,7 +75,14 @@ def load(data, *, verify: bool = True, limits: Limits | None = None, unknown_dty
 
 
 def inspect(target, *, limits: Limits | None = None) -> dict:
-    """Header, metadata and index of a file, reading nothing else."""
+    """Header, metadata and index of a file, reading nothing else (for a v1 container:
+    its header and metadata, without checking the CRC or decrypting anything)."""
+    source = open_source(target)
+    try:
+        if layouts.is_v1(source):
+            return layouts.v1.inspect(source)
+    finally:
+        source.close()
     with AprFile(target, limits=limits, unknown_dtypes="raw") as f:
         return {
             "layout": f.layout,

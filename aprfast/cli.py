@@ -1,4 +1,5 @@
-"""The ``apr`` command.  Today: ``apr inspect FILE`` (header, metadata, tensor table)."""
+"""The ``apr`` command.  Today: ``apr inspect FILE`` (header, metadata, tensor table) for
+v2 tensor containers and v1 model containers."""
 
 from __future__ import annotations
 
@@ -43,14 +44,22 @@ def _parser() -> argparse.ArgumentParser:
 def _inspect(args) -> int:
     report = inspect(args.file)
     if args.json:
-        json.dump(report, sys.stdout, indent=2, sort_keys=False)
+        json.dump(report, sys.stdout, indent=2, sort_keys=False, default=_json_default)
         sys.stdout.write("\n")
         return EXIT_OK
     print(_format_report(args.file, report))
     return EXIT_OK
 
 
+def _json_default(value):
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    return str(value)
+
+
 def _format_report(path, report) -> str:
+    if report["layout"] == "v1":
+        return _format_v1_report(path, report)
     header, tensors = report["header"], report["tensors"]
     lines = [
         f"{path}: {report['layout']} layout ({header['magic']}, version {header['version']}), "
@@ -67,6 +76,24 @@ def _format_report(path, report) -> str:
     for name, t in tensors.items():
         shape = "x".join(str(d) for d in t["shape"]) or "scalar"
         lines.append(f"  {name:<{width}}  {t['dtype']:<8} {shape:<20} {t['nbytes']:>12} B  @ {t['offset']}")
+    return "\n".join(lines)
+
+
+def _format_v1_report(path, report) -> str:
+    h = report["header"]
+    lines = [
+        f"{path}: v1 model container (APRN, version {h['version'][0]}.{h['version'][1]})",
+        f"model type: {h['model_type_name']} ({h['model_type']:#06x})",
+        f"flags: {h['flags_raw']:#04x} {' '.join(h['flag_names']) or '-'}",
+        f"payload: {h['payload_size']} bytes stored, {h['uncompressed_size']} uncompressed, "
+        f"compression {h['compression_name']}",
+        f"quality score: {h['quality_score'] or 'not validated'}",
+        f"metadata ({h['metadata_size']} bytes):",
+    ]
+    for key, value in report["metadata"].items():
+        lines.append(f"  {key}: {json.dumps(value, ensure_ascii=False, default=str)}")
+    if "license_block_size" in report:
+        lines.append(f"license block: {report['license_block_size']} bytes")
     return "\n".join(lines)
 
 

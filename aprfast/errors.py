@@ -21,6 +21,8 @@ __all__ = [
     "TensorNotFoundError",
     "UnknownDTypeError",
     "LayoutError",
+    "ModelTypeMismatchError",
+    "LicenseError",
     "CODES",
 ]
 
@@ -126,3 +128,24 @@ class LayoutError(AprError, ValueError):
     """E001: a write request the chosen layout cannot represent."""
 
     code = "E001"
+
+
+class ModelTypeMismatchError(FormatError):
+    """E001: the file holds another model type than the caller expected (Andon
+    ModelTypeMismatch, v1 containers)."""
+
+
+class LicenseError(AprError, PermissionError):
+    """E006: the license refuses this use of the model (expired, too many seats or
+    inferences, another licensee).
+
+    The seed's error table has no license code.  E006 (SIGNATURE) is the family of
+    "provenance or authorization refused", and seed 002 §9.1 binds the license to the
+    signature, so a refusal shares its code.  It is deliberately *not* a
+    :class:`~aprfast.errors.SignatureError`: ``except SignatureError`` around a
+    signature check must not swallow an expired license.  The builtin is
+    ``PermissionError`` ("not allowed to do this"), which is an ``OSError``: code that
+    turns every ``OSError`` into an I/O error should let ``LicenseError`` through.
+    """
+
+    code = "E006"

@@ -46,7 +46,7 @@ import uuid as _uuid
 from dataclasses import InitVar, dataclass
 from enum import IntFlag
 
-from .errors import AprError, CorruptError, LayoutError, LimitError
+from .errors import AprError, CorruptError, LayoutError, LicenseError, LimitError
 
 __all__ = [
     "LicenseError",
@@ -69,20 +69,6 @@ __all__ = [
 ]
 
 
-class LicenseError(AprError, PermissionError):
-    """E006: the license refuses this use of the model (expired, too many seats or
-    inferences, another licensee).
-
-    The seed's error table has no license code.  E006 (SIGNATURE) is the family of
-    "provenance or authorization refused", and seed 002 §9.1 binds the license to the
-    signature, so a refusal shares its code.  It is deliberately *not* a
-    :class:`~aprfast.errors.SignatureError`: ``except SignatureError`` around a
-    signature check must not swallow an expired license.  The builtin is
-    ``PermissionError`` ("not allowed to do this"), which is an ``OSError``: code that
-    turns every ``OSError`` into an I/O error should let ``LicenseError`` through.
-    """
-
-    code = "E006"
 
 
 class LicenseFlags(IntFlag):

@@ -667,3 +667,27 @@ def test_open_on_a_file_object_leaves_it_open_and_its_position_alone(tmp_path, m
         assert fh.tell() == 7
         fh.seek(0)
         assert fh.read(4) == b"APR\x00"
+
+
+CLOSED_MAP_SCRIPT = """
+import gc, sys
+import numpy as np
+import aprfast
+path = sys.argv[1]
+with aprfast.open(path) as f:
+    kept = f.get_tensor("w")
+views = aprfast.load_file(path)
+gc.collect()
+print(float(kept.sum()), float(views["w"].sum()))
+"""
+
+
+def test_arrays_outlive_the_file_that_mapped_them(tmp_path, run_child):
+    # A zero-copy view must keep the map alive after close(); a dangling view would
+    # crash the child (run in a child so a crash is a failure, not the end of the run).
+    path = tmp_path / "m.apr"
+    aprfast.save_file({"w": np.arange(1 << 16, dtype=np.float32)}, path)
+    out = run_child(CLOSED_MAP_SCRIPT, path)
+    expected = float(np.arange(1 << 16, dtype=np.float32).sum())
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert out.stdout.split() == [repr(expected), repr(expected)]

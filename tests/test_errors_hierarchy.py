@@ -17,7 +17,9 @@ from aprfast.errors import (
     DecryptError,
     FormatError,
     LayoutError,
+    LicenseError,
     LimitError,
+    ModelTypeMismatchError,
     SignatureError,
     TensorNotFoundError,
     UnknownDTypeError,
@@ -37,6 +39,8 @@ DOCUMENTED = {
     TensorNotFoundError: ("E001", (KeyError,)),
     UnknownDTypeError: ("E001", (ValueError, FormatError)),
     LayoutError: ("E001", (ValueError,)),
+    ModelTypeMismatchError: ("E001", (ValueError, FormatError)),
+    LicenseError: ("E006", (PermissionError,)),
 }
 
 

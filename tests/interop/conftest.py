@@ -159,3 +159,54 @@ class Harness:
 @pytest.fixture
 def harness(harness_bin, tmp_path) -> Harness:
     return Harness(harness_bin, tmp_path)
+
+
+# --- the second harness: aprender-core's encrypted and signed v1 files ------------------
+#
+# ``apr-crypto-interop`` in ``tests/interop/harness-crypto`` (see its README.md) drives
+# ``aprender::format::{save_encrypted, load_encrypted, save_for_recipient,
+# load_as_recipient, save_signed, load_verified}`` from the crates.io crate aprender-core.
+# It pulls in aprender's whole compute stack, so a cold build takes about 3 minutes.
+# Same skip/fail policy as ``harness_bin``.  Its target directory is
+# ``$APRFAST_INTEROP_TARGET/harness-crypto`` when that variable is set, else
+# ``tests/interop/harness-crypto/target``.
+
+CRYPTO_HARNESS_DIR = Path(__file__).resolve().parent / "harness-crypto"
+CRYPTO_BINARY_NAME = "apr-crypto-interop"
+
+
+def _crypto_target_dir() -> Path:
+    shared = os.environ.get("APRFAST_INTEROP_TARGET")
+    if shared:
+        return (Path(shared) / "harness-crypto").resolve()
+    return (CRYPTO_HARNESS_DIR / "target").resolve()
+
+
+@pytest.fixture(scope="session")
+def crypto_harness_bin() -> Path:
+    """Path of the built ``apr-crypto-interop`` binary (built once per session)."""
+    cargo = _find_cargo()
+    if cargo is None:
+        _unavailable("cargo was not found (not on PATH, not in $CARGO_HOME/bin or ~/.cargo/bin)")
+    target = _crypto_target_dir()
+    cmd = [cargo, "build", "--release", "--locked", "--manifest-path",
+           str(CRYPTO_HARNESS_DIR / "Cargo.toml"), "--target-dir", str(target)]
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
+                              cwd=CRYPTO_HARNESS_DIR)
+    except subprocess.TimeoutExpired:
+        _unavailable(f"`{' '.join(cmd)}` did not finish within {BUILD_TIMEOUT_S} s")
+    except OSError as exc:
+        _unavailable(f"cannot run {cargo}: {exc}")
+    if proc.returncode != 0:
+        _unavailable(f"`{' '.join(cmd)}` failed with exit status {proc.returncode} "
+                     f"(no crates.io access?):\n{_tail(proc.stderr)}")
+    suffix = ".exe" if sys.platform == "win32" else ""
+    binary = target / "release" / f"{CRYPTO_BINARY_NAME}{suffix}"
+    if not binary.is_file():
+        _unavailable(f"cargo reported success but {binary} does not exist")
+    build_seconds = time.monotonic() - started
+    if build_seconds > 5:
+        print(f"\n[interop] built {CRYPTO_BINARY_NAME} in {build_seconds:.1f} s", file=sys.stderr)
+    return binary
