@@ -46,7 +46,7 @@ import uuid as _uuid
 from dataclasses import InitVar, dataclass
 from enum import IntFlag
 
-from .errors import AprError, CorruptError, LayoutError, LicenseError, LimitError
+from .errors import CorruptError, LayoutError, LicenseError, LimitError
 
 __all__ = [
     "LicenseError",

@@ -15,7 +15,7 @@ import numpy as np
 from . import _memory, layouts, quantization
 from ._crc import crc32
 from .dtypes import numpy_dtype
-from .errors import AprError, ChecksumError, LayoutError
+from .errors import ChecksumError, LayoutError
 from .limits import Limits
 from .sources import open_source
 from .tensors import QuantizedTensor, RawTensor, TensorInfo

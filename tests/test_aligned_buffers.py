@@ -1,7 +1,6 @@
 """Aligned buffers, aligned tensor views, and the bulk-copy/pread helpers behind them."""
 
 import os
-import subprocess
 import sys
 import zlib
 

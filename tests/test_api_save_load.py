@@ -5,8 +5,6 @@ import io
 import os
 import stat
 import struct
-import subprocess
-import sys
 import textwrap
 import threading
 import zlib

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 from ml_dtypes import bfloat16
 

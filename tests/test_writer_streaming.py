@@ -2,8 +2,6 @@
 
 import io
 import os
-import subprocess
-import sys
 import threading
 import tracemalloc
 
