@@ -70,8 +70,9 @@ class V1Model:
     header: Header
     #: aprender's metadata as stored (aprfast's internal keys removed).
     metadata: dict
-    #: The decompressed, decrypted payload: bytes, or name -> array for tensor payloads
-    #: (views of the mapped file or of the decompressed buffer: no copy).
+    #: The decompressed, decrypted payload: bytes (stored plainly) or bytearray
+    #: (decrypted or decompressed by aprfast, owned, wipeable), or name -> array for
+    #: tensor payloads (views of the mapped file or of the decompressed buffer: no copy).
     payload: object
     #: UNSIGNED, TRUSTED or SELF_SIGNED.
     signature: str = UNSIGNED
@@ -342,7 +343,10 @@ def _load(src, expected_type, password, private_key, trusted_keys, require_signa
     if isinstance(custom, dict) and custom.get(PAYLOAD_FORMAT_KEY) == TENSOR_PAYLOAD_FORMAT:
         payload = _tensors(plain, path)
     else:
-        payload = bytes(plain)
+        # A decrypted or decompressed payload is already an owned bytearray (which the
+        # caller may wipe); copying it to bytes would hold the model twice.  A payload
+        # stored plainly is copied out of the map so the file can be closed.
+        payload = plain if isinstance(plain, bytearray) else bytes(plain)
     return V1Model(header, metadata, payload, signature, signer, encryption, license, header.flag_set)
 
 
