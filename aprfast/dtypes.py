@@ -116,6 +116,10 @@ DTYPES: dict[str, DType] = {
         DType("APR_Q8", None, 0, 1, 1, False, tensor_header=4),
         # The spec's Q8_TENSOR (seed 002 §6.2): f32 scale, i32 zero point, i8 per element.
         DType("Q8_TENSOR", None, 0, 1, 1, False, tensor_header=8),
+        # aprender's format-quantize Q8_0/Q4_0 (APRENDER-COMPAT §3.2): blocks of 32 run
+        # across the flat tensor, the last one padded.
+        _blocks("APR_FQ8_0", 32, 34, per_row=False),
+        _blocks("APR_FQ4_0", 32, 18, per_row=False),
     )
 }
 
@@ -240,5 +244,5 @@ APR2_IDS = IdTable(
     write={0: "F32", 1: "F16", 2: "BF16", 3: "I8", 4: "I16", 5: "I32", 6: "I64", 7: "U8",
            16: "Q8_0", 17: "Q4_0", 18: "Q4_1", 19: "Q5_0", 20: "Q5_1",
            32: "F64", 33: "BOOL", 34: "U16", 35: "U32", 36: "U64", 37: "Q4_K", 38: "Q6_K",
-           39: "Q8_TENSOR", 128: "APR_Q4", 129: "APR_Q8"},
+           39: "Q8_TENSOR", 40: "APR_FQ8_0", 41: "APR_FQ4_0", 128: "APR_Q4", 129: "APR_Q8"},
 )

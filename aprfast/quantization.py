@@ -216,6 +216,21 @@ class Q8_TENSOR(_Kernel):
     name, bits, symmetric, _quantizer = "Q8_TENSOR", 8, False, "quantize_q8_tensor"
 
 
+class APR_FQ8_0(_Kernel):
+    """aprender's format-quantize Q8_0 (APRENDER-COMPAT §3.2): GGML's block layout, but an
+    all-zero block stores d = 1.0 and blocks run across rows (a partial last block is
+    padded with zero bytes)."""
+
+    name, bits, symmetric, _quantizer = "APR_FQ8_0", 8, True, "quantize_apr_fq8_0"
+
+
+class APR_FQ4_0(_Kernel):
+    """aprender's format-quantize Q4_0: d = max|x|/7, round half away from zero, clamp to
+    [-8, 7], nibbles interleaved (element 2k low, 2k+1 high); not GGML's Q4_0."""
+
+    name, bits, symmetric, _quantizer = "APR_FQ4_0", 4, True, "quantize_apr_fq4_0"
+
+
 class _Custom(QuantType):
     """A type registered with :func:`register_quantizer`."""
 
@@ -246,7 +261,7 @@ class _Custom(QuantType):
         out[...] = values.reshape(-1)
 
 
-_BUILT_IN = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, APR_Q8, APR_Q4, Q8_TENSOR)
+_BUILT_IN = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, APR_Q8, APR_Q4, Q8_TENSOR, APR_FQ8_0, APR_FQ4_0)
 _TYPES: dict[str, QuantType] = {cls.name: cls() for cls in _BUILT_IN}
 
 

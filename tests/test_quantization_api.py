@@ -615,3 +615,24 @@ def test_register_quantizer_refuses_clashes_and_bad_arguments(custom_type, kwarg
 def test_built_in_types_cannot_be_unregistered():
     with pytest.raises(LayoutError, match="built in"):
         Q.unregister_quantizer("q4_0")
+
+
+@pytest.mark.parametrize("type_name, kernel", [("APR_FQ8_0", "quantize_apr_fq8_0"), ("APR_FQ4_0", "quantize_apr_fq4_0")])
+def test_aprender_format_quantize_variants_round_trip_through_the_spec_layout(type_name, kernel):
+    """aprender's format-quantize Q8_0/Q4_0 (flat blocks, last one padded): the API gives
+    the kernel's bytes (checked against aprender's rules in test_quant_kernels), and the
+    spec layout stores them under their own ids (40, 41)."""
+    from aprfast import _quant
+
+    x = np.random.default_rng(7).standard_normal((3, 50)).astype(np.float32)  # 150: a partial block
+    qt = aprfast.quantize(x, type_name.lower())
+    direct = np.empty(qt.data.nbytes, np.uint8)
+    getattr(_quant, kernel)(x.reshape(-1), direct)
+    assert qt.data.nbytes == 5 * (34 if type_name == "APR_FQ8_0" else 18)
+    np.testing.assert_array_equal(qt.data, direct)
+    data = aprfast.save({"q": qt})
+    with aprfast.open(data) as f:
+        assert f.layout == "apr2" and f.info("q").dtype_id == {"APR_FQ8_0": 40, "APR_FQ4_0": 41}[type_name]
+        np.testing.assert_array_equal(f.get_tensor("q", dequantize=True), aprfast.dequantize(qt))
+    step = 1 / 127 if type_name == "APR_FQ8_0" else 1 / 7
+    assert np.abs(aprfast.dequantize(qt) - x).max() <= np.abs(x).max() * step
