@@ -12,17 +12,13 @@
  * message bit is the highest power, and a 32-bit register value has x^0 in
  * bit 31. */
 #include "crc32.h"
+#include "cpu.h"
+#include "parallel.h"
 
 #include <string.h>
 
-#if !defined(_WIN32)
-#include <pthread.h>
-#define HAVE_PTHREADS 1
-#endif
-
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_X86_KERNELS 1
-#include <cpuid.h>
 #include <immintrin.h>
 /* Compilers that know the vpclmulqdq target (GCC 8, clang 8). */
 #if defined(__clang__) ? __clang_major__ >= 8 : __GNUC__ >= 8
@@ -33,12 +29,6 @@
 #if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_ARM_KERNEL 1
 #include <arm_acle.h>
-#if defined(__linux__)
-#include <sys/auxv.h>
-#ifndef HWCAP_CRC32
-#define HWCAP_CRC32 (1 << 7)
-#endif
-#endif
 #endif
 
 /* P(x) = x^32 + x^26 + ... + 1 without its x^32 term, bit-reflected. */
@@ -1048,41 +1038,17 @@ static TARGET_VPCLMUL uint32_t crc32_vpclmul_raw(uint32_t reg, const uint8_t *p,
 }
 #endif /* HAVE_VPCLMUL_KERNEL */
 
-static uint32_t xgetbv0(void)
+/* Bit mask of the x86 paths this CPU and OS can run. */
+static int x86_path_mask(unsigned int f)
 {
-    uint32_t lo, hi;
-    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    (void)hi;
-    return lo;
-}
-
-/* Bit mask of the x86 paths this CPU and OS can run.  Plain cpuid rather than
- * __builtin_cpu_supports, which older compilers lack for "vpclmulqdq". */
-static int x86_path_mask(void)
-{
-    unsigned int eax, ebx, ecx, edx;
-    unsigned int max_leaf = __get_cpuid_max(0, NULL);
     int mask = 0;
-
-    if (max_leaf < 1)
-        return 0;
-    __cpuid(1, eax, ebx, ecx, edx);
-    int pclmul = (ecx >> 1) & 1, sse41 = (ecx >> 19) & 1, osxsave = (ecx >> 27) & 1;
-    if (!(pclmul && sse41))
+    if (!(f & APR_CPU_PCLMUL) || !(f & APR_CPU_SSE41))
         return 0;
     mask |= 1 << APR_CRC32_PCLMUL;
-
-    /* The OS must save XMM, YMM, opmask and all of ZMM0-31 (XCR0 bits 1,2,5,6,7). */
-    if (max_leaf < 7 || !osxsave || (xgetbv0() & 0xe6) != 0xe6)
-        return mask;
-    __cpuid_count(7, 0, eax, ebx, ecx, edx);
-    int avx512f = (ebx >> 16) & 1, avx512bw = (ebx >> 30) & 1, avx512vl = (ebx >> 31) & 1;
-    int vpclmulqdq = (ecx >> 10) & 1;
 #ifdef HAVE_VPCLMUL_KERNEL
-    if (avx512f && avx512bw && avx512vl && vpclmulqdq)
+    const unsigned int vpclmul = APR_CPU_AVX512F | APR_CPU_AVX512BW | APR_CPU_AVX512VL | APR_CPU_VPCLMULQDQ;
+    if ((f & vpclmul) == vpclmul)
         mask |= 1 << APR_CRC32_VPCLMUL;
-#else
-    (void)avx512f, (void)avx512bw, (void)avx512vl, (void)vpclmulqdq;
 #endif
     return mask;
 }
@@ -1127,60 +1093,24 @@ static TARGET_ARM_CRC uint32_t crc32_armv8_raw(uint32_t reg, const uint8_t *p, s
     return reg;
 }
 
-static int arm_has_crc(void)
-{
-#if defined(__ARM_FEATURE_CRC32)
-    return 1;
-#elif defined(__linux__)
-    return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0;
-#else
-    /* Elsewhere only a compile-time guarantee (e.g. Apple M-series targets,
-     * where the compiler defines __ARM_FEATURE_CRC32) is trusted. */
-    return 0;
-#endif
-}
-
 #endif /* HAVE_ARM_KERNEL */
 
 /* ------------------------------------------------------------------------ */
 /* Dispatch.                                                                */
 
-#if defined(__GNUC__) || defined(__clang__)
-#define LOAD_RELAXED(ptr) __atomic_load_n((ptr), __ATOMIC_RELAXED)
-#define STORE_RELAXED(ptr, v) __atomic_store_n((ptr), (v), __ATOMIC_RELAXED)
-#else
-#define LOAD_RELAXED(ptr) (*(volatile int *)(ptr))
-#define STORE_RELAXED(ptr, v) (*(volatile int *)(ptr) = (v))
-#endif
-
-/* Set in every cached mask so that 0 means "not detected yet". */
-#define MASK_DETECTED 0x100
-
-/* The only mutable global: bit p set when path p can run. */
-static int cached_path_mask;
-
-static int detect_path_mask(void)
-{
-    int mask = MASK_DETECTED | 1 << APR_CRC32_PORTABLE;
-#ifdef HAVE_X86_KERNELS
-    mask |= x86_path_mask();
-#endif
-#ifdef HAVE_ARM_KERNEL
-    if (arm_has_crc())
-        mask |= 1 << APR_CRC32_ARMV8;
-#endif
-    return mask;
-}
-
+/* Bit p set when path p can run; the CPU features behind it are cached. */
 static int path_mask(void)
 {
-    /* Detection always gives the same answer, so threads that race here all
-     * store the same value and nothing else is published through it. */
-    int mask = LOAD_RELAXED(&cached_path_mask);
-    if (!mask) {
-        mask = detect_path_mask();
-        STORE_RELAXED(&cached_path_mask, mask);
-    }
+    unsigned int f = apr_cpu_features();
+    int mask = 1 << APR_CRC32_PORTABLE;
+#ifdef HAVE_X86_KERNELS
+    mask |= x86_path_mask(f);
+#endif
+#ifdef HAVE_ARM_KERNEL
+    if (f & APR_CPU_ARM_CRC32)
+        mask |= 1 << APR_CRC32_ARMV8;
+#endif
+    (void)f;
     return mask;
 }
 
@@ -1288,9 +1218,9 @@ uint32_t apr_crc32_combine(uint32_t crc1, uint32_t crc2, uint64_t len2)
  * AVX-512 machine two threads broke even at about 4 MiB (2 MiB a thread). */
 #define PARALLEL_MIN_BYTES ((size_t)8 << 20)
 #define PARALLEL_MIN_PIECE ((size_t)4 << 20)
-#define PARALLEL_MAX_THREADS 64
+#define PARALLEL_MAX_THREADS APR_PARALLEL_MAX_THREADS
 
-#ifdef HAVE_PTHREADS
+#ifdef APR_HAVE_THREADS
 typedef struct {
     int path;
     const uint8_t *buf;
@@ -1298,15 +1228,10 @@ typedef struct {
     uint32_t reg; /* raw register: in = start value, out = result */
 } crc_piece;
 
-static void run_piece(crc_piece *piece)
+static void run_piece(void *arg)
 {
+    crc_piece *piece = (crc_piece *)arg;
     piece->reg = crc32_raw_on(piece->path, piece->reg, piece->buf, piece->len);
-}
-
-static void *run_piece_thread(void *arg)
-{
-    run_piece((crc_piece *)arg);
-    return NULL;
 }
 
 static int threads_for(int nthreads, size_t len)
@@ -1325,8 +1250,6 @@ static int threads_for(int nthreads, size_t len)
 static uint32_t crc32_threaded(int path, uint32_t crc, const uint8_t *buf, size_t len, int nthreads)
 {
     crc_piece pieces[PARALLEL_MAX_THREADS];
-    pthread_t threads[PARALLEL_MAX_THREADS];
-    int started[PARALLEL_MAX_THREADS];
     /* Piece lengths are multiples of 64 (the last takes the remainder), so an
      * aligned buffer gives aligned pieces for the vector kernels. */
     size_t step = len / (size_t)nthreads & ~(size_t)63;
@@ -1337,27 +1260,18 @@ static uint32_t crc32_threaded(int path, uint32_t crc, const uint8_t *buf, size_
         /* Pieces after the first are CRCs of their own bytes, joined by combine. */
         pieces[i].reg = i == 0 ? ~crc : 0xFFFFFFFFu;
     }
-    /* The calling thread takes piece 0; a thread that cannot be started is
-     * made up for by running its piece here. */
-    for (int i = 1; i < nthreads; i++)
-        started[i] = pthread_create(&threads[i], NULL, run_piece_thread, &pieces[i]) == 0;
-    run_piece(&pieces[0]);
+    apr_parallel_run(pieces, sizeof pieces[0], nthreads, run_piece);
     uint32_t total = ~pieces[0].reg;
-    for (int i = 1; i < nthreads; i++) {
-        if (started[i])
-            pthread_join(threads[i], NULL);
-        else
-            run_piece(&pieces[i]);
+    for (int i = 1; i < nthreads; i++)
         total = apr_crc32_combine(total, ~pieces[i].reg, pieces[i].len);
-    }
     return total;
 }
-#endif /* HAVE_PTHREADS */
+#endif /* APR_HAVE_THREADS */
 
 uint32_t apr_crc32_parallel(int path, uint32_t crc, const uint8_t *buf, size_t len, int nthreads)
 {
     path = resolve_path(path);
-#ifdef HAVE_PTHREADS
+#ifdef APR_HAVE_THREADS
     nthreads = threads_for(nthreads, len);
     if (nthreads > 1)
         return crc32_threaded(path, crc, buf, len, nthreads);

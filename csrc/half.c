@@ -9,18 +9,13 @@
  * inputs and keeps NaN payloads), so each kernel notices NaN lanes with one
  * compare and recomputes just those from the input bits. */
 #include "half.h"
+#include "cpu.h"
+#include "parallel.h"
 
 #include <string.h>
 
-#if !defined(_WIN32)
-#include <pthread.h>
-#include <unistd.h>
-#define HAVE_PTHREADS 1
-#endif
-
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_X86_KERNELS 1
-#include <cpuid.h>
 #include <immintrin.h>
 /* Compilers that know the avx512bf16 target (GCC 10, clang 9). */
 #if defined(__clang__) ? __clang_major__ >= 9 : __GNUC__ >= 10
@@ -549,51 +544,21 @@ static TARGET_AVX512_BF16 void f32_to_bf16_avx512_bf16(const void *vsrc, void *v
 }
 #endif /* HAVE_AVX512_BF16_KERNEL */
 
-static uint32_t xgetbv0(void)
+/* Bit mask of the x86 paths this CPU and OS can run. */
+static int x86_path_mask(unsigned int f)
 {
-    uint32_t lo, hi;
-    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    (void)hi;
-    return lo;
-}
-
-/* Bit mask of the x86 paths this CPU and OS can run.  Plain cpuid rather than
- * __builtin_cpu_supports, which older compilers lack for "avx512bf16". */
-static int x86_path_mask(void)
-{
-    unsigned int eax, ebx, ecx, edx;
-    unsigned int max_leaf = (unsigned int)__get_cpuid_max(0, NULL);
     int mask = 0;
-
-    if (max_leaf < 7)
-        return 0;
-    __cpuid(1, eax, ebx, ecx, edx);
-    unsigned int osxsave = (ecx >> 27) & 1, avx = (ecx >> 28) & 1, f16c = (ecx >> 29) & 1;
-    /* The OS must save XMM and YMM state (XCR0 bits 1, 2). */
-    if (!(osxsave && avx && f16c))
-        return 0;
-    uint32_t xcr0 = xgetbv0();
-    if ((xcr0 & 0x06) != 0x06)
-        return 0;
-    __cpuid_count(7, 0, eax, ebx, ecx, edx);
-    unsigned int max_subleaf = eax;
-    unsigned int avx2 = (ebx >> 5) & 1, avx512f = (ebx >> 16) & 1, avx512bw = (ebx >> 30) & 1,
-                 avx512vl = (ebx >> 31) & 1;
-    if (!avx2)
+    const unsigned int avx2 = APR_CPU_AVX | APR_CPU_F16C | APR_CPU_AVX2;
+    const unsigned int avx512 = APR_CPU_AVX512F | APR_CPU_AVX512BW | APR_CPU_AVX512VL;
+    if ((f & avx2) != avx2)
         return 0;
     mask |= 1 << APR_HALF_F16C_AVX2;
-    /* ... and opmask and all of ZMM0-31 (XCR0 bits 5, 6, 7). */
-    if (!(avx512f && avx512bw && avx512vl) || (xcr0 & 0xe6) != 0xe6)
+    if ((f & avx512) != avx512)
         return mask;
     mask |= 1 << APR_HALF_AVX512;
 #ifdef HAVE_AVX512_BF16_KERNEL
-    if (max_subleaf >= 1) {
-        __cpuid_count(7, 1, eax, ebx, ecx, edx);
-        if ((eax >> 5) & 1)
-            mask |= 1 << APR_HALF_AVX512_BF16;
-    }
-#else
-    (void)max_subleaf;
+    if (f & APR_CPU_AVX512BF16)
+        mask |= 1 << APR_HALF_AVX512_BF16;
 #endif
     return mask;
 }
@@ -747,41 +712,19 @@ static void bf16_to_f32_neon(const void *vsrc, void *vdst, size_t n, int stream)
 /* ------------------------------------------------------------------------ */
 /* Dispatch.                                                                */
 
-#if defined(__GNUC__) || defined(__clang__)
-#define LOAD_RELAXED(ptr) __atomic_load_n((ptr), __ATOMIC_RELAXED)
-#define STORE_RELAXED(ptr, v) __atomic_store_n((ptr), (v), __ATOMIC_RELAXED)
-#else
-#define LOAD_RELAXED(ptr) (*(volatile int *)(ptr))
-#define STORE_RELAXED(ptr, v) (*(volatile int *)(ptr) = (v))
-#endif
-
-/* Set in every cached mask so that 0 means "not detected yet". */
-#define MASK_DETECTED 0x100
-
-/* The only mutable global: bit p set when path p can run. */
-static int cached_path_mask;
-
-static int detect_path_mask(void)
-{
-    int mask = MASK_DETECTED | 1 << APR_HALF_PORTABLE;
-#ifdef HAVE_X86_KERNELS
-    mask |= x86_path_mask();
-#endif
-#ifdef HAVE_NEON_KERNEL
-    mask |= 1 << APR_HALF_NEON;
-#endif
-    return mask;
-}
-
+/* Bit p set when path p can run; the CPU features behind it are cached. */
 static int path_mask(void)
 {
-    /* Detection always gives the same answer, so threads that race here all
-     * store the same value and nothing else is published through it. */
-    int mask = LOAD_RELAXED(&cached_path_mask);
-    if (!mask) {
-        mask = detect_path_mask();
-        STORE_RELAXED(&cached_path_mask, mask);
-    }
+    unsigned int f = apr_cpu_features();
+    int mask = 1 << APR_HALF_PORTABLE;
+#ifdef HAVE_X86_KERNELS
+    mask |= x86_path_mask(f);
+#endif
+#ifdef HAVE_NEON_KERNEL
+    if (f & APR_CPU_ARM_NEON)
+        mask |= 1 << APR_HALF_NEON;
+#endif
+    (void)f;
     return mask;
 }
 
@@ -860,7 +803,7 @@ static kernel_fn kernel_for(int path, enum op op)
  * (0.9-1.3x) and won from 2 Mi (1.1-1.6x) and 4 Mi (1.7-1.9x) on. */
 #define PARALLEL_MIN_PIECE ((size_t)1 << 20)
 #define PARALLEL_MIN_ELEMENTS (2 * PARALLEL_MIN_PIECE)
-#define PARALLEL_MAX_THREADS 64
+#define PARALLEL_MAX_THREADS APR_PARALLEL_MAX_THREADS
 
 /* Outputs at least this large are written with non-temporal stores: they will
  * not stay in a core's share of the cache anyway.  On an AVX-512 Xeon these
@@ -871,12 +814,7 @@ static kernel_fn kernel_for(int path, enum op op)
 
 int apr_half_default_threads(void)
 {
-#ifdef HAVE_PTHREADS
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : (n > PARALLEL_MAX_THREADS ? PARALLEL_MAX_THREADS : (int)n);
-#else
-    return 1;
-#endif
+    return apr_parallel_cpu_count(PARALLEL_MAX_THREADS);
 }
 
 typedef struct {
@@ -897,8 +835,9 @@ static size_t elements_to_alignment(const uint8_t *dst, size_t dst_size)
     return (STREAM_ALIGN - misalign) % STREAM_ALIGN / dst_size;
 }
 
-static void run_piece(const piece *p)
+static void run_piece(void *arg)
 {
+    const piece *p = (const piece *)arg;
     if (!p->stream) {
         p->kernel(p->src, p->dst, p->n, 0);
         return;
@@ -915,13 +854,7 @@ static void run_piece(const piece *p)
     p->kernel(p->src + head * p->src_size, p->dst + head * p->dst_size, p->n - head, 1);
 }
 
-#ifdef HAVE_PTHREADS
-static void *run_piece_thread(void *arg)
-{
-    run_piece(arg);
-    return NULL;
-}
-
+#ifdef APR_HAVE_THREADS
 static int threads_for(int nthreads, size_t n)
 {
     if (nthreads <= 0)
@@ -940,8 +873,6 @@ static int threads_for(int nthreads, size_t n)
 static void convert_threaded(const piece *whole, int nthreads)
 {
     piece pieces[PARALLEL_MAX_THREADS];
-    pthread_t threads[PARALLEL_MAX_THREADS];
-    int started[PARALLEL_MAX_THREADS];
     size_t step = whole->n / (size_t)nthreads & ~(size_t)63;
     for (int i = 0; i < nthreads; i++) {
         size_t first = (size_t)i * step;
@@ -950,19 +881,9 @@ static void convert_threaded(const piece *whole, int nthreads)
         pieces[i].dst = whole->dst + first * whole->dst_size;
         pieces[i].n = i == nthreads - 1 ? whole->n - first : step;
     }
-    /* The calling thread takes piece 0; a thread that cannot be started is
-     * made up for by running its piece here. */
-    for (int i = 1; i < nthreads; i++)
-        started[i] = pthread_create(&threads[i], NULL, run_piece_thread, &pieces[i]) == 0;
-    run_piece(&pieces[0]);
-    for (int i = 1; i < nthreads; i++) {
-        if (started[i])
-            pthread_join(threads[i], NULL);
-        else
-            run_piece(&pieces[i]);
-    }
+    apr_parallel_run(pieces, sizeof pieces[0], nthreads, run_piece);
 }
-#endif /* HAVE_PTHREADS */
+#endif /* APR_HAVE_THREADS */
 
 static void convert(enum op op, int path, const void *src, size_t src_size, void *dst, size_t dst_size,
                     size_t n, int nthreads)
@@ -971,7 +892,7 @@ static void convert(enum op op, int path, const void *src, size_t src_size, void
         return;
     piece whole = {kernel_for(resolve_path(path), op), src, dst, n, src_size, dst_size,
                    n >= STREAM_MIN_BYTES / dst_size};
-#ifdef HAVE_PTHREADS
+#ifdef APR_HAVE_THREADS
     nthreads = threads_for(nthreads, n);
     if (nthreads > 1) {
         convert_threaded(&whole, nthreads);

@@ -3,13 +3,13 @@
 #endif
 #include "pio.h"
 #include "crc32.h"
+#include "parallel.h"
 
 #include <errno.h>
 #include <string.h>
 
 #ifndef _WIN32
 #include <fcntl.h>
-#include <pthread.h>
 #include <unistd.h>
 #endif
 
@@ -17,7 +17,7 @@
 #define PARALLEL_MIN ((size_t)8 << 20)
 /* Checksum in cache-sized steps right after each read, while the bytes are hot. */
 #define CHUNK ((size_t)1 << 20)
-#define MAX_THREADS 64
+#define MAX_THREADS APR_PARALLEL_MAX_THREADS
 
 int apr_preallocate(int fd, uint64_t size)
 {
@@ -34,12 +34,7 @@ int apr_preallocate(int fd, uint64_t size)
 
 int apr_default_threads(void)
 {
-#ifdef _WIN32
-    return 1;
-#else
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : (n > MAX_THREADS ? MAX_THREADS : (int)n);
-#endif
+    return apr_parallel_cpu_count(MAX_THREADS);
 }
 
 static int clamp_threads(int nthreads, size_t len)
@@ -89,23 +84,21 @@ static int pread_piece(piece *p)
 #endif
 }
 
-static void *pread_worker(void *arg)
+static void pread_worker(void *arg)
 {
     piece *p = arg;
     p->status = pread_piece(p);
-    return NULL;
 }
 
-static void *copy_worker(void *arg)
+static void copy_worker(void *arg)
 {
     piece *p = arg;
     memcpy(p->dst, p->src, p->len);
-    return NULL;
 }
 
 /* Split [0, len) into n contiguous pieces and run work on each, the last on the
  * calling thread.  Falls back to running everything here if a thread can't start. */
-static void run_pieces(piece *pieces, int n, size_t len, void *(*work)(void *))
+static void run_pieces(piece *pieces, int n, size_t len, apr_piece_fn work)
 {
     size_t each = len / (size_t)n;
     for (int i = 0; i < n; i++) {
@@ -116,22 +109,7 @@ static void run_pieces(piece *pieces, int n, size_t len, void *(*work)(void *))
             pieces[i].src += start;
         pieces[i].offset += start;
     }
-#ifndef _WIN32
-    pthread_t threads[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    for (int i = 0; i < n - 1; i++)
-        started[i] = pthread_create(&threads[i], NULL, work, &pieces[i]) == 0;
-    work(&pieces[n - 1]);
-    for (int i = 0; i < n - 1; i++) {
-        if (started[i])
-            pthread_join(threads[i], NULL);
-        else
-            work(&pieces[i]);
-    }
-#else
-    for (int i = 0; i < n; i++)
-        work(&pieces[i]);
-#endif
+    apr_parallel_run(pieces, sizeof pieces[0], n, work);
 }
 
 int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc)

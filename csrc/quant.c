@@ -33,15 +33,11 @@
  * inside a GGML block, a zero minimum or maximum for Q4_1 where the sign of
  * zero depends on which element is picked) are handed to the scalar code. */
 #include "quant.h"
+#include "cpu.h"
+#include "parallel.h"
 
 #include <math.h>
 #include <string.h>
-
-#if !defined(_WIN32)
-#include <pthread.h>
-#include <unistd.h>
-#define HAVE_PTHREADS 1
-#endif
 
 #if defined(__clang__)
 /* clang contracts a*b+c into an FMA by default (GCC in ISO C mode does not);
@@ -57,7 +53,6 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_X86_KERNELS 1
-#include <cpuid.h>
 #include <immintrin.h>
 #define TARGET_AVX2 __attribute__((target("avx2")))
 #if defined(__clang__)
@@ -1685,37 +1680,17 @@ DEFINE_HAND_DEQUANTIZE_KERNELS(avx512, TARGET_AVX512, __m512, _mm512_set1_ps, st
 
 /* ---- Detection ---------------------------------------------------------- */
 
-static uint32_t xgetbv0(void)
+/* Bit mask of the x86 paths this CPU and OS can run (cpu.h leaves out
+ * features whose register state the OS does not save). */
+static int x86_path_mask(unsigned int f)
 {
-    uint32_t lo, hi;
-    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    (void)hi;
-    return lo;
-}
-
-/* Bit mask of the x86 paths this CPU and OS can run. */
-static int x86_path_mask(void)
-{
-    unsigned int eax, ebx, ecx, edx;
-    unsigned int max_leaf = __get_cpuid_max(0, NULL);
     int mask = 0;
-
-    if (max_leaf < 7)
+    const unsigned int avx2 = APR_CPU_AVX | APR_CPU_AVX2;
+    const unsigned int avx512 = APR_CPU_AVX512F | APR_CPU_AVX512DQ | APR_CPU_AVX512BW | APR_CPU_AVX512VL;
+    if ((f & avx2) != avx2)
         return 0;
-    __cpuid(1, eax, ebx, ecx, edx);
-    int osxsave = (ecx >> 27) & 1, avx = (ecx >> 28) & 1;
-    if (!osxsave || !avx)
-        return 0;
-    uint32_t xcr0 = xgetbv0();
-    __cpuid_count(7, 0, eax, ebx, ecx, edx);
-    int avx2 = (ebx >> 5) & 1;
-    int avx512f = (ebx >> 16) & 1, avx512dq = (ebx >> 17) & 1;
-    int avx512bw = (ebx >> 30) & 1, avx512vl = (ebx >> 31) & 1;
-    /* The OS must save XMM and YMM (XCR0 bits 1, 2) ... */
-    if (avx2 && (xcr0 & 0x06) == 0x06)
-        mask |= 1 << APR_QUANT_AVX2;
-    /* ... and opmask plus all of ZMM0-31 (bits 5, 6, 7) for AVX-512. */
-    if (avx2 && avx512f && avx512dq && avx512bw && avx512vl && (xcr0 & 0xe6) == 0xe6)
+    mask |= 1 << APR_QUANT_AVX2;
+    if ((f & avx512) == avx512)
         mask |= 1 << APR_QUANT_AVX512;
     return mask;
 }
@@ -1726,32 +1701,13 @@ static int x86_path_mask(void)
 /* Dispatch.                                                                */
 /* ======================================================================== */
 
-#if defined(__GNUC__) || defined(__clang__)
-#define LOAD_RELAXED(ptr) __atomic_load_n((ptr), __ATOMIC_RELAXED)
-#define STORE_RELAXED(ptr, v) __atomic_store_n((ptr), (v), __ATOMIC_RELAXED)
-#else
-#define LOAD_RELAXED(ptr) (*(volatile int *)(ptr))
-#define STORE_RELAXED(ptr, v) (*(volatile int *)(ptr) = (v))
-#endif
-
-/* Set in every cached mask so that 0 means "not detected yet". */
-#define MASK_DETECTED 0x100
-
-/* The only mutable global: bit p set when path p can run. */
-static int cached_path_mask;
-
+/* Bit p set when path p can run; the CPU features behind it are cached. */
 static int path_mask(void)
 {
-    /* Detection always gives the same answer, so threads that race here all
-     * store the same value and nothing else is published through it. */
-    int mask = LOAD_RELAXED(&cached_path_mask);
-    if (!mask) {
-        mask = MASK_DETECTED | 1 << APR_QUANT_PORTABLE;
+    int mask = 1 << APR_QUANT_PORTABLE;
 #ifdef HAVE_X86_KERNELS
-        mask |= x86_path_mask();
+    mask |= x86_path_mask(apr_cpu_features());
 #endif
-        STORE_RELAXED(&cached_path_mask, mask);
-    }
     return mask;
 }
 
@@ -1931,16 +1887,11 @@ static block_kernel dequantize_kernel(int type, int path)
  * core needs for 64K elements here; below 256K elements a thread, the
  * second one does not pay. */
 #define PARALLEL_MIN_ELEMS ((size_t)1 << 18)
-#define MAX_THREADS 64
+#define MAX_THREADS APR_PARALLEL_MAX_THREADS
 
 int apr_quant_default_threads(void)
 {
-#ifdef HAVE_PTHREADS
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : (n > MAX_THREADS ? MAX_THREADS : (int)n);
-#else
-    return 1;
-#endif
+    return apr_parallel_cpu_count(MAX_THREADS);
 }
 
 /* One contiguous share of the blocks; a fold piece also folds its floats. */
@@ -1951,21 +1902,14 @@ typedef struct {
     float acc[2];
 } piece;
 
-static void run_piece(piece *p)
+static void run_piece(void *arg)
 {
+    piece *p = (piece *)arg;
     if (p->fold)
         p->fold(p->job->src + p->first * p->job->unit, p->count * p->job->unit, p->acc);
     else
         p->job->kernel(p->job, p->first, p->count);
 }
-
-#ifdef HAVE_PTHREADS
-static void *run_piece_thread(void *arg)
-{
-    run_piece((piece *)arg);
-    return NULL;
-}
-#endif
 
 static int threads_for(int nthreads, size_t elems)
 {
@@ -1998,24 +1942,7 @@ static void run_blocks(const quant_job *job, size_t nblocks, int nthreads, fold_
         pieces[i].acc[1] = acc ? acc[1] : 0.0f;
         next += pieces[i].count;
     }
-#ifdef HAVE_PTHREADS
-    pthread_t threads[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    /* The calling thread takes piece 0; a thread that cannot be started is
-     * made up for by running its piece here. */
-    for (int i = 1; i < n; i++)
-        started[i] = pthread_create(&threads[i], NULL, run_piece_thread, &pieces[i]) == 0;
-    run_piece(&pieces[0]);
-    for (int i = 1; i < n; i++) {
-        if (started[i])
-            pthread_join(threads[i], NULL);
-        else
-            run_piece(&pieces[i]);
-    }
-#else
-    for (int i = 0; i < n; i++)
-        run_piece(&pieces[i]);
-#endif
+    apr_parallel_run(pieces, sizeof pieces[0], n, run_piece);
     if (acc)
         for (int i = 0; i < n; i++)
             combine(acc, pieces[i].acc);

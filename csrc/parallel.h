@@ -1,0 +1,88 @@
+/* Run a piece of work on each of n pieces, one thread a piece: pthreads on
+ * POSIX, one after another on the calling thread on _WIN32.
+ *
+ * Header-only: every function is static inline. */
+#ifndef APR_PARALLEL_H
+#define APR_PARALLEL_H
+
+#include <stddef.h>
+
+#if !defined(_WIN32)
+#include <pthread.h>
+#include <unistd.h>
+#define APR_HAVE_THREADS 1
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Most threads any caller asks for; more pieces than this still run, the
+ * extra ones on the calling thread. */
+#define APR_PARALLEL_MAX_THREADS 64
+
+typedef void (*apr_piece_fn)(void *piece);
+
+/* Online processors, clamped to [1, most]; 1 where there are no threads. */
+static inline int apr_parallel_cpu_count(int most)
+{
+#ifdef APR_HAVE_THREADS
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (n > most ? most : (int)n);
+#else
+    (void)most;
+    return 1;
+#endif
+}
+
+#ifdef APR_HAVE_THREADS
+typedef struct {
+    apr_piece_fn work;
+    void *piece;
+} apr_parallel_task;
+
+static inline void *apr_parallel_trampoline(void *arg)
+{
+    apr_parallel_task *task = (apr_parallel_task *)arg;
+    task->work(task->piece);
+    return NULL;
+}
+#endif
+
+/* Run work(piece) for each of the n pieces of piece_size bytes at pieces.
+ * The calling thread takes the last piece; a thread that cannot be started
+ * is made up for by running its piece here.  Returns when all are done. */
+static inline void apr_parallel_run(void *pieces, size_t piece_size, int n, apr_piece_fn work)
+{
+    unsigned char *base = (unsigned char *)pieces;
+    if (n < 1)
+        return;
+#ifdef APR_HAVE_THREADS
+    pthread_t threads[APR_PARALLEL_MAX_THREADS];
+    apr_parallel_task tasks[APR_PARALLEL_MAX_THREADS];
+    int started[APR_PARALLEL_MAX_THREADS] = {0};
+    int spawn = n - 1 < APR_PARALLEL_MAX_THREADS ? n - 1 : APR_PARALLEL_MAX_THREADS;
+    for (int i = 0; i < spawn; i++) {
+        tasks[i].work = work;
+        tasks[i].piece = base + (size_t)i * piece_size;
+        started[i] = pthread_create(&threads[i], NULL, apr_parallel_trampoline, &tasks[i]) == 0;
+    }
+    for (int i = spawn; i < n; i++)
+        work(base + (size_t)i * piece_size);
+    for (int i = 0; i < spawn; i++) {
+        if (started[i])
+            pthread_join(threads[i], NULL);
+        else
+            work(base + (size_t)i * piece_size);
+    }
+#else
+    for (int i = 0; i < n; i++)
+        work(base + (size_t)i * piece_size);
+#endif
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* APR_PARALLEL_H */
