@@ -43,6 +43,7 @@ class AprFile:
             raise ValueError(f"unknown_dtypes must be 'error' or 'raw', not {unknown_dtypes!r}")
         self.alignment = alignment
         self._makers = {}
+        self._whole = None
         self._source = open_source(target, mode=mode)
         try:
             layout = layouts.detect(self._source)
@@ -102,7 +103,7 @@ class AprFile:
             self._source.readinto(offset, owned)
             tensor = make(shape, owned, 0, size)
         else:
-            tensor = make(shape, self._source.buffer(), offset, size)
+            tensor = make(shape, self._mapped(), offset, size)
         if dequantize and isinstance(tensor, QuantizedTensor):
             return quantization.dequantize(tensor)
         return tensor
@@ -110,6 +111,16 @@ class AprFile:
     def _maker(self, type_id):
         make = self._makers[type_id] = _maker(self._file.ids, type_id)
         return make
+
+    def _mapped(self) -> np.ndarray:
+        """The whole mapped file as one uint8 array.  Tensor views are made from it
+        (cheaply, with np.ndarray) and keep it as their base; it holds a buffer export
+        of the map, so the map cannot be unmapped under any live view, even after
+        close()."""
+        whole = self._whole
+        if whole is None:
+            whole = self._whole = np.frombuffer(self._source.buffer(), np.uint8)
+        return whole
 
     def get_slice(self, name: str, dequantize: bool = False):
         """A lazy handle whose ``[...]`` reads only the rows/blocks a NumPy basic index needs.
@@ -139,6 +150,7 @@ class AprFile:
                                 f"{actual:#010x}", path=self.path)
 
     def close(self) -> None:
+        self._whole = None  # views handed out keep the map alive; this handle need not
         self._source.close()
 
     @property
@@ -203,16 +215,9 @@ def _maker(ids, type_id):
     if dtype.packed:
         return lambda shape, buf, start, size: QuantizedTensor(dtype, shape, _bytes_at(buf, start, size))
     np_dtype = numpy_dtype(dtype)
-    count_of = _count_of(np_dtype)
-    # np.frombuffer, not np.ndarray(buffer=...): the latter keeps no buffer export, so a
-    # closed file's map could be unmapped under the array.  frombuffer's memoryview base
-    # pins the map until the last array dies.
-    return lambda shape, buf, start, size: np.frombuffer(buf, np_dtype, count_of(size), start).reshape(shape)
-
-
-def _count_of(np_dtype):
-    itemsize = np_dtype.itemsize
-    return lambda size: size // itemsize
+    # ``buf`` is an AlignedBuffer or an ndarray (never a bare memoryview of a map):
+    # np.ndarray keeps it as the base, which keeps the memory alive.
+    return lambda shape, buf, start, size: np.ndarray(shape, np_dtype, buf, start)
 
 
 def _bytes_at(buffer, start, size) -> np.ndarray:
@@ -278,8 +283,7 @@ class TensorSlice:
         source = self._file._source
         item = self.dtype.itemsize
         if source.zero_copy:  # slicing a map touches only the pages the key needs
-            whole = np.frombuffer(source.buffer(), self.dtype, self.info.nbytes // self.dtype.itemsize,
-                                  self.info.offset).reshape(self.shape)
+            whole = np.ndarray(self.shape, self.dtype, self._file._mapped(), self.info.offset)
             return whole[tuple(slice(lo, hi) for lo, hi in box)]
         return _read_box_pread(source, self.info.offset, self.shape, item, box, self.dtype, self.MAX_RUNS)
 
