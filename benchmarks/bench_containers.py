@@ -14,18 +14,19 @@ measured in a child process as peak RSS minus RSS with the input tensors built.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 import zlib
 
 import numpy as np
 
 import aprfast
+import timing
 
 try:
     import safetensors.numpy as st_numpy
@@ -39,6 +40,8 @@ except ImportError:
     torch = None
 
 MiB = 1 << 20
+
+best = functools.partial(timing.best, min_sample=0.05)
 
 
 MODELS = ("large", "small", "tiny")
@@ -56,27 +59,6 @@ def model(name: str, scale: float) -> dict:
     return {f"t.{i:05d}": rng.standard_normal(256, dtype=np.float32) for i in range(10_000)}
 
 
-def best(fn, repeat, min_sample=0.05):
-    """Best per-call time over ``repeat`` samples; like timeit, each sample loops the
-    call enough times to last ``min_sample`` seconds, so fast calls are not timer noise."""
-    fn()  # warm: page cache, imports, first touch
-    number = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_sample or number >= 1_000_000:
-            break
-        number *= max(2, min(10, int(min_sample / max(elapsed, 1e-9)) + 1))
-    times = []
-    for _ in range(repeat):
-        gc.collect()
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - start) / number)
-    return min(times)
 
 
 class Bench:
@@ -186,6 +168,7 @@ import os, resource, sys
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 import numpy as np, aprfast, safetensors.numpy as stn
 from bench_containers import model
+
 t = model({model_name!r}, {scale})
 def status(key):
     for line in open('/proc/self/status'):

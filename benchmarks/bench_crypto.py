@@ -24,27 +24,17 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import tracemalloc
 
 import nacl.bindings as nb
 
 from aprfast import crypto, v1
+from timing import best
 
 MiB = 1 << 20
 PASSWORD = "benchmark password"
 
 
-def best(fn, repeat):
-    """Best wall time of ``repeat`` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        gc.collect()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def ratio_line(name, ours, baseline, target):
@@ -80,6 +70,7 @@ _PEAK_CHILD = r"""
 import mmap, sys
 import nacl.bindings as nb
 from aprfast import crypto
+
 
 def status(key):
     for line in open('/proc/self/status'):

@@ -17,14 +17,18 @@ overflow float16, which would flatter aprfast).
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
-import time
 
 import numpy as np
 
 from aprfast import _half
+
+import functools
+
+import timing
+
+best = functools.partial(timing.best, min_sample=0.01)
 
 try:
     import ml_dtypes
@@ -34,29 +38,6 @@ except ImportError:  # pragma: no cover
 MiB = 1 << 20
 
 
-def best(fn, repeat, min_sample=0.01):
-    """Best per-call time over ``repeat`` samples; like timeit, each sample loops the call
-    enough times to last ``min_sample`` seconds, so fast calls are not timer noise.  Short
-    samples and many of them: on a shared machine the best one is the one in which no
-    other process took the second core."""
-    fn()  # warm: first touch of the output, page faults, code paths
-    number = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_sample or number >= 1_000_000:
-            break
-        number *= max(2, min(10, int(min_sample / max(elapsed, 1e-9)) + 1))
-    times = []
-    for _ in range(repeat):
-        gc.collect()
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - start) / number)
-    return min(times)
 
 
 def directions(n):

@@ -16,7 +16,6 @@ Targets: quantize >= 5x gguf, dequantize >= 2x gguf, 2 threads >= 1.6x 1 thread.
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib.metadata
 import sys
 import threading
@@ -26,6 +25,8 @@ import warnings
 import numpy as np
 
 from aprfast import _quant
+
+from timing import best
 
 try:
     import gguf
@@ -39,16 +40,6 @@ QUANTIZE = {"Q8_0": _quant.quantize_q8_0, "Q4_0": _quant.quantize_q4_0, "Q4_1": 
 TARGETS = {"quantize": 5.0, "dequantize": 2.0, "threads": 1.6}
 
 
-def best(fn, repeat):
-    """Best wall time of ``repeat`` calls after one warm-up call (first touch of pages)."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        gc.collect()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def gbps(nbytes, seconds):
