@@ -118,7 +118,8 @@ class AprFile:
         of the map, so the map cannot be unmapped under any live view, even after
         close()."""
         whole = self._whole
-        if whole is None:
+        if whole is None or self._source.closed:  # buffer() raises once closed; a cached
+            # array set by a read that raced close() must not outlive the handle
             whole = self._whole = np.frombuffer(self._source.buffer(), np.uint8)
         return whole
 

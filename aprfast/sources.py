@@ -26,7 +26,15 @@ __all__ = ["Source", "FileSource", "BufferSource", "StreamSource", "open_source"
 
 
 class Source:
-    """Bytes of one file, read by absolute offset."""
+    """Bytes of one file, read by absolute offset.
+
+    Every access runs between :meth:`_enter` and :meth:`_leave`, which count the
+    accesses in flight.  :meth:`close` marks the source closed at once (new accesses
+    raise :class:`AprIOError`) but frees the descriptor, map or buffer only when the
+    last access in flight has left.  Without that, a read that had passed the "is it
+    open" check could ``pread`` a descriptor number that ``close()`` had released and
+    another ``open()`` had reused, and return an unrelated file's bytes.
+    """
 
     #: True when :meth:`view` is available (memory that stays valid while open).
     zero_copy = False
@@ -35,6 +43,8 @@ class Source:
     def __init__(self, size: int):
         self.size = size
         self.closed = False
+        self._users = 0
+        self._state = threading.Lock()
 
     def check_range(self, offset: int, n: int, what: str = "range") -> None:
         if offset < 0 or n < 0 or offset + n > self.size:
@@ -43,18 +53,28 @@ class Source:
 
     def read(self, offset: int, n: int, what: str = "range"):
         """``n`` bytes at ``offset`` as a bytes-like object (may be a copy)."""
-        self._check_open()
         self.check_range(offset, n, what)
-        return self._read(offset, n)
+        self._enter()
+        try:
+            return self._read(offset, n)
+        finally:
+            self._leave()
 
     def view(self, offset: int, n: int, what: str = "range") -> memoryview:
         """A zero-copy view of ``n`` bytes at ``offset`` (only when ``zero_copy``)."""
-        self._check_open()
         self.check_range(offset, n, what)
         return self.buffer()[offset:offset + n]
 
     def buffer(self) -> memoryview:
-        """The whole file as one read-only buffer (zero-copy sources only)."""
+        """The whole file as one read-only buffer (zero-copy sources only).  The view
+        holds its own export, so it stays valid after :meth:`close`."""
+        self._enter()
+        try:
+            return self._buffer()
+        finally:
+            self._leave()
+
+    def _buffer(self) -> memoryview:
         raise NotImplementedError(f"{type(self).__name__} has no zero-copy buffer")
 
     def readinto(self, offset: int, out, *, threads: int = 0, crc=None):
@@ -63,20 +83,42 @@ class Source:
         out = memoryview(out)
         if out.format != "B" or out.ndim != 1:
             out = out.cast("B")
-        self._check_open()
         self.check_range(offset, out.nbytes)
-        return self._readinto(offset, out, threads, crc)
+        self._enter()
+        try:
+            return self._readinto(offset, out, threads, crc)
+        finally:
+            self._leave()
 
     def _readinto(self, offset, out, threads, crc):
         _memory.copy_into(out, self._read(offset, out.nbytes), threads)
         return None if crc is None else crc32(out, crc, threads=threads)
 
-    def _check_open(self):
-        if self.closed:
-            raise AprIOError("the file is closed", path=self.path)
+    def _enter(self) -> None:
+        with self._state:
+            if self.closed:
+                raise AprIOError("the file is closed", path=self.path)
+            self._users += 1
+
+    def _leave(self) -> None:
+        with self._state:
+            self._users -= 1
+            last = self.closed and self._users == 0
+        if last:
+            self._free()
 
     def close(self) -> None:
-        self.closed = True
+        """Refuse new accesses now; free the resources when the last one in flight leaves."""
+        with self._state:
+            if self.closed:
+                return
+            self.closed = True
+            idle = self._users == 0
+        if idle:
+            self._free()
+
+    def _free(self) -> None:
+        """Release what the source holds (called once, with no access in flight)."""
 
     def _read(self, offset, n):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -95,15 +137,13 @@ class BufferSource(Source):
         self.path = path
         super().__init__(self._view.nbytes)
 
-    def buffer(self):
-        self._check_open()
+    def _buffer(self):
         return self._view
 
     def _read(self, offset, n):
         return self._view[offset:offset + n]
 
-    def close(self):
-        super().close()
+    def _free(self):
         self._view = None
 
 
@@ -124,12 +164,13 @@ class FileSource(Source):
         self._lock = threading.Lock()
         super().__init__(os.fstat(self._fd).st_size)
 
-    def buffer(self):
-        self._check_open()
+    def _buffer(self):
         view = self._map_view
         if view is None:
             view = self._map_file()
-        return view
+        # A slice shares the map's export but not this view's lifetime, so close()
+        # may release ``_map_view`` while the caller still holds the slice.
+        return view[:]
 
     def _map_file(self):
         if not self.zero_copy:
@@ -163,10 +204,7 @@ class FileSource(Source):
     def fileno(self) -> int:
         return self._fd
 
-    def close(self):
-        if self.closed:
-            return
-        super().close()
+    def _free(self):
         with self._lock:
             view, mapping = self._map_view, self._map
             self._map_view = self._map = None
@@ -189,6 +227,9 @@ class StreamSource(Source):
         self._file = fileobj
         self._lock = threading.Lock()
         self.path = path
+        seekable = getattr(fileobj, "seekable", None)
+        if seekable is not None and not seekable():
+            raise _not_seekable(f"a {type(fileobj).__name__} that cannot seek", path)
         with self._lock:
             self._start = fileobj.tell()
             size = fileobj.seek(0, os.SEEK_END) - self._start
@@ -249,7 +290,10 @@ def _open_path(path: str, mode):
 
 def _from_fd(fd: int, path, mode) -> Source:
     # Only regular files can be mapped; anything else is read with pread by default.
-    regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    kind = os.fstat(fd).st_mode
+    regular = stat.S_ISREG(kind)
+    if stat.S_ISFIFO(kind) or stat.S_ISSOCK(kind):
+        raise _not_seekable("a pipe" if stat.S_ISFIFO(kind) else "a socket", path)
     source = FileSource(fd, path, mappable=mode == "mmap" or (mode is None and regular))
     if mode == "mmap":
         try:
@@ -258,3 +302,10 @@ def _from_fd(fd: int, path, mode) -> Source:
             source.close()
             raise
     return source
+
+
+def _not_seekable(what: str, path) -> AprIOError:
+    return AprIOError(f"the input is {what}: reading a .apr file needs random access (the index "
+                      "points anywhere in the file), so it cannot be read from a stream here; "
+                      "save it to a file first, or pass its bytes: aprfast.load(stream.read())",
+                      path=path)
