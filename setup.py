@@ -29,7 +29,7 @@ def extension(name, sources):
 
 EXTENSIONS = [
     extension("_crc", ["crc32.c"]),
-    extension("_memory", ["buffers.c", "pio.c", "crc32.c"]),
+    extension("_memory", ["buffers.c", "pio.c", "crc32.c", "lz4block.c"]),
     extension("_index", []),
     extension("_inputs", []),
     extension("_quant", ["quant.c"]),

@@ -9,7 +9,8 @@ parallel memcpy.
 
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBuffer_IsContiguous, PyBuffer_Release,
                              PyObject_GetBuffer)
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytearray cimport (PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_GET_SIZE,
+                               PyByteArray_Resize)
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
@@ -28,6 +29,11 @@ cdef extern from "pio.h" nogil:
     void apr_copy(uint8_t *dst, const uint8_t *src, size_t len, int nthreads)
     int apr_default_threads()
     int apr_preallocate(int fd, uint64_t size)
+
+cdef extern from "lz4block.h" nogil:
+    int apr_lz4_block_decode(const uint8_t *src, size_t srclen, uint8_t *dst, size_t dstlen, size_t *where)
+    unsigned APR_LZ4_MAX_RATIO
+    unsigned APR_LZ4_SLACK
 
 cdef size_t NOGIL_MIN = 65536
 
@@ -156,3 +162,38 @@ def append_padded(bytearray out, data, Py_ssize_t pad):
     finally:
         PyBuffer_Release(&view)
     return view.len
+
+
+LZ4_MAX_RATIO = APR_LZ4_MAX_RATIO
+LZ4_SLACK = APR_LZ4_SLACK
+_LZ4_ERRORS = {-1: "the block ends inside a sequence", -2: "the block describes more bytes than declared",
+               -3: "a match refers to before the start of the output",
+               -4: "the block ends before the declared size is reached"}
+
+
+def lz4_block_decode_into(const uint8_t[::1] src, uint8_t[::1] dst):
+    """Decode one raw LZ4 block into exactly all of ``dst``; None on success, else a
+    message saying what was wrong and at which input byte."""
+    cdef size_t n = src.shape[0], m = dst.shape[0], where = 0
+    cdef const uint8_t *sp = &src[0] if n else NULL
+    cdef uint8_t *dp = &dst[0] if m else NULL
+    cdef int rc
+    if n == 0:
+        return None if m == 0 else "the block is empty"
+    with nogil:
+        rc = apr_lz4_block_decode(sp, n, dp, m, &where)
+    if rc == 0:
+        return None
+    return f"{_LZ4_ERRORS.get(rc, rc)} (at input byte {where} of {n})"
+
+
+def uninitialised_bytearray(Py_ssize_t n):
+    """A bytearray of ``n`` bytes whose contents are not written (bytearray(n) zeroes
+    every page first), for buffers a decoder fills completely."""
+    return PyByteArray_FromStringAndSize(NULL, n)
+
+
+def resize_bytearray(bytearray out, Py_ssize_t n):
+    """Grow or shrink ``out`` in place to ``n`` bytes without writing the new bytes
+    (large blocks move with mremap, not by copying)."""
+    PyByteArray_Resize(out, n)

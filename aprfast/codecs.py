@@ -30,6 +30,12 @@ __all__ = ["Compression", "MAX_UNCOMPRESSED_SIZE", "ZSTD_LEVELS", "compress", "d
 
 #: aprender's ``MAX_UNCOMPRESSED_SIZE`` (1 GiB): its reader refuses larger payloads.
 MAX_UNCOMPRESSED_SIZE = 1 << 30
+#: The most a zstd payload can inflate: a raw-or-RLE block header of 3 bytes plus one
+#: byte describes at most one 128 KiB block.
+ZSTD_MAX_RATIO = (128 << 10) // 4
+ZSTD_SLACK = 1 << 10
+# The zstd output starts this large (or at 4x the input) and doubles as it fills.
+_ZSTD_FIRST_OUTPUT = 16 << 20
 
 
 class Compression(IntEnum):
@@ -124,7 +130,12 @@ def decompress(data, compression, *, expected_size: int, limit: int = MAX_UNCOMP
 
 
 def _lz4_decompress(data, expected_size, limit, path):
-    import lz4.block
+    """Decode into one new bytearray of the declared size, each byte written once.
+
+    The declared size is believed only if the block could produce it: an LZ4 block
+    inflates at most 255-fold (see csrc/lz4block.h), so an 82-byte file declaring
+    1 GiB is refused before anything is allocated."""
+    from . import _memory
 
     view = memoryview(data)
     if len(view) < _LZ4_PREFIX:
@@ -135,33 +146,53 @@ def _lz4_decompress(data, expected_size, limit, path):
     if declared != expected_size:
         raise CorruptError(f"LZ4 block declares {declared} uncompressed bytes but the header says "
                            f"{expected_size}", path=path)
-    try:
-        out = lz4.block.decompress(view[_LZ4_PREFIX:], uncompressed_size=declared)
-    except (lz4.block.LZ4BlockError, ValueError, MemoryError) as exc:
-        raise CorruptError(f"LZ4 block does not decompress: {exc}", path=path) from None
-    if len(out) != declared:
-        raise CorruptError(f"LZ4 block inflates to {len(out)} bytes but declares {declared}", path=path)
+    block = view[_LZ4_PREFIX:]
+    most = len(block) * _memory.LZ4_MAX_RATIO + _memory.LZ4_SLACK
+    if declared > most:
+        raise CorruptError(f"LZ4 block of {len(block)} bytes declares {declared} uncompressed bytes; it can "
+                           f"describe at most {most} (LZ4 inflates at most {_memory.LZ4_MAX_RATIO}-fold)",
+                           path=path)
+    out = _memory.uninitialised_bytearray(declared)  # the decoder writes every byte or fails
+    problem = _memory.lz4_block_decode_into(block, out)
+    if problem is not None:
+        raise CorruptError(f"LZ4 block does not decompress to the {declared} bytes it declares: {problem}",
+                           path=path)
     return out
 
 
 def _zstd_decompress(data, expected_size, path):
-    """Stream-decompress into at most ``expected_size`` bytes, then probe for one more.
+    """Stream-decompress in place into one bytearray of ``expected_size`` bytes, then
+    probe for one more.
 
     Frames declare a content size or not; either way it is ignored (a frame can lie),
     and every frame in the payload is decoded in turn, as Rust ``zstd::decode_all`` does.
+    The declared size is believed only if the bytes present could produce it (a zstd
+    block of at most 128 KiB costs at least a 3-byte header and one byte: at most
+    32,768-fold).  Even then the output grows with what really decompresses, so a
+    lying header costs at most twice the true output, and no byte is ever copied.
     """
     import zstandard
 
+    from . import _memory
+
+    most = len(data) * ZSTD_MAX_RATIO + ZSTD_SLACK
+    if expected_size > most:
+        raise CorruptError(f"zstd payload of {len(data)} bytes cannot inflate to the {expected_size} bytes the "
+                           f"header declares (at most {most}: zstd inflates at most {ZSTD_MAX_RATIO}-fold)",
+                           path=path)
     reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
-    pieces, have = [], 0
+    out = _memory.uninitialised_bytearray(min(expected_size, max(4 * len(data), _ZSTD_FIRST_OUTPUT)))
+    have = 0
     try:
         with reader:
             while have < expected_size:
-                piece = reader.read(expected_size - have)
-                if not piece:
+                if have == len(out):
+                    _memory.resize_bytearray(out, min(expected_size, 2 * len(out)))
+                with memoryview(out) as window:
+                    got = reader.readinto(window[have:])
+                if not got:
                     break
-                pieces.append(piece)
-                have += len(piece)
+                have += got
             overflow = reader.read(1)
     except zstandard.ZstdError as exc:
         raise CorruptError(f"zstd payload does not decompress: {exc}", path=path) from None
@@ -171,4 +202,4 @@ def _zstd_decompress(data, expected_size, path):
     if have != expected_size:
         raise CorruptError(f"zstd payload inflates to {have} bytes but the header says {expected_size}",
                            path=path)
-    return pieces[0] if len(pieces) == 1 else b"".join(pieces)  # one piece unless frames split it
+    return out

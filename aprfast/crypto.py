@@ -57,7 +57,8 @@ import hmac
 import os
 from typing import Iterable, Optional, Tuple, Union
 
-from .errors import AprIOError, DecryptError, FormatError, SignatureError
+from . import limits
+from .errors import AprIOError, DecryptError, FormatError, LimitError, SignatureError
 
 try:
     import nacl.bindings as _nb
@@ -527,6 +528,9 @@ def _distinct_recipients(recipients) -> list:
     if len(publics) > MULTI_MAX_RECIPIENTS:
         raise ValueError(f"at most {MULTI_MAX_RECIPIENTS} recipients fit in one blob, "
                          f"got {len(publics)}")
+    if len(publics) > limits.MAX_RECIPIENTS:
+        raise ValueError(f"{len(publics)} recipients: readers refuse more than {limits.MAX_RECIPIENTS} by "
+                         "default (aprfast.limits.MAX_RECIPIENTS; raise it for writer and readers alike)")
     if len(set(publics)) != len(publics):
         raise ValueError("a recipient public key is listed twice")
     return publics
@@ -554,17 +558,25 @@ def is_multi_recipient(blob: BytesLike) -> bool:
             and view[:4] == MULTI_MAGIC)
 
 
-def decrypt_multi_recipient(blob: BytesLike, private_key: BytesLike) -> bytearray:
+def decrypt_multi_recipient(blob: BytesLike, private_key: BytesLike, *, max_recipients: Optional[int] = None,
+                            max_wraps_per_key: Optional[int] = None) -> bytearray:
     """The plaintext of a multi-recipient blob.  A key with no wrap in the blob gets
-    DecryptError("not a recipient ...") before anything is decrypted."""
+    DecryptError("not a recipient ...") before anything is decrypted.
+
+    The work is bounded before any key agreement: a blob declaring more than
+    ``max_recipients`` wraps (default :data:`aprfast.limits.MAX_RECIPIENTS`), or with
+    more than ``max_wraps_per_key`` wraps carrying this key's hint (default
+    :data:`aprfast.limits.MAX_WRAPS_PER_KEY`), is refused with LimitError."""
     view = _byte_view(blob, "encrypted blob")
     secret = _fixed_bytes(private_key, X25519_KEY_SIZE, "X25519 private key", DecryptError)
     count = _multi_recipient_count(view)
+    _check_recipient_count(count, max_recipients)
     public = _nb.crypto_scalarmult_base(secret)
     mine = [index for index in range(count) if _wrap_hint(view, index) == public[:HINT_SIZE]]
     if not mine:
         raise DecryptError(f"not a recipient: none of the blob's {count} wraps is addressed "
                            f"to the X25519 key starting {public[:HINT_SIZE].hex()}")
+    _check_wraps_per_key(len(mine), max_wraps_per_key)
     content_key = _first_unwrapped(view, mine, secret, public)
     payload_start = MULTI_HEADER_SIZE + count * MULTI_WRAP_SIZE
     try:
@@ -576,6 +588,20 @@ def decrypt_multi_recipient(blob: BytesLike, private_key: BytesLike) -> bytearra
         raise DecryptError("the content key opened but the payload does not authenticate: "
                            "the payload, the header or the list of wraps was altered")
     return plaintext
+
+
+def _check_recipient_count(count: int, limit: Optional[int]) -> None:
+    limit = limits.MAX_RECIPIENTS if limit is None else limit
+    if count > limit:
+        raise LimitError(f"the multi-recipient payload declares {count} wraps, above the limit of {limit} "
+                         "(aprfast.limits.MAX_RECIPIENTS)")
+
+
+def _check_wraps_per_key(matching: int, limit: Optional[int]) -> None:
+    limit = limits.MAX_WRAPS_PER_KEY if limit is None else limit
+    if matching > limit:
+        raise LimitError(f"{matching} wraps carry this key's 8-byte hint; at most {limit} are tried "
+                         "(aprfast.limits.MAX_WRAPS_PER_KEY): honest files have one")
 
 
 def _multi_recipient_count(view: memoryview) -> int:

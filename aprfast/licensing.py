@@ -377,13 +377,14 @@ class AprenderLicenseEntry:
 
     def matches(self, lic: License) -> bool:
         """Whether this entry describes ``lic``: the same id, the hash of its block (which
-        covers every field), the expiry and seats it enforces, and its licensee if named."""
+        covers every field), the expiry and seats it enforces, and its licensee if named.
+        The hashes are compared as bytes: compare_digest refuses non-ASCII str."""
         try:
             same_id = _uuid.UUID(self.uuid).bytes == lic.license_id
             expiry = self.expires_at
         except (ValueError, CorruptError):
             return False
-        return (same_id and hmac.compare_digest(self.hash.lower(), license_digest(lic))
+        return (same_id and hmac.compare_digest(self.hash.lower().encode("utf-8"), license_digest(lic).encode("ascii"))
                 and self.seats == _enforced_seats(lic) and expiry == _enforced_expiry(lic)
                 and (self.licensee is None or lic.is_for(self.licensee)))
 

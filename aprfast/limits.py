@@ -18,6 +18,8 @@ __all__ = [
     "MAX_DIMS",
     "MAX_NAME_BYTES",
     "MAX_ALIGNMENT",
+    "MAX_RECIPIENTS",
+    "MAX_WRAPS_PER_KEY",
     "Limits",
 ]
 
@@ -33,6 +35,14 @@ MAX_DIMS = 8
 MAX_NAME_BYTES = 65535
 #: Largest alignment a caller may ask of a buffer or a layout.
 MAX_ALIGNMENT = 4096
+#: Wraps (recipients) a multi-recipient v1 payload may declare.  The format allows
+#: 65,535; each wrap a reader tries costs an X25519, an HKDF and an AES-GCM open, so an
+#: unbounded count is a CPU cost the file's author chooses for the reader.
+MAX_RECIPIENTS = 1024
+#: Wraps carrying one key's 8-byte hint that a reader tries before giving up.  Two
+#: honest recipients share a hint with probability 2**-64 per pair; more than a few
+#: is an attack.
+MAX_WRAPS_PER_KEY = 4
 
 
 def _current(name):

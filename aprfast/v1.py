@@ -289,7 +289,8 @@ def _write_all(fd: int, data) -> None:
 
 # --- loading --------------------------------------------------------------------------
 def load_model(source, *, expected_type=None, password=None, private_key=None, trusted_keys=None,
-               require_signature=None, max_uncompressed: int = MAX_UNCOMPRESSED_SIZE) -> V1Model:
+               require_signature=None, max_uncompressed: int = MAX_UNCOMPRESSED_SIZE,
+               allow_unencrypted: bool = False) -> V1Model:
     """Read a v1 file (a path, a file object or bytes-like).
 
     Checks, stopping at the first failure: magic (FormatError), the trailing CRC32
@@ -303,7 +304,11 @@ def load_model(source, *, expected_type=None, password=None, private_key=None, t
     them.  Passing any implies ``require_signature`` unless it is given as False.
     Without trusted keys a signed file is still verified against its embedded key and
     reported as SELF_SIGNED: that proves integrity, not who signed it.
-    ``password`` or ``private_key`` (X25519) open an encrypted payload.
+    ``password`` or ``private_key`` (X25519) open an encrypted payload.  A caller who
+    gives one asked for an encrypted file: a plaintext file is then refused with
+    DecryptError (an attacker who clears ENCRYPTED and fixes the CRC would otherwise
+    have their bytes returned as the model), unless ``allow_unencrypted=True`` says
+    that either is acceptable.
     """
     if password is not None and private_key is not None:
         raise ValueError("give password= or private_key=, not both")
@@ -311,13 +316,15 @@ def load_model(source, *, expected_type=None, password=None, private_key=None, t
         require_signature = trusted_keys is not None
     src = open_source(source)
     try:
-        return _load(src, expected_type, password, private_key, trusted_keys, require_signature, max_uncompressed)
+        return _load(src, expected_type, password, private_key, trusted_keys, require_signature, max_uncompressed,
+                     allow_unencrypted)
     finally:
         # Arrays handed out keep the map alive; closing only drops our handle.
         src.close()
 
 
-def _load(src, expected_type, password, private_key, trusted_keys, require_signature, max_uncompressed):
+def _load(src, expected_type, password, private_key, trusted_keys, require_signature, max_uncompressed,
+          allow_unencrypted=False):
     path = src.path
     view = _whole_file(src)
     _check_magic(view, path)
@@ -334,6 +341,11 @@ def _load(src, expected_type, password, private_key, trusted_keys, require_signa
     encryption = "none"
     if header.flags & Flag.ENCRYPTED:
         stored, encryption = _decrypt(stored, password, private_key, path)
+    elif (password is not None or private_key is not None) and not allow_unencrypted:
+        given = "a password" if password is not None else "a private key"
+        raise DecryptError(f"{given} was given but the file is not encrypted (its ENCRYPTED flag is clear): "
+                           "refusing a possibly downgraded file; pass allow_unencrypted=True to accept "
+                           "plaintext files too", path=path)
     plain = codecs.decompress(stored, header.compression, expected_size=header.uncompressed_size,
                               limit=max_uncompressed, path=path)
     license = _decode_license(metadata, path)
