@@ -3,17 +3,22 @@
 
 Both layouts store entries as ``u16 name_len | name | u8 dtype | u8 ndim |
 ndim x u64 dims | u64 offset | u64 size`` and the spec layout appends ``u64 raw_size |
-u32 flags``.  Parsing 10,000 entries in Python would dominate ``open``; here one pass
-checks every entry against the bytes present and fills flat arrays, and Python
-objects are made only for the tensors a caller asks about.
+u32 flags``.  :func:`parse_index` makes one pass over the index bytes and checks each
+entry completely (bounds, limits, UTF-8, name order, extent, size) before it looks at
+the next, so the first bad or duplicate entry fails at once.  Nothing is copied out of
+the index: :class:`Entries` keeps the bytes plus where every 16th entry starts (half a
+byte per entry) and decodes names, shapes and extents only when asked.  Names are
+strictly sorted in both layouts, so a name is found by binary search, without a dict.
 """
 
 import numpy as np
+from collections.abc import Mapping, Sequence
 
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int8_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
-from .errors import CorruptError, LimitError, UnknownDTypeError
+from .errors import CorruptError, LimitError, UnknownDTypeError, VersionError
 
 # Size rules per dtype id (see aprfast.dtypes.DType.nbytes).
 cdef enum:
@@ -29,88 +34,180 @@ RULE_ROW_BLOCKS = C_ROW_BLOCKS
 RULE_FLAT_BLOCKS = C_FLAT_BLOCKS
 RULE_SCALE_PLUS_ONE = C_SCALE_PLUS_ONE
 
+# Entries keep the start of every 2**MARK_SHIFT-th entry; the rest are found by skipping.
+cdef enum:
+    MARK_SHIFT = 4
+    MARK_MASK = (1 << MARK_SHIFT) - 1
+
 # No real file is this large; products beyond it are reported instead of wrapping.
-cdef uint64_t HUGE = (<uint64_t>1) << 62
+# It also keeps every shape NumPy-representable: an array's bytes (counting only its
+# non-zero dims, as NumPy does even for an empty array) must fit in an intp.
+cdef uint64_t HUGE = (<uint64_t>1) << 62  # aprfast.dtypes.MAX_SHAPE_BYTES
 # NPY_MAXDIMS of NumPy 2 (NumPy 1 has 32; arrays beyond it fail there with ValueError).
 cdef int NUMPY_MAX_DIMS = 64
+# Packed tensors dequantize to float32.
+cdef uint64_t DEQUANTIZED_ITEMSIZE = 4
 
 
-cdef inline uint64_t le64(const uint8_t *p) nogil:
+cdef inline uint64_t le64(const uint8_t *p) noexcept nogil:
     return (<uint64_t>p[0] | (<uint64_t>p[1] << 8) | (<uint64_t>p[2] << 16) | (<uint64_t>p[3] << 24)
             | (<uint64_t>p[4] << 32) | (<uint64_t>p[5] << 40) | (<uint64_t>p[6] << 48) | (<uint64_t>p[7] << 56))
 
 
-cdef inline uint32_t le32(const uint8_t *p) nogil:
+cdef inline uint32_t le32(const uint8_t *p) noexcept nogil:
     return <uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
 
 
-cdef inline uint16_t le16(const uint8_t *p) nogil:
+cdef inline uint16_t le16(const uint8_t *p) noexcept nogil:
     return <uint16_t>(p[0] | (p[1] << 8))
 
 
-class Entries:
-    """Flat arrays describing every index entry; names are decoded by the caller.
+# --- one entry, at byte s of a validated index --------------------------------------
+cdef inline Py_ssize_t name_len_at(const uint8_t *p, Py_ssize_t s) noexcept nogil:
+    return le16(p + s)
 
-    ``fields`` is (count, 5) int64: name start, name length, dtype id, ndim, first dim;
-    ``extents`` is (count, 4) uint64: offset, size, raw size, flags; ``dims`` holds
-    every entry's dims back to back.  Three allocations however many tensors.
+
+cdef inline Py_ssize_t tail_at(const uint8_t *p, Py_ssize_t s) noexcept nogil:
+    """Where the entry's u64 offset starts."""
+    cdef Py_ssize_t nl = le16(p + s)
+    return s + 4 + nl + 8 * <Py_ssize_t>p[s + 3 + nl]
+
+
+cdef inline Py_ssize_t next_entry(const uint8_t *p, Py_ssize_t s, Py_ssize_t tail) noexcept nogil:
+    return tail_at(p, s) + tail
+
+
+cdef inline object name_at(const uint8_t *p, Py_ssize_t s):
+    return PyUnicode_DecodeUTF8(<const char *>(p + s + 2), le16(p + s), NULL)
+
+
+cdef inline tuple shape_at(const uint8_t *p, Py_ssize_t s):
+    cdef Py_ssize_t nl = le16(p + s), d
+    cdef Py_ssize_t nd = p[s + 3 + nl]
+    cdef const uint8_t *dims = p + s + 4 + nl
+    return tuple([le64(dims + 8 * d) for d in range(nd)])
+
+
+cdef inline int compare_names(const uint8_t *a, Py_ssize_t la, const uint8_t *b, Py_ssize_t lb) noexcept nogil:
+    """memcmp order, a shorter prefix first: the order of the names' UTF-8 bytes."""
+    cdef int c = memcmp(a, b, la if la < lb else lb) if (la and lb) else 0
+    if c:
+        return c
+    return (la > lb) - (la < lb)
+
+
+cdef Py_ssize_t utf8_error(const uint8_t *s, Py_ssize_t n) noexcept nogil:
+    """-1 if ``s[:n]`` is UTF-8 that Python's strict decoder accepts (RFC 3629: no
+    overlong forms, no surrogates, nothing past U+10FFFF), else where it goes wrong."""
+    cdef Py_ssize_t i = 0, k, need
+    cdef uint8_t c, lo, hi
+    while i < n:
+        c = s[i]
+        if c < 0x80:
+            i += 1
+            continue
+        lo, hi = 0x80, 0xBF
+        if 0xC2 <= c <= 0xDF:
+            need = 1
+        elif 0xE0 <= c <= 0xEF:
+            need = 2
+            if c == 0xE0:
+                lo = 0xA0
+            elif c == 0xED:
+                hi = 0x9F
+        elif 0xF0 <= c <= 0xF4:
+            need = 3
+            if c == 0xF0:
+                lo = 0x90
+            elif c == 0xF4:
+                hi = 0x8F
+        else:
+            return i
+        if n - i <= need or not (lo <= s[i + 1] <= hi):
+            return i
+        for k in range(2, need + 1):
+            if not (0x80 <= s[i + k] <= 0xBF):
+                return i
+        i += need + 1
+    return -1
+
+
+cdef uint64_t expected_size(int rule, int64_t a, int64_t b, const uint8_t *dims, int nd,
+                            bint *too_big) noexcept nogil:
+    """Stored bytes of a tensor under ``rule`` (dims read little-endian from the index).
+
+    ``too_big`` is set when the product of the non-zero dims, times the item size (of
+    the float32 values a packed type dequantizes to), passes 2**62: no file holds that,
+    and NumPy can't shape it even when another dim is 0."""
+    cdef uint64_t count = 1, row, blocks, dim, item
+    cdef int d
+    cdef bint empty = False
+    for d in range(nd):
+        dim = le64(dims + 8 * d)
+        if dim == 0:
+            empty = True
+        elif dim > HUGE or count > HUGE / dim:
+            too_big[0] = True
+            return 0
+        else:
+            count *= dim
+    if rule == C_UNKNOWN:
+        return 0
+    item = <uint64_t>a if rule == C_FIXED else DEQUANTIZED_ITEMSIZE
+    if item and count > HUGE / item:
+        too_big[0] = True
+        return 0
+    if empty:
+        return 0
+    if rule == C_FIXED:
+        return count * <uint64_t>a
+    if rule == C_SCALE_PLUS_ONE:
+        return <uint64_t>a + count
+    if rule == C_FLAT_BLOCKS:
+        blocks = (count + <uint64_t>a - 1) / <uint64_t>a
+    else:  # C_ROW_BLOCKS: GGML blocks never straddle rows
+        row = le64(dims + 8 * (nd - 1)) if nd > 0 else 1
+        blocks = (count / row) * ((row + <uint64_t>a - 1) / <uint64_t>a)
+    if b and blocks > HUGE / <uint64_t>b:
+        too_big[0] = True
+        return 0
+    return blocks * <uint64_t>b
+
+
+# --- parsing ------------------------------------------------------------------------
+def parse_index(blob, Py_ssize_t count, bint spec_layout, int max_dims, int max_name_bytes,
+                const int8_t[::1] rule, const int64_t[::1] rule_a, const int64_t[::1] rule_b,
+                uint64_t data_len, bint strict_dtypes, uint64_t pad_to=1):
+    """Parse and check ``count`` entries filling ``blob`` (a bytes-like object), each
+    completely before the next; return the :class:`Entries` and where the data ends
+    when every tensor is padded to ``pad_to`` bytes.
+
+    Per entry, in order: the bytes it needs are present, its name and dims are within
+    ``max_name_bytes`` / ``max_dims`` (LimitError), the name is UTF-8 and sorts strictly
+    after the one before (so names are unique), no per-tensor compression or flags (spec
+    layout; VersionError), the extent lies inside the ``data_len`` bytes of the data
+    section, the dtype is known (UnknownDTypeError when ``strict_dtypes``) and its
+    stored size is what the shape needs.  Overlapping extents are checked last.
     """
-
-    def __init__(self, blob, count, fields, extents, dims):
-        self.blob = blob
-        self.count = count
-        self.fields = fields
-        self.extents = extents
-        self.dims = dims
-
-    name_start = property(lambda self: self.fields[:, 0])
-    name_len = property(lambda self: self.fields[:, 1])
-    dtype_id = property(lambda self: self.fields[:, 2])
-    ndim = property(lambda self: self.fields[:, 3])
-    dim_start = property(lambda self: self.fields[:, 4])
-    offset = property(lambda self: self.extents[:, 0])
-    size = property(lambda self: self.extents[:, 1])
-    raw_size = property(lambda self: self.extents[:, 2])
-    flags = property(lambda self: self.extents[:, 3])
-
-    def shape(self, Py_ssize_t i):
-        start, nd = self.fields[i, 4], self.fields[i, 3]
-        return tuple(self.dims[start:start + nd].tolist())
-
-    def names(self):
-        return decode_names(self.blob, self.fields)
-
-
-def decode_names(const uint8_t[::1] blob, const int64_t[:, ::1] fields):
-    """Tensor names as str; invalid UTF-8 raises CorruptError naming the entry."""
-    cdef Py_ssize_t i, n = fields.shape[0]
-    cdef const char *base = <const char *>&blob[0] if blob.shape[0] else NULL
-    names = [None] * n
-    for i in range(n):
-        try:
-            names[i] = (base + fields[i, 0])[:fields[i, 1]].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise CorruptError(f"tensor index entry {i}: name is not UTF-8 ({exc.reason})") from None
-    return names
-
-
-def parse_entries(const uint8_t[::1] blob, Py_ssize_t start, Py_ssize_t end, Py_ssize_t count,
-                  bint spec_layout, int max_dims, int max_name_bytes):
-    """Parse ``count`` entries from ``blob[start:end]``; every read is bounds-checked."""
-    cdef Py_ssize_t fixed_tail = 16 + (12 if spec_layout else 0)
-    cdef Py_ssize_t min_entry = 2 + 2 + fixed_tail
-    if count < 0 or end - start < 0 or count > (end - start) // min_entry:
-        raise CorruptError(f"tensor index holds {end - start} bytes, too few for the {count} "
+    cdef const uint8_t[::1] view = blob
+    cdef Py_ssize_t end = view.shape[0]
+    cdef Py_ssize_t tail = 16 + (12 if spec_layout else 0)
+    cdef Py_ssize_t min_entry = 2 + 2 + tail
+    if count < 0 or count > end // min_entry:
+        raise CorruptError(f"tensor index holds {end} bytes, too few for the {count} "
                            f"entries the header declares (each takes at least {min_entry})")
-    fields = np.empty((count, 5), np.int64)
-    extents = np.zeros((count, 4), np.uint64)
-    dims = np.empty(count * max_dims if max_dims > 0 else 0, np.uint64)
-    cdef int64_t[:, ::1] f = fields
-    cdef uint64_t[:, ::1] x = extents
-    cdef uint64_t[::1] v_dims = dims
-    cdef const uint8_t *p = &blob[0] if blob.shape[0] else NULL
-    cdef Py_ssize_t pos = start, i, d, nd, nl, ndims_total = 0
+    marks = np.empty((count + MARK_MASK) >> MARK_SHIFT, np.int64)
+    cdef int64_t[::1] m = marks
+    cdef const uint8_t *p = &view[0] if end else NULL
+    cdef Py_ssize_t i, pos = 0, s, nl, nd, q, bad, prev_s = 0, prev_nl = 0, last_nonempty = -1
+    cdef uint64_t off, size, want, data_end = 0, stop, prev_end = 0
+    cdef bint too_big, monotonic = True
+    cdef int r, t
     for i in range(count):
+        s = pos
+        if (i & MARK_MASK) == 0:
+            m[i >> MARK_SHIFT] = s
+        # -- the bytes are there, within the limits
         if end - pos < 2:
             raise CorruptError(f"tensor index entry {i} at byte {pos} is cut off (need 2 bytes for "
                                f"its name length, {end - pos} left)")
@@ -121,149 +218,364 @@ def parse_entries(const uint8_t[::1] blob, Py_ssize_t start, Py_ssize_t end, Py_
         if end - pos < 2 + nl + 2:
             raise CorruptError(f"tensor index entry {i} at byte {pos} is cut off (name of {nl} bytes, "
                                f"{end - pos - 2} left)")
-        f[i, 0] = pos + 2
-        f[i, 1] = nl
-        pos += 2 + nl
-        f[i, 2] = p[pos]
-        nd = p[pos + 1]
-        pos += 2
+        t = p[pos + 2 + nl]
+        nd = p[pos + 3 + nl]
+        pos += 4 + nl
         if nd > max_dims:
             raise LimitError(f"tensor index entry {i}: {nd} dimensions exceed the limit of {max_dims} "
                              f"(aprfast.limits.MAX_DIMS)")
-        if end - pos < nd * 8 + fixed_tail:
-            raise CorruptError(f"tensor index entry {i} is cut off: {nd} dims need {nd * 8 + fixed_tail} "
+        if end - pos < nd * 8 + tail:
+            raise CorruptError(f"tensor index entry {i} is cut off: {nd} dims need {nd * 8 + tail} "
                                f"more bytes, {end - pos} left")
-        f[i, 3] = nd
-        f[i, 4] = ndims_total
-        for d in range(nd):
-            v_dims[ndims_total + d] = le64(p + pos + 8 * d)
-        ndims_total += nd
-        pos += 8 * nd
-        x[i, 0] = le64(p + pos)
-        x[i, 1] = le64(p + pos + 8)
-        pos += 16
-        if spec_layout:
-            x[i, 2] = le64(p + pos)
-            x[i, 3] = le32(p + pos + 8)
-            pos += 12
-    return Entries(blob, count, fields, extents, dims[:ndims_total]), pos
-
-
-cdef uint64_t expected_size(int rule, int64_t a, int64_t b, const uint64_t *dims, int nd, bint *too_big) nogil:
-    """Stored bytes of a tensor under ``rule``.  ``too_big`` is set when the product of the
-    non-zero dims (times the item size) passes 2**62, which no file holds and NumPy can't
-    shape even when another dim is 0."""
-    cdef uint64_t count = 1, row, blocks
-    cdef int d
-    cdef bint empty = False
-    for d in range(nd):
-        if dims[d] == 0:
-            empty = True
-        elif dims[d] > HUGE or count > HUGE / dims[d]:
-            too_big[0] = True
-            return 0
-        else:
-            count *= dims[d]
-    if rule == C_FIXED and count > HUGE / <uint64_t>a:
-        too_big[0] = True
-        return 0
-    if empty:
-        return 0
-    if rule == C_FIXED:
-        return count * <uint64_t>a
-    if rule == C_SCALE_PLUS_ONE:
-        return <uint64_t>a + count
-    if rule == C_FLAT_BLOCKS:
-        return (count + <uint64_t>a - 1) / <uint64_t>a * <uint64_t>b
-    # C_ROW_BLOCKS: GGML blocks never straddle rows
-    row = dims[nd - 1] if nd > 0 else 1
-    blocks = (count / row) * ((row + <uint64_t>a - 1) / <uint64_t>a)
-    if blocks > HUGE / <uint64_t>b:
-        too_big[0] = True
-        return 0
-    return blocks * <uint64_t>b
-
-
-def check_entries(entries, const int8_t[::1] rule, const int64_t[::1] rule_a, const int64_t[::1] rule_b,
-                  uint64_t data_len, bint strict_dtypes, list names, uint64_t pad_to=1):
-    """Reject unknown dtypes (when strict), sizes that differ from shape x dtype, extents
-    outside the ``data_len`` bytes of the data section, and overlapping extents.
-
-    Returns where the data ends if every tensor is padded to ``pad_to`` bytes."""
-    cdef Py_ssize_t i, n = entries.count, prev = -1
-    cdef uint64_t end, data_end = 0
-    cdef const int64_t[:, ::1] f = entries.fields
-    cdef const uint64_t[:, ::1] x = entries.extents
-    cdef const uint64_t[::1] dims = entries.dims
-    cdef const uint64_t *dp
-    cdef uint64_t want, off, size
-    cdef bint too_big, monotonic = True
-    cdef int r, t
-    for i in range(n):
-        off, size = x[i, 0], x[i, 1]
+        q = pos + 8 * nd
+        pos = q + tail
+        # -- the name: UTF-8, and strictly after the previous one
+        bad = utf8_error(p + s + 2, nl)
+        if bad >= 0:
+            _refuse_name_bytes(i, p, s)
+        if i and compare_names(p + prev_s + 2, prev_nl, p + s + 2, nl) >= 0:
+            _refuse_order(i, p, prev_s, s)
+        prev_s, prev_nl = s, nl
+        # -- stored as is, inside the data section, the size its shape needs
+        off = le64(p + q)
+        size = le64(p + q + 8)
+        if spec_layout and (le64(p + q + 16) or le32(p + q + 24)):
+            raise VersionError(f"tensor {name_at(p, s)!r}: per-tensor compression or flags are set "
+                               f"(raw_size {le64(p + q + 16)}, flags {le32(p + q + 24):#x}); this build "
+                               "reads only stored tensors")
         if off > data_len or size > data_len - off:
-            raise CorruptError(f"tensor {names[i]!r}: {size} bytes at offset {off} of the data "
+            raise CorruptError(f"tensor {name_at(p, s)!r}: {size} bytes at offset {off} of the data "
                                f"section lie outside its {data_len} bytes")
-        t = <int>f[i, 2]
         r = rule[t]
-        if r == C_UNKNOWN:
-            if strict_dtypes:
-                raise UnknownDTypeError(f"tensor {names[i]!r}: unknown dtype id {t}")
-        else:
-            if r == C_FIXED and f[i, 3] > NUMPY_MAX_DIMS:
-                raise LimitError(f"tensor {names[i]!r} has {f[i, 3]} dims; NumPy arrays hold at most "
-                                 f"{NUMPY_MAX_DIMS}")
-            too_big = False
-            dp = &dims[f[i, 4]] if f[i, 3] else NULL
-            want = expected_size(r, rule_a[t], rule_b[t], dp, <int>f[i, 3], &too_big)
-            if too_big:
-                raise CorruptError(f"tensor {names[i]!r}: shape {list(entries.shape(i))} declares more "
-                                   f"than 2**62 elements or bytes")
-            if want != size:
-                raise CorruptError(f"tensor {names[i]!r}: shape {list(entries.shape(i))} needs {want} "
-                                   f"bytes but the index says {size}")
-        end = off + (size + pad_to - 1) // pad_to * pad_to  # no wrap: both are below data_len
-        if end > data_end:
-            data_end = end
+        if r == C_UNKNOWN and strict_dtypes:
+            raise UnknownDTypeError(f"tensor {name_at(p, s)!r}: unknown dtype id {t}")
+        if r != C_UNKNOWN and nd > NUMPY_MAX_DIMS:
+            raise LimitError(f"tensor {name_at(p, s)!r} has {nd} dims; NumPy arrays hold at most "
+                             f"{NUMPY_MAX_DIMS}")
+        too_big = False
+        want = expected_size(r, rule_a[t], rule_b[t], p + s + 4 + nl, <int>nd, &too_big)
+        if too_big:
+            raise CorruptError(f"tensor {name_at(p, s)!r}: shape {list(shape_at(p, s))} declares more "
+                               f"than 2**62 elements or bytes"
+                               + (" (as the float32 values it dequantizes to)" if r > C_FIXED else ""))
+        if r != C_UNKNOWN and want != size:
+            raise CorruptError(f"tensor {name_at(p, s)!r}: shape {list(shape_at(p, s))} needs {want} "
+                               f"bytes but the index says {size}")
+        # -- where the data ends; do extents follow each other?
+        stop = off + (size + pad_to - 1) // pad_to * pad_to  # no wrap: both are below data_len
+        if stop > data_end:
+            data_end = stop
         if size:  # an empty tensor occupies nothing, wherever it points
-            if prev >= 0 and off < x[prev, 0] + x[prev, 1]:
+            if last_nonempty >= 0 and off < prev_end:
                 monotonic = False
-            prev = i
+            last_nonempty = i
+            prev_end = off + size
+    entries = Entries(blob, count, spec_layout, marks)
     if not monotonic:
-        _check_no_overlap(entries, names)
-    return data_end
+        _check_no_overlap(entries)
+    return entries, data_end
 
 
-def _check_no_overlap(entries, list names):
-    cdef const uint64_t[:, ::1] x = entries.extents
-    order = np.argsort(entries.offset, kind="stable")
+cdef _refuse_name_bytes(Py_ssize_t i, const uint8_t *p, Py_ssize_t s):
+    raw = (<const char *>(p + s + 2))[:le16(p + s)]
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        reason = exc.reason
+    else:  # pragma: no cover - the validator is stricter than Python's decoder
+        reason = "refused by the validator"
+    raise CorruptError(f"tensor index entry {i}: name is not UTF-8 ({reason})")
+
+
+cdef _refuse_order(Py_ssize_t i, const uint8_t *p, Py_ssize_t prev_s, Py_ssize_t s):
+    """Both layouts keep the index sorted by name, strictly (so names are unique);
+    aprender's reader refuses anything else too."""
+    prev, cur = name_at(p, prev_s), name_at(p, s)
+    what = "appears twice" if prev == cur else f"comes after {prev!r}"
+    raise CorruptError(f"tensor index entry {i}: name {cur!r} {what}; names must be unique and sorted")
+
+
+def _check_no_overlap(Entries entries):
+    offsets, sizes = entries.extents()
+    order = np.argsort(offsets, kind="stable")
     cdef const int64_t[::1] o = order
+    cdef const uint64_t[::1] off = offsets
+    cdef const uint64_t[::1] size = sizes
     cdef Py_ssize_t k, prev = -1, cur
     for k in range(o.shape[0]):
         cur = o[k]
-        if x[cur, 1] == 0:
+        if size[cur] == 0:
             continue
-        if prev >= 0 and x[cur, 0] < x[prev, 0] + x[prev, 1]:
-            raise CorruptError(f"tensors {names[prev]!r} ({x[prev, 1]} bytes at offset {x[prev, 0]}) and "
-                               f"{names[cur]!r} ({x[cur, 1]} bytes at offset {x[cur, 0]}) overlap")
+        if prev >= 0 and off[cur] < off[prev] + size[prev]:
+            raise CorruptError(f"tensors {entries.name(prev)!r} ({size[prev]} bytes at offset {off[prev]}) "
+                               f"and {entries.name(cur)!r} ({size[cur]} bytes at offset {off[cur]}) overlap")
         prev = cur
 
 
-def names_strictly_sorted(const uint8_t[::1] blob, const int64_t[:, ::1] fields):
-    """True when names are in strictly increasing byte order (so they are unique)."""
-    cdef Py_ssize_t i, n = fields.shape[0]
-    cdef int c
-    cdef int64_t la, lb
-    cdef const uint8_t *p = &blob[0] if blob.shape[0] else NULL
-    for i in range(1, n):
-        la = fields[i - 1, 1]
-        lb = fields[i, 1]
-        c = memcmp(p + fields[i - 1, 0], p + fields[i, 0], la if la < lb else lb)
-        if c > 0 or (c == 0 and la >= lb):
-            return False
-    return True
+# --- reading a parsed index ------------------------------------------------------------
+cdef class Entries:
+    """A checked index: its bytes, and where every 16th entry starts.
+
+    ``name(i)``, ``shape(i)``, ``row(i, data_start)``, ... decode one entry on demand;
+    ``find(name)`` is a binary search over the (strictly sorted) names.
+    """
+
+    cdef readonly object blob
+    cdef readonly Py_ssize_t count
+    cdef readonly bint spec_layout
+    cdef object _marks_array
+    cdef const uint8_t[::1] _view
+    cdef const int64_t[::1] _marks
+    cdef const uint8_t *_p
+    cdef Py_ssize_t _tail
+
+    def __cinit__(self, blob, Py_ssize_t count, bint spec_layout, marks):
+        self.blob = blob
+        self._view = blob
+        self._p = &self._view[0] if self._view.shape[0] else NULL
+        self.count = count
+        self.spec_layout = spec_layout
+        self._marks_array = marks
+        self._marks = marks
+        self._tail = 16 + (12 if spec_layout else 0)
+
+    def __len__(self):
+        return self.count
+
+    cdef inline Py_ssize_t start(self, Py_ssize_t i) except -1:
+        cdef Py_ssize_t s, k
+        if i < 0 or i >= self.count:
+            raise IndexError(f"tensor index entry {i} of {self.count}")
+        s = self._marks[i >> MARK_SHIFT]
+        for k in range(i & MARK_MASK):
+            s = next_entry(self._p, s, self._tail)
+        return s
+
+    def name(self, Py_ssize_t i):
+        return name_at(self._p, self.start(i))
+
+    def names(self):
+        """Every name, in index order (a new list of new str objects)."""
+        cdef Py_ssize_t i, s = 0
+        out = [None] * self.count
+        for i in range(self.count):
+            out[i] = name_at(self._p, s)
+            s = next_entry(self._p, s, self._tail)
+        return out
+
+    def shape(self, Py_ssize_t i):
+        return shape_at(self._p, self.start(i))
+
+    def dtype_id(self, Py_ssize_t i):
+        cdef Py_ssize_t s = self.start(i)
+        return self._p[s + 2 + name_len_at(self._p, s)]
+
+    def offset(self, Py_ssize_t i):
+        """Offset of the tensor in the data section."""
+        return le64(self._p + tail_at(self._p, self.start(i)))
+
+    def size(self, Py_ssize_t i):
+        return le64(self._p + tail_at(self._p, self.start(i)) + 8)
+
+    def raw_size(self, Py_ssize_t i):
+        return le64(self._p + tail_at(self._p, self.start(i)) + 16) if self.spec_layout else 0
+
+    def flags(self, Py_ssize_t i):
+        return le32(self._p + tail_at(self._p, self.start(i)) + 24) if self.spec_layout else 0
+
+    def row(self, Py_ssize_t i, int64_t data_start):
+        """``(dtype_id, absolute offset, size, shape)`` of entry ``i``."""
+        return self._row(self.start(i), data_start)
+
+    cdef tuple _row(self, Py_ssize_t s, int64_t data_start):
+        cdef Py_ssize_t q = tail_at(self._p, s)
+        return (self._p[s + 2 + name_len_at(self._p, s)], data_start + <int64_t>le64(self._p + q),
+                le64(self._p + q + 8), shape_at(self._p, s))
+
+    def rows(self, int64_t data_start):
+        """Every entry's :meth:`row`, in index order."""
+        cdef Py_ssize_t i, s = 0
+        out = [None] * self.count
+        for i in range(self.count):
+            out[i] = self._row(s, data_start)
+            s = next_entry(self._p, s, self._tail)
+        return out
+
+    def extents(self):
+        """Two uint64 arrays: every tensor's offset in the data section, and its size."""
+        offsets = np.empty(self.count, np.uint64)
+        sizes = np.empty(self.count, np.uint64)
+        cdef uint64_t[::1] o = offsets
+        cdef uint64_t[::1] z = sizes
+        cdef Py_ssize_t i, s = 0, q
+        for i in range(self.count):
+            q = tail_at(self._p, s)
+            o[i] = le64(self._p + q)
+            z[i] = le64(self._p + q + 8)
+            s = q + self._tail
+        return offsets, sizes
+
+    def find(self, name):
+        """The position of the tensor called ``name`` (a str), or -1."""
+        cdef bytes key
+        if not isinstance(name, str) or not self.count:
+            return -1
+        try:
+            key = (<str>name).encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: no UTF-8 name can equal it
+            return -1
+        cdef const uint8_t *k = <const uint8_t *><const char *>key
+        cdef Py_ssize_t kl = len(key), lo = 0, hi = (self.count + MARK_MASK) >> MARK_SHIFT, mid, s, i, stop
+        cdef const uint8_t *p = self._p
+        cdef int c
+        # the last mark whose name is <= key, then at most 15 entries after it
+        while hi - lo > 1:
+            mid = (lo + hi) >> 1
+            s = self._marks[mid]
+            if compare_names(p + s + 2, le16(p + s), k, kl) <= 0:
+                lo = mid
+            else:
+                hi = mid
+        i = lo << MARK_SHIFT
+        stop = min(i + MARK_MASK + 1, self.count)
+        s = self._marks[lo]
+        while i < stop:
+            c = compare_names(p + s + 2, le16(p + s), k, kl)
+            if c == 0:
+                return i
+            if c > 0:
+                return -1
+            s = next_entry(p, s, self._tail)
+            i += 1
+        return -1
 
 
+cdef class Names:
+    """The names of an index as a read-only sequence, in index order; each str is
+    decoded when asked for (``list(names)`` decodes them all)."""
+
+    cdef readonly Entries entries
+
+    def __cinit__(self, Entries entries):
+        self.entries = entries
+
+    def __len__(self):
+        return self.entries.count
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self.entries.name(i) for i in range(*index.indices(self.entries.count))]
+        cdef Py_ssize_t i = index
+        if i < 0:
+            i += self.entries.count
+        if i < 0 or i >= self.entries.count:
+            raise IndexError("tensor name index out of range")
+        return self.entries.name(i)
+
+    def __iter__(self):
+        return _NameIter(self.entries)
+
+    def __contains__(self, name):
+        return self.entries.find(name) >= 0
+
+    def index(self, name, *args):
+        cdef Py_ssize_t i = self.entries.find(name)
+        if i < 0:
+            raise ValueError(f"{name!r} is not in the tensor index")
+        return i
+
+    def count(self, name):
+        return 1 if self.entries.find(name) >= 0 else 0
+
+    def __reversed__(self):
+        return reversed(self.entries.names())
+
+    def __eq__(self, other):
+        if isinstance(other, Names):
+            return self.entries.names() == (<Names>other).entries.names()
+        if isinstance(other, (list, tuple)):
+            return self.entries.names() == list(other)
+        return NotImplemented
+
+    def __repr__(self):
+        return f"<aprfast tensor names: {self.entries.count}>"
+
+
+cdef class _NameIter:
+    cdef Entries entries
+    cdef Py_ssize_t i, s
+
+    def __cinit__(self, Entries entries):
+        self.entries = entries
+        self.i = 0
+        self.s = 0
+
+    def __iter__(self):
+        return self
+
+    def __length_hint__(self):
+        return self.entries.count - self.i
+
+    def __next__(self):
+        if self.i >= self.entries.count:
+            raise StopIteration
+        name = name_at(self.entries._p, self.s)
+        self.s = next_entry(self.entries._p, self.s, self.entries._tail)
+        self.i += 1
+        return name
+
+
+cdef class Positions:
+    """``{name: position in the index}`` as a read-only mapping, answered by binary
+    search over the index bytes (no dict, no str per name)."""
+
+    cdef readonly Entries entries
+
+    def __cinit__(self, Entries entries):
+        self.entries = entries
+
+    def __len__(self):
+        return self.entries.count
+
+    def __contains__(self, name):
+        return self.entries.find(name) >= 0
+
+    def __getitem__(self, name):
+        cdef Py_ssize_t i = self.entries.find(name)
+        if i < 0:
+            raise KeyError(name)
+        return i
+
+    def get(self, name, default=None):
+        cdef Py_ssize_t i = self.entries.find(name)
+        return default if i < 0 else i
+
+    def __iter__(self):
+        return _NameIter(self.entries)
+
+    def keys(self):
+        return Names(self.entries)
+
+    def values(self):
+        return range(self.entries.count)
+
+    def items(self):
+        return zip(_NameIter(self.entries), range(self.entries.count))
+
+    def __eq__(self, other):
+        if isinstance(other, Mapping):
+            return dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    def __repr__(self):
+        return f"<aprfast tensor positions: {self.entries.count}>"
+
+
+Sequence.register(Names)
+Mapping.register(Positions)
+
+
+# --- writing ----------------------------------------------------------------------
 def encode_entries(list tensors, list offsets, dict id_of, bint spec_layout):
     """Index entries for writer inputs (name, dtype, shape, nbytes) at ``offsets`` in
     the data section; ``id_of`` maps each DType to this layout's id."""
@@ -319,17 +631,3 @@ cdef inline void put_le(unsigned char *p, uint64_t value, int width):
     cdef int k
     for k in range(width):
         p[k] = <unsigned char>(value >> (8 * k))
-
-
-def all_rows(entries, int64_t data_start):
-    """Per entry ``(dtype_id, absolute offset, size, shape)``, in index order: what a
-    reader needs to hand out a tensor without touching the arrays again."""
-    cdef const int64_t[:, ::1] f = entries.fields
-    cdef const uint64_t[:, ::1] x = entries.extents
-    cdef const uint64_t[::1] dims = entries.dims
-    cdef Py_ssize_t i, d, n = f.shape[0]
-    out = [None] * n
-    for i in range(n):
-        shape = tuple([dims[f[i, 4] + d] for d in range(f[i, 3])])
-        out[i] = (f[i, 2], data_start + <int64_t>x[i, 0], x[i, 1], shape)
-    return out

@@ -13,7 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .errors import LayoutError, UnknownDTypeError
+from .errors import LayoutError, LimitError, UnknownDTypeError
 
 __all__ = [
     "DType",
@@ -23,6 +23,8 @@ __all__ = [
     "from_numpy",
     "numpy_dtype",
     "bfloat16",
+    "check_shape",
+    "MAX_SHAPE_BYTES",
     "APRENDER_IDS",
     "APR2_IDS",
 ]
@@ -76,6 +78,29 @@ def element_count(shape) -> int:
     for dim in shape:
         count *= dim
     return count
+
+
+#: Largest shape x item size a tensor may declare, counting only its non-zero dims (as
+#: NumPy does, so an empty array of a shape beyond it can't be made either).  No file
+#: holds that much; the index check (aprfast._index) uses the same bound.
+MAX_SHAPE_BYTES = 1 << 62
+#: NPY_MAXDIMS: 64 in NumPy 2, 32 before.
+NUMPY_MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+
+
+def check_shape(shape, itemsize: int, what: str = "tensor") -> None:
+    """LimitError unless NumPy can make an array of ``shape`` with ``itemsize``-byte
+    items: at most NUMPY_MAX_DIMS dims, and non-zero dims whose product times
+    ``itemsize`` is at most MAX_SHAPE_BYTES (even when another dim is 0)."""
+    if len(shape) > NUMPY_MAX_DIMS:
+        raise LimitError(f"{what} has {len(shape)} dims; NumPy arrays hold at most {NUMPY_MAX_DIMS}")
+    count = 1
+    for dim in shape:
+        if dim:
+            count *= dim
+    if count * itemsize > MAX_SHAPE_BYTES:
+        raise LimitError(f"{what} of shape {list(shape)} would take {count} x {itemsize} bytes counting its "
+                         f"non-zero dims, more than 2**62: NumPy cannot shape an array of it, even empty")
 
 
 def _fixed(name, numpy_str):

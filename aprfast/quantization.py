@@ -99,6 +99,7 @@ class QuantType:
         if qt.data.nbytes != expected:
             raise CorruptError(f"{self.name} tensor of shape {list(qt.shape)} needs {expected} bytes, "
                                f"found {qt.data.nbytes}")
+        _dtypes.check_shape(qt.shape, 4, f"{self.name} tensor")  # LimitError, not NumPy's ValueError
         result = _output(out, qt.shape)
         if result.size:
             self._dequantize(qt, result.reshape(-1), threads)

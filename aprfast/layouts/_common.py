@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import _index
 from ..dtypes import IdTable
-from ..errors import CorruptError, LayoutError, LimitError, TensorNotFoundError
+from ..errors import AprError, CorruptError, LayoutError, LimitError, TensorNotFoundError
 from ..limits import Limits
 from ..tensors import TensorInfo
 
@@ -39,10 +39,15 @@ class Plan:
 
 
 class ParsedFile:
-    """A v2 file's header, lazily decoded metadata and validated tensor index."""
+    """A v2 file's header, lazily decoded metadata and validated tensor index.
+
+    The index stays in its own bytes (:class:`aprfast._index.Entries`): ``names`` is a
+    sequence view decoding each name when asked, ``position`` a mapping view answering
+    by binary search, and ``row``/``info`` decode one entry.  Nothing per tensor is
+    built at open, so open costs about the index size whatever the tensor count."""
 
     def __init__(self, *, layout, ids, source, version, flags, header, metadata_range, entries,
-                 names, data_start, data_len, footer_crc_offset, stored_crc, limits: Limits):
+                 data_start, data_len, footer_crc_offset, stored_crc, limits: Limits):
         self.layout = layout
         self.ids = ids
         self.source = source
@@ -51,7 +56,8 @@ class ParsedFile:
         self.header = header
         self._metadata_range = metadata_range
         self.entries = entries
-        self.names = names
+        self.names = _index.Names(entries)
+        self.position = _index.Positions(entries)
         self.data_start = data_start
         self.data_len = data_len
         self.footer_crc_offset = footer_crc_offset
@@ -64,20 +70,21 @@ class ParsedFile:
         start, size = self._metadata_range
         return decode_json(self.source.read(start, size, "metadata"), self.source.path)
 
-    @cached_property
-    def position(self) -> dict:
-        return {name: i for i, name in enumerate(self.names)}
-
-    @cached_property
+    @property
     def rows(self) -> list:
-        """Per tensor ``(dtype_id, absolute offset, size, shape)``, in index order."""
-        return _index.all_rows(self.entries, self.data_start)
+        """Per tensor ``(dtype_id, absolute offset, size, shape)``, in index order (a new
+        list each time: for loading every tensor, not for looking one up)."""
+        return self.entries.rows(self.data_start)
+
+    def _find(self, name) -> int:
+        i = self.entries.find(name)
+        if i < 0:
+            raise TensorNotFoundError(_missing(name, self.names), path=self.source.path)
+        return i
 
     def row(self, name: str):
-        try:
-            return self.rows[self.position[name]]
-        except KeyError:
-            raise TensorNotFoundError(_missing(name, self.names), path=self.source.path) from None
+        """``(dtype_id, absolute offset, size, shape)`` of one tensor."""
+        return self.entries.row(self._find(name), self.data_start)
 
     def info(self, name: str) -> TensorInfo:
         found = self._infos.get(name)
@@ -86,10 +93,10 @@ class ParsedFile:
         return found
 
     def _make_info(self, name) -> TensorInfo:
-        type_id, offset, size, shape = self.row(name)
+        i = self._find(name)
+        type_id, offset, size, shape = self.entries.row(i, self.data_start)
         dtype = self.ids.dtype(type_id) if self.ids.knows(type_id) else None
-        flags = int(self.entries.flags[self.position[name]])
-        return TensorInfo(name, dtype, type_id, shape, offset, size, flags)
+        return TensorInfo(name, dtype, type_id, shape, offset, size, self.entries.flags(i))
 
 
 def _missing(name, names) -> str:
@@ -116,7 +123,7 @@ _RULE_TABLES = {}
 
 
 def rule_tables(ids: IdTable):
-    """Per-id size rules for :func:`aprfast._index.check_entries`, built once per table
+    """Per-id size rules for :func:`aprfast._index.parse_index`, built once per table
     (the same arrays every time, so :func:`update_rule` reaches every layout using them)."""
     tables = _RULE_TABLES.get(ids)
     if tables is None:
@@ -144,8 +151,9 @@ def update_rule(ids: IdTable, type_id: int) -> None:
 
 def parse_index(source, *, start, end, count, spec_layout, ids, rules, data_len, limits: Limits,
                 strict_dtypes: bool, pad_to: int = 1):
-    """Read, decode and validate ``count`` index entries in ``[start, end)``; return the
-    entries, their names, and where the data ends when each tensor is padded to ``pad_to``."""
+    """Read and validate ``count`` index entries in ``[start, end)``, failing at the first
+    bad one (:func:`aprfast._index.parse_index` lists the checks); return the entries and
+    where the data ends when each tensor is padded to ``pad_to``."""
     if count > limits.max_tensor_count:
         raise LimitError(f"header declares {count} tensors, above the limit of {limits.max_tensor_count} "
                          "(aprfast.limits.MAX_TENSOR_COUNT)", path=source.path)
@@ -154,25 +162,10 @@ def parse_index(source, *, start, end, count, spec_layout, ids, rules, data_len,
                          f"{limits.max_index_size} (aprfast.limits.MAX_INDEX_SIZE)", path=source.path)
     blob = source.read(start, end - start, "tensor index")
     try:
-        entries, _ = _index.parse_entries(blob, 0, len(blob), count, spec_layout,
-                                          limits.max_dims, limits.max_name_bytes)
-        names = entries.names()
-        if not _index.names_strictly_sorted(entries.blob, entries.fields):
-            _refuse_unsorted(names)
-        data_end = _index.check_entries(entries, *rules, data_len, strict_dtypes, names, pad_to)
-    except (CorruptError, LimitError) as exc:
+        return _index.parse_index(blob, count, spec_layout, limits.max_dims, limits.max_name_bytes,
+                                  *rules, data_len, strict_dtypes, pad_to)
+    except AprError as exc:
         raise type(exc)(exc.message, path=source.path) from None
-    return entries, names, data_end
-
-
-def _refuse_unsorted(names):
-    """Both layouts keep the index sorted by name, strictly (so names are unique);
-    aprender's reader refuses anything else too."""
-    for i, (prev, cur) in enumerate(zip(names, names[1:]), 1):
-        if prev.encode("utf-8", "surrogatepass") >= cur.encode("utf-8", "surrogatepass"):
-            what = "appears twice" if prev == cur else f"comes after {prev!r}"
-            raise CorruptError(f"tensor index entry {i}: name {cur!r} {what}; names must be unique "
-                               "and sorted")
 
 
 def encode_index(tensors, offsets, ids: IdTable, *, spec_layout: bool) -> bytes:

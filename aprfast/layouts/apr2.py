@@ -105,17 +105,15 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
         raise CorruptError(f"index [{index_off}, +{index_size}) and data offset {data_off} must satisfy "
                            f"index_size >= 8, index end <= data offset <= {body_end}", path=path)
     count, _reserved = struct.unpack("<II", bytes(source.read(index_off, INDEX_HEADER_SIZE, "index header")))
-    entries, names, _ = parse_index(
+    # Per-tensor compression or flags are refused there too (VersionError), entry by entry.
+    entries, _ = parse_index(
         source, start=index_off + INDEX_HEADER_SIZE, end=index_off + index_size, count=count, spec_layout=True,
         ids=APR2_IDS, rules=_RULES, data_len=body_end - data_off, limits=limits, strict_dtypes=strict_dtypes)
-    if entries.count and (entries.raw_size.any() or entries.flags.any()):
-        raise VersionError("per-tensor compression or flags are set; this build reads only stored tensors",
-                           path=path)
     header = {"magic": "APR2", "version": f"{major}.{minor}", "flags": flags,
               "flag_names": [n for n, bit in FLAGS.items() if flags & bit], "tensor_count": count,
               "metadata_offset": meta_off, "metadata_size": meta_size, "index_offset": index_off,
               "index_size": index_size, "data_offset": data_off, "file_size": source.size}
     return ParsedFile(layout=NAME, ids=APR2_IDS, source=source, version=(major, minor), flags=flags,
-                      header=header, metadata_range=(meta_off, meta_size), entries=entries, names=names,
+                      header=header, metadata_range=(meta_off, meta_size), entries=entries,
                       data_start=data_off, data_len=body_end - data_off, footer_crc_offset=body_end,
                       stored_crc=stored_crc, limits=limits)

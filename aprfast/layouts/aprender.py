@@ -24,6 +24,8 @@ from ._common import (ParsedFile, Plan, align, checked_inputs, encode_index, lay
 
 NAME = "aprender"
 MAGIC = b"APR\x00"
+#: The major version this layout is; other versions behind the same magic are refused first.
+VERSION = 2
 HEADER_SIZE = 64
 FOOTER_SIZE = 4
 ALIGNMENT = 64
@@ -188,7 +190,7 @@ def _pad(blob: bytes, to: int) -> bytes:
 
 
 def _pack_header(flags, count, meta_size, index_offset, data_offset) -> bytes:
-    fields = (MAGIC, 2, 0, flags, count, HEADER_SIZE, meta_size, index_offset, data_offset)
+    fields = (MAGIC, VERSION, 0, flags, count, HEADER_SIZE, meta_size, index_offset, data_offset)
     unsigned = _HEADER.pack(*fields, 0, bytes(20))
     return _HEADER.pack(*fields, _header_crc(unsigned), bytes(20))
 
@@ -197,10 +199,39 @@ def _header_crc(header: bytes) -> int:
     return crc32(header[44:64], crc32(header[:40]))
 
 
+def _check_version(source) -> None:
+    """Name the version before anything else is judged by v2's rules.
+
+    Other tools write other formats behind the same magic (aprender-tsp: ``APR\\0``, u32
+    version 1, u32 model type, payload CRC), whose bytes 40..44 are no header CRC, so a
+    version byte other than 2 is a VersionError whatever the CRC says, even in a file
+    too short for a v2 header.  Two exceptions stay as the v2 rules have them: a version
+    byte of 0 (no writer uses it: an unwritten or cut-off header), and a whole 64-byte
+    header whose CRC matches once its version byte is put back to 2, which is a v2
+    header with a damaged version byte (a ChecksumError from :func:`parse`).
+    """
+    if source.size < 6:
+        return
+    major, minor = bytes(source.read(4, 2, "version"))
+    if major in (0, VERSION):
+        return
+    if source.size >= HEADER_SIZE:
+        raw = bytearray(source.read(0, HEADER_SIZE, "header"))
+        stored = int.from_bytes(raw[40:44], "little")
+        raw[4] = VERSION
+        if _header_crc(bytes(raw)) == stored:
+            return
+    raise VersionError(f"APR\\0 file says version {major}.{minor}; this build reads version {VERSION}.x "
+                       "(aprender's v2 tensor container) only, and other tools' formats behind the same "
+                       "magic (aprender-tsp writes version 1) are not tensor containers",
+                       path=source.path)
+
+
 # --- reading ----------------------------------------------------------------------
 def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
     """Validate the header, index and extents of an ``APR\\0`` file (not the footer CRC)."""
     path = source.path
+    _check_version(source)
     if source.size < HEADER_SIZE + FOOTER_SIZE:
         raise FormatError(f"file is {source.size} bytes; an aprender v2 file needs at least "
                           f"{HEADER_SIZE + FOOTER_SIZE}", path=path)
@@ -209,10 +240,14 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
     if magic != MAGIC:
         raise FormatError(f"magic {magic!r} is not {MAGIC!r}", path=path)
     if _header_crc(raw) != stored:
-        raise ChecksumError(f"header CRC32 is {stored:#010x} but bytes 0..64 give {_header_crc(raw):#010x}",
-                            path=path)
-    if major != 2:
-        raise VersionError(f"aprender v2 header says version {major}.{minor}", path=path)
+        damaged = ""
+        if major != VERSION and _header_crc(raw[:4] + bytes([VERSION]) + raw[5:]) == stored:
+            damaged = f" (it matches with version byte {VERSION}: the version byte {major} is damaged)"
+        raise ChecksumError(f"header CRC32 is {stored:#010x} but bytes 0..64 give {_header_crc(raw):#010x}"
+                            f"{damaged}", path=path)
+    if major != VERSION:
+        raise VersionError(f"aprender v2 header says version {major}.{minor}; this build reads version "
+                           f"{VERSION}.x", path=path)
     if flags & _UNREADABLE:
         names = [n for n, bit in FLAGS.items() if flags & bit & _UNREADABLE]
         raise VersionError(f"flags {flags:#06x} ask for {', '.join(names)}, which aprender refuses too",
@@ -225,7 +260,7 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
     if not (index_off <= data_off <= body_end):
         raise CorruptError(f"tensor index offset {index_off} and data offset {data_off} must satisfy "
                            f"index <= data <= {body_end} (file size minus footer)", path=path)
-    entries, names, data_end = parse_index(
+    entries, data_end = parse_index(
         source, start=index_off, end=data_off, count=count, spec_layout=False, ids=APRENDER_IDS,
         rules=_RULES, data_len=body_end - data_off, limits=limits, strict_dtypes=strict_dtypes,
         pad_to=ALIGNMENT)
@@ -241,6 +276,6 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
               "data_offset": data_off, "header_crc32": stored, "file_size": source.size}
     stored_crc = struct.unpack("<I", bytes(source.read(body_end, FOOTER_SIZE, "footer")))[0]
     return ParsedFile(layout=NAME, ids=APRENDER_IDS, source=source, version=(major, minor), flags=flags,
-                      header=header, metadata_range=(meta_off, meta_size), entries=entries, names=names,
+                      header=header, metadata_range=(meta_off, meta_size), entries=entries,
                       data_start=data_off, data_len=body_end - data_off, footer_crc_offset=body_end,
                       stored_crc=stored_crc, limits=limits)
