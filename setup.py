@@ -34,6 +34,7 @@ EXTENSIONS = [
     extension("_inputs", []),
     extension("_quant", ["quant.c"]),
     extension("_half", ["half.c"]),
+    extension("_metascan", ["metascan.c"]),
 ]
 
 setup(ext_modules=cythonize(EXTENSIONS, compiler_directives={"language_level": "3"}))

@@ -18,6 +18,8 @@ __all__ = [
     "MAX_DIMS",
     "MAX_NAME_BYTES",
     "MAX_ALIGNMENT",
+    "METADATA_MEMORY_FACTOR",
+    "METADATA_MEMORY_FLOOR",
     "MAX_RECIPIENTS",
     "MAX_WRAPS_PER_KEY",
     "Limits",
@@ -35,6 +37,11 @@ MAX_DIMS = 8
 MAX_NAME_BYTES = 65535
 #: Largest alignment a caller may ask of a buffer or a layout.
 MAX_ALIGNMENT = 4096
+#: Memory a metadata decode may take, as a multiple of the block's size...
+METADATA_MEMORY_FACTOR = 4
+#: ... or this much, whichever is larger: a tokenizer vocabulary of a few hundred
+#: thousand short strings costs 10-20x its encoded size in Python objects and must load.
+METADATA_MEMORY_FLOOR = 64 * 1024 * 1024
 #: Wraps (recipients) a multi-recipient v1 payload may declare.  The format allows
 #: 65,535; each wrap a reader tries costs an X25519, an HKDF and an AES-GCM open, so an
 #: unbounded count is a CPU cost the file's author chooses for the reader.

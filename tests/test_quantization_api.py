@@ -82,9 +82,13 @@ def ref_q8_tensor(x):
     finite = x[np.isfinite(x)]
     lo = np.float32(min(0.0, finite.min())) if finite.size else np.float32(0)
     hi = np.float32(max(0.0, finite.max())) if finite.size else np.float32(0)
-    scale = np.float32(1) if hi == lo else np.float32((hi - lo) / np.float32(255))
-    zp = np.clip(rust_round(np.float32(-128) - lo / scale), -128, 127)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # f32 arithmetic as in Rust: hi - lo may overflow to inf
+        scale = np.float32(1) if hi == lo else np.float32((hi - lo) / np.float32(255))
+        if np.isinf(scale):  # the layout's rule when the f32 range overflows
+            scale = np.float32(hi / np.float32(255)) - np.float32(lo / np.float32(255))
+        elif scale == 0:  # ... and when the division underflows
+            scale = np.frombuffer(np.uint32(1).tobytes(), np.float32)[0]
+        zp = np.clip(rust_round(np.float32(-128) - lo / scale), -128, 127)
         q = np.clip(rust_round(x / scale) + zp, -128, 127)
         q = np.where(np.isnan(q), zp, q)
     return struct.pack("<fi", scale, int(zp)) + q.astype(np.int8).tobytes()

@@ -105,12 +105,20 @@ def _missing(name, names) -> str:
 
 
 def decode_json(raw, path=None) -> dict:
-    """Parse a metadata block; anything but a UTF-8 JSON object is CorruptError."""
+    """Parse a metadata block; anything but a UTF-8 JSON object is CorruptError.
+
+    :mod:`aprfast._metascan` looks at the block first, building nothing: a top level
+    that is not an object, malformed JSON or nesting deeper than 1024 is refused
+    (E002), and so is a block whose decode would take more memory than its budget
+    (E008), before ``json.loads`` sees it."""
+    from .. import _metascan
+
+    text = _metascan.json_text(raw, path)
     try:
-        value = json.loads(bytes(raw).decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
         raise CorruptError(f"metadata ({len(raw)} bytes) is not valid UTF-8 JSON: {exc}", path=path) from None
-    if not isinstance(value, dict):
+    if not isinstance(value, dict):  # the scan already refused it
         raise CorruptError(f"metadata must be a JSON object, found {type(value).__name__}", path=path)
     return value
 

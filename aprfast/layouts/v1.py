@@ -266,9 +266,17 @@ def _padded(metadata: dict, unpadded: bytes, alignment: int) -> bytes:
 
 def decode_metadata(data, *, path=None) -> dict:
     """The metadata block as a dict (MessagePack decoded as is; f32 values widened to
-    Python floats exactly).  Invalid MessagePack or a non-map is CorruptError."""
+    Python floats exactly).  Invalid MessagePack or a non-map is CorruptError.
+
+    :mod:`aprfast._metascan` looks at the block first, building nothing: a top level
+    that is not a map, malformed MessagePack or nesting deeper than 1024 is refused
+    (E002), and so is a block whose decode would take more memory than its budget
+    (E008), before ``msgpack.unpackb`` sees it."""
     import msgpack
 
+    from .. import _metascan
+
+    _metascan.check_msgpack(data, path)
     try:
         # unpackb bounds every length by the input's size, so a lying length cannot
         # make it allocate; strict_map_key keeps keys to str/bytes.
