@@ -98,9 +98,13 @@ class AprFile:
         tensors come back as without it)."""
         type_id, offset, size, shape = self._file.row(name)
         make = self._makers.get(type_id) or self._maker(type_id)
-        if copy or not self._source.zero_copy:
+        if not self._source.zero_copy:
             owned = _memory.AlignedBuffer(size, self.alignment)
             self._source.readinto(offset, owned)
+            tensor = make(shape, owned, 0, size)
+        elif copy:  # a memcpy from the map: no system call, and no descriptor to race close()
+            owned = _memory.AlignedBuffer(size, self.alignment)
+            _memory.copy_into(owned, self._mapped()[offset:offset + size])
             tensor = make(shape, owned, 0, size)
         else:
             tensor = make(shape, self._mapped(), offset, size)

@@ -39,6 +39,8 @@ int apr_default_threads(void)
 
 static int clamp_threads(int nthreads, size_t len)
 {
+    if (len < PARALLEL_MIN)
+        return 1;
     if (nthreads <= 0)
         nthreads = apr_default_threads();
     if (nthreads > MAX_THREADS)

@@ -11,8 +11,9 @@ import aprfast
 from aprfast import _memory
 
 ALIGNMENTS = [1 << k for k in range(13)]  # 1 .. 4096
-SIZES = [0, 1, 63, 4097, 3 << 20]
-HUGE_THRESHOLD = 2 << 20
+SIZES = [0, 1, 63, 4097, 3 << 20, 40 << 20]
+HUGE_THRESHOLD = 32 << 20  # csrc/buffers.h APR_MAP_THRESHOLD
+HUGE_PAGE = 2 << 20
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -39,11 +40,11 @@ def test_default_alignment_is_64(size):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge-page mapping is a Linux path")
 @pytest.mark.parametrize("size", SIZES + [HUGE_THRESHOLD - 1, HUGE_THRESHOLD])
-def test_buffers_of_two_mib_and_more_are_huge_page_backed(size):
+def test_buffers_of_32_mib_and_more_are_huge_page_backed(size):
     buf = _memory.AlignedBuffer(size, 64)
     assert buf.huge_page_backed == (size >= HUGE_THRESHOLD)
     if buf.huge_page_backed:
-        assert buf.address % HUGE_THRESHOLD == 0
+        assert buf.address % HUGE_PAGE == 0
 
 
 @pytest.mark.parametrize("alignment", [0, 3, 6, 100, 8192, 1 << 20])

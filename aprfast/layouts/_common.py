@@ -56,6 +56,7 @@ class ParsedFile:
         self.header = header
         self._metadata_range = metadata_range
         self.entries = entries
+        self._rows = {}
         self.names = _index.Names(entries)
         self.position = _index.Positions(entries)
         self.data_start = data_start
@@ -83,8 +84,13 @@ class ParsedFile:
         return i
 
     def row(self, name: str):
-        """``(dtype_id, absolute offset, size, shape)`` of one tensor."""
-        return self.entries.row(self._find(name), self.data_start)
+        """``(dtype_id, absolute offset, size, shape)`` of one tensor.  Rows already
+        asked for are kept (memory grows with the tensors read, not with the index), so
+        reading a tensor again costs one dict lookup."""
+        found = self._rows.get(name)
+        if found is None:
+            found = self._rows[name] = self.entries.row(self._find(name), self.data_start)
+        return found
 
     def info(self, name: str) -> TensorInfo:
         found = self._infos.get(name)
