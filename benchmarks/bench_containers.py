@@ -1,32 +1,68 @@
-"""Time aprfast beside safetensors, NumPy and (if installed) torch, in the same run.
+"""aprfast's container I/O beside safetensors and the strongest other tool for each job.
 
-    python benchmarks/bench_containers.py            # full sizes (~512 MiB model)
-    python benchmarks/bench_containers.py --quick    # 1/8 of the sizes, fewer repeats
-    python benchmarks/bench_containers.py --markdown # also print the README table
+    python benchmarks/bench_containers.py                  # full sizes (504 MiB model), 7 rounds
+    python benchmarks/bench_containers.py --quick          # 1/8 sizes, 3 rounds, 2 fresh processes
+    python benchmarks/bench_containers.py --no-fresh       # skip the fresh-process rows
+    python benchmarks/bench_containers.py --md-out F.md    # also write the Markdown table to F.md
 
-Models: "large" ~512 MiB in 200 float32 tensors, "small" ~4 MiB in 50 tensors,
-"tiny" 10,000 tensors of 1 KiB.  Each operation reports the best of several runs
-(files are in the page cache, as in a real reload loop).  Ratios are peer time
-divided by aprfast time: above 1 means aprfast is faster.  Save peak memory is
-measured in a child process as peak RSS minus RSS with the input tensors built.
+Models: "large" 200 float32 tensors of 645x1024 (504 MiB), "small" 50 of 80x256
+(3.9 MiB), "tiny" 10,000 of 256 floats (1 KiB each), and, for the inspect row only,
+"index" with 100,000 tensors of 16 floats (models.py).  --quick scales the large model
+to 1/8 and takes 3 rounds; a peer whose first call takes over 2 s (GGUFReader, np.load
+over 10k-100k tensors) is sampled in 3 rounds only (1 with --quick), marked n=....
+
+Like with like, row by row (aprfast | safetensors | best other tool | limit):
+
+* save, no fsync: ``save_file(durable=False)`` | ``safetensors.numpy.save_file`` |
+  torch.save, np.savez, GGUFWriter.  Every tool writes to a path that does not exist:
+  the destination is removed before each call, outside the timed region.
+* save, durable: ``save_file()`` (fsyncs the file and its directory) | the same peers,
+  each followed by fsync of the file and of the directory.
+* open + names: ``open(p).keys()`` | ``safe_open(p, "np").keys()`` | np.load(npz).files,
+  torch.load(mmap=True), GGUFReader (each tool's cheapest way to list the names).
+* inspect: ``aprfast.inspect`` | safetensors' header read and ``json.loads`` (what
+  any safetensors inspector does) | GGUFReader.
+* every tensor as a view: ``open(p)`` + ``get_tensor`` | ``safe_open(p, "pt")`` +
+  ``get_tensor`` and ``safetensors.torch.load_file`` (views of a private mmap; need
+  torch) | ``torch.load(mmap=True)``, ``np.load(mmap_mode="r")`` per .npy, GGUFReader.
+* every tensor as an owned copy: ``open(p)`` + ``get_tensor(copy=True)`` |
+  ``safe_open(p, "np")`` + ``get_tensor`` (copies) | np.load per .npy, GGUFReader +
+  ``np.array``.
+* eager load: ``load_file(mmap=False)`` | ``safetensors.numpy.load_file`` (mmap and
+  pread backends) | torch.load, np.load(npz), np.load per .npy, GGUFReader + np.array;
+  limit: one ``readinto`` of the file's bytes.
+* one tensor from an already open file, view and copy; ``get_slice`` of 1/8 of the
+  rows (copy: safetensors numpy ``get_slice`` and a copied slice of a NumPy memmap;
+  view: ``get_tensor(...)[:r]`` against a torch view and a memmap slice).
+* crc32 of 256 MiB, one thread and all cores, against ``zlib.crc32`` (one thread).
+* fresh processes (on unless ``--no-fresh``): each sample is a new Python process
+  (round-robin across tools, ``_fresh_load.py``) that imports its tool, then times one
+  load of the prepared file; reports the time, the peak RSS above the RSS it had after
+  its imports, and the peak RSS of the whole process (VmHWM).
+* save peak RSS above the inputs, each tool in a fresh process.
+
+Files are in the page cache (as in a reload loop); the fresh-process rows start
+cold in the process, not on the disk.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 import zlib
 
 import numpy as np
 
 import aprfast
 import timing
+from models import model
+from timing import Row, Samples, Table, interleaved
 
 try:
     import safetensors.numpy as st_numpy
@@ -36,212 +72,465 @@ except ImportError:  # pragma: no cover
 
 try:
     import torch
-except ImportError:
-    torch = None
+    import safetensors.torch as st_torch
+    TORCH_WHY = None
+except ImportError as exc:
+    torch = st_torch = None
+    TORCH_WHY = f"not installed ({exc.name}); pip install torch to add its rows"
 
+try:
+    import gguf
+    GGUF_WHY = None
+except ImportError as exc:
+    gguf = None
+    GGUF_WHY = f"not installed ({exc.name})"
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 MiB = 1 << 20
-
-best = functools.partial(timing.best, min_sample=0.05)
-
-
 MODELS = ("large", "small", "tiny")
 
 
-def model(name: str, scale: float) -> dict:
-    """One benchmark model, built only when asked for (the large one is 512 MiB)."""
-    rng = np.random.default_rng(0)
-    if name == "large":
-        rows = max(1, int(655 * scale))
-        return {f"layers.{i:03d}.weight": rng.standard_normal((rows, 1024), dtype=np.float32)
-                for i in range(200)}
-    if name == "small":
-        return {f"layers.{i:02d}.weight": rng.standard_normal((80, 256), dtype=np.float32) for i in range(50)}
-    return {f"t.{i:05d}": rng.standard_normal(256, dtype=np.float32) for i in range(10_000)}
+def size_text(nbytes: int) -> str:
+    return f"{nbytes / MiB:.1f} MiB" if nbytes >= MiB else f"{nbytes / 1024:.0f} KiB"
 
 
+# --- writers, one per tool, all to a path that must not exist ---------------------------
+def gguf_save(tensors, path):
+    writer = gguf.GGUFWriter(path, "bench")
+    for name, value in tensors.items():
+        writer.add_tensor(name, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def fsync_path(path):
+    """fsync the file and its directory, as aprfast's durable save does."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def unlinker(path):
+    def unlink():
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    return unlink
 
 
 class Bench:
-    def __init__(self, directory, repeat):
-        self.dir = directory
-        self.repeat = repeat
-        self.rows = []
+    def __init__(self, directory, rounds, fresh_rounds, table):
+        self.dir, self.rounds, self.fresh_rounds, self.table = directory, rounds, fresh_rounds, table
+        self.slow_rounds = min(3, rounds)
 
     def path(self, model, ext):
         return os.path.join(self.dir, f"{model}.{ext}")
 
-    def row(self, model, op, ours, peers, target=None):
-        self.rows.append({"model": model, "op": op, "aprfast": ours, "peers": peers, "target": target})
-        peer_text = "  ".join(f"{name} {t * 1e3:9.3f} ms (x{t / ours:6.1f})" for name, t in peers.items())
-        print(f"{model:6} {op:28} aprfast {ours * 1e3:9.3f} ms   {peer_text}", flush=True)
+    def time(self, tools, rounds=None, **kw):
+        # a peer needing seconds per call (GGUFReader and np.load over 10k-100k tensors)
+        # gets 3 samples, marked n=3, instead of stretching the run by minutes
+        return interleaved(tools, rounds or self.rounds, slow=2.0, slow_rounds=self.slow_rounds, **kw)
 
-    def run_model(self, model, tensors):
-        r = self.repeat
-        apr, st, npz = self.path(model, "apr"), self.path(model, "safetensors"), self.path(model, "npz")
-        npy_dir = self.path(model, "npy.d")
-        os.makedirs(npy_dir, exist_ok=True)
-        pt = self.path(model, "pt")
-
-        # save
-        peers = {"safetensors": best(lambda: st_numpy.save_file(tensors, st), r),
-                 "np.savez": best(lambda: np.savez(npz, **tensors), r)}
+    # --- the files every read row uses -----------------------------------------------
+    def prepare(self, name, tensors):
+        files = {"apr": self.path(name, "apr"), "st": self.path(name, "safetensors"),
+                 "npz": self.path(name, "npz"), "npy": self.path(name, "npy.d"),
+                 "pt": self.path(name, "pt"), "gguf": self.path(name, "gguf")}
+        aprfast.save_file(tensors, files["apr"], durable=False)
+        st_numpy.save_file(tensors, files["st"])
+        np.savez(files["npz"], **tensors)
+        os.makedirs(files["npy"], exist_ok=True)
+        for key, value in tensors.items():
+            np.save(os.path.join(files["npy"], key + ".npy"), value)
         if torch is not None:
-            tt = {k: torch.from_numpy(v) for k, v in tensors.items()}
-            peers["torch.save"] = best(lambda: torch.save(tt, pt), r)
-        ours_fast = best(lambda: aprfast.save_file(tensors, apr, durable=False), r)
-        ours_durable = best(lambda: aprfast.save_file(tensors, apr), r)
-        self.row(model, "save_file (no fsync)", ours_fast, peers)
-        self.row(model, "save_file (fsync, default)", ours_durable, peers)
-        for name, value in tensors.items():
-            np.save(os.path.join(npy_dir, name + ".npy"), value)
+            torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, files["pt"])
+        if gguf is not None:
+            gguf_save(tensors, files["gguf"])
+        os.sync()  # writeback of what was just saved ends before anything is timed
+        return files
+
+    # --- saves ----------------------------------------------------------------------
+    def saves(self, name, tensors, size):
+        t = self.table
+        dest = {k: self.path(name, f"out.{k}") for k in ("apr", "st", "pt", "npz", "gguf")}
+        tt = {k: torch.from_numpy(v) for k, v in tensors.items()} if torch is not None else None
+        fns = {
+            "aprfast": lambda: aprfast.save_file(tensors, dest["apr"], durable=False),
+            "safetensors": lambda: st_numpy.save_file(tensors, dest["st"]),
+            "np.savez": lambda: np.savez(dest["npz"], **tensors),
+        }
+        paths = {"aprfast": dest["apr"], "safetensors": dest["st"], "np.savez": dest["npz"]}
+        if tt is not None:
+            fns["torch.save"] = lambda: torch.save(tt, dest["pt"])
+            paths["torch.save"] = dest["pt"]
+        if gguf is not None:
+            fns["GGUFWriter"] = lambda: gguf_save(tensors, dest["gguf"])
+            paths["GGUFWriter"] = dest["gguf"]
+        setup = {k: unlinker(p) for k, p in paths.items()}
+        r = self.time(fns, setup=setup)
+        t.add(Row(f"{name}: save to a fresh path, no fsync", size, r.pop("aprfast"),
+                  {"save_file": r.pop("safetensors")}, r))
+
+        durable = {"aprfast": lambda: aprfast.save_file(tensors, dest["apr"])}
+        for k, fn in fns.items():
+            if k != "aprfast":
+                durable[k + " + fsync"] = (lambda fn=fn, p=paths[k]: (fn(), fsync_path(p)))
+        setup = {(k if k == "aprfast" else k + " + fsync"): s for k, s in setup.items()}
+        r = self.time(durable, setup=setup)
+        t.add(Row(f"{name}: save to a fresh path, durable (fsync file + dir)", size, r.pop("aprfast"),
+                  {"save_file + fsync": r.pop("safetensors + fsync")}, r))
+        for p in paths.values():
+            unlinker(p)()
+
+    # --- reads ----------------------------------------------------------------------
+    def reads(self, name, tensors, files, size):
+        t = self.table
+        apr, st, npz, npy, pt, gg = (files[k] for k in ("apr", "st", "npz", "npy", "pt", "gguf"))
         names = list(tensors)
-        os.sync()  # let writeback of what was just saved finish before timing reads
+        npy_paths = [os.path.join(npy, k + ".npy") for k in names]
+        fast = dict(min_sample=0.05)
 
-        # open and list
-        def st_keys():
-            with safe_open(st, "np") as f:
-                return list(f.keys())
-
+        # open + list names
         def apr_keys():
             with aprfast.open(apr) as f:
                 return f.keys()
 
-        def npz_keys():
-            with np.load(npz) as f:
+        def st_keys():
+            with safe_open(st, "np") as f:
                 return list(f.keys())
 
-        self.row(model, "open + list", best(apr_keys, r * 5),
-                 {"safetensors": best(st_keys, r * 5), "np.load(npz)": best(npz_keys, r * 5)})
+        def npz_keys():
+            with np.load(npz) as f:
+                return list(f.files)
 
-        # zero-copy access of every tensor
-        def st_all_lazy():
-            with safe_open(st, "np") as f:
-                return [f.get_tensor(k) for k in names]
+        tools = {"aprfast": apr_keys, "safe_open keys": st_keys, "np.load(npz).files": npz_keys}
+        if torch is not None:
+            tools["torch.load(mmap=True) keys"] = lambda: list(torch.load(pt, mmap=True, weights_only=True))
+        if gguf is not None:
+            tools["GGUFReader names"] = lambda: [x.name for x in gguf.GGUFReader(gg).tensors]
+        r = self.time(tools, **fast)
+        t.add(Row(f"{name}: open + list names", size, r.pop("aprfast"), {"safe_open keys": r.pop("safe_open keys")},
+                  r))
 
-        def apr_all_views():
+        self.inspect_row(name, files, size)
+
+        # every tensor as a view
+        def apr_views():
             with aprfast.open(apr) as f:
                 return [f.get_tensor(k) for k in names]
 
-        def npy_mmap_all():
-            return [np.load(os.path.join(npy_dir, k + ".npy"), mmap_mode="r") for k in names]
-
-        self.row(model, "open + every tensor (lazy)", best(apr_all_views, r),
-                 {"safetensors": best(st_all_lazy, r), "np.load(mmap_mode)": best(npy_mmap_all, r)})
-
-        # eager load of everything into owned arrays
-        peers = {"safetensors": best(lambda: st_numpy.load_file(st), r),
-                 "np.load(npz)": best(lambda: dict(np.load(npz)), r)}
+        tools = {"aprfast": apr_views}
+        primary = {}
         if torch is not None:
-            peers["torch.load"] = best(lambda: torch.load(pt, weights_only=True), r)
-        total = sum(v.nbytes for v in tensors.values())
-        buf = bytearray(total)
-        buf_view = memoryview(buf)
+            def st_pt_views():
+                with safe_open(st, "pt") as f:
+                    return [f.get_tensor(k) for k in names]
+            tools["safe_open(pt) get_tensor"] = st_pt_views
+            tools["safetensors.torch.load_file"] = lambda: st_torch.load_file(st)
+            tools["torch.load(mmap=True)"] = lambda: torch.load(pt, mmap=True, weights_only=True)
+        tools["np.load(mmap_mode='r') per .npy"] = lambda: [np.load(p, mmap_mode="r") for p in npy_paths]
+        if gguf is not None:
+            tools["GGUFReader .data"] = lambda: [x.data for x in gguf.GGUFReader(gg).tensors]
+        r = self.time(tools, **fast)
+        for k in ("safe_open(pt) get_tensor", "safetensors.torch.load_file"):
+            if k in r:
+                primary[k] = r.pop(k)
+        note = "" if primary else "safetensors has no zero-copy NumPy API: its views need torch"
+        t.add(Row(f"{name}: every tensor as a view", size, r.pop("aprfast"), primary, r, note=note))
 
-        def readinto_baseline():
+        # every tensor as an owned copy, through an open file
+        def apr_copies():
+            with aprfast.open(apr) as f:
+                return [f.get_tensor(k, copy=True) for k in names]
+
+        def st_np_copies():
+            with safe_open(st, "np") as f:
+                return [f.get_tensor(k) for k in names]
+
+        tools = {"aprfast": apr_copies, "safe_open(np) get_tensor": st_np_copies,
+                 "np.load per .npy": lambda: [np.load(p) for p in npy_paths]}
+        if gguf is not None:
+            tools["GGUFReader + np.array"] = lambda: [np.array(x.data) for x in gguf.GGUFReader(gg).tensors]
+        r = self.time(tools, **fast)
+        t.add(Row(f"{name}: every tensor as an owned copy (open + get_tensor)", size, r.pop("aprfast"),
+                  {"safe_open(np) get_tensor": r.pop("safe_open(np) get_tensor")}, r))
+
+        # eager load into owned arrays
+        total = os.path.getsize(st)
+        buf = memoryview(bytearray(total))
+
+        def readinto():
             with open(st, "rb", buffering=0) as f:
-                f.readinto(buf_view)
+                f.readinto(buf)
 
-        peers["readinto (floor)"] = best(readinto_baseline, r)
-        self.row(model, "load_file (eager, owned)", best(lambda: aprfast.load_file(apr, mmap=False), r), peers)
+        def npz_load():
+            with np.load(npz) as f:
+                return {k: f[k] for k in f.files}
 
-        # one tensor out of many, from an already-open file
+        tools = {"aprfast": lambda: aprfast.load_file(apr, mmap=False),
+                 "safetensors.numpy.load_file": lambda: st_numpy.load_file(st),
+                 "safetensors.numpy.load_file(backend='pread')": lambda: st_numpy.load_file(st, backend="pread"),
+                 "np.load(npz)": npz_load,
+                 "np.load per .npy": lambda: {k: np.load(p) for k, p in zip(names, npy_paths)},
+                 "readinto (the file's bytes)": readinto}
+        if torch is not None:
+            tools["torch.load"] = lambda: torch.load(pt, weights_only=True)
+        if gguf is not None:
+            tools["GGUFReader + np.array"] = lambda: {x.name: np.array(x.data) for x in gguf.GGUFReader(gg).tensors}
+        r = self.time(tools, **fast)
+        primary = {k: r.pop(k) for k in list(r) if k.startswith("safetensors")}
+        limits = {"readinto": r.pop("readinto (the file's bytes)")}
+        t.add(Row(f"{name}: eager load, owned arrays", size, r.pop("aprfast"), primary, r, limits))
+        buf = None  # the 504 MiB bounce buffer of the readinto limit
+
+        # one tensor from an already open file; slices of 1/8 of the rows
         one = names[len(names) // 2]
-        with safe_open(st, "np") as sf, aprfast.open(apr) as af:
-            self.row(model, f"get one tensor ({tensors[one].nbytes // 1024} KiB)",
-                     best(lambda: af.get_tensor(one), r * 20),
-                     {"safetensors": best(lambda: sf.get_tensor(one), r * 20)})
+        rows = tensors[one].shape[0]
+        eighth = max(1, rows // 8)
+        with aprfast.open(apr) as af, safe_open(st, "np") as sf:
+            mm = np.load(os.path.join(npy, one + ".npy"), mmap_mode="r")
+            sfp = safe_open(st, "pt") if torch is not None else None
+            one_size = size_text(tensors[one].nbytes)
+            tools = {"aprfast": lambda: af.get_tensor(one)}
+            if sfp is not None:
+                tools["safe_open(pt) get_tensor"] = lambda: sfp.get_tensor(one)
+            r = self.time(tools, min_sample=0.02)
+            ours = r.pop("aprfast")
+            t.add(Row(f"{name}: one tensor from an open file, view", one_size, ours, r,
+                      note="" if r else "safetensors views need torch"))
+
+            tools = {"aprfast": lambda: af.get_tensor(one, copy=True),
+                     "safe_open(np) get_tensor": lambda: sf.get_tensor(one),
+                     "np.array(open memmap)": lambda: np.array(mm)}
+            r = self.time(tools, min_sample=0.02)
+            t.add(Row(f"{name}: one tensor from an open file, copy", one_size, r.pop("aprfast"),
+                      {"safe_open(np) get_tensor": r.pop("safe_open(np) get_tensor")}, r))
+
+            if tensors[one].ndim >= 2:
+                slice_size = size_text(tensors[one][:eighth].nbytes)
+                tools = {"aprfast": lambda: af.get_slice(one)[:eighth],
+                         "safe_open(np) get_slice": lambda: sf.get_slice(one)[:eighth],
+                         "np.array(memmap[:r])": lambda: np.array(mm[:eighth])}
+                if sfp is not None:
+                    tools["safe_open(pt) get_slice"] = lambda: sfp.get_slice(one)[:eighth]
+                r = self.time(tools, min_sample=0.02)
+                primary = {k: r.pop(k) for k in list(r) if k.startswith("safe_open")}
+                t.add(Row(f"{name}: get_slice, 1/8 of the rows, copy", slice_size, r.pop("aprfast"), primary, r))
+
+                tools = {"aprfast": lambda: af.get_tensor(one)[:eighth], "memmap[:r]": lambda: mm[:eighth]}
+                if sfp is not None:
+                    tools["safe_open(pt) get_tensor[:r]"] = lambda: sfp.get_tensor(one)[:eighth]
+                r = self.time(tools, min_sample=0.02)
+                primary = {k: r.pop(k) for k in list(r) if k.startswith("safe_open")}
+                t.add(Row(f"{name}: 1/8 of the rows, view (get_tensor[:r])", slice_size, r.pop("aprfast"),
+                          primary, r, note="" if primary else "safetensors views need torch"))
+            if sfp is not None:
+                sfp.__exit__(None, None, None)
+            mm = None
+
+    def inspect_row(self, name, files, size):
+        """Header, metadata and the whole index (names, dtypes, shapes, offsets)."""
+        apr, st, gg = files["apr"], files["st"], files["gguf"]
+
+        def st_header():
+            with open(st, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                return json.loads(f.read(n))
+
+        tools = {"aprfast": lambda: aprfast.inspect(apr), "header + json.loads": st_header}
+        if gguf is not None:
+            tools["GGUFReader"] = lambda: gguf.GGUFReader(gg).tensors
+        r = self.time(tools, min_sample=0.05)
+        self.table.add(Row(f"{name}: inspect (header + index)", size, r.pop("aprfast"),
+                           {"header + json.loads": r.pop("header + json.loads")}, r))
+
+    # --- fresh processes -------------------------------------------------------------
+    def fresh(self, name, files, size):
+        copy = {"aprfast.load_file(mmap=False)": files["apr"], "safetensors.numpy.load_file": files["st"],
+                "np.load(npz)": files["npz"], "np.load(npy) per tensor": files["npy"]}
+        view = {"aprfast.load_file (views)": files["apr"], "np.load(npy, mmap) per tensor": files["npy"]}
+        if torch is not None:
+            copy["torch.load"] = files["pt"]
+            view["safetensors.torch.load_file (views)"] = files["st"]
+            view["torch.load(mmap=True)"] = files["pt"]
+        if gguf is not None:
+            copy["GGUFReader copy"] = files["gguf"]
+            view["GGUFReader view"] = files["gguf"]
+        for kind, tools in (("owned copies", copy), ("views", view)):
+            times, above, whole = fresh_samples(tools, self.fresh_rounds)
+            ours = next(k for k in tools if k.startswith("aprfast"))
+            primary = [k for k in tools if k.startswith("safetensors")]
+            note = "" if primary else "safetensors views need torch"
+            for label, data, unit in (("time", times, "s"), ("peak RSS above its imports", above, "B"),
+                                      ("peak RSS of the process (VmHWM)", whole, "B")):
+                data = dict(data)
+                ours_s = data.pop(ours)
+                prim = {k: data.pop(k) for k in primary}
+                self.table.add(Row(f"{name}: fresh process, load into {kind}, {label}", size, ours_s, prim, data,
+                                   unit=unit, note=note))
 
 
-def crc_row(bench, size):
+def fresh_samples(tools: dict, rounds: int):
+    """Each sample a new process, round-robin across tools; (times, peak RSS above the
+    imports, peak RSS of the whole process) by tool."""
+    times = {k: Samples() for k in tools}
+    above = {k: Samples() for k in tools}
+    whole = {k: Samples() for k in tools}
+    child = os.path.join(HERE, "_fresh_load.py")
+    for _ in range(rounds):
+        for tool, path in tools.items():
+            out = subprocess.run([sys.executable, child, tool, path], capture_output=True, text=True)
+            if out.returncode != 0:
+                raise RuntimeError(f"fresh-process load with {tool} failed:\n{out.stderr}")
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            times[tool].append(got["seconds"])
+            above[tool].append(got["peak_above"])
+            whole[tool].append(got["peak"])
+    return times, above, whole
+
+
+def crc_rows(table, size, rounds):
+    """zlib.crc32 has one thread; aprfast's is shown on one thread and on all cores."""
     data = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
-    ours = best(lambda: aprfast.crc32(data), bench.repeat)
-    single = best(lambda: aprfast.crc32(data, threads=1), bench.repeat)
-    z = best(lambda: zlib.crc32(data), bench.repeat)
-    bench.row("crc32", f"{size // MiB} MiB (all cores)", ours, {"zlib.crc32": z})
-    bench.row("crc32", f"{size // MiB} MiB (1 thread)", single, {"zlib.crc32": z})
+    every = f"threads=0 (all {os.cpu_count()} cores)"
+    r = interleaved({"threads=1": lambda: aprfast.crc32(data, threads=1),
+                     every: lambda: aprfast.crc32(data, threads=0),
+                     "zlib.crc32": lambda: zlib.crc32(data)}, rounds, min_sample=0.05)
+    z = r.pop("zlib.crc32")
+    for k, v in r.items():
+        table.add(Row(f"crc32, aprfast {k}", size_text(size), v, None, {"zlib.crc32 (1 thread)": z}))
+    one, every = r["threads=1"], r[every]
+    table.notes.append(f"crc32 thread scaling as measured: all {os.cpu_count()} cores run "
+                       f"{one.median / every.median:.2f}x the speed of 1 thread (medians) at this load.")
 
 
-def save_peak_rss(model_name, scale, directory):
-    """Peak RSS above the inputs while save_file runs, in a fresh process (MiB)."""
-    code = f"""
-import os, resource, sys
-sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
-import numpy as np, aprfast, safetensors.numpy as stn
-from bench_containers import model
+_PEAK_CHILD = r"""
+import os, sys
+sys.path.insert(0, {here!r})
+import numpy as np
+from models import model
 
-t = model({model_name!r}, {scale})
+who, name, scale, path = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+if who == 'aprfast':
+    import aprfast
+    save = lambda t: aprfast.save_file(t, path)
+elif who == 'safetensors':
+    import safetensors.numpy as stn
+    save = lambda t: stn.save_file(t, path)
+elif who == 'torch.save':
+    import torch
+    save = lambda t: torch.save({{k: torch.from_numpy(v) for k, v in t.items()}}, path)
+elif who == 'np.savez':
+    save = lambda t: np.savez(path, **t)
+t = model(name, scale)
 def status(key):
     for line in open('/proc/self/status'):
         if line.startswith(key + ':'):
             return int(line.split()[1]) * 1024
 base = status('VmRSS')
 with open('/proc/self/clear_refs', 'w') as f:
-    f.write('5')  # reset the peak (VmHWM) to the current RSS: measure the save alone
-fn = sys.argv[1]
-if fn == 'aprfast':
-    aprfast.save_file(t, {os.path.join(directory, 'peak.apr')!r})
-else:
-    stn.save_file(t, {os.path.join(directory, 'peak.safetensors')!r})
-print((status('VmHWM') - base) / 2**20)
+    f.write('5')  # VmHWM := current RSS: measure the save alone
+save(t)
+print(status('VmHWM') - base)
 """
-    out = {}
-    for who in ("aprfast", "safetensors"):
-        result = subprocess.run([sys.executable, "-c", code, who], capture_output=True, text=True, check=True)
-        out[who] = float(result.stdout.strip())
-    return out
+
+
+def save_peak_rows(table, scale, directory, rounds, models):
+    """Peak RSS above the inputs while each tool saves, in fresh processes."""
+    code = _PEAK_CHILD.format(here=HERE)
+    tools = ["aprfast", "safetensors", "np.savez"] + (["torch.save"] if torch is not None else [])
+    for name in [m for m in ("large", "small") if m in models]:
+        peaks = {k: Samples() for k in tools}
+        size = None
+        for _ in range(rounds):
+            for who in tools:
+                path = os.path.join(directory, f"peak.{name}.{who}")
+                unlinker(path if who != "np.savez" else path + ".npz")()
+                out = subprocess.run([sys.executable, "-c", code, who, name, str(scale), path],
+                                     capture_output=True, text=True)
+                if out.returncode != 0:
+                    raise RuntimeError(f"save peak child {who} failed:\n{out.stderr}")
+                peaks[who].append(float(out.stdout.strip().splitlines()[-1]))
+                if size is None and who == "aprfast":
+                    size = size_text(os.path.getsize(path))
+                unlinker(path if who != "np.savez" else path + ".npz")()
+        ours = peaks.pop("aprfast")
+        table.add(Row(f"{name}: save peak RSS above the inputs (fresh process)", size, ours,
+                      {"save_file": peaks.pop("safetensors")}, peaks, unit="B"))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1/8 sizes, 2 repeats")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="1/8 sizes, 3 rounds, 2 fresh-process rounds")
+    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per row (default 7)")
+    parser.add_argument("--fresh-rounds", type=int, default=5, help="fresh processes per tool (default 5)")
+    parser.add_argument("--no-fresh", action="store_true", help="skip the fresh-process rows")
+    parser.add_argument("--models", default="large,small,tiny,index", help="comma-separated subset")
     parser.add_argument("--dir", default=None, help="where to write files (default: a temp dir)")
-    parser.add_argument("--json", default=None, help="write the results to this JSON file")
-    parser.add_argument("--markdown", action="store_true", help="also print the README table")
+    parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
+    parser.add_argument("--markdown", action="store_true", help=argparse.SUPPRESS)  # old flag: always printed now
     args = parser.parse_args()
     scale = 0.125 if args.quick else 1.0
-    repeat = 2 if args.quick else args.repeat
+    rounds = 3 if args.quick else args.rounds
+    fresh_rounds = 2 if args.quick else args.fresh_rounds
+    wanted = args.models.split(",")
+
+    versions = (f"safetensors {timing.version('safetensors')}, torch {torch.__version__ if torch else 'absent'}, "
+                f"gguf {timing.version('gguf') if gguf else 'absent'}, crc32 kernel {aprfast._crc.best_path()}")
+    table = Table("Containers: aprfast vs safetensors and the best other tool", "safetensors (best API)",
+                  versions=versions)
+    if torch is None:
+        table.skip("torch (torch.save/torch.load/safetensors.torch rows)", TORCH_WHY)
+    if gguf is None:
+        table.skip("gguf (GGUFWriter/GGUFReader)", GGUF_WHY)
+    started = time.time()
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
-        bench = Bench(directory, repeat)
-        print(f"aprfast {aprfast.__version__}, crc32 kernel {aprfast._crc.best_path()}, {os.cpu_count()} cores, "
-              f"torch {'yes' if torch else 'not installed'}")
-        for name in MODELS:
+        bench = Bench(directory, rounds, fresh_rounds, table)
+        if args.quick:
+            bench.slow_rounds = 1
+        for name in [m for m in MODELS if m in wanted]:
             tensors = model(name, scale)
-            size = sum(v.nbytes for v in tensors.values())
-            print(f"--- {name}: {len(tensors)} tensors, {size / MiB:.1f} MiB")
-            bench.run_model(name, tensors)
+            nbytes = sum(v.nbytes for v in tensors.values())
+            size = size_text(nbytes)
+            print(f"--- {name}: {len(tensors)} tensors, {nbytes / MiB:.1f} MiB", flush=True)
+            bench.saves(name, tensors, size)
+            files = bench.prepare(name, tensors)
+            bench.reads(name, tensors, files, size)
+            if not args.no_fresh:
+                bench.fresh(name, files, size)
             del tensors
             gc.collect()
-        crc_row(bench, int(256 * MiB * scale))
-        peaks = {m: save_peak_rss(m, scale, directory) for m in ("large", "small")}
-        for name, peak in peaks.items():
-            print(f"{name:6} save_file peak RSS above inputs: aprfast {peak['aprfast']:.1f} MiB, "
-                  f"safetensors {peak['safetensors']:.1f} MiB")
-        results = {"rows": bench.rows, "save_peak_rss_mib": peaks, "scale": scale}
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
-        if args.markdown:
-            print(markdown_table(results))
-
-
-def markdown_table(results) -> str:
-    """The README's table: each operation, aprfast's time, and each peer's time and ratio."""
-    def ms(t):
-        return f"{t * 1e3:.3f} ms" if t < 0.01 else f"{t * 1e3:.1f} ms"
-
-    lines = ["| model | operation | aprfast | safetensors (zlib for crc32) | other peers |",
-             "|---|---|---|---|---|"]
-    for row in results["rows"]:
-        peers = dict(row["peers"])
-        st = peers.pop("safetensors", None) or peers.pop("zlib.crc32", None)
-        st_text = f"{ms(st)} (**{st / row['aprfast']:.1f}x**)" if st else ""
-        others = ", ".join(f"{name} {ms(t)} ({t / row['aprfast']:.1f}x)" for name, t in peers.items())
-        lines.append(f"| {row['model']} | {row['op']} | {ms(row['aprfast'])} | {st_text} | {others} |")
-    for name, peak in results["save_peak_rss_mib"].items():
-        lines.append(f"| {name} | save_file peak RSS above the inputs | {peak['aprfast']:.1f} MiB | "
-                     f"{peak['safetensors']:.1f} MiB | |")
-    return "\n".join(lines)
+            print(f"--- {name} done at {time.time() - started:.0f} s", flush=True)
+        if "index" in wanted:
+            tensors = model("index", scale)
+            print(f"--- index: {len(tensors)} tensors", flush=True)
+            files = {"apr": bench.path("index", "apr"), "st": bench.path("index", "safetensors"),
+                     "gguf": bench.path("index", "gguf")}
+            aprfast.save_file(tensors, files["apr"], durable=False)
+            st_numpy.save_file(tensors, files["st"])
+            if gguf is not None:
+                gguf_save(tensors, files["gguf"])
+            bench.inspect_row("index", files, f"{len(tensors):,} tensors")
+            del tensors
+        crc_rows(table, int(256 * MiB * scale), rounds)
+        save_peak_rows(table, scale, directory, 1 if args.quick else 3, wanted)
+    table.notes.append("Save rows: every tool writes to a path that does not exist (removed before each call, "
+                       "untimed). Durable rows add fsync of the file and its directory to each peer.")
+    table.notes.append(f"A peer whose first call took over 2 s is sampled in {bench.slow_rounds} round(s) only "
+                       "(its cell says n=...).")
+    table.notes.append("Views: safetensors.torch.load_file and safe_open(pt) return tensors over a private mmap; "
+                       "safetensors' NumPy API always copies, so it sits in the copy rows.")
+    table.finish(args.md_out)
 
 
 if __name__ == "__main__":

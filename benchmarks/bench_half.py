@@ -1,17 +1,25 @@
-"""Time aprfast's float16 / bfloat16 conversions beside NumPy and ml_dtypes, in the same run.
+"""aprfast's float16 / bfloat16 conversions beside NumPy, ml_dtypes and (if installed) torch.
 
-    python benchmarks/bench_half.py            # 64 MiB of float32 (16 Mi elements) each way
-    python benchmarks/bench_half.py --quick    # 8 MiB, fewer repeats
+    python benchmarks/bench_half.py            # 64 MiB of float32 (16 Mi elements), 15 rounds
+    python benchmarks/bench_half.py --quick    # 8 MiB, 5 rounds
     python benchmarks/bench_half.py --paths    # also every kernel this CPU runs, 1 thread
-    python benchmarks/bench_half.py --sweep    # 1 vs 2 threads from 64 Ki to 16 Mi elements
+    python benchmarks/bench_half.py --sweep    # also 1 vs 2 threads from 64 Ki to 16 Mi elements
 
-Peers: ``src.astype(dtype)`` (what users write; it allocates its result) and
-``np.copyto(out, src, casting="unsafe")`` into a preallocated array (the like-for-like
-comparison, since aprfast writes into ``out``).  Float16 goes through NumPy, bfloat16
-through ml_dtypes.  Each figure is the best per-call time of several samples; ratios are
-peer time divided by aprfast time, so above 1 means aprfast is faster.  The source is
-standard-normal float32 (like weights; NumPy is much slower on values that underflow or
-overflow float16, which would flatter aprfast).
+Like with like, for each of f32->f16, f16->f32, f32->bf16, bf16->f32:
+
+* allocating API vs allocating API: ``aprfast.to_float16(x)`` / ``to_bfloat16`` /
+  ``to_float32`` against ``x.astype(np.float16)`` (NumPy), ``x.astype(ml_dtypes.bfloat16)``
+  and ``tensor.to(dtype)`` (torch);
+* kernel vs kernel into the same kind of preallocated buffer: ``aprfast.to_float16(x,
+  out=out)`` against ``np.copyto(out, x, casting="unsafe")`` (NumPy, or ml_dtypes' cast
+  for bfloat16; ``astype`` cannot write into an existing array) and torch's
+  ``out.copy_(x)``.
+
+Each pairing is run with one thread (aprfast ``threads=1``, ``torch.set_num_threads(1)``)
+and with every core (aprfast ``threads=0``, torch's default); NumPy and ml_dtypes
+always run on one thread, which the row says.  The source is standard-normal float32
+(like weights; NumPy is much slower on values that underflow or overflow float16, which
+would flatter aprfast).  Outputs are checked bit for bit against the peer.
 """
 
 from __future__ import annotations
@@ -22,108 +30,153 @@ import sys
 
 import numpy as np
 
+import aprfast
 from aprfast import _half
 
-import functools
-
 import timing
-
-best = functools.partial(timing.best, min_sample=0.01)
+from timing import Row, Table, interleaved
 
 try:
     import ml_dtypes
-except ImportError:  # pragma: no cover
-    sys.exit("the bfloat16 benchmark compares against ml_dtypes: pip install ml_dtypes")
+    ML_WHY = None
+except ImportError as exc:  # pragma: no cover
+    ml_dtypes = None
+    ML_WHY = f"not installed ({exc.name}): the bfloat16 rows compare against it"
+
+try:
+    import torch
+    TORCH_WHY = None
+except ImportError as exc:
+    torch = None
+    TORCH_WHY = f"not installed ({exc.name}); pip install torch to add its column"
 
 MiB = 1 << 20
 
 
-
-
 def directions(n):
-    """(name, narrow dtype, kernel, source, aprfast out, peer out) for the four conversions."""
+    """(name, aprfast allocating fn, aprfast into-out fn, NumPy/ml_dtypes source, target dtype,
+    torch source, torch target dtype, peer name) for each conversion that can run here."""
     rng = np.random.default_rng(0)
     f32 = rng.standard_normal(n, dtype=np.float32)
     f16 = f32.astype(np.float16)
-    bf16 = f32.astype(ml_dtypes.bfloat16)
-    return [
-        ("f32 -> f16", np.float16, _half.f32_to_f16, f32, np.empty(n, np.uint16), np.empty(n, np.float16)),
-        ("f16 -> f32", np.float32, _half.f16_to_f32, f16, np.empty(n, np.float32), np.empty(n, np.float32)),
-        ("f32 -> bf16", ml_dtypes.bfloat16, _half.f32_to_bf16, f32, np.empty(n, np.uint16),
-         np.empty(n, ml_dtypes.bfloat16)),
-        ("bf16 -> f32", np.float32, _half.bf16_to_f32, bf16, np.empty(n, np.float32), np.empty(n, np.float32)),
-    ]
+    out = []
+    t32 = torch.from_numpy(f32) if torch is not None else None
+    out.append(("f32 -> f16", aprfast.to_float16, f32, np.float16, t32, "float16", "NumPy astype/copyto"))
+    out.append(("f16 -> f32", aprfast.to_float32, f16, np.float32,
+                torch.from_numpy(f16) if torch is not None else None, "float32", "NumPy astype/copyto"))
+    if ml_dtypes is not None:
+        bf16 = f32.astype(ml_dtypes.bfloat16)
+        out.append(("f32 -> bf16", aprfast.to_bfloat16, f32, ml_dtypes.bfloat16, t32, "bfloat16",
+                    "ml_dtypes astype/copyto"))
+        out.append(("bf16 -> f32", aprfast.to_float32, bf16, np.float32,
+                    t32.to(torch.bfloat16) if torch is not None else None, "float32", "ml_dtypes astype/copyto"))
+    return out
 
 
-def as_bits(a):
-    """The view the kernels take: halves as uint16, floats as themselves."""
-    return a if a.dtype == np.float32 else a.view(np.uint16)
+def bits(a):
+    return np.asarray(a).view(np.uint16 if np.asarray(a).dtype.itemsize == 2 else np.uint32)
 
 
-def bench_against_peers(n, repeat):
-    print(f"{n * 4 / MiB:.0f} MiB of float32 ({n:,} elements); kernel: {_half.best_path()}, "
-          f"{_half.default_threads()} online cores")
-    header = (f"{'direction':<12} {'astype':>8} {'copyto':>8} {'apr 1t':>8} {'apr 2t':>8}   "
-              f"{'astype/1t':>9} {'copyto/1t':>9} {'1t/2t':>6}  {'GB/s 1t':>7} {'GB/s 2t':>7}")
-    print(header)
-    print("-" * len(header))
-    for name, dtype, kernel, src, out, peer_out in directions(n):
-        src_bits, out_bits = as_bits(src), as_bits(out)
-        t_astype = best(lambda: src.astype(dtype), repeat)
-        t_copyto = best(lambda: np.copyto(peer_out, src, casting="unsafe"), repeat)
-        t1 = best(lambda: kernel(src_bits, out_bits, threads=1), repeat)
-        t2 = best(lambda: kernel(src_bits, out_bits, threads=2), repeat)
-        moved = src.nbytes + out.nbytes
-        print(f"{name:<12} {t_astype * 1e3:7.2f}m {t_copyto * 1e3:7.2f}m {t1 * 1e3:7.2f}m {t2 * 1e3:7.2f}m   "
-              f"{t_astype / t1:8.1f}x {t_copyto / t1:8.1f}x {t1 / t2:5.2f}x  "
-              f"{moved / t1 / 1e9:7.1f} {moved / t2 / 1e9:7.1f}")
-        if not np.array_equal(out.view(np.uint16 if out.dtype == np.uint16 else np.uint32),
-                              peer_out.view(np.uint16 if out.dtype == np.uint16 else np.uint32)):
-            sys.exit(f"{name}: aprfast and the peer disagree")
-    print("(times per call in ms; GB/s counts bytes read plus bytes written)")
+def bench_against_peers(table, n, rounds):
+    size = f"{n * 4 / MiB:.0f} MiB f32"
+    cores = os.cpu_count()
+    for name, convert, src, dtype, tsrc, tdtype, peer in directions(n):
+        np_out = np.empty(n, dtype)
+        ours_out = np.empty(n, dtype)
+        t_out = torch.empty(n, dtype=getattr(torch, tdtype)) if torch is not None else None
+        expected = src.astype(dtype)
+        if not np.array_equal(bits(convert(src)), bits(expected)):
+            sys.exit(f"{name}: aprfast and {peer} disagree")
+        for threads, label in ((1, "1 thread"), (0, f"all {cores} cores")):
+            if torch is not None:
+                torch.set_num_threads(1 if threads == 1 else cores)
+            tools = {"aprfast": lambda: convert(src, threads=threads),
+                     "astype": lambda: src.astype(dtype)}
+            if torch is not None:
+                tools["torch .to()"] = lambda: tsrc.to(getattr(torch, tdtype))
+            r = interleaved(tools, rounds, min_sample=0.02)
+            primary = {peer.split()[0] + " astype (1 thread)": r.pop("astype")}
+            table.add(Row(f"{name}, allocating, aprfast {label}", size, r.pop("aprfast"), primary,
+                          {f"torch .to() ({label})": r.pop("torch .to()")} if torch is not None else None))
+
+            tools = {"aprfast": lambda: convert(src, out=ours_out, threads=threads),
+                     "copyto": lambda: np.copyto(np_out, src, casting="unsafe")}
+            if torch is not None:
+                tools["torch copy_"] = lambda: t_out.copy_(tsrc)
+            r = interleaved(tools, rounds, min_sample=0.02)
+            primary = {peer.split()[0] + " np.copyto into out (1 thread)": r.pop("copyto")}
+            table.add(Row(f"{name}, into a preallocated out, aprfast {label}", size, r.pop("aprfast"), primary,
+                          {f"torch out.copy_() ({label})": r.pop("torch copy_")} if torch is not None else None))
+            if not np.array_equal(bits(ours_out), bits(np_out)):
+                sys.exit(f"{name}: aprfast and {peer} disagree (into out)")
+        if torch is not None:
+            torch.set_num_threads(cores)
+    table.notes.append("NumPy and ml_dtypes conversions run on one thread whatever the row says; the thread "
+                       "count applies to aprfast and torch.")
 
 
-def bench_paths(n, repeat):
-    print(f"\nEvery kernel, 1 thread, {n * 4 / MiB:.0f} MiB of float32 (ms per call)")
-    paths = _half.available_paths()
-    print(f"{'direction':<12} " + " ".join(f"{p:>12}" for p in paths))
-    for name, _, kernel, src, out, _ in directions(n):
-        src_bits, out_bits = as_bits(src), as_bits(out)
-        times = [best(lambda: kernel(src_bits, out_bits, threads=1, path=p), repeat) for p in paths]
-        print(f"{name:<12} " + " ".join(f"{t * 1e3:11.2f}m" for t in times))
+def thread_scaling(table, n, rounds):
+    """aprfast's kernels at 1 and 2 threads, as measured (no target applied)."""
+    for name, convert, src, dtype, *_ in directions(n):
+        out = np.empty(n, dtype)
+        r = interleaved({"1": lambda: convert(src, out=out, threads=1),
+                         "2": lambda: convert(src, out=out, threads=2)}, rounds, min_sample=0.02)
+        table.notes.append(f"{name} thread scaling (into out): 1 thread {r['1'].text()}, 2 threads "
+                           f"{r['2'].text()}: {r['1'].median / r['2'].median:.2f}x as measured")
 
 
-def bench_thread_sweep(repeat):
+def bench_paths(n, rounds):
+    print(f"\nEvery kernel, 1 thread, {n * 4 / MiB:.0f} MiB of float32 (median [min..max] per call)")
+    kernels = {"f32 -> f16": _half.f32_to_f16, "f16 -> f32": _half.f16_to_f32,
+               "f32 -> bf16": _half.f32_to_bf16, "bf16 -> f32": _half.bf16_to_f32}
+    for name, _, src, dtype, *_ in directions(n):
+        out = np.empty(n, dtype)
+        s = src if src.dtype == np.float32 else src.view(np.uint16)
+        o = out if out.dtype == np.float32 else out.view(np.uint16)
+        kernel = kernels[name]
+        r = interleaved({p: (lambda p=p: kernel(s, o, threads=1, path=p)) for p in _half.available_paths()},
+                        rounds, min_sample=0.02)
+        print(f"{name:<12} " + "  ".join(f"{p} {v.text()}" for p, v in r.items()))
+
+
+def bench_thread_sweep(rounds):
     """1 vs 2 threads by size: where splitting starts to pay (PARALLEL_MIN_ELEMENTS in half.c)."""
-    print("\n1 vs 2 threads by size (f32 -> f16 and f16 -> f32; the C side may still run one "
-          "thread below its threshold)")
-    print(f"{'elements':>10} {'f32->f16 1t':>12} {'2t':>9} {'ratio':>6} {'f16->f32 1t':>12} {'2t':>9} {'ratio':>6}")
+    print("\n1 vs 2 threads by size (into out; the C side may still run one thread below its threshold)")
     for shift in range(16, 25):
         n = 1 << shift
-        row = [f"{n:>10,}"]
-        for name, _, kernel, src, out, _ in directions(n)[:2]:
-            src_bits, out_bits = as_bits(src), as_bits(out)
-            t1 = best(lambda: kernel(src_bits, out_bits, threads=1), repeat)
-            t2 = best(lambda: kernel(src_bits, out_bits, threads=2), repeat)
-            row.append(f"{t1 * 1e6:10.1f}us {t2 * 1e6:7.1f}us {t1 / t2:5.2f}x")
-        print(" ".join(row))
+        cells = [f"{n:>10,}"]
+        for name, convert, src, dtype, *_ in directions(n)[:2]:
+            out = np.empty(n, dtype)
+            r = interleaved({"1": lambda: convert(src, out=out, threads=1),
+                             "2": lambda: convert(src, out=out, threads=2)}, rounds, min_sample=0.01)
+            cells.append(f"{name}: 1t {r['1'].text()} 2t {r['2'].text()} ({r['1'].median / r['2'].median:.2f}x)")
+        print("  ".join(cells))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="8 MiB and fewer repeats")
+    parser.add_argument("--quick", action="store_true", help="8 MiB, 5 rounds")
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--paths", action="store_true", help="also time every kernel")
     parser.add_argument("--sweep", action="store_true", help="also sweep sizes, 1 vs 2 threads")
+    parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
     args = parser.parse_args()
     n = (8 if args.quick else 64) * MiB // 4
-    repeat = 5 if args.quick else 15
-    print(f"aprfast half conversions, NumPy {np.__version__}, ml_dtypes {ml_dtypes.__version__}, "
-          f"{os.cpu_count()} CPUs\n")
-    bench_against_peers(n, repeat)
+    rounds = 5 if args.quick else args.rounds
+    versions = (f"ml_dtypes {timing.version('ml_dtypes') if ml_dtypes else 'absent'}, "
+                f"torch {torch.__version__ if torch else 'absent'}, kernel {_half.best_path()}")
+    table = Table("float16 / bfloat16 conversions", "NumPy / ml_dtypes", versions=versions)
+    if ml_dtypes is None:
+        table.skip("ml_dtypes (bfloat16 rows)", ML_WHY)
+    if torch is None:
+        table.skip("torch", TORCH_WHY)
+    bench_against_peers(table, n, rounds)
+    thread_scaling(table, n, rounds)
     if args.paths:
-        bench_paths(n, repeat)
+        bench_paths(n, rounds)
     if args.sweep:
-        bench_thread_sweep(repeat)
+        bench_thread_sweep(rounds)
+    table.finish(args.md_out)
 
 
 if __name__ == "__main__":

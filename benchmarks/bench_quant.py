@@ -1,22 +1,24 @@
-"""Time aprfast's quantization kernels beside gguf-py (llama.cpp's NumPy quantizers), same run.
+"""aprfast's GGML quantization beside gguf-py (llama.cpp's NumPy quantizers), same run.
 
-    python benchmarks/bench_quant.py            # 64 MiB of float32 (16 Mi elements)
-    python benchmarks/bench_quant.py --quick    # 8 MiB, fewer repeats
+    python benchmarks/bench_quant.py            # 64 MiB of float32 (16 Mi elements), 5 rounds
+    python benchmarks/bench_quant.py --quick    # 8 MiB, 3 rounds
     python benchmarks/bench_quant.py --paths    # also time each SIMD path (one thread, 8 MiB)
 
-For Q8_0, Q4_0 and Q4_1: quantize and dequantize with aprfast (default path, all
-cores) and with gguf.quants, checking that the bytes and floats are identical; then
-aprfast with 1 thread against 2 threads.  Each time is the best of several runs into
-a preallocated output.  Ratios are gguf time / aprfast time (or 1-thread time /
-2-thread time): above 1 means the second is faster.
+Like with like, for Q8_0, Q4_0 and Q4_1, quantize and dequantize:
 
-Targets: quantize >= 5x gguf, dequantize >= 2x gguf, 2 threads >= 1.6x 1 thread.
+* allocating API vs allocating API: ``aprfast.quantize(x, "q8_0")`` /
+  ``aprfast.dequantize(qt)`` against ``gguf.quants.quantize(x, qtype)`` /
+  ``gguf.quants.dequantize(raw, qtype)``.  aprfast is shown on one thread and on every
+  core against the same gguf samples (NumPy, one thread).
+* the kernels into a preallocated output (``_quant.quantize_q8_0(x, out)``) have no
+  peer: gguf-py has no ``out=``; they give the 1 vs 2 thread scaling, as measured.
+
+Bytes and floats are checked identical to gguf-py's before anything is timed.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import sys
 import threading
 import time
@@ -24,70 +26,74 @@ import warnings
 
 import numpy as np
 
+import aprfast
 from aprfast import _quant
 
-from timing import best
+import timing
+from timing import Row, Table, interleaved
 
 try:
     import gguf
     from gguf import GGMLQuantizationType
-except ImportError:  # pragma: no cover
-    sys.exit("the quantization benchmark compares against gguf-py: pip install .[bench]")
+    GGUF_WHY = None
+except ImportError as exc:  # pragma: no cover
+    gguf = None
+    GGUF_WHY = f"not installed ({exc.name}): aprfast's rows run without a peer; pip install .[bench]"
 
 MiB = 1 << 20
 TYPES = ("Q8_0", "Q4_0", "Q4_1")
 QUANTIZE = {"Q8_0": _quant.quantize_q8_0, "Q4_0": _quant.quantize_q4_0, "Q4_1": _quant.quantize_q4_1}
-TARGETS = {"quantize": 5.0, "dequantize": 2.0, "threads": 1.6}
 
 
-
-
-def gbps(nbytes, seconds):
-    return nbytes / seconds / 1e9
-
-
-def verdict(ratio, target):
-    return "ok" if ratio >= target else "BELOW TARGET"
-
-
-def bench_type(name, x, repeat, gguf_repeat):
-    qtype = getattr(GGMLQuantizationType, name)
+def bench_type(table, name, x, rounds):
     n = x.size
+    size = f"{n * 4 / MiB:.0f} MiB f32"
+    cores = _quant.default_threads()
+    qt = aprfast.quantize(x, name.lower())
+    if gguf is not None:
+        qtype = getattr(GGMLQuantizationType, name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref_raw = gguf.quants.quantize(x, qtype).ravel()
+            ref_back = gguf.quants.dequantize(ref_raw, qtype).ravel()
+        if not np.array_equal(qt.data, ref_raw):
+            sys.exit(f"{name}: quantized bytes differ from gguf-py")
+        if not np.array_equal(aprfast.dequantize(qt).view(np.uint32), ref_back.view(np.uint32)):
+            sys.exit(f"{name}: floats differ from gguf-py")
+
+    def quiet(fn):
+        def run():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return fn()
+        return run
+
+    every = f"threads=0 (all {cores} cores)"
+    for op, ours, theirs in (
+            ("quantize", lambda t: aprfast.quantize(x, name.lower(), threads=t),
+             quiet(lambda: gguf.quants.quantize(x, qtype)) if gguf is not None else None),
+            ("dequantize", lambda t: aprfast.dequantize(qt, threads=t),
+             quiet(lambda: gguf.quants.dequantize(ref_raw, qtype)) if gguf is not None else None)):
+        tools = {"threads=1": lambda: ours(1), every: lambda: ours(0)}
+        if theirs is not None:
+            tools["gguf"] = theirs
+        r = interleaved(tools, rounds)
+        peer = {f"gguf.quants.{op} (1 thread)": r.pop("gguf")} if "gguf" in r else None
+        for label, samples in r.items():
+            table.add(Row(f"{name} {op}, allocating, aprfast {label}", size, samples, peer))
+
+    # the kernels into a preallocated output, 1 vs 2 threads: no peer has out=
     raw = np.empty(_quant.quantized_nbytes(name, n), np.uint8)
     back = np.empty(n, np.float32)
     quantize = QUANTIZE[name]
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        t_gguf_q = best(lambda: gguf.quants.quantize(x, qtype), gguf_repeat)
-        ref_raw = gguf.quants.quantize(x, qtype).ravel()
-        t_gguf_d = best(lambda: gguf.quants.dequantize(ref_raw, qtype), gguf_repeat)
-        ref_back = gguf.quants.dequantize(ref_raw, qtype).ravel()
-
-    t_q = best(lambda: quantize(x, raw), repeat)
-    t_d = best(lambda: _quant.dequantize(name, raw, back), repeat)
-    assert np.array_equal(raw, ref_raw), f"{name}: quantized bytes differ from gguf-py"
-    assert np.array_equal(back.view(np.uint32), ref_back.view(np.uint32)), f"{name}: floats differ from gguf-py"
-
-    t_q1 = best(lambda: quantize(x, raw, threads=1), repeat)
-    t_q2 = best(lambda: quantize(x, raw, threads=2), repeat)
-    t_d1 = best(lambda: _quant.dequantize(name, raw, back, threads=1), repeat)
-    t_d2 = best(lambda: _quant.dequantize(name, raw, back, threads=2), repeat)
-
-    rows = [
-        ("quantize", t_gguf_q, t_q, "quantize"),
-        ("dequantize", t_gguf_d, t_d, "dequantize"),
-        ("quantize 1 vs 2 threads", t_q1, t_q2, "threads"),
-        ("dequantize 1 vs 2 threads", t_d1, t_d2, "threads"),
-    ]
-    print(f"\n{name}  ({n * 4 / MiB:.0f} MiB float32 <-> {raw.size / MiB:.1f} MiB blocks)")
-    print(f"  {'':28s} {'reference':>12s} {'aprfast':>12s} {'ratio':>8s}")
-    for label, t_ref, t_ours, target in rows:
-        ratio = t_ref / t_ours
-        print(f"  {label:28s} {t_ref * 1e3:10.1f}ms {t_ours * 1e3:10.1f}ms {ratio:7.2f}x"
-              f"  (target {TARGETS[target]}x: {verdict(ratio, TARGETS[target])}; "
-              f"aprfast {gbps(n * 4, t_ours):.1f} GB/s of float32)")
-    return {label: t_ref / t_ours for label, t_ref, t_ours, _ in rows}
+    r = interleaved({"q1": lambda: quantize(x, raw, threads=1), "q2": lambda: quantize(x, raw, threads=2),
+                     "d1": lambda: _quant.dequantize(name, raw, back, threads=1),
+                     "d2": lambda: _quant.dequantize(name, raw, back, threads=2)}, rounds, min_sample=0.02)
+    table.notes.append(
+        f"{name} kernels into a preallocated out (no peer: gguf-py has no out=), as measured: quantize "
+        f"1 thread {r['q1'].text()}, 2 threads {r['q2'].text()} ({r['q1'].median / r['q2'].median:.2f}x); "
+        f"dequantize 1 thread {r['d1'].text()}, 2 threads {r['d2'].text()} "
+        f"({r['d1'].median / r['d2'].median:.2f}x).")
 
 
 def core_check(seconds=0.3):
@@ -118,53 +124,59 @@ def core_check(seconds=0.3):
     return 2 * one / two
 
 
-def bench_paths(x, repeat):
-    """Each available SIMD path on one thread, for every type both ways, on 8 MiB: small
-    enough to stay in cache, so the kernels rather than memory set the pace."""
+def bench_paths(x, rounds):
+    """Each available SIMD path on one thread, for every type both ways, on 8 MiB."""
     x = x[: 2 * MiB]
-    print("\nper path, 1 thread, 8 MiB of float32 (GB/s of float32):")
+    n = x.size
+    print("\nper path, 1 thread, 8 MiB of float32 (median GB/s of float32):")
     names = ("Q8_0", "Q4_0", "Q4_1", "APR_Q8", "APR_Q4", "Q8_TENSOR", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
-    print(f"  {'':12s}" + "".join(f"{p:>22s}" for p in _quant.available_paths()))
+    paths = _quant.available_paths()
+    print(f"  {'':12s}" + "".join(f"{p:>22s}" for p in paths))
     for name in names:
-        n = x.size
         raw = np.empty(_quant.quantized_nbytes(name, n), np.uint8)
         back = np.empty(n, np.float32)
         if _quant.can_quantize(name):
             _quant.quantize(name, x, raw)
         else:
             raw[:] = np.random.default_rng(0).integers(0, 256, raw.size, dtype=np.uint8)
+        tools = {}
+        for p in paths:
+            if _quant.can_quantize(name):
+                tools["q " + p] = lambda p=p: _quant.quantize(name, x, raw, threads=1, path=p)
+            tools["d " + p] = lambda p=p: _quant.dequantize(name, raw, back, threads=1, path=p)
+        r = interleaved(tools, rounds, min_sample=0.01)
         cells = []
-        for path in _quant.available_paths():
-            t_q = (best(lambda: _quant.quantize(name, x, raw, threads=1, path=path), repeat)
-                   if _quant.can_quantize(name) else None)
-            t_d = best(lambda: _quant.dequantize(name, raw, back, threads=1, path=path), repeat)
-            q_text = f"q {gbps(n * 4, t_q):5.1f}" if t_q else "q    - "
-            cells.append(f"{q_text}  dq {gbps(n * 4, t_d):5.1f}")
+        for p in paths:
+            q = f"q {n * 4 / r['q ' + p].median / 1e9:5.1f}" if "q " + p in r else "q    - "
+            cells.append(f"{q}  dq {n * 4 / r['d ' + p].median / 1e9:5.1f}")
         print(f"  {name:12s}" + "".join(f"{c:>22s}" for c in cells))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="8 MiB instead of 64 MiB, fewer repeats")
+    parser.add_argument("--quick", action="store_true", help="8 MiB instead of 64 MiB, 3 rounds")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--paths", action="store_true", help="also time every SIMD path on one thread")
+    parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
     args = parser.parse_args(argv)
 
     size = (8 if args.quick else 64) * MiB
-    repeat, gguf_repeat = (3, 1) if args.quick else (7, 3)
+    rounds = 3 if args.quick else args.rounds
     x = np.random.default_rng(0).standard_normal(size // 4, dtype=np.float32)
-    print(f"aprfast quantization kernels: path {_quant.best_path()} (available: "
-          f"{', '.join(_quant.available_paths())}), {_quant.default_threads()} threads by default, "
-          f"numpy {np.__version__}, gguf {importlib.metadata.version('gguf')}")
+    versions = (f"gguf {timing.version('gguf') if gguf else 'absent'}, quant path {_quant.best_path()} (available: "
+                f"{', '.join(_quant.available_paths())})")
+    table = Table("GGML quantization", "gguf-py (gguf.quants)", versions=versions)
+    if gguf is None:
+        table.skip("gguf-py", GGUF_WHY)
     scaling = core_check()
-    print(f"core check: 2 threads on independent work do {scaling:.2f}x the work of 1"
-          + ("" if scaling >= 1.8 else "  -- the cores are busy, thread ratios below are not meaningful"))
-    results = {name: bench_type(name, x, repeat, gguf_repeat) for name in TYPES}
+    table.notes.append(f"core check: 2 threads on independent cache-resident work did {scaling:.2f}x the work of 1"
+                       + ("" if scaling >= 1.8 else " — the cores were busy, so thread ratios understate scaling"))
+    print(table.notes[-1], flush=True)
+    for name in TYPES:
+        bench_type(table, name, x, rounds)
     if args.paths:
-        bench_paths(x, repeat)
-
-    print("\nsummary (ratio, target):")
-    for name, ratios in results.items():
-        print(f"  {name}: " + ", ".join(f"{label} {ratio:.1f}x" for label, ratio in ratios.items()))
+        bench_paths(x, rounds)
+    table.finish(args.md_out)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,298 @@
-"""The timing loop every benchmark script shares."""
+"""What every benchmark script shares: timing that keeps all samples, tools run
+round-robin, the machine's state, and the Markdown table the README pastes.
+
+Method (the same for every row of every script):
+
+* Each tool is warmed up once (page cache, first touch, code paths), then timed in
+  ``rounds`` rounds; within a round the tools run one after another (A, B, C, A, B,
+  C, ...), so a burst of load from other processes hits every tool alike instead of
+  the whole loop of one of them.
+* A sample is one call, or, for calls too short for the timer, a loop of calls lasting
+  about ``min_sample`` seconds (like timeit) divided by its length.  ``setup`` runs
+  before every call outside the timed region (e.g. removing the destination of a save).
+* Reported: the median over the rounds and the min..max range.  Ratios are
+  peer median / aprfast median: above 1 means aprfast is faster.
+"""
+
+from __future__ import annotations
 
 import gc
+import os
+import platform
+import shlex
+import statistics
+import sys
 import time
 
+__all__ = ["Samples", "interleaved", "machine", "Row", "Table", "fmt_time", "fmt_bytes", "command_line"]
 
-def best(fn, repeat, min_sample=0.0):
-    """Best per-call time over ``repeat`` samples after one warm-up call (page cache,
-    first touch, code paths).  Like timeit, each sample loops the call enough times to
-    last ``min_sample`` seconds, so fast calls are not timer noise; 0 times one call per
-    sample.  On a shared machine the best sample is the one no other process disturbed."""
-    fn()
-    number = 1
-    while min_sample > 0:
+
+class Samples(list):
+    """Per-call values (seconds, or bytes for memory rows) of one tool, one per round."""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self)
+
+    @property
+    def lo(self) -> float:
+        return min(self)
+
+    @property
+    def hi(self) -> float:
+        return max(self)
+
+    def text(self, unit: str = "s") -> str:
+        """"1.23 [1.20..1.41] ms": the median, then min..max in the median's unit."""
+        scale, name = _unit(self.median, unit)
+        if len(self) == 1:
+            return f"{_num(self.median * scale)} {name}"
+        return f"{_num(self.median * scale)} [{_num(self.lo * scale)}..{_num(self.hi * scale)}] {name}"
+
+
+def _num(x: float) -> str:
+    if x != x:
+        return "n/a"
+    return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+def _unit(value: float, unit: str):
+    if unit != "s":
+        return 1 / (1 << 20), "MiB"
+    for scale, name in ((1, "s"), (1e3, "ms"), (1e6, "µs")):
+        if value >= 1 / scale:
+            return scale, name
+    return 1e9, "ns"
+
+
+def fmt_time(t: float) -> str:
+    scale, name = _unit(t, "s")
+    return f"{_num(t * scale)} {name}"
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{_num(n / (1 << 20))} MiB"
+
+
+def _run(fn, number, setup):
+    """One sample: the mean time of ``number`` calls, ``setup`` before each, untimed."""
+    if setup is None:
         start = time.perf_counter()
         for _ in range(number):
             fn()
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_sample or number >= 1_000_000:
-            break
+        return (time.perf_counter() - start) / number
+    total = 0.0
+    for _ in range(number):
+        setup()
+        start = time.perf_counter()
+        fn()
+        total += time.perf_counter() - start
+    return total / number
+
+
+def _calibrate(fn, min_sample, setup, first):
+    """How many calls make one sample last about ``min_sample`` seconds (1 for slow calls);
+    ``first`` is the time of the warm-up call, so a slow call is not run again to learn it."""
+    number, elapsed = 1, first
+    while min_sample > 0 and elapsed < min_sample and number < 1_000_000:
         number *= max(2, min(10, int(min_sample / max(elapsed, 1e-9)) + 1))
-    times = []
-    for _ in range(repeat):
-        gc.collect()
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - start) / number)
-    return min(times)
+        elapsed = _run(fn, number, setup) * number
+    return number
+
+
+def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None, slow: float | None = None,
+                slow_rounds: int = 3) -> dict:
+    """Time every tool of ``tools`` (name -> zero-argument callable) round-robin.
+
+    ``setup`` is a callable run before every call (of every tool) outside the timed
+    region, or a dict name -> callable.  A tool whose warm-up call took longer than
+    ``slow`` seconds is sampled in the first ``slow_rounds`` rounds only (its cell then
+    says n=...), so one very slow peer cannot stretch a run by minutes.
+    Returns name -> Samples (seconds per call)."""
+    setups = setup if isinstance(setup, dict) else {name: setup for name in tools}
+    numbers, limit = {}, {}
+    for name, fn in tools.items():
+        first = _run(fn, 1, setups.get(name))  # warm-up: page cache, first touch, code paths
+        numbers[name] = _calibrate(fn, min_sample, setups.get(name), first)
+        limit[name] = slow_rounds if slow is not None and first > slow else rounds
+    out = {name: Samples() for name in tools}
+    for i in range(rounds):
+        for name, fn in tools.items():
+            if i >= limit[name]:
+                continue
+            gc.collect()
+            out[name].append(_run(fn, numbers[name], setups.get(name)))
+    return out
+
+
+def loadavg() -> float:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - not on every platform
+        return float("nan")
+
+
+def cores() -> str:
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{os.cpu_count()} cores ({usable} usable by this process)"
+
+
+def machine(extra: str = "", load: bool = True) -> str:
+    """The line each script prints first: the 1-minute load average and the cores, so a
+    reader can tell a quiet machine from a busy one."""
+    import numpy as np
+
+    import aprfast
+
+    text = (f"{cores()}, {platform.machine()}, Python {platform.python_version()}, NumPy {np.__version__}, "
+            f"aprfast {aprfast.__version__}")
+    if load:
+        text = f"load average (1 min) {loadavg():.2f}, " + text
+    return text + (f", {extra}" if extra else "")
+
+
+def command_line() -> str:
+    """The command that reproduces this run."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), os.getcwd())
+    args, skip = [], False
+    for a in sys.argv[1:]:  # where the table was written to is not part of the measurement
+        if skip:
+            skip = False
+        elif a == "--md-out":
+            skip = True
+        elif not a.startswith("--md-out="):
+            args.append(a)
+    return " ".join(shlex.quote(a) for a in ["python", script, *args])
+
+
+def version(module_name: str) -> str:
+    try:
+        import importlib.metadata as md
+
+        return md.version(module_name)
+    except Exception:  # noqa: BLE001 - only a label
+        return "?"
+
+
+class Row:
+    """One comparison: aprfast against the best tool of each group.
+
+    ``primary``: name -> Samples of the main peer's variants (safetensors for the
+    containers, NumPy for float16, ...); the fastest variant is shown.  ``others``: the
+    other tools for the same job; the fastest is shown.  ``limits``: what no tool can
+    beat (a plain read, the raw primitive), shown for scale and never counted as a loss."""
+
+    def __init__(self, path, size, aprfast, primary=None, others=None, limits=None, unit="s", note=""):
+        self.path, self.size, self.aprfast = path, size, aprfast
+        self.primary, self.others, self.limits = primary or {}, others or {}, limits or {}
+        self.unit, self.note = unit, note
+
+    @staticmethod
+    def _best(group):
+        if not group:
+            return None, None
+        name = min(group, key=lambda k: group[k].median)
+        return name, group[name]
+
+    def ratio(self, samples) -> float:
+        return samples.median / self.aprfast.median if self.aprfast.median > 0 else float("nan")
+
+    def cell(self, group, with_name=True):
+        name, samples = self._best(group)
+        if samples is None:
+            return "—"
+        label = f"{name}: " if with_name else ""
+        fewer = f" (n={len(samples)})" if len(samples) < len(self.aprfast) else ""
+        return f"{label}{samples.text(self.unit)}{fewer}"
+
+    def ratio_cell(self, group):
+        _, samples = self._best(group)
+        if samples is None:
+            return "—"
+        r = self.ratio(samples)
+        text = f"{r:.2f}x"
+        return f"**{text}**" if r < 1 else text
+
+    def mark(self) -> str:
+        marks = []
+        for group in (self.primary, self.others):
+            name, samples = self._best(group)
+            if samples is None:
+                continue
+            if self.ratio(samples) < 1:
+                marks.append(f"❌ {'slower than' if self.unit == 's' else 'more memory than'} {name}")
+            elif samples.lo <= self.aprfast.hi and self.aprfast.lo <= samples.hi:
+                marks.append(f"≈ ranges overlap {name}")
+        if self.note:
+            marks.append(self.note)
+        return "; ".join(marks)
+
+    def console(self) -> str:
+        parts = [f"{self.path:<46} {self.size:>10}  aprfast {self.aprfast.text(self.unit):<30}"]
+        for title, group in (("", self.primary), ("", self.others), ("limit ", self.limits)):
+            for name, samples in group.items():
+                parts.append(f"    {title}{name} {samples.text(self.unit)} (x{self.ratio(samples):.2f})")
+        return "\n".join(parts)
+
+
+class Table:
+    """Rows printed as they are measured, then as one Markdown table."""
+
+    def __init__(self, title: str, primary_title: str, *, others_title: str = "best other peer",
+                 limits_title: str = "limit (not a peer)", versions: str = ""):
+        self.title, self.primary_title, self.versions = title, primary_title, versions
+        self.others_title, self.limits_title = others_title, limits_title
+        self.rows = []
+        self.skipped = []
+        self.notes = []
+        self.load_start = loadavg()
+        self.started = time.time()
+        print(machine(versions), flush=True)
+
+    def skip(self, what: str, reason: str) -> None:
+        text = f"{what}: {reason}"
+        if text not in self.skipped:
+            self.skipped.append(text)
+            print(f"SKIPPED {text}", flush=True)
+
+    def add(self, row: Row) -> Row:
+        self.rows.append(row)
+        print(row.console(), flush=True)
+        return row
+
+    def markdown(self) -> str:
+        groups = [("primary", self.primary_title), ("others", self.others_title), ("limits", self.limits_title)]
+        shown = [(attr, title) for attr, title in groups if any(getattr(r, attr) for r in self.rows)]
+        head = ["path", "size", "aprfast median [min..max]"]
+        for _, title in shown:
+            head += [title, "ratio"]
+        head.append("mark")
+        lines = [f"### {self.title}", "",
+                 f"`{command_line()}` — {machine(self.versions, load=False)}; load average (1 min) "
+                 f"{self.load_start:.2f} at the start, {loadavg():.2f} at the end; "
+                 f"{time.time() - self.started:.0f} s wall time.", ""]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for r in self.rows:
+            cells = [r.path, r.size, r.aprfast.text(r.unit)]
+            for attr, _ in shown:
+                cells += [r.cell(getattr(r, attr)), r.ratio_cell(getattr(r, attr))]
+            cells.append(r.mark())
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append("")
+        lines.append("Median over rounds with min..max; tools run round-robin within each row; ratio = peer "
+                     "median / aprfast median (above 1: aprfast faster, or uses less memory in MiB rows; **bold** below 1). ❌ marks rows "
+                     "where aprfast loses to the peer shown; ≈ marks rows whose ranges overlap.")
+        for note in self.notes:
+            lines.append(f"- {note}")
+        for text in self.skipped:
+            lines.append(f"- skipped {text}")
+        return "\n".join(lines)
+
+    def finish(self, md_out: str | None = None) -> str:
+        text = self.markdown()
+        print("\n" + text, flush=True)
+        if md_out:
+            with open(md_out, "w") as f:
+                f.write(text + "\n")
+        return text
