@@ -401,6 +401,27 @@ cdef class Entries:
             s = next_entry(self._p, s, self._tail)
         return out
 
+    def describe(self, int64_t data_start, list dtype_names):
+        """``{name: {"dtype", "shape", "offset", "nbytes"}}`` for every entry in index
+        order (what ``aprfast.inspect`` reports), built in one pass; ``dtype_names`` maps
+        each id 0-255 to its name."""
+        cdef Py_ssize_t i, s = 0, q, nl, nd, d
+        cdef const uint8_t *dims
+        out = {}
+        for i in range(self.count):
+            q = tail_at(self._p, s)
+            nl = name_len_at(self._p, s)
+            nd = self._p[s + 3 + nl]
+            dims = self._p + s + 4 + nl
+            out[name_at(self._p, s)] = {
+                "dtype": dtype_names[self._p[s + 2 + nl]],
+                "shape": [le64(dims + 8 * d) for d in range(nd)],
+                "offset": data_start + <int64_t>le64(self._p + q),
+                "nbytes": le64(self._p + q + 8),
+            }
+            s = q + self._tail
+        return out
+
     def extents(self):
         """Two uint64 arrays: every tensor's offset in the data section, and its size."""
         offsets = np.empty(self.count, np.uint64)

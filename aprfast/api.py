@@ -88,6 +88,6 @@ def inspect(target, *, limits: Limits | None = None) -> dict:
             "layout": f.layout,
             "header": f.header,
             "metadata": f.metadata,
-            "tensors": {name: f.info(name).as_dict() for name in f.keys()},
+            "tensors": f._file.describe(),
         }
 

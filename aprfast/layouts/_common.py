@@ -92,6 +92,11 @@ class ParsedFile:
             found = self._rows[name] = self.entries.row(self._find(name), self.data_start)
         return found
 
+    def describe(self) -> dict:
+        """Every tensor's dtype name, shape, absolute offset and stored size, by name in
+        index order (``aprfast.inspect``'s ``tensors``), built in C in one pass."""
+        return self.entries.describe(self.data_start, _dtype_names(self.ids))
+
     def info(self, name: str) -> TensorInfo:
         found = self._infos.get(name)
         if found is None:
@@ -103,6 +108,19 @@ class ParsedFile:
         type_id, offset, size, shape = self.entries.row(i, self.data_start)
         dtype = self.ids.dtype(type_id) if self.ids.knows(type_id) else None
         return TensorInfo(name, dtype, type_id, shape, offset, size, self.entries.flags(i))
+
+
+_DTYPE_NAMES = {}
+
+
+def _dtype_names(ids: IdTable) -> list:
+    """Each id 0-255's name in ``ids`` (``unknown(N)`` for ids it does not define), as
+    :attr:`TensorInfo.dtype_name` gives it."""
+    names = _DTYPE_NAMES.get(ids)
+    if names is None:
+        names = [ids.dtype(i).name if ids.knows(i) else f"unknown({i})" for i in range(256)]
+        _DTYPE_NAMES[ids] = names
+    return names
 
 
 def _missing(name, names) -> str:
@@ -149,6 +167,7 @@ def rule_tables(ids: IdTable):
 
 def update_rule(ids: IdTable, type_id: int) -> None:
     """Set one id's size rule from the table (after a custom quantizer added or removed it)."""
+    _DTYPE_NAMES.pop(ids, None)
     rule, a, b = rule_tables(ids)
     rule[type_id] = a[type_id] = b[type_id] = 0
     if not ids.knows(type_id):
