@@ -247,6 +247,7 @@ class TensorSlice:
         self.info = info
         self.shape = info.shape
         self.dtype = numpy_dtype(info.dtype)
+        self._whole = None
         self._lock = threading.Lock()
 
     def get_shape(self) -> list:
@@ -261,9 +262,19 @@ class TensorSlice:
         return self.shape[0]
 
     def __getitem__(self, key) -> np.ndarray:
+        if self._file._source.zero_copy and _plain_key(key):
+            # Ints and slices on a mapped file: NumPy's own indexing over a view of the
+            # map touches only the pages the key needs; the checks below are for pread.
+            return np.array(self._mapped_view()[key], copy=True)
         box, local_key = _bounding_box(key, self.shape)
         region = self._read_box(box)
         return np.array(region[local_key], copy=True)
+
+    def _mapped_view(self) -> np.ndarray:
+        whole = self._whole
+        if whole is None or self._file._source.closed:  # _mapped() raises once closed
+            whole = self._whole = np.ndarray(self.shape, self.dtype, self._file._mapped(), self.info.offset)
+        return whole
 
     def intervals(self, ranges, axis: int = 0) -> np.ndarray:
         """Rows ``[start, stop)`` for each range along ``axis``, concatenated in order."""
@@ -291,6 +302,15 @@ class TensorSlice:
             whole = np.ndarray(self.shape, self.dtype, self._file._mapped(), self.info.offset)
             return whole[tuple(slice(lo, hi) for lo, hi in box)]
         return _read_box_pread(source, self.info.offset, self.shape, item, box, self.dtype, self.MAX_RUNS)
+
+
+def _plain_key(key) -> bool:
+    """Whether ``key`` is an int, a slice, or a tuple of them (exact types: bools and
+    arrays take the checked path)."""
+    kind = type(key)
+    if kind is int or kind is slice:
+        return True
+    return kind is tuple and all(type(k) is int or type(k) is slice for k in key)
 
 
 def _axis(axis, ndim):
