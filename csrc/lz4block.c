@@ -51,8 +51,8 @@ int apr_lz4_block_decode(const uint8_t *src, size_t srclen, uint8_t *dst, size_t
         if (lit > (size_t)(oend - op)) { rc = APR_LZ4_OUTPUT_OVERFLOW; break; }
         if (lit <= 16 && iend - ip >= 16 && oend - op >= 16)
             memcpy(op, ip, 16);  /* fixed size: one vector move; the excess is rewritten later */
-        else
-            memcpy(op, ip, lit);
+        else if (lit)
+            memcpy(op, ip, lit);  /* never memcpy(NULL, ..., 0): an empty output may be NULL */
         ip += lit;
         op += lit;
         if (ip == iend) {  /* the last sequence: literals only */
