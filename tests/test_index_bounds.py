@@ -19,6 +19,7 @@ import os
 import re
 import struct
 import subprocess
+import tempfile
 import sys
 import textwrap
 import zlib
@@ -159,14 +160,20 @@ CHILD = textwrap.dedent(r"""
 """)
 
 
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(aprfast.__file__)))
+
+
 def measure(paths) -> dict:
     """Peak RSS and times of open + keys() + get_tensor (or of the refusal) per path, in a
     fresh process: ``{path: {"peak": bytes, "seconds": ..., "error": ..., ...}}``."""
     results = {}
     todo = [str(p) for p in paths]
     while todo:
+        # From a neutral directory (a child's working directory comes first on its path,
+        # and a checkout's aprfast/ has no compiled modules when the package is installed),
+        # importing the same aprfast as this process.
         run = subprocess.run([sys.executable, "-c", CHILD, *todo], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                             cwd=tempfile.gettempdir(), env={**os.environ, "PYTHONPATH": _PACKAGE_PARENT})
         assert run.returncode == 0, run.stderr
         got = json.loads(run.stdout.strip().splitlines()[-1])
         results.update(got)
