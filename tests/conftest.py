@@ -37,3 +37,14 @@ def run_child():
                               cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=timeout)
 
     return run
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under tests/sanitize.sh (APRFAST_SANITIZED=1) ASan's redzones and quarantine
+    inflate every allocation, so peak-RSS bounds are checked by the normal run only."""
+    if not os.environ.get("APRFAST_SANITIZED"):
+        return
+    skip = pytest.mark.skip(reason="peak-RSS bounds are measured without ASan (tests/sanitize.sh)")
+    for item in items:
+        if "peak_memory" in item.keywords:
+            item.add_marker(skip)

@@ -212,6 +212,7 @@ def measured(big_files):
     return {case: results[str(path)] for case, (path, _) in big_files.items()}
 
 
+@pytest.mark.peak_memory
 def test_a_million_entries_open_list_and_read_one_within_three_times_the_index(big_files, measured):
     index_size = big_files["million"][1]
     assert index_size == 36 * 1_000_000
@@ -239,6 +240,7 @@ def test_lookups_in_a_million_entries_find_each_name_and_refuse_others(big_files
             f.get_tensor("t1000000")
 
 
+@pytest.mark.peak_memory
 @pytest.mark.parametrize("case", list(FAIL_FAST))
 def test_four_million_entries_fail_at_the_bad_one_costing_at_most_the_index(case, big_files, measured):
     index_size = big_files[case][1]

@@ -197,6 +197,7 @@ READERS = {
 }
 
 
+@pytest.mark.peak_memory
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_metadata_is_refused_typed_in_bounded_memory_and_cpu(name, tmp_path, run_child):
@@ -251,6 +252,7 @@ def _just_under_the_budget(size: int, json_block: bool) -> bytes:
     return best
 
 
+@pytest.mark.peak_memory
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 @needs_cpython_64
 @pytest.mark.parametrize("container", ["v1", "apr2"])

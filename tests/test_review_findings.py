@@ -169,6 +169,7 @@ def _peak_child(script: str) -> int:
     return int(out.stdout.split()[-1])
 
 
+@pytest.mark.peak_memory
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="peak RSS read from /proc (Linux)")
 def test_a_valid_lz4_payload_is_decoded_without_a_second_copy(tmp_path):
     path = tmp_path / "big.apr"
