@@ -231,6 +231,21 @@ typedef struct {
     u64 tr_escaped, tr_kind2, tr_kind4;
 } walker;
 
+/* The explicit stack (max_depth frames) and the key cache of one walk; 0 if either
+ * allocation failed (then neither is kept). */
+static int walker_alloc(walker *w, frame **stack, size_t max_depth)
+{
+    *stack = (frame *)malloc((max_depth ? max_depth : 1) * sizeof **stack);
+    w->key_cache = (key_slot *)calloc(KEY_CACHE_SLOTS, sizeof *w->key_cache);
+    if (*stack && w->key_cache)
+        return 1;
+    free(*stack);
+    free(w->key_cache);
+    *stack = NULL;
+    w->key_cache = NULL;
+    return 0;
+}
+
 static void fail(walker *w, size_t at, const char *why)
 {
     w->out->status = APR_META_INVALID;
@@ -382,11 +397,7 @@ void apr_meta_scan_msgpack(const uint8_t *buf, size_t len, size_t max_depth, apr
         out->status = APR_META_NOT_MAP;
         return;
     }
-    stack = (frame *)malloc((max_depth ? max_depth : 1) * sizeof *stack);
-    w.key_cache = (key_slot *)calloc(KEY_CACHE_SLOTS, sizeof *w.key_cache);
-    if (!stack || !w.key_cache) {
-        free(stack);
-        free(w.key_cache);
+    if (!walker_alloc(&w, &stack, max_depth)) {
         out->status = APR_META_NO_MEMORY;
         return;
     }
@@ -819,11 +830,7 @@ void apr_meta_scan_json(const uint8_t *buf, size_t len, size_t max_depth, apr_me
         out->status = APR_META_NOT_MAP;
         return;
     }
-    stack = (frame *)malloc((max_depth ? max_depth : 1) * sizeof *stack);
-    w.key_cache = (key_slot *)calloc(KEY_CACHE_SLOTS, sizeof *w.key_cache);
-    if (!stack || !w.key_cache) {
-        free(stack);
-        free(w.key_cache);
+    if (!walker_alloc(&w, &stack, max_depth)) {
         out->status = APR_META_NO_MEMORY;
         return;
     }

@@ -494,16 +494,21 @@ def _outcome(call, raw):
         return "refused", None
 
 
-@given(st.dictionaries(_text(), JSON_VALUES, max_size=5), JSON_STYLES, st.data())
-def test_damaged_json_is_refused_exactly_when_it_was_before(value, style, data):
-    block = bytearray(json.dumps(value, **style).encode("utf-8"))
+def _damaged(valid: bytes, data) -> bytes:
+    """``valid`` with one to three random splices or deletions."""
+    block = bytearray(valid)
     for _ in range(data.draw(st.integers(1, 3))):
         at = data.draw(st.integers(0, len(block)))
         if data.draw(st.booleans()):
             block[at:at] = data.draw(st.sampled_from(SPLICES) | st.binary(min_size=1, max_size=2))
         elif block:
             del block[min(at, len(block) - 1)]
-    block = bytes(block)
+    return bytes(block)
+
+
+@given(st.dictionaries(_text(), JSON_VALUES, max_size=5), JSON_STYLES, st.data())
+def test_damaged_json_is_refused_exactly_when_it_was_before(value, style, data):
+    block = _damaged(json.dumps(value, **style).encode("utf-8"), data)
     before = _outcome(decode_json_before, block)
     now = _outcome(_common.decode_json, block)
     assert now == before
@@ -514,14 +519,7 @@ def test_damaged_json_is_refused_exactly_when_it_was_before(value, style, data):
 
 @given(st.dictionaries(_text(), MSGPACK_VALUES, max_size=5), st.data())
 def test_damaged_msgpack_is_refused_exactly_when_it_was_before(value, data):
-    block = bytearray(msgpack.packb(value))
-    for _ in range(data.draw(st.integers(1, 3))):
-        at = data.draw(st.integers(0, len(block)))
-        if data.draw(st.booleans()):
-            block[at:at] = data.draw(st.sampled_from(SPLICES) | st.binary(min_size=1, max_size=2))
-        elif block:
-            del block[min(at, len(block) - 1)]
-    block = bytes(block)
+    block = _damaged(msgpack.packb(value), data)
     before = _outcome(decode_msgpack_before, block)
     now = _outcome(v1_layout.decode_metadata, block)
     assert now == before
