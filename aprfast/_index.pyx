@@ -96,40 +96,10 @@ cdef inline int compare_names(const uint8_t *a, Py_ssize_t la, const uint8_t *b,
     return (la > lb) - (la < lb)
 
 
-cdef Py_ssize_t utf8_error(const uint8_t *s, Py_ssize_t n) noexcept nogil:
-    """-1 if ``s[:n]`` is UTF-8 that Python's strict decoder accepts (RFC 3629: no
-    overlong forms, no surrogates, nothing past U+10FFFF), else where it goes wrong."""
-    cdef Py_ssize_t i = 0, k, need
-    cdef uint8_t c, lo, hi
-    while i < n:
-        c = s[i]
-        if c < 0x80:
-            i += 1
-            continue
-        lo, hi = 0x80, 0xBF
-        if 0xC2 <= c <= 0xDF:
-            need = 1
-        elif 0xE0 <= c <= 0xEF:
-            need = 2
-            if c == 0xE0:
-                lo = 0xA0
-            elif c == 0xED:
-                hi = 0x9F
-        elif 0xF0 <= c <= 0xF4:
-            need = 3
-            if c == 0xF0:
-                lo = 0x90
-            elif c == 0xF4:
-                hi = 0x8F
-        else:
-            return i
-        if n - i <= need or not (lo <= s[i + 1] <= hi):
-            return i
-        for k in range(2, need + 1):
-            if not (0x80 <= s[i + k] <= 0xBF):
-                return i
-        i += need + 1
-    return -1
+cdef extern from "utf8.h" nogil:
+    # -1 if valid UTF-8 (Python's strict decoder's rule), else the first bad offset;
+    # the same rule csrc/metascan.c applies to metadata.
+    Py_ssize_t apr_utf8_error(const uint8_t *p, size_t n)
 
 
 cdef uint64_t expected_size(int rule, int64_t a, int64_t b, const uint8_t *dims, int nd,
@@ -230,7 +200,7 @@ def parse_index(blob, Py_ssize_t count, bint spec_layout, int max_dims, int max_
         q = pos + 8 * nd
         pos = q + tail
         # -- the name: UTF-8, and strictly after the previous one
-        bad = utf8_error(p + s + 2, nl)
+        bad = apr_utf8_error(p + s + 2, nl)
         if bad >= 0:
             _refuse_name_bytes(i, p, s)
         if i and compare_names(p + prev_s + 2, prev_nl, p + s + 2, nl) >= 0:

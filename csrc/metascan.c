@@ -26,6 +26,7 @@
  * Singletons and caches (small ints, one-character strings, repeated keys)
  * make real decodes cheaper than the estimate, never dearer. */
 #include "metascan.h"
+#include "utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -139,47 +140,6 @@ static u64 writer_extra(u64 units, u64 chars, int kind)
              + alloc_cost(STR_WIDE_HEAD + (units + 1) * (u64)narrower);
     u64 final = str_cost(chars, kind);
     return peak > final ? peak - final : 0;
-}
-
-/* --- UTF-8 ---------------------------------------------------------------- */
-/* Length of the valid UTF-8 sequence at p (2-4, *cp set) or 0 if invalid:
- * exactly the sequences Python's strict UTF-8 decoder accepts (no overlongs,
- * no surrogates, nothing above U+10FFFF). */
-static int utf8_seq(const uint8_t *p, const uint8_t *end, uint32_t *cp)
-{
-    uint8_t b0 = p[0], lo = 0x80, hi = 0xBF;
-    if (b0 >= 0xC2 && b0 <= 0xDF) {
-        if (end - p < 2 || (p[1] & 0xC0) != 0x80)
-            return 0;
-        *cp = ((uint32_t)(b0 & 0x1F) << 6) | (p[1] & 0x3F);
-        return 2;
-    }
-    if (b0 >= 0xE0 && b0 <= 0xEF) {
-        if (end - p < 3)
-            return 0;
-        if (b0 == 0xE0)
-            lo = 0xA0;
-        else if (b0 == 0xED)
-            hi = 0x9F;
-        if (p[1] < lo || p[1] > hi || (p[2] & 0xC0) != 0x80)
-            return 0;
-        *cp = ((uint32_t)(b0 & 0x0F) << 12) | ((uint32_t)(p[1] & 0x3F) << 6) | (p[2] & 0x3F);
-        return 3;
-    }
-    if (b0 >= 0xF0 && b0 <= 0xF4) {
-        if (end - p < 4)
-            return 0;
-        if (b0 == 0xF0)
-            lo = 0x90;
-        else if (b0 == 0xF4)
-            hi = 0x8F;
-        if (p[1] < lo || p[1] > hi || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
-            return 0;
-        *cp = ((uint32_t)(b0 & 0x07) << 18) | ((uint32_t)(p[1] & 0x3F) << 12) | ((uint32_t)(p[2] & 0x3F) << 6)
-            | (p[3] & 0x3F);
-        return 4;
-    }
-    return 0;
 }
 
 static int cp_kind(uint32_t c) { return c < 0x80 ? 0 : c < 0x100 ? 1 : c < 0x10000 ? 2 : 4; }
@@ -356,7 +316,7 @@ static int mp_str(walker *w, u64 n, int key)
             chars++;
             continue;
         }
-        len = utf8_seq(p + i, end, &cp);
+        len = apr_utf8_seq(p + i, end, &cp);
         if (!len) {
             fail(w, w->pos + i, "invalid UTF-8 in a str");
             return 0;
@@ -669,7 +629,7 @@ static int json_string(walker *w, int key)
             return 0;
         } else {
             uint32_t cp;
-            int n = utf8_seq(buf + pos, buf + len, &cp), k;
+            int n = apr_utf8_seq(buf + pos, buf + len, &cp), k;
             if (!n) {
                 fail(w, pos, "invalid UTF-8");
                 return 0;
@@ -1003,7 +963,7 @@ int apr_meta_json_text(const uint8_t *buf, size_t len, const apr_meta_scan *scan
             i++;
             continue;
         }
-        seq = utf8_seq(buf + i, buf + len, &cp);
+        seq = apr_utf8_seq(buf + i, buf + len, &cp);
         if (!seq)
             return -1;
         i += (size_t)seq;

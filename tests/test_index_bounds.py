@@ -29,6 +29,8 @@ import pytest
 
 import aprfast
 import hostile_builders as hb
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from aprfast import ChecksumError, CorruptError, FormatError, LimitError, TensorNotFoundError, VersionError
 from aprfast.dtypes import by_name
 from aprfast.tensors import QuantizedTensor
@@ -357,3 +359,25 @@ def test_a_file_of_another_version_with_a_valid_crc_is_a_version_error():
 def test_version_zero_in_a_file_too_short_for_a_header_stays_a_format_error():
     with pytest.raises(FormatError, match="24 bytes"):
         aprfast.open(b"APR\x00" + bytes(20))
+
+
+# --- names: the shared UTF-8 rule (csrc/utf8.h) equals Python's strict decoder ----------
+_UTF8_EDGES = [b"\xc2\x80", b"\xdf\xbf", b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xed\xa0\x80", b"\xef\xbf\xbf",
+               b"\xf0\x90\x80\x80", b"\xf4\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xc0\x80", b"\xe0\x80\x80",
+               b"\xf5\x80\x80\x80", b"\x80", b"\xc2", b"\xe2\x82"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_UTF8_EDGES) | st.binary(max_size=3), max_size=4).map(b"".join),
+       st.sampled_from([APRENDER, APR2]))
+def test_a_name_opens_exactly_when_python_decodes_it(raw, layout):
+    parts = hb.Parts([hb.Entry(b"a" + raw, hb.DTYPE_IDS[layout]["F32"], (0,), 0, 0)])
+    data = hb.build(layout, parts)
+    try:
+        expected = (b"a" + raw).decode("utf-8")
+    except UnicodeDecodeError:
+        with pytest.raises(CorruptError, match="UTF-8"):
+            aprfast.open(data)
+        return
+    with aprfast.open(data) as f:
+        assert f.keys() == [expected]
