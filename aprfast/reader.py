@@ -98,13 +98,12 @@ class AprFile:
         tensors come back as without it)."""
         type_id, offset, size, shape = self._file.row(name)
         make = self._makers.get(type_id) or self._maker(type_id)
-        if not self._source.zero_copy:
+        if copy or not self._source.zero_copy:
             owned = _memory.AlignedBuffer(size, self.alignment)
-            self._source.readinto(offset, owned)
-            tensor = make(shape, owned, 0, size)
-        elif copy:  # a memcpy from the map: no system call, and no descriptor to race close()
-            owned = _memory.AlignedBuffer(size, self.alignment)
-            _memory.copy_into(owned, self._mapped()[offset:offset + size])
+            if self._source.zero_copy:  # a memcpy from the map: no system call
+                _memory.copy_into(owned, self._mapped()[offset:offset + size])
+            else:
+                self._source.readinto(offset, owned)
             tensor = make(shape, owned, 0, size)
         else:
             tensor = make(shape, self._mapped(), offset, size)
