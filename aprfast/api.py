@@ -77,13 +77,18 @@ def load(data, *, verify: bool = True, limits: Limits | None = None, unknown_dty
 def inspect(target, *, limits: Limits | None = None) -> dict:
     """Header, metadata and index of a file, reading nothing else (for a v1 container:
     its header and metadata, without checking the CRC or decrypting anything)."""
-    source = open_source(target)
+    source = open_source(target)  # opened once: AprFile takes it over for v2 files
     try:
-        if layouts.is_v1(source):
-            return layouts.v1.inspect(source)
-    finally:
+        is_v1 = layouts.is_v1(source)
+    except BaseException:
         source.close()
-    with AprFile(target, limits=limits, unknown_dtypes="raw") as f:
+        raise
+    if is_v1:
+        try:
+            return layouts.v1.inspect(source)
+        finally:
+            source.close()
+    with AprFile(source, limits=limits, unknown_dtypes="raw") as f:
         return {
             "layout": f.layout,
             "header": f.header,

@@ -155,14 +155,22 @@ class FileSource(Source):
     ``mappable=False`` (mode "pread") never maps: tensors are then always copied.
     """
 
-    def __init__(self, fd: int, path=None, *, mappable: bool = True):
-        self._fd = os.dup(fd)
+    #: The first read of a header fetches this many bytes in one ``pread``; the reads
+    #: of metadata and index that follow are then served from memory (7 system calls
+    #: became 1 when opening a small model).
+    HEAD = 16 << 10
+
+    def __init__(self, fd: int, path=None, *, mappable: bool = True, size: int | None = None,
+                 owned: bool = False):
+        # ``owned``: the caller hands its descriptor over instead of us duplicating it.
+        self._fd = fd if owned else os.dup(fd)
         self.path = path
         self.zero_copy = mappable
         self._map = None
         self._map_view = None
+        self._head = None
         self._lock = threading.Lock()
-        super().__init__(os.fstat(self._fd).st_size)
+        super().__init__(os.fstat(self._fd).st_size if size is None else size)
 
     def _buffer(self):
         view = self._map_view
@@ -189,9 +197,20 @@ class FileSource(Source):
         view = self._map_view
         if view is not None:
             return view[offset:offset + n]
+        if offset + n <= self.HEAD:
+            head = self._head
+            if head is None:
+                head = self._head = self._read_head()
+            if offset + n <= len(head):
+                return head[offset:offset + n]
         out = bytearray(n)
         self._readinto(offset, memoryview(out), 1, None)
         return out
+
+    def _read_head(self) -> memoryview:
+        head = bytearray(min(self.size, self.HEAD))
+        self._readinto(0, memoryview(head), 1, None)
+        return memoryview(head).toreadonly()
 
     def _readinto(self, offset, out, threads, crc):
         try:
@@ -255,6 +274,8 @@ def open_source(target, *, mode: str | None = None) -> Source:
     """
     if mode not in (None, "mmap", "pread"):
         raise ValueError(f"mode must be 'mmap' or 'pread', not {mode!r}")
+    if isinstance(target, Source) and mode is None:
+        return target  # already open (e.g. inspect looked at the magic first)
     if isinstance(target, (bytes, bytearray, memoryview, np.ndarray)):
         return BufferSource(target)
     if isinstance(target, (str, os.PathLike)):
@@ -282,19 +303,25 @@ def _open_path(path: str, mode):
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     except OSError as exc:
         raise AprIOError(f"cannot open: {exc.strerror}", path=path) from exc
+    return _from_fd(fd, path, mode, owned=True)
+
+
+def _from_fd(fd: int, path, mode, *, owned: bool = False) -> Source:
+    """A FileSource over ``fd``; with ``owned`` the descriptor is consumed: it belongs to
+    the source, or is closed here if no source comes of it."""
     try:
-        return _from_fd(fd, path, mode)
-    finally:
-        os.close(fd)
-
-
-def _from_fd(fd: int, path, mode) -> Source:
-    # Only regular files can be mapped; anything else is read with pread by default.
-    kind = os.fstat(fd).st_mode
-    regular = stat.S_ISREG(kind)
-    if stat.S_ISFIFO(kind) or stat.S_ISSOCK(kind):
-        raise _not_seekable("a pipe" if stat.S_ISFIFO(kind) else "a socket", path)
-    source = FileSource(fd, path, mappable=mode == "mmap" or (mode is None and regular))
+        # Only regular files can be mapped; anything else is read with pread by default.
+        info = os.fstat(fd)
+        kind = info.st_mode
+        regular = stat.S_ISREG(kind)
+        if stat.S_ISFIFO(kind) or stat.S_ISSOCK(kind):
+            raise _not_seekable("a pipe" if stat.S_ISFIFO(kind) else "a socket", path)
+        source = FileSource(fd, path, mappable=mode == "mmap" or (mode is None and regular),
+                            size=info.st_size if regular else None, owned=owned)
+    except BaseException:
+        if owned:
+            os.close(fd)
+        raise
     if mode == "mmap":
         try:
             source.buffer()  # asked for explicitly: fail now, with the reason
