@@ -12,7 +12,9 @@ from .api import inspect, load, load_file, open, save, save_file
 from .dtypes import DType
 from .errors import (
     AprError,
+    AprFileNotFoundError,
     AprIOError,
+    AprPermissionError,
     ChecksumError,
     CorruptError,
     DecryptError,
@@ -26,6 +28,7 @@ from .errors import (
     UnknownDTypeError,
     VersionError,
 )
+from .frameworks import safe_open
 from .limits import Limits
 from .precision import to_bfloat16, to_float16, to_float32
 from .quantization import QuantizationReport, dequantize, quantize, quantize_tensors, register_quantizer
@@ -35,12 +38,13 @@ from .writer import Writer
 
 __all__ = [
     "__version__",
-    "save_file", "save", "load_file", "load", "open", "inspect", "Writer",
+    "save_file", "save", "load_file", "load", "open", "inspect", "Writer", "safe_open",
     "quantize", "dequantize", "quantize_tensors", "register_quantizer", "QuantizationReport",
     "to_float16", "to_bfloat16", "to_float32",
     "AprFile", "TensorSlice", "QuantizedSlice", "TensorInfo", "RawTensor", "QuantizedTensor", "DType", "Limits",
     "crc32", "crc32_combine", "aligned_empty",
     "AprError", "FormatError", "CorruptError", "VersionError", "ChecksumError", "DecryptError",
-    "SignatureError", "AprIOError", "LimitError", "TensorNotFoundError", "UnknownDTypeError",
+    "SignatureError", "AprIOError", "AprFileNotFoundError", "AprPermissionError", "LimitError",
+    "TensorNotFoundError", "UnknownDTypeError",
     "LayoutError", "ModelTypeMismatchError", "LicenseError",
 ]

@@ -108,6 +108,25 @@ class AprIOError(AprError, OSError):
     code = "E007"
 
 
+class AprFileNotFoundError(AprIOError, FileNotFoundError):
+    """E007 for a path that does not exist: ``except FileNotFoundError`` catches it, as
+    it catches safetensors' and open()'s."""
+
+
+class AprPermissionError(AprIOError, PermissionError):
+    """E007 for a path the process may not open: also a ``PermissionError``."""
+
+
+def os_error(exc: OSError, message: str, *, path=None) -> AprIOError:
+    """The AprIOError subclass matching ``exc`` (missing, forbidden, other), carrying
+    its ``errno`` and ``filename`` like the builtin would."""
+    cls = (AprFileNotFoundError if isinstance(exc, FileNotFoundError)
+           else AprPermissionError if isinstance(exc, PermissionError) else AprIOError)
+    error = cls(message, path=path)
+    error.errno, error.strerror, error.filename = exc.errno, exc.strerror, exc.filename
+    return error
+
+
 class LimitError(AprError, ValueError):
     """E008: honouring the file would exceed a limit from :mod:`aprfast.limits`."""
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _memory
 from ._crc import crc32
-from .errors import AprIOError, CorruptError
+from .errors import AprIOError, CorruptError, os_error
 
 __all__ = ["Source", "FileSource", "BufferSource", "StreamSource", "open_source"]
 
@@ -153,6 +153,8 @@ class FileSource(Source):
     Headers and the index are read with ``pread``; the file is memory-mapped only
     when a zero-copy view is first asked for, so opening and listing stay cheap.
     ``mappable=False`` (mode "pread") never maps: tensors are then always copied.
+    ``private=True`` (mode "private") maps copy-on-write: views are writable, writes
+    stay in this process and never reach the file, and untouched pages cost nothing.
     """
 
     #: The first read of a header fetches this many bytes in one ``pread``; the reads
@@ -161,11 +163,12 @@ class FileSource(Source):
     HEAD = 16 << 10
 
     def __init__(self, fd: int, path=None, *, mappable: bool = True, size: int | None = None,
-                 owned: bool = False):
+                 owned: bool = False, private: bool = False):
         # ``owned``: the caller hands its descriptor over instead of us duplicating it.
         self._fd = fd if owned else os.dup(fd)
         self.path = path
         self.zero_copy = mappable
+        self._access = mmap.ACCESS_COPY if private else mmap.ACCESS_READ
         self._map = None
         self._map_view = None
         self._head = None
@@ -186,7 +189,7 @@ class FileSource(Source):
         with self._lock:
             if self._map_view is None:
                 try:
-                    self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ) if self.size else None
+                    self._map = mmap.mmap(self._fd, 0, access=self._access) if self.size else None
                 except (OSError, ValueError) as exc:
                     raise AprIOError(f"cannot memory-map: {getattr(exc, 'strerror', None) or exc}",
                                      path=self.path) from exc
@@ -269,11 +272,12 @@ class StreamSource(Source):
 def open_source(target, *, mode: str | None = None) -> Source:
     """A Source for a path, a file object, or an in-memory buffer.
 
-    ``mode`` is "mmap" (the default for files: zero-copy views), "pread" (tensors are
-    always read into owned memory), or None for the default.
+    ``mode`` is "mmap" (the default for files: zero-copy read-only views), "private"
+    (zero-copy views that are writable, copy-on-write: writes stay in this process),
+    "pread" (tensors are always read into owned memory), or None for the default.
     """
-    if mode not in (None, "mmap", "pread"):
-        raise ValueError(f"mode must be 'mmap' or 'pread', not {mode!r}")
+    if mode not in (None, "mmap", "private", "pread"):
+        raise ValueError(f"mode must be 'mmap', 'private' or 'pread', not {mode!r}")
     if isinstance(target, Source) and mode is None:
         return target  # already open (e.g. inspect looked at the magic first)
     if isinstance(target, (bytes, bytearray, memoryview, np.ndarray)):
@@ -302,7 +306,7 @@ def _open_path(path: str, mode):
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     except OSError as exc:
-        raise AprIOError(f"cannot open: {exc.strerror}", path=path) from exc
+        raise os_error(exc, f"cannot open: {exc.strerror}", path=path) from exc
     return _from_fd(fd, path, mode, owned=True)
 
 
@@ -316,13 +320,13 @@ def _from_fd(fd: int, path, mode, *, owned: bool = False) -> Source:
         regular = stat.S_ISREG(kind)
         if stat.S_ISFIFO(kind) or stat.S_ISSOCK(kind):
             raise _not_seekable("a pipe" if stat.S_ISFIFO(kind) else "a socket", path)
-        source = FileSource(fd, path, mappable=mode == "mmap" or (mode is None and regular),
-                            size=info.st_size if regular else None, owned=owned)
+        source = FileSource(fd, path, mappable=mode in ("mmap", "private") or (mode is None and regular),
+                            size=info.st_size if regular else None, owned=owned, private=mode == "private")
     except BaseException:
         if owned:
             os.close(fd)
         raise
-    if mode == "mmap":
+    if mode in ("mmap", "private"):
         try:
             source.buffer()  # asked for explicitly: fail now, with the reason
         except AprIOError:

@@ -19,17 +19,46 @@ from .tensors import QuantizedTensor, RawTensor
 __all__ = ["save_file", "save", "load_file", "load"]
 
 
-def save_file(tensors, path, metadata=None, **options) -> None:
-    api.save_file(_to_numpy(tensors), path, metadata, **options)
+def save_file(tensors, filename, metadata=None, **options) -> None:
+    api.save_file(_to_numpy(tensors), filename, metadata, **options)
 
 
 def save(tensors, metadata=None, **options) -> bytes:
     return api.save(_to_numpy(tensors), metadata, **options)
 
 
-def load_file(path, device="cpu", *, verify: bool = True) -> dict:
-    with AprFile(path, mode="pread") as f:
+def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool = True) -> dict:
+    """Every tensor of ``filename`` on ``device``, writable.
+
+    ``backend="mmap"`` (the default, as in safetensors) gives CPU tensors over a private
+    copy-on-write map: no copy, writes never reach the file.  ``backend="pread"`` reads
+    the data section into one owned buffer with parallel ``pread``.  The whole-file CRC
+    is checked unless ``verify=False``.  ``device="meta"`` reads only the index: tensors
+    with shapes and dtypes and no data."""
+    if str(device) == "meta":
+        return _meta_tensors(filename)
+    if backend == "mmap":
+        with AprFile(filename, mode="private", verify=verify) as f:
+            return _to_torch(f, f.tensors(), device)
+    if backend != "pread":
+        raise ValueError(f"backend must be 'mmap' or 'pread', not {backend!r}")
+    with AprFile(filename, mode="pread") as f:
         return _to_torch(f, f.load_all(verify=verify), device)
+
+
+def _meta_tensors(path) -> dict:
+    with AprFile(path) as f:
+        return {name: torch.empty(info.shape, dtype=_torch_dtype(name, info.dtype), device="meta")
+                for name, info in ((n, f.info(n)) for n in f.keys())}
+
+
+def _torch_dtype(name, dtype):
+    if dtype is None or dtype.packed:
+        raise TypeError(f"tensor {name!r} is {dtype.name if dtype else 'of unknown dtype'}; "
+                        "torch has no dtype for it")
+    if dtype is DTYPES["BF16"]:
+        return torch.bfloat16
+    return torch.from_numpy(np.empty(0, dtype.numpy)).dtype
 
 
 def load(data, device="cpu", *, verify: bool = True) -> dict:

@@ -1,0 +1,156 @@
+"""``safe_open`` and the array conversions behind ``aprfast.numpy``, ``aprfast.torch``
+and ``aprfast.jax``: the names and behaviour safetensors users already rely on.
+
+``safe_open(path, framework, device="cpu")`` is built on :class:`aprfast.AprFile`
+opened with ``mode="private"``: tensors are zero-copy views of a copy-on-write map
+(writable; writes stay in this process and never reach the file), as safetensors'
+own ``safe_open`` gives torch tensors over a private map.  ``metadata()`` is a
+method, as in safetensors.  Frameworks are imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dtypes import DTYPES
+from .errors import LayoutError
+from .reader import AprFile
+from .tensors import QuantizedTensor, RawTensor
+
+__all__ = ["safe_open", "SafeSlice", "FRAMEWORKS", "framework_name", "to_framework"]
+
+#: Accepted spellings -> the framework they mean (safetensors accepts these too).
+FRAMEWORKS = {"np": "numpy", "numpy": "numpy", "pt": "torch", "torch": "torch",
+              "jax": "jax", "flax": "jax"}
+
+
+def framework_name(framework: str) -> str:
+    try:
+        return FRAMEWORKS[framework]
+    except (KeyError, TypeError):
+        raise ValueError(f"framework {framework!r} is not supported; use one of "
+                         f"{', '.join(sorted(FRAMEWORKS))}") from None
+
+
+def to_framework(name: str, array, dtype, framework: str, device: str = "cpu"):
+    """One loaded array as the framework's tensor (``dtype``: the file's aprfast DType)."""
+    if framework == "numpy":
+        if device not in ("cpu", None):
+            raise ValueError(f"NumPy arrays live on the CPU, not on device {device!r}")
+        return array
+    if isinstance(array, (QuantizedTensor, RawTensor)):
+        raise LayoutError(f"tensor {name!r} is {array!r}; {framework} has no dtype for it "
+                          "(read it with aprfast.open and dequantize it first)")
+    if framework == "torch":
+        return _to_torch(array, dtype, device)
+    return _to_jax(array, dtype, device)
+
+
+def _to_torch(array, dtype, device):
+    import torch
+
+    if dtype is DTYPES["BF16"]:  # bf16 bits, whether NumPy sees ml_dtypes' bf16 or uint16
+        tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    else:
+        tensor = torch.from_numpy(array)
+    return tensor if device in ("cpu", None) else tensor.to(device)
+
+
+def _to_jax(array, dtype, device):
+    import jax
+    import jax.numpy as jnp
+
+    if dtype is DTYPES["BF16"]:
+        value = jnp.asarray(array.view(np.uint16)).view(jnp.bfloat16)
+    else:
+        value = jnp.asarray(array)
+    if device not in ("cpu", None):
+        value = jax.device_put(value, jax.devices(device)[0] if isinstance(device, str) else device)
+    return value
+
+
+class safe_open:  # noqa: N801 - the name safetensors users import
+    """``with aprfast.safe_open(path, framework="pt") as f: f.get_tensor(name)``.
+
+    ``framework`` is "np"/"numpy", "pt"/"torch" or "jax"/"flax"; ``device`` places
+    torch and JAX tensors (NumPy arrays are always on the CPU).  ``keys()`` are sorted,
+    ``offset_keys()`` are in file order; ``metadata()`` returns the file's metadata.
+    Reading a closed handle raises :class:`aprfast.AprIOError`.
+    """
+
+    def __init__(self, filename, framework: str, device: str = "cpu"):
+        self.framework = framework_name(framework)
+        self.device = device
+        if self.framework != "numpy":
+            _import_framework(self.framework)
+        self._file = AprFile(filename, mode="private")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self) -> None:
+        self._file.close()
+
+    def keys(self) -> list:
+        self._require_open()
+        return self._file.keys()
+
+    def offset_keys(self) -> list:
+        """Names in the order their data lies in the file."""
+        self._require_open()
+        return sorted(self._file.keys(), key=lambda name: self._file.info(name).offset)
+
+    def metadata(self):
+        self._require_open()
+        return self._file.metadata
+
+    def get_tensor(self, name: str):
+        tensor = self._file.get_tensor(name)
+        return to_framework(name, tensor, self._file.info(name).dtype, self.framework, self.device)
+
+    def get_slice(self, name: str) -> "SafeSlice":
+        self._require_open()
+        return SafeSlice(self, name)
+
+    def _require_open(self) -> None:
+        if self._file.closed:
+            from .errors import AprIOError
+
+            raise AprIOError("the file is closed", path=self._file.path)
+
+
+class SafeSlice:
+    """``f.get_slice(name)``: shape and dtype without reading, ``[...]`` reads only the
+    rows the key needs and returns the framework's tensor."""
+
+    def __init__(self, handle: safe_open, name: str):
+        self._handle = handle
+        self._name = name
+        self._slice = handle._file.get_slice(name)
+        self._dtype = handle._file.info(name).dtype
+
+    def get_shape(self) -> list:
+        return self._slice.get_shape()
+
+    def get_dtype(self) -> str:
+        return self._slice.get_dtype()
+
+    def __len__(self) -> int:
+        return len(self._slice)
+
+    def __getitem__(self, key):
+        h = self._handle
+        return to_framework(self._name, self._slice[key], self._dtype, h.framework, h.device)
+
+
+def _import_framework(framework: str) -> None:
+    """Fail at open, with the reason, when the framework is not installed."""
+    try:
+        __import__(framework)
+    except ImportError as exc:
+        raise ImportError(f"framework {framework!r} needs the {framework} package, which is not "
+                          f"installed ({exc})") from exc

@@ -1,0 +1,179 @@
+"""The safetensors-shaped surface: aprfast.numpy / aprfast.torch / aprfast.jax and
+aprfast.safe_open, checked against safetensors' documented behaviour (issue 11 part 2)."""
+
+import errno
+import inspect as pyinspect
+import os
+
+import numpy as np
+import pytest
+
+import aprfast
+import aprfast.numpy as apr_np
+from aprfast.errors import AprIOError, LayoutError
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+
+@pytest.fixture
+def tensors():
+    rng = np.random.default_rng(1)
+    return {"embed.weight": rng.standard_normal((8, 4), dtype=np.float32),
+            "layer.bias": np.arange(5, dtype=np.int64),
+            "scalar": np.array(3.5, dtype=np.float64)}
+
+
+@pytest.mark.parametrize("function", ["save_file", "save", "load_file", "load"])
+def test_numpy_module_takes_safetensors_arguments(function):
+    ours = list(pyinspect.signature(getattr(apr_np, function)).parameters)
+    theirs = list(pyinspect.signature(getattr(safetensors_numpy, function)).parameters)
+    assert ours[:len(theirs)] == theirs
+
+
+def test_numpy_round_trip_by_file_and_bytes(tmp_path, tensors):
+    path = tmp_path / "m.apr"
+    apr_np.save_file(tensors, path, metadata={"format": "np"})
+    for loaded in (apr_np.load_file(path), apr_np.load(apr_np.save(tensors))):
+        assert sorted(loaded) == sorted(tensors)
+        for name, value in tensors.items():
+            assert loaded[name].dtype == value.dtype and loaded[name].shape == value.shape
+            np.testing.assert_array_equal(loaded[name], value)
+
+
+def test_load_file_arrays_are_writable_and_writes_never_reach_the_file(tmp_path, tensors):
+    path = tmp_path / "m.apr"
+    apr_np.save_file(tensors, path)
+    before = path.read_bytes()
+    loaded = apr_np.load_file(path)
+    loaded["embed.weight"][:] = 7.0  # the in-place update safetensors users do
+    loaded["layer.bias"] += 1
+    assert (loaded["embed.weight"] == 7.0).all()
+    np.testing.assert_array_equal(loaded["layer.bias"], tensors["layer.bias"] + 1)
+    assert path.read_bytes() == before
+    np.testing.assert_array_equal(apr_np.load_file(path)["embed.weight"], tensors["embed.weight"])
+
+
+def test_private_mode_keeps_aprfast_open_views_read_only_by_default(tmp_path, tensors):
+    path = tmp_path / "m.apr"
+    aprfast.save_file(tensors, path)
+    with aprfast.open(path) as f:
+        assert not f.get_tensor("embed.weight").flags.writeable
+    with aprfast.open(path, mode="private") as f:
+        view = f.get_tensor("embed.weight")
+        assert view.flags.writeable and not view.flags.owndata
+
+
+def test_safe_open_numpy(tmp_path, tensors):
+    path = tmp_path / "m.apr"
+    apr_np.save_file(tensors, path, metadata={"format": "np"})
+    with aprfast.safe_open(path, framework="np") as f:
+        assert f.keys() == sorted(tensors)
+        assert sorted(f.offset_keys()) == sorted(tensors)
+        offsets = [f._file.info(k).offset for k in f.offset_keys()]
+        assert offsets == sorted(offsets)
+        assert f.metadata()["format"] == "np"
+        np.testing.assert_array_equal(f.get_tensor("embed.weight"), tensors["embed.weight"])
+        part = f.get_slice("embed.weight")
+        assert part.get_shape() == [8, 4]
+        assert part.get_dtype() == "F32"
+        assert len(part) == 8
+        np.testing.assert_array_equal(part[2:5, 1:], tensors["embed.weight"][2:5, 1:])
+        np.testing.assert_array_equal(part[-1], tensors["embed.weight"][-1])
+    with pytest.raises(AprIOError):
+        f.keys()
+    with pytest.raises(AprIOError):
+        f.get_tensor("embed.weight")
+
+
+@pytest.mark.parametrize("framework", ["tf", "mlx", "", None])
+def test_safe_open_refuses_unknown_frameworks(tmp_path, tensors, framework):
+    path = tmp_path / "m.apr"
+    apr_np.save_file(tensors, path)
+    with pytest.raises(ValueError, match="framework"):
+        aprfast.safe_open(path, framework)
+
+
+def test_safe_open_numpy_refuses_other_devices(tmp_path, tensors):
+    path = tmp_path / "m.apr"
+    apr_np.save_file(tensors, path)
+    with aprfast.safe_open(path, "np", device="cuda:0") as f, pytest.raises(ValueError, match="CPU"):
+        f.get_tensor("scalar")
+
+
+def test_safe_open_on_a_missing_file_is_an_os_error(tmp_path):
+    with pytest.raises(OSError):
+        aprfast.safe_open(tmp_path / "nope.apr", "np")
+
+
+def test_safe_open_names_a_packed_tensor_a_framework_cannot_hold(tmp_path):
+    pytest.importorskip("torch")
+    path = tmp_path / "q.apr"
+    aprfast.save_file({"w": aprfast.quantize(np.ones((4, 32), np.float32), "Q8_0")}, path)
+    with aprfast.safe_open(path, "pt") as f, pytest.raises(LayoutError, match="'w'"):
+        f.get_tensor("w")
+
+
+# --- torch ------------------------------------------------------------------------
+def test_torch_module_and_safe_open_pt(tmp_path):
+    torch = pytest.importorskip("torch")
+    import aprfast.torch as apr_torch
+
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    for function in ("save_file", "save", "load_file", "load"):
+        ours = list(pyinspect.signature(getattr(apr_torch, function)).parameters)
+        theirs = list(pyinspect.signature(getattr(safetensors_torch, function)).parameters)
+        assert ours[:len(theirs)] == theirs
+    values = {"w": torch.randn(3, 5), "h": torch.randn(4, dtype=torch.float64).to(torch.bfloat16)}
+    path = os.fspath(tmp_path / "t.apr")
+    apr_torch.save_file(values, path)
+    with aprfast.safe_open(path, "pt") as f:
+        w = f.get_tensor("w")
+        assert isinstance(w, torch.Tensor) and torch.equal(w, values["w"])
+        assert torch.equal(f.get_tensor("h"), values["h"])
+        assert torch.equal(f.get_slice("w")[1:], values["w"][1:])
+    meta = apr_torch.load_file(path, device="meta")
+    assert meta["w"].device.type == "meta" and meta["w"].shape == (3, 5) and meta["h"].dtype == torch.bfloat16
+
+
+def test_jax_module_when_installed(tmp_path, tensors):
+    pytest.importorskip("jax")
+    import aprfast.jax as apr_jax
+
+    path = tmp_path / "j.apr"
+    apr_jax.save_file(tensors, path)
+    loaded = apr_jax.load_file(path)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(np.asarray(loaded[name]), value)
+
+
+# --- errors a ported program expects (issue 11 part 6) ------------------------------
+@pytest.mark.parametrize("opener", [aprfast.open, aprfast.load_file, aprfast.inspect, apr_np.load_file,
+                                    lambda p: aprfast.safe_open(p, "np")])
+def test_a_missing_file_is_file_not_found_and_e007(tmp_path, opener):
+    missing = tmp_path / "absent.apr"
+    with pytest.raises(FileNotFoundError) as info:
+        opener(missing)
+    assert isinstance(info.value, aprfast.AprIOError) and info.value.code == "E007"
+    assert info.value.errno == errno.ENOENT and info.value.filename == str(missing)
+    assert str(missing) in str(info.value)
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root may open any file")
+def test_a_forbidden_file_is_permission_error(tmp_path, tensors):
+    path = tmp_path / "locked.apr"
+    apr_np.save_file(tensors, path)
+    path.chmod(0)
+    try:
+        with pytest.raises(PermissionError) as info:
+            aprfast.open(path)
+        assert isinstance(info.value, aprfast.AprPermissionError) and info.value.code == "E007"
+    finally:
+        path.chmod(0o644)
+
+
+def test_errors_survive_pickling_with_their_class():
+    import pickle
+
+    error = aprfast.AprFileNotFoundError("cannot open: No such file", path="/x.apr")
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is aprfast.AprFileNotFoundError and again.path == "/x.apr"
