@@ -29,10 +29,21 @@ __all__ = [
     "APR2_IDS",
 ]
 
-try:  # bf16 arrays need ml_dtypes; without it BF16 tensors come back as uint16.
+try:  # bf16 and float8 arrays need ml_dtypes; without it they come back as unsigned ints.
+    import ml_dtypes
     from ml_dtypes import bfloat16
 except ImportError:  # pragma: no cover - exercised only without the optional extra
+    ml_dtypes = None
     bfloat16 = None
+
+#: Types NumPy lacks, by aprfast name -> ml_dtypes' name.  With ml_dtypes installed
+#: their arrays have ml_dtypes' dtype; without it they are unsigned integers of the
+#: same width (the bits, unchanged), and TensorInfo still names the type.
+ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+             "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+             "F8_E8M0": "float8_e8m0fnu"}
+_ML_NUMPY = {name: np.dtype(getattr(ml_dtypes, attr)) for name, attr in ML_DTYPES.items()
+             if ml_dtypes is not None and hasattr(ml_dtypes, attr)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,6 +138,14 @@ DTYPES: dict[str, DType] = {
         _fixed("U32", "<u4"),
         _fixed("U64", "<u8"),
         _fixed("BOOL", "?"),
+        _fixed("C64", "<c8"),
+        _fixed("C128", "<c16"),
+        # float8 (OCP FP8 and the "fnuz" variants; E8M0 is the MX block scale type)
+        DType("F8_E4M3", None, 1),
+        DType("F8_E5M2", None, 1),
+        DType("F8_E4M3FNUZ", None, 1),
+        DType("F8_E5M2FNUZ", None, 1),
+        DType("F8_E8M0", None, 1),
         # GGML blocks (llama.cpp ggml-common.h sizes).
         _blocks("Q8_0", 32, 34),
         _blocks("Q4_0", 32, 18),
@@ -153,7 +172,10 @@ _ALIASES = {
     "FLOAT64": "F64", "DOUBLE": "F64", "INT8": "I8", "INT16": "I16", "INT32": "I32",
     "INT64": "I64", "UINT8": "U8", "UINT16": "U16", "UINT32": "U32", "UINT64": "U64",
     "Q4K": "Q4_K", "Q6K": "Q6_K", "APRQ4": "APR_Q4", "APRQ8": "APR_Q8",
-    "Q8TENSOR": "Q8_TENSOR",
+    "Q8TENSOR": "Q8_TENSOR", "COMPLEX64": "C64", "COMPLEX128": "C128",
+    "FLOAT8_E4M3FN": "F8_E4M3", "F8_E4M3FN": "F8_E4M3", "FLOAT8_E5M2": "F8_E5M2",
+    "FLOAT8_E4M3FNUZ": "F8_E4M3FNUZ", "FLOAT8_E5M2FNUZ": "F8_E5M2FNUZ",
+    "FLOAT8_E8M0FNU": "F8_E8M0", "F8_E8M0FNU": "F8_E8M0",
 }
 
 
@@ -189,20 +211,21 @@ _FROM_NUMPY = {np.dtype(d.numpy).newbyteorder("<"): d for d in DTYPES.values() i
 def from_numpy(dtype) -> DType:
     """The DType that stores arrays of NumPy ``dtype`` (any byte order)."""
     dtype = np.dtype(dtype)
-    if bfloat16 is not None and dtype == np.dtype(bfloat16):
-        return DTYPES["BF16"]
+    for name, ml_dtype in _ML_NUMPY.items():
+        if dtype == ml_dtype:
+            return DTYPES[name]
     found = _FROM_NUMPY.get(dtype.newbyteorder("<"))
     if found is None:
         raise LayoutError(f"arrays of dtype {dtype} cannot be stored; supported: "
                           + ", ".join(sorted(str(np.dtype(d.numpy)) for d in DTYPES.values() if d.numpy))
-                          + (", bfloat16" if bfloat16 is not None else ""))
+                          + "".join(f", {t}" for t in _ML_NUMPY.values()))
     return found
 
 
 def numpy_dtype(dtype: DType) -> np.dtype:
     """The little-endian NumPy dtype that views ``dtype``'s bytes (bf16 needs ml_dtypes)."""
-    if dtype.name == "BF16":
-        return np.dtype(bfloat16) if bfloat16 is not None else np.dtype("<u2")
+    if dtype.name in ML_DTYPES:
+        return _ML_NUMPY.get(dtype.name) or np.dtype(f"<u{dtype.itemsize}")
     if dtype.packed:
         raise LayoutError(f"{dtype.name} is a packed block type with no NumPy dtype")
     return np.dtype(dtype.numpy)
@@ -269,5 +292,7 @@ APR2_IDS = IdTable(
     write={0: "F32", 1: "F16", 2: "BF16", 3: "I8", 4: "I16", 5: "I32", 6: "I64", 7: "U8",
            16: "Q8_0", 17: "Q4_0", 18: "Q4_1", 19: "Q5_0", 20: "Q5_1",
            32: "F64", 33: "BOOL", 34: "U16", 35: "U32", 36: "U64", 37: "Q4_K", 38: "Q6_K",
-           39: "Q8_TENSOR", 40: "APR_FQ8_0", 41: "APR_FQ4_0", 128: "APR_Q4", 129: "APR_Q8"},
+           39: "Q8_TENSOR", 40: "APR_FQ8_0", 41: "APR_FQ4_0", 42: "F8_E4M3", 43: "F8_E5M2",
+           44: "F8_E4M3FNUZ", 45: "F8_E5M2FNUZ", 46: "F8_E8M0", 47: "C64", 48: "C128",
+           128: "APR_Q4", 129: "APR_Q8"},
 )

@@ -17,7 +17,15 @@ from .errors import LayoutError
 from .reader import AprFile
 from .tensors import QuantizedTensor, RawTensor
 
-__all__ = ["safe_open", "SafeSlice", "FRAMEWORKS", "framework_name", "to_framework"]
+__all__ = ["safe_open", "SafeSlice", "FRAMEWORKS", "TORCH_VIEWS", "framework_name", "to_framework",
+           "torch_dtype", "from_torch"]
+
+#: aprfast types NumPy lacks -> the torch dtype that holds them.  Their bits travel as
+#: same-width integers, so no ml_dtypes is needed on either side.
+TORCH_VIEWS = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+               "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+               "F8_E8M0": "float8_e8m0fnu"}
+_INT_OF_WIDTH = {1: (np.uint8, "uint8"), 2: (np.int16, "int16")}
 
 #: Accepted spellings -> the framework they mean (safetensors accepts these too).
 FRAMEWORKS = {"np": "numpy", "numpy": "numpy", "pt": "torch", "torch": "torch",
@@ -49,19 +57,56 @@ def to_framework(name: str, array, dtype, framework: str, device: str = "cpu"):
 def _to_torch(array, dtype, device):
     import torch
 
-    if dtype is DTYPES["BF16"]:  # bf16 bits, whether NumPy sees ml_dtypes' bf16 or uint16
-        tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    if dtype is not None and dtype.name in TORCH_VIEWS:
+        # the bits, whether NumPy sees ml_dtypes' type or an unsigned int
+        tensor = torch.from_numpy(array.view(_INT_OF_WIDTH[dtype.itemsize][0])).view(torch_dtype(dtype))
     else:
         tensor = torch.from_numpy(array)
     return tensor if device in ("cpu", None) else tensor.to(device)
+
+
+def torch_dtype(dtype, name: str = "?"):
+    """The torch dtype for an aprfast DType; TypeError naming the tensor if none."""
+    import torch
+
+    if dtype is None or dtype.packed:
+        raise TypeError(f"tensor {name!r} is {dtype.name if dtype else 'of unknown dtype'}; "
+                        "torch has no dtype for it")
+    if dtype.name in TORCH_VIEWS:
+        found = getattr(torch, TORCH_VIEWS[dtype.name], None)
+        if found is None:
+            raise TypeError(f"tensor {name!r} is {dtype.name}, which this torch ({torch.__version__}) lacks")
+        return found
+    return torch.from_numpy(np.empty(0, dtype.numpy)).dtype
+
+
+def from_torch(name: str, tensor):
+    """A torch tensor as what the writer stores: a NumPy array, or a RawTensor of the
+    bits for the types NumPy lacks (bf16, float8)."""
+    import torch
+
+    from .tensors import RawTensor
+
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"tensor {name!r} is {type(tensor).__name__}, not a torch.Tensor")
+    if tensor.layout != torch.strided:
+        raise ValueError(f"tensor {name!r} is a {tensor.layout} tensor; save its .to_dense()")
+    tensor = tensor.detach().to("cpu").contiguous()
+    for aprfast_name, torch_name in TORCH_VIEWS.items():
+        if tensor.dtype == getattr(torch, torch_name, None):
+            width = DTYPES[aprfast_name].itemsize
+            bits = tensor.view(getattr(torch, _INT_OF_WIDTH[width][1])).numpy()
+            return RawTensor(DTYPES[aprfast_name], tuple(tensor.shape), bits.view(f"<u{width}"))
+    return tensor.numpy()
 
 
 def _to_jax(array, dtype, device):
     import jax
     import jax.numpy as jnp
 
-    if dtype is DTYPES["BF16"]:
-        value = jnp.asarray(array.view(np.uint16)).view(jnp.bfloat16)
+    if dtype is not None and dtype.name in TORCH_VIEWS:
+        width = dtype.itemsize
+        value = jnp.asarray(array.view(f"<u{width}")).view(getattr(jnp, TORCH_VIEWS[dtype.name]))
     else:
         value = jnp.asarray(array)
     if device not in ("cpu", None):

@@ -1,18 +1,18 @@
 """torch tensors in and out: ``aprfast.torch.save_file/save/load_file/load``.
 
-A thin adapter over the NumPy API (torch is an optional extra). Tensors are moved to
-the CPU and made contiguous before saving; bf16 travels as its raw 16-bit patterns,
-so ml_dtypes is not needed for it.  Loaded tensors own their memory (one aligned
-buffer per file, read with parallel ``pread``) and land on ``device``.
+A thin adapter over the NumPy API (torch is an optional extra), with the signatures
+of ``safetensors.torch``.  Tensors are moved to the CPU and made contiguous before
+saving; bf16 and float8 travel as their raw bits, so ml_dtypes is not needed for
+them.  ``load_file`` gives writable tensors over a private copy-on-write map by
+default, or owned memory with ``backend="pread"``, on ``device``.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from . import api
-from .dtypes import DTYPES
+from .frameworks import from_torch, to_framework, torch_dtype
 from .reader import AprFile
 from .tensors import QuantizedTensor, RawTensor
 
@@ -48,17 +48,8 @@ def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool = T
 
 def _meta_tensors(path) -> dict:
     with AprFile(path) as f:
-        return {name: torch.empty(info.shape, dtype=_torch_dtype(name, info.dtype), device="meta")
+        return {name: torch.empty(info.shape, dtype=torch_dtype(info.dtype, name), device="meta")
                 for name, info in ((n, f.info(n)) for n in f.keys())}
-
-
-def _torch_dtype(name, dtype):
-    if dtype is None or dtype.packed:
-        raise TypeError(f"tensor {name!r} is {dtype.name if dtype else 'of unknown dtype'}; "
-                        "torch has no dtype for it")
-    if dtype is DTYPES["BF16"]:
-        return torch.bfloat16
-    return torch.from_numpy(np.empty(0, dtype.numpy)).dtype
 
 
 def load(data, device="cpu", *, verify: bool = True) -> dict:
@@ -67,26 +58,14 @@ def load(data, device="cpu", *, verify: bool = True) -> dict:
 
 
 def _to_numpy(tensors) -> dict:
-    return {name: _tensor_to_numpy(name, t) for name, t in tensors.items()}
-
-
-def _tensor_to_numpy(name, tensor):
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"tensor {name!r} is {type(tensor).__name__}, not a torch.Tensor")
-    tensor = tensor.detach().to("cpu").contiguous()
-    if tensor.dtype == torch.bfloat16:
-        bits = tensor.view(torch.int16).numpy().view(np.uint16)
-        return RawTensor(DTYPES["BF16"], tuple(tensor.shape), bits)
-    return tensor.numpy()
+    return {name: from_torch(name, t) for name, t in tensors.items()}
 
 
 def _to_torch(file, arrays, device) -> dict:
-    return {name: _array_to_torch(name, a, file.info(name).dtype).to(device) for name, a in arrays.items()}
+    return {name: _array_to_torch(name, a, file.info(name).dtype, device) for name, a in arrays.items()}
 
 
-def _array_to_torch(name, array, dtype):
+def _array_to_torch(name, array, dtype, device):
     if isinstance(array, (QuantizedTensor, RawTensor)):
         raise TypeError(f"tensor {name!r} is {array!r}; torch has no dtype for it")
-    if dtype is DTYPES["BF16"]:  # bf16 bits, whether NumPy sees ml_dtypes' bf16 or uint16
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
+    return to_framework(name, array, dtype, "torch", device)

@@ -51,6 +51,12 @@ def test_bytes_round_trip_and_bool_goes_to_the_spec_layout():
     assert torch.equal(aprfast_torch.load(data)["mask"], tensors["mask"])
 
 
-def test_non_tensors_are_refused():
-    with pytest.raises(TypeError):
+def test_non_tensors_are_refused_with_the_key_named():
+    # safetensors raises ValueError here, so ported code catches that
+    with pytest.raises(ValueError, match="'x'"):
         aprfast_torch.save({"x": np.zeros(2)})
+
+
+def test_sparse_tensors_are_refused_with_the_key_named():
+    with pytest.raises(ValueError, match="'s'.*to_dense"):
+        aprfast_torch.save({"s": torch.eye(3).to_sparse()})

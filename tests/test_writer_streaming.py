@@ -163,7 +163,7 @@ def test_writer_rejects_an_unwritable_target():
 def test_writer_add_of_an_unsupported_dtype_raises_layout_error(tmp_path):
     with aprfast.Writer(tmp_path / "m.apr") as w:
         with pytest.raises(LayoutError):
-            w.add("c", np.zeros(2, np.complex128))
+            w.add("c", np.zeros(2, "datetime64[s]"))
         w.add("ok", np.zeros(2))
     assert list(aprfast.load_file(tmp_path / "m.apr")) == ["ok"]
 
