@@ -146,6 +146,9 @@ DTYPES: dict[str, DType] = {
         DType("F8_E4M3FNUZ", None, 1),
         DType("F8_E5M2FNUZ", None, 1),
         DType("F8_E8M0", None, 1),
+        # FP4 e2m1 (OCP MX), two values per byte, low nibble first, packed across the
+        # flat tensor like torch's float4_e2m1fn_x2; an odd count pads the last nibble.
+        _blocks("F4_E2M1", 2, 1, per_row=False),
         # GGML blocks (llama.cpp ggml-common.h sizes).
         _blocks("Q8_0", 32, 34),
         _blocks("Q4_0", 32, 18),
@@ -175,7 +178,8 @@ _ALIASES = {
     "Q8TENSOR": "Q8_TENSOR", "COMPLEX64": "C64", "COMPLEX128": "C128",
     "FLOAT8_E4M3FN": "F8_E4M3", "F8_E4M3FN": "F8_E4M3", "FLOAT8_E5M2": "F8_E5M2",
     "FLOAT8_E4M3FNUZ": "F8_E4M3FNUZ", "FLOAT8_E5M2FNUZ": "F8_E5M2FNUZ",
-    "FLOAT8_E8M0FNU": "F8_E8M0", "F8_E8M0FNU": "F8_E8M0",
+    "FLOAT8_E8M0FNU": "F8_E8M0", "F8_E8M0FNU": "F8_E8M0", "F4": "F4_E2M1",
+    "FLOAT4_E2M1FN": "F4_E2M1", "FLOAT4_E2M1FN_X2": "F4_E2M1",
 }
 
 
@@ -293,6 +297,6 @@ APR2_IDS = IdTable(
            16: "Q8_0", 17: "Q4_0", 18: "Q4_1", 19: "Q5_0", 20: "Q5_1",
            32: "F64", 33: "BOOL", 34: "U16", 35: "U32", 36: "U64", 37: "Q4_K", 38: "Q6_K",
            39: "Q8_TENSOR", 40: "APR_FQ8_0", 41: "APR_FQ4_0", 42: "F8_E4M3", 43: "F8_E5M2",
-           44: "F8_E4M3FNUZ", 45: "F8_E5M2FNUZ", 46: "F8_E8M0", 47: "C64", 48: "C128",
+           44: "F8_E4M3FNUZ", 45: "F8_E5M2FNUZ", 46: "F8_E8M0", 47: "C64", 48: "C128", 49: "F4_E2M1",
            128: "APR_Q4", 129: "APR_Q8"},
 )

@@ -18,7 +18,7 @@ from .reader import AprFile
 from .tensors import QuantizedTensor, RawTensor
 
 __all__ = ["safe_open", "SafeSlice", "FRAMEWORKS", "TORCH_VIEWS", "framework_name", "to_framework",
-           "torch_dtype", "from_torch"]
+           "torch_dtype", "torch_meta", "from_torch"]
 
 #: aprfast types NumPy lacks -> the torch dtype that holds them.  Their bits travel as
 #: same-width integers, so no ml_dtypes is needed on either side.
@@ -46,6 +46,8 @@ def to_framework(name: str, array, dtype, framework: str, device: str = "cpu"):
         if device not in ("cpu", None):
             raise ValueError(f"NumPy arrays live on the CPU, not on device {device!r}")
         return array
+    if framework == "torch" and isinstance(array, QuantizedTensor) and array.dtype.name == "F4_E2M1":
+        return _fp4_to_torch(name, array, device)
     if isinstance(array, (QuantizedTensor, RawTensor)):
         raise LayoutError(f"tensor {name!r} is {array!r}; {framework} has no dtype for it "
                           "(read it with aprfast.open and dequantize it first)")
@@ -63,6 +65,36 @@ def _to_torch(array, dtype, device):
     else:
         tensor = torch.from_numpy(array)
     return tensor if device in ("cpu", None) else tensor.to(device)
+
+
+def _fp4_to_torch(name, packed, device):
+    """FP4 as torch's float4_e2m1fn_x2: one element per byte (a pair of values), so the
+    last dimension halves; it must be even for the pairs to stay in their rows."""
+    import torch
+
+    kind = getattr(torch, "float4_e2m1fn_x2", None)
+    if kind is None:
+        raise LayoutError(f"tensor {name!r} is FP4 and this torch ({torch.__version__}) has no float4_e2m1fn_x2")
+    shape = tuple(packed.shape)
+    if not shape or shape[-1] % 2:
+        raise LayoutError(f"tensor {name!r}: FP4 of shape {list(shape)} has an odd last dimension; "
+                          "torch's float4_e2m1fn_x2 holds pairs of values within a row")
+    data = np.ascontiguousarray(packed.data).view(np.uint8)
+    tensor = torch.from_numpy(data).reshape(shape[:-1] + (shape[-1] // 2,)).view(kind)
+    return tensor if device in ("cpu", None) else tensor.to(device)
+
+
+def torch_meta(name: str, info):
+    """A tensor on torch's "meta" device with the shape and dtype ``info`` describes."""
+    import torch
+
+    if info.dtype is not None and info.dtype.name == "F4_E2M1":
+        shape = tuple(info.shape)
+        if not shape or shape[-1] % 2:
+            raise LayoutError(f"tensor {name!r}: FP4 of shape {list(shape)} has an odd last dimension; "
+                              "torch's float4_e2m1fn_x2 holds pairs of values within a row")
+        return torch.empty(shape[:-1] + (shape[-1] // 2,), dtype=torch.float4_e2m1fn_x2, device="meta")
+    return torch.empty(info.shape, dtype=torch_dtype(info.dtype, name), device="meta")
 
 
 def torch_dtype(dtype, name: str = "?"):
@@ -92,6 +124,11 @@ def from_torch(name: str, tensor):
     if tensor.layout != torch.strided:
         raise ValueError(f"tensor {name!r} is a {tensor.layout} tensor; save its .to_dense()")
     tensor = tensor.detach().to("cpu").contiguous()
+    if tensor.dtype == getattr(torch, "float4_e2m1fn_x2", None):  # pairs: the logical last dim doubles
+        from .tensors import QuantizedTensor
+
+        shape = tuple(tensor.shape[:-1]) + (2 * tensor.shape[-1],) if tensor.dim() else (2,)
+        return QuantizedTensor(DTYPES["F4_E2M1"], shape, tensor.view(torch.uint8).numpy().reshape(-1))
     for aprfast_name, torch_name in TORCH_VIEWS.items():
         if tensor.dtype == getattr(torch, torch_name, None):
             width = DTYPES[aprfast_name].itemsize

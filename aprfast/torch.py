@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 
 from . import api
-from .frameworks import from_torch, to_framework, torch_dtype
+from .frameworks import from_torch, to_framework, torch_meta
 from .reader import AprFile
-from .tensors import QuantizedTensor, RawTensor
 
 __all__ = ["save_file", "save", "load_file", "load"]
 
@@ -48,8 +47,7 @@ def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool = T
 
 def _meta_tensors(path) -> dict:
     with AprFile(path) as f:
-        return {name: torch.empty(info.shape, dtype=torch_dtype(info.dtype, name), device="meta")
-                for name, info in ((n, f.info(n)) for n in f.keys())}
+        return {name: torch_meta(name, f.info(name)) for name in f.keys()}
 
 
 def load(data, device="cpu", *, verify: bool = True) -> dict:
@@ -66,6 +64,4 @@ def _to_torch(file, arrays, device) -> dict:
 
 
 def _array_to_torch(name, array, dtype, device):
-    if isinstance(array, (QuantizedTensor, RawTensor)):
-        raise TypeError(f"tensor {name!r} is {array!r}; torch has no dtype for it")
     return to_framework(name, array, dtype, "torch", device)

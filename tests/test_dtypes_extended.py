@@ -97,3 +97,37 @@ def test_float8_and_complex_through_torch(tmp_path):
             assert back[k].view(torch.uint8).tolist() == v.view(torch.uint8).tolist()
     with aprfast.safe_open(path, "np") as f:  # the same file read as NumPy
         assert f.get_tensor("c64").dtype == np.complex64
+
+
+# --- FP4 e2m1: two values per byte ----------------------------------------------------
+def test_fp4_is_stored_packed_and_read_back_as_its_bytes(tmp_path):
+    packed = np.arange(12, dtype=np.uint8)
+    path = tmp_path / "f4.apr"
+    aprfast.save_file({"f": aprfast.QuantizedTensor(dtypes.DTYPES["F4_E2M1"], (2, 12), packed)}, path)
+    with aprfast.open(path) as f:
+        assert f.layout == "apr2"
+        info = f.info("f")
+        assert info.dtype_name == "F4_E2M1" and info.shape == (2, 12) and info.nbytes == 12
+        np.testing.assert_array_equal(f.get_tensor("f").data, packed)
+
+
+def test_fp4_odd_count_rounds_up_to_whole_bytes():
+    assert dtypes.DTYPES["F4_E2M1"].nbytes((3, 5)) == 8  # 15 values, packed across rows
+
+
+def test_fp4_through_torch(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip("this torch has no float4_e2m1fn_x2")
+    import aprfast.torch as apr_torch
+
+    fp4 = torch.arange(12, dtype=torch.uint8).reshape(2, 6).view(torch.float4_e2m1fn_x2)
+    path = tmp_path / "f4.apr"
+    apr_torch.save_file({"f": fp4}, path)
+    assert aprfast.inspect(path)["tensors"]["f"]["shape"] == [2, 12]  # logical values
+    for backend in ("mmap", "pread"):
+        back = apr_torch.load_file(path, backend=backend)["f"]
+        assert back.dtype == fp4.dtype and back.shape == fp4.shape
+        assert torch.equal(back.view(torch.uint8), fp4.view(torch.uint8))
+    meta = apr_torch.load_file(path, device="meta")["f"]
+    assert meta.shape == (2, 6) and meta.dtype == fp4.dtype
