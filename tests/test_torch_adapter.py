@@ -60,3 +60,45 @@ def test_non_tensors_are_refused_with_the_key_named():
 def test_sparse_tensors_are_refused_with_the_key_named():
     with pytest.raises(ValueError, match="'s'.*to_dense"):
         aprfast_torch.save({"s": torch.eye(3).to_sparse()})
+
+
+# --- loading onto a device through staging buffers (issue 11 part 7) --------------------
+def _model(tmp_path):
+    tensors = {f"t{i:02d}": torch.randn(3 + i, 17) for i in range(12)}
+    tensors["bf"] = torch.randn(5, 7).to(torch.bfloat16)
+    tensors["empty"] = torch.zeros(0, 4)
+    tensors["scalar"] = torch.tensor(2.5)
+    path = tmp_path / "m.apr"
+    aprfast_torch.save_file(tensors, path)
+    return tensors, path
+
+
+@pytest.mark.parametrize("staging", [1, 64, 1000, 1 << 20])
+def test_staged_load_gives_every_byte_whatever_the_staging_size(tmp_path, staging):
+    # CPU as the "device": the same chunking and piece bookkeeping the CUDA path runs,
+    # with staging sizes that split tensors across chunks and chunks across tensors
+    tensors, path = _model(tmp_path)
+    with aprfast.open(path, mode="pread") as f:
+        loaded = aprfast_torch.load_to_device(f, "cpu", staging_bytes=staging)
+    assert sorted(loaded) == sorted(tensors)
+    for name, value in tensors.items():
+        assert loaded[name].dtype == value.dtype and torch.equal(loaded[name], value)
+
+
+def test_staged_load_checks_the_crc(tmp_path):
+    tensors, path = _model(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 1  # inside the last tensor's padding or data, covered by the CRC
+    path.write_bytes(bytes(data))
+    with aprfast.open(path, mode="pread") as f, pytest.raises(aprfast.ChecksumError):
+        aprfast_torch.load_to_device(f, "cpu", staging_bytes=4096)
+    with aprfast.open(path, mode="pread") as f:
+        aprfast_torch.load_to_device(f, "cpu", verify=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_load_file_onto_cuda(tmp_path):
+    tensors, path = _model(tmp_path)
+    loaded = aprfast_torch.load_file(path, device="cuda:0")
+    for name, value in tensors.items():
+        assert loaded[name].device.type == "cuda" and torch.equal(loaded[name].cpu(), value)
