@@ -7,6 +7,10 @@
   CRC32, header, model type, signature, decryption, decompression) and returns a
   :class:`V1Model`.
 * :func:`inspect_model` reads only the header and metadata, like aprender's ``inspect``.
+* ``save_model(tensors, streaming=True)`` writes the STREAMING chunk index
+  (:mod:`aprfast.layouts.chunk_index`) and ``trueno_native=True`` the TRUENO_NATIVE
+  tensor index (:mod:`aprfast.layouts.trueno`); :class:`aprfast.v1reader.V1File` reads
+  them lazily, :func:`load_model` eagerly.
 
 The bytes live in :mod:`aprfast.layouts.v1`, compression in :mod:`aprfast.codecs`,
 encryption and signatures in :mod:`aprfast.crypto`, licenses in :mod:`aprfast.licensing`.
@@ -15,16 +19,19 @@ docs/FORMAT.md (v1 section) records every byte and decision.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from . import codecs
+from ._crc import crc32
 from ._version import __version__
 from .codecs import MAX_UNCOMPRESSED_SIZE, Compression
-from .errors import (AprError, AprIOError, CorruptError, DecryptError, FormatError, LayoutError, LimitError,
-                     ModelTypeMismatchError, SignatureError)
+from .errors import (AprError, AprIOError, ChecksumError, CorruptError, DecryptError, FormatError, LayoutError,
+                     LimitError, ModelTypeMismatchError, SignatureError)
+from .layouts import chunk_index, trueno
 from .layouts import v1 as layout
 from .layouts.v1 import Flag, Header, ModelType
 from .sources import open_source
@@ -39,6 +46,15 @@ __all__ = [
 #: is a whole v2 tensor container (aprender's ``APR\\0`` layout) instead of bincode.
 PAYLOAD_FORMAT_KEY = "payload_format"
 TENSOR_PAYLOAD_FORMAT = "apr-v2-tensors"
+#: The marker of a STREAMING file's payload: named chunks behind a chunk index.
+CHUNKED_PAYLOAD_FORMAT = "apr-v1-chunks"
+#: The marker of a TRUENO_NATIVE payload (seed 000 §9.2 index, then aligned tensors).
+#: The flag alone keeps its old meaning (reported only), since no other writer says
+#: what payload goes with it.
+TRUENO_PAYLOAD_FORMAT = "trueno-native"
+#: A STREAMING file's chunks are sealed under one random AES-256 key per file, itself
+#: sealed in the chunk index's key block with the v1 password/recipient modes.
+FILE_KEY_SIZE = 32
 #: What ``aprender_version`` says when the caller does not pin it.
 DEFAULT_APRENDER_VERSION = f"aprfast {__version__}"
 #: Tensor payloads stored plainly start on this boundary in the file, so their arrays
@@ -104,7 +120,8 @@ class V1Model:
 # --- saving --------------------------------------------------------------------------
 def save_model(payload, path=None, *, model_type=None, metadata=None, compression="none", quality_score=None,
                password=None, recipient=None, recipients=None, signing_key=None, license=None,
-               durable: bool = True):
+               durable: bool = True, streaming: bool = False, chunk_size: int | None = None,
+               trueno_native: bool = False, backend_hint=None):
     """Write a v1 file; return its bytes when ``path`` is None.
 
     ``payload`` is bytes-like (stored as given: aprender stores bincode) or a mapping
@@ -121,7 +138,22 @@ def save_model(payload, path=None, *, model_type=None, metadata=None, compressio
     encryption).  ``license`` (an aprfast.licensing.License) adds aprender's
     ``license`` metadata entry, the binary license block and the LICENSED flag.
     A path is written atomically; ``path`` may also be a writable file object.
+
+    ``streaming=True`` (tensors only) sets STREAMING and stores each tensor as chunks
+    of at most ``chunk_size`` raw bytes (default 16 MiB), each compressed and (when
+    encrypted) sealed on its own behind a chunk index, so a reader decodes only the
+    tensors it is asked for.  ``trueno_native=True`` (tensors only; no compression or
+    encryption, seed 000 §9.9) sets TRUENO_NATIVE and stores the §9.2 tensor index and
+    64-byte-aligned tensors; ``backend_hint`` is a §9.3 name or id ("auto", "scalar",
+    "sse2", "avx", "avx2", "avx512", "neon", "wasm-simd", "gpu"), or a dict name -> hint.
+    docs/FORMAT.md has both layouts.
     """
+    if streaming or trueno_native or chunk_size is not None or backend_hint is not None:
+        return _save_indexed(payload, path, model_type=model_type, metadata=metadata, compression=compression,
+                             quality_score=quality_score, password=password, recipient=recipient,
+                             recipients=recipients, signing_key=signing_key, license=license, durable=durable,
+                             streaming=streaming, chunk_size=chunk_size, trueno_native=trueno_native,
+                             backend_hint=backend_hint)
     # Everything that can be refused is checked before the expensive steps (compression,
     # Argon2, encryption), so a bad argument fails fast and nothing is half-done.
     plain, metadata, model_type, is_tensors = _payload_and_metadata(payload, metadata, model_type)
@@ -287,6 +319,229 @@ def _write_all(fd: int, data) -> None:
         view = view[os.write(fd, view):]
 
 
+# --- saving: the chunk index (STREAMING) and the trueno index (TRUENO_NATIVE) ---------
+def _save_indexed(payload, path, *, model_type, metadata, compression, quality_score, password, recipient,
+                  recipients, signing_key, license, durable, streaming, chunk_size, trueno_native, backend_hint):
+    """save_model for the two indexed tensor payloads; every refusal comes first."""
+    if not isinstance(payload, Mapping):
+        raise TypeError("streaming= and trueno_native= store named tensors: pass a dict of name -> array")
+    if recipients is not None and not isinstance(recipients, (str, bytes, bytearray, memoryview)):
+        recipients = list(recipients)
+    compression = Compression.from_value(compression)
+    encryption = _encryption_mode(password, recipient, recipients)
+    limit = _indexed_options(streaming, chunk_size, trueno_native, backend_hint, compression, encryption)
+    score = _quality_byte(quality_score)
+    public_key = _public_key(signing_key)
+    inputs = _sorted_inputs(payload)
+    marker = CHUNKED_PAYLOAD_FORMAT if streaming else TRUENO_PAYLOAD_FORMAT
+    metadata, model_type = _indexed_metadata(metadata, model_type, marker)
+    license_block = _apply_license(metadata, license)
+    flags = Flag.STREAMING if streaming else Flag.TRUENO_NATIVE
+    if encryption is not None:
+        flags |= Flag.ENCRYPTED
+    if public_key is not None:
+        flags |= Flag.SIGNED
+    if metadata.get("license") is not None:
+        flags |= Flag.LICENSED
+    if streaming:
+        metadata_block = layout.encode_metadata(metadata, license_block=license_block)
+        head = dict(model_type=model_type, compression=compression, flags=flags, quality_score=score)
+        parts = _chunked_parts(inputs, head, metadata_block, limit,
+                               (encryption, password, recipient, recipients), signing_key)
+    else:
+        metadata_block = layout.encode_metadata(metadata, license_block=license_block,
+                                                align_end_to=trueno.ALIGNMENT)
+        hints = _backend_hints(backend_hint, inputs)
+        parts = _trueno_parts(inputs, hints, model_type, metadata_block, flags, score)
+    if public_key is not None:
+        from . import crypto
+
+        parts.append(bytes(crypto.sign(parts, signing_key)) + public_key)
+    return _emit(_with_crc(parts), path, durable)
+
+
+def _indexed_options(streaming, chunk_size, trueno_native, backend_hint, compression, encryption) -> int:
+    """Refuse option sets the two layouts cannot hold; the chunk size limit to use."""
+    if streaming and trueno_native:
+        raise LayoutError("streaming=True and trueno_native=True together are not written: the trueno index "
+                          "already gives zero-copy random access, which a chunk index over raw chunks would not add")
+    if trueno_native and (compression is not Compression.NONE or encryption is not None):
+        what = "compression" if compression is not Compression.NONE else "encryption"
+        raise LayoutError(f"trueno_native=True refuses {what}: trueno-native tensors are mapped as stored, 64-byte "
+                          "aligned, so they cannot be compressed or encrypted (seed 000 §9.9: compression and "
+                          "zero-copy are mutually exclusive)")
+    if backend_hint is not None and not trueno_native:
+        raise LayoutError("backend_hint= describes trueno-native tensors; pass trueno_native=True")
+    if chunk_size is not None and not streaming:
+        raise LayoutError("chunk_size= applies to streaming=True files only")
+    if chunk_size is None:
+        return chunk_index.DEFAULT_CHUNK_LIMIT
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not (
+            1 <= chunk_size <= chunk_index.MAX_CHUNK_LIMIT):
+        raise ValueError(f"chunk_size must be an int from 1 to {chunk_index.MAX_CHUNK_LIMIT}, not {chunk_size!r}")
+    return chunk_size
+
+
+def _sorted_inputs(payload) -> list:
+    """TensorInputs in the order both indexes store them: by UTF-8 name bytes."""
+    from .tensors import as_inputs
+
+    return sorted(as_inputs(payload), key=lambda t: t.name.encode("utf-8"))
+
+
+def _indexed_metadata(metadata, model_type, marker):
+    metadata = dict(metadata or {})
+    metadata.setdefault("created_at", str(int(time.time())))
+    metadata.setdefault("aprender_version", DEFAULT_APRENDER_VERSION)
+    custom = metadata.get("custom") or {}
+    if not isinstance(custom, Mapping):
+        raise LayoutError(f"metadata 'custom' must be a map of str -> JSON value, not {type(custom).__name__}")
+    if custom.get(PAYLOAD_FORMAT_KEY, marker) != marker:
+        raise LayoutError(f"metadata custom[{PAYLOAD_FORMAT_KEY!r}] = {custom[PAYLOAD_FORMAT_KEY]!r} contradicts "
+                          f"this payload ({marker!r})")
+    metadata["custom"] = {**custom, PAYLOAD_FORMAT_KEY: marker}
+    return metadata, ModelType.from_value(ModelType.NeuralCustom if model_type is None else model_type)
+
+
+def _raw_bytes(t) -> memoryview:
+    """A tensor input's bytes as a flat byte view (no copy)."""
+    import numpy as np
+
+    data = t.data
+    if isinstance(data, np.ndarray):
+        return memoryview(data.reshape(-1).view(np.uint8)) if data.size else memoryview(b"")
+    return memoryview(data).cast("B") if t.nbytes else memoryview(b"")
+
+
+def _chunked_parts(inputs, head: dict, metadata_block: bytes, limit: int, encryption, signing_key=None) -> list:
+    """header, metadata, chunk index, then every chunk as stored.  A signed file's
+    index carries each chunk's SHA-256 and its own signature (chunk_index.DIGESTS)."""
+    records, pieces = _compressed_chunks(inputs, head["compression"], limit)
+    key, key_block = _file_key(encryption)
+    try:
+        chunks = _chunk_table(pieces, _tag_size() if key is not None else 0)
+        digests = [bytes(chunk_index.DIGEST_SIZE)] * len(chunks) if signing_key is not None else None
+        # The index header (sizes, counts, flags) is fixed before any chunk is sealed:
+        # it is part of every chunk's AAD, and holds no CRC or digest.
+        trial = chunk_index.encode(records, chunks, chunk_limit=limit, key_block=key_block,
+                                   sealed=key is not None, digests=digests)
+        header = Header(head["model_type"], len(metadata_block), sum(c[1] for c in chunks),
+                        sum(c[2] for c in chunks), head["compression"], head["flags"],
+                        head["quality_score"]).to_bytes()
+        stored = [packed for _, packed, _ in pieces]
+        if key is not None:
+            aad_parts = (header, hashlib.sha256(metadata_block).digest(), trial[:chunk_index.HEADER_SIZE])
+            stored = [_seal_chunk(key, i, packed, chunk_index.chunk_aad(*aad_parts, records[owner], *chunks[i][:3], i))
+                      for i, (owner, packed, _) in enumerate(pieces)]
+    finally:
+        if key is not None:
+            key[:] = bytes(len(key))  # a bytearray we own: wipe the file key
+    return [header, metadata_block,
+            _final_index(records, chunks, stored, limit, key_block, header, metadata_block, signing_key), *stored]
+
+
+def _compressed_chunks(inputs, compression, limit):
+    """(tensor records, [(record number, compressed chunk, raw size)]): each tensor's
+    bytes split every ``limit`` bytes, each piece compressed on its own."""
+    from .dtypes import APR2_IDS
+
+    records, pieces = [], []
+    for t in inputs:
+        data = _raw_bytes(t)
+        raw = [data[at:at + limit] for at in range(0, t.nbytes, limit)]
+        records.append(chunk_index.tensor_record(t.name, APR2_IDS.id_of(t.dtype), t.shape, len(raw)))
+        owner = len(records) - 1
+        # Uncompressed chunks stay views of the caller's arrays: nothing is copied.
+        pieces += [(owner, piece if compression is Compression.NONE else codecs.compress(piece, compression),
+                    len(piece)) for piece in raw]
+    return records, pieces
+
+
+def _file_key(encryption):
+    """(a fresh 32-byte file key, its key block) for an encrypted file; (None, b"") otherwise."""
+    mode, password, recipient, recipients = encryption
+    if mode is None:
+        return None, b""
+    key = bytearray(os.urandom(FILE_KEY_SIZE))
+    try:
+        return key, bytes(_encrypt(key, mode, password, recipient, recipients))
+    except BaseException:
+        key[:] = bytes(len(key))
+        raise
+
+
+def _chunk_table(pieces, tag: int) -> list:
+    """(offset, stored size, raw size, crc placeholder) per chunk, back to back."""
+    chunks, at = [], 0
+    for _, packed, raw_size in pieces:
+        chunks.append((at, len(packed) + tag, raw_size, 0))
+        at += len(packed) + tag
+    return chunks
+
+
+def _final_index(records, chunks, stored, limit, key_block, header, metadata_block, signing_key) -> bytes:
+    """The index with each stored chunk's CRC32 (and, signed, SHA-256 and the index signature)."""
+    final = [(o, s, r, crc32(part)) for (o, s, r, _), part in zip(chunks, stored)]
+    digests = [hashlib.sha256(part).digest() for part in stored] if signing_key is not None else None
+    body = chunk_index.encode(records, final, chunk_limit=limit, key_block=key_block, sealed=bool(key_block),
+                              digests=digests)
+    signature = b""
+    if signing_key is not None:
+        from . import crypto
+
+        signature = bytes(crypto.sign(chunk_index.signed_message(header, metadata_block, body), signing_key))
+    return chunk_index.finish(header, metadata_block, body, signature)
+
+
+def _tag_size() -> int:
+    from . import crypto
+
+    return crypto.TAG_SIZE
+
+
+def _seal_chunk(key, ordinal: int, packed, aad: bytes) -> bytearray:
+    """One chunk sealed with AES-256-GCM under the file key: ciphertext || tag."""
+    from . import crypto
+
+    return crypto._seal_blob(b"", memoryview(packed), key, chunk_index.chunk_nonce(ordinal), aad=memoryview(aad))
+
+
+def _backend_hints(backend_hint, inputs) -> dict:
+    """name -> §9.3 backend id, from one hint for all tensors or a dict of them."""
+    if backend_hint is None:
+        return {}
+    if isinstance(backend_hint, Mapping):
+        names = {t.name for t in inputs}
+        unknown = [name for name in backend_hint if name not in names]
+        if unknown:
+            raise ValueError(f"backend_hint names tensors the payload lacks: {unknown[:5]}")
+        return {name: trueno.backend_id(value) for name, value in backend_hint.items()}
+    hint = trueno.backend_id(backend_hint)
+    return {t.name: hint for t in inputs}
+
+
+def _trueno_parts(inputs, hints, model_type, metadata_block, flags, score) -> list:
+    """header, metadata (ending on 64), the §9.2 index with names, then each tensor and its padding."""
+    start = layout.HEADER_SIZE + len(metadata_block)
+    head, placed, size = trueno.plan(inputs, hints, start)
+    header = Header(model_type, len(metadata_block), size, size, Compression.NONE, flags, score).to_bytes()
+    parts = [header, metadata_block, head]
+    for t, _, pad in placed:
+        if t.nbytes:
+            parts.append(_raw_bytes(t))
+        if pad:
+            parts.append(bytes(pad))
+    return parts
+
+
+def _with_crc(parts: list) -> list:
+    crc = 0
+    for part in parts:
+        crc = crc32(part, crc)
+    parts.append(crc.to_bytes(layout.CRC_SIZE, "little"))
+    return parts
+
+
 # --- loading --------------------------------------------------------------------------
 def load_model(source, *, expected_type=None, password=None, private_key=None, trusted_keys=None,
                require_signature=None, max_uncompressed: int = MAX_UNCOMPRESSED_SIZE,
@@ -309,6 +564,10 @@ def load_model(source, *, expected_type=None, password=None, private_key=None, t
     DecryptError (an attacker who clears ENCRYPTED and fixes the CRC would otherwise
     have their bytes returned as the model), unless ``allow_unencrypted=True`` says
     that either is acceptable.
+
+    STREAMING files (chunk index) and TRUENO_NATIVE files come back as name -> array
+    like any tensor payload: every chunk decoded and checked (owned arrays), or
+    read-only views of the map with their strides (trueno-native).
     """
     if password is not None and private_key is not None:
         raise ValueError("give password= or private_key=, not both")
@@ -324,9 +583,65 @@ def load_model(source, *, expected_type=None, password=None, private_key=None, t
 
 
 def _load(src, expected_type, password, private_key, trusted_keys, require_signature, max_uncompressed,
-          allow_unencrypted=False):
+          allow_unencrypted=False, tensor_buffer=False, verified=None):
+    """load_model's work; ``tensor_buffer=True`` leaves a v2 tensor payload as its
+    decoded buffer (for V1File, which serves it through an AprFile); ``verified`` is
+    the (state, signer) of a signature the caller has already checked over these bytes."""
     path = src.path
     view = _whole_file(src)
+    header = _checked_header(view, expected_type, max_uncompressed, path)
+    regions = _locate(header, _reader_of(view), len(view), path)
+    if verified is None:
+        verified = _verify_signature(view, regions, trusted_keys, require_signature, path)
+    signature, signer = verified
+    metadata = layout.decode_metadata(view[slice(*regions.metadata)], path=path)
+    kind = _payload_kind(header, metadata, path)
+    stored = view[slice(*regions.payload)]
+    encryption = "none"
+    if kind == "chunks":
+        if header.flags & Flag.SIGNED:  # so that load_model and V1File accept the same files
+            _verify_index_signature(_reader_of(view), header, regions, [signer], False, path)
+        chunks = _open_chunks(_reader_of(view), header, regions, path, None, True, password, private_key,
+                              allow_unencrypted)
+        encryption = chunks.encryption
+        try:
+            payload = chunks.all_tensors(_reader_of(view))
+        finally:
+            chunks.close()
+    elif kind == "trueno":
+        _refuse_downgrade(header, password, private_key, allow_unencrypted, path)
+        payload = _trueno_tensors(view, regions, path)
+    else:
+        if header.flags & Flag.ENCRYPTED:
+            stored, encryption = _decrypt(stored, password, private_key, path)
+        else:
+            _refuse_downgrade(header, password, private_key, allow_unencrypted, path)
+        plain = codecs.decompress(stored, header.compression, expected_size=header.uncompressed_size,
+                                  limit=max_uncompressed, path=path)
+    license = _decode_license(metadata, path)
+    for key in layout.INTERNAL_KEYS:
+        metadata.pop(key, None)
+    if kind == "tensors":
+        payload = plain if tensor_buffer else _tensors(plain, path)
+    elif kind == "bytes":
+        # A decrypted or decompressed payload is already an owned bytearray (which the
+        # caller may wipe); copying it to bytes would hold the model twice.  A payload
+        # stored plainly is copied out of the map so the file can be closed.
+        payload = plain if isinstance(plain, bytearray) else bytes(plain)
+    return V1Model(header, metadata, payload, signature, signer, encryption, license, header.flag_set)
+
+
+def _reader_of(view):
+    """read(offset, n, what) over a whole-file buffer (the Source.read signature)."""
+    def read(offset, n, what="range"):
+        if offset < 0 or n < 0 or offset + n > len(view):
+            raise CorruptError(f"{what} of {n} bytes at offset {offset} lies outside the {len(view)} bytes present")
+        return view[offset:offset + n]
+    return read
+
+
+def _checked_header(view, expected_type, max_uncompressed, path) -> Header:
+    """Magic, the whole-file CRC32, the header, the expected type and the size limit."""
     _check_magic(view, path)
     layout.check_crc(view, path=path)
     header = Header.from_bytes(view[:layout.HEADER_SIZE], path=path)
@@ -334,32 +649,285 @@ def _load(src, expected_type, password, private_key, trusted_keys, require_signa
     if header.uncompressed_size > max_uncompressed:
         raise LimitError(f"header declares {header.uncompressed_size} uncompressed payload bytes, above the limit "
                          f"of {max_uncompressed}", path=path)
-    regions = layout.locate(header, len(view), path=path)
-    signature, signer = _verify_signature(view, regions, trusted_keys, require_signature, path)
-    metadata = layout.decode_metadata(view[slice(*regions.metadata)], path=path)
-    stored = view[slice(*regions.payload)]
-    encryption = "none"
-    if header.flags & Flag.ENCRYPTED:
-        stored, encryption = _decrypt(stored, password, private_key, path)
-    elif (password is not None or private_key is not None) and not allow_unencrypted:
-        given = "a password" if password is not None else "a private key"
-        raise DecryptError(f"{given} was given but the file is not encrypted (its ENCRYPTED flag is clear): "
-                           "refusing a possibly downgraded file; pass allow_unencrypted=True to accept "
-                           "plaintext files too", path=path)
-    plain = codecs.decompress(stored, header.compression, expected_size=header.uncompressed_size,
-                              limit=max_uncompressed, path=path)
-    license = _decode_license(metadata, path)
-    for key in layout.INTERNAL_KEYS:
-        metadata.pop(key, None)
+    return header
+
+
+def _locate(header: Header, read, size: int, path, limits=None):
+    """The file's regions; a STREAMING file's chunk index size is read from the index's
+    own header first (range-checked: nothing is believed that the bytes present refute)."""
+    max_metadata = limits.max_metadata_size if limits is not None else None
+    index_size = None
+    if header.flag_set & Flag.STREAMING:
+        limit = layout.MAX_METADATA_SIZE if max_metadata is None else max_metadata
+        if header.metadata_size > limit:
+            raise LimitError(f"metadata declares {header.metadata_size} bytes, above the limit of {limit}",
+                             path=path)
+        start = layout.HEADER_SIZE + header.metadata_size
+        n = max(0, min(chunk_index.HEADER_SIZE, size - start))
+        index_size = chunk_index.peek_size(bytes(read(start, n, "chunk index header")), path=path, limits=limits)
+    return layout.locate(header, size, path=path, max_metadata=max_metadata, index_size=index_size)
+
+
+def _payload_kind(header: Header, metadata: dict, path) -> str:
+    """"chunks" (STREAMING), "trueno", "tensors" (a v2 container) or "bytes"; the flag
+    and the metadata's payload marker must agree."""
     custom = metadata.get("custom")
-    if isinstance(custom, dict) and custom.get(PAYLOAD_FORMAT_KEY) == TENSOR_PAYLOAD_FORMAT:
-        payload = _tensors(plain, path)
+    marker = custom.get(PAYLOAD_FORMAT_KEY) if isinstance(custom, dict) else None
+    flags = header.flag_set
+    if flags & Flag.STREAMING:
+        if marker not in (None, CHUNKED_PAYLOAD_FORMAT):
+            raise CorruptError(f"the STREAMING flag is set but the metadata marks the payload {marker!r}", path=path)
+        return "chunks"
+    if marker == CHUNKED_PAYLOAD_FORMAT:
+        raise CorruptError("the metadata marks a chunked payload but the STREAMING flag is clear (a cleared flag "
+                           "would misread the chunk index as the payload)", path=path)
+    if marker == TRUENO_PAYLOAD_FORMAT:
+        if not flags & Flag.TRUENO_NATIVE:
+            raise CorruptError("the metadata marks a trueno-native payload but the TRUENO_NATIVE flag is clear",
+                               path=path)
+        if header.compression != Compression.NONE or flags & Flag.ENCRYPTED:
+            raise CorruptError("a trueno-native payload must be stored uncompressed and unencrypted (seed 000 §9.9), "
+                               f"but compression is {int(header.compression)} and ENCRYPTED is "
+                               f"{'set' if flags & Flag.ENCRYPTED else 'clear'}", path=path)
+        return "trueno"
+    return "tensors" if marker == TENSOR_PAYLOAD_FORMAT else "bytes"
+
+
+def _refuse_downgrade(header: Header, password, private_key, allow_unencrypted, path) -> None:
+    """A caller who gave a key asked for an encrypted file: refuse a plaintext one (an
+    attacker who clears ENCRYPTED and fixes the CRC would have their bytes returned)."""
+    if header.flags & Flag.ENCRYPTED or (password is None and private_key is None) or allow_unencrypted:
+        return
+    given = "a password" if password is not None else "a private key"
+    raise DecryptError(f"{given} was given but the file is not encrypted (its ENCRYPTED flag is clear): "
+                       "refusing a possibly downgraded file; pass allow_unencrypted=True to accept "
+                       "plaintext files too", path=path)
+
+
+def _trueno_tensors(view, regions, path, limits=None) -> dict:
+    """name -> read-only array viewing ``view`` (the mapped file), strides honoured."""
+    import numpy as np
+
+    start, end = regions.payload
+    entries = trueno.parse(view[start:end], start, path=path, limits=limits)
+    whole = np.frombuffer(view, np.uint8)  # keeps the map's export alive (see _tensors)
+    return {name: trueno_view(whole, e) for name, e in entries.items()}
+
+
+def trueno_view(whole, entry):
+    """One trueno tensor as a read-only view of ``whole`` (a uint8 array of the file);
+    trueno.parse already checked that the strides stay inside the tensor's bytes."""
+    import numpy as np
+
+    from .dtypes import numpy_dtype
+
+    dtype = numpy_dtype(entry.dtype)
+    strides = tuple(s * dtype.itemsize for s in entry.strides)
+    array = np.ndarray(entry.shape, dtype, whole, entry.offset, strides)
+    array.flags.writeable = False
+    return array
+
+
+# --- the chunk index: open, then decode one tensor's chunks ------------------------------
+def _open_chunks(read, header: Header, regions, path, limits, strict_dtypes, password, private_key,
+                 allow_unencrypted, check_digests: bool = False) -> "_Chunks":
+    """Parse and check the chunk index (its CRC covers header, metadata and index), then
+    open the file key if the chunks are sealed.  ``check_digests``: compare each chunk
+    read with its SHA-256 in the index (a signed file opened through its index
+    signature, :func:`_verify_index_signature`)."""
+    from .limits import Limits
+
+    start, end = regions.index
+    prefix = read(0, start, "v1 header and metadata")
+    index = chunk_index.parse(read(start, end - start, "chunk index"), prefix_crc=crc32(prefix),
+                              payload_size=header.payload_size, path=path, limits=limits or Limits(),
+                              strict_dtypes=strict_dtypes)
+    if index.sealed != bool(header.flags & Flag.ENCRYPTED):
+        raise CorruptError(f"the chunk index says its chunks are {'' if index.sealed else 'not '}sealed but the "
+                           f"header's ENCRYPTED flag is {'set' if header.flags & Flag.ENCRYPTED else 'clear'}",
+                           path=path)
+    if bool(index.signature) != bool(header.flags & Flag.SIGNED):
+        raise CorruptError(f"the chunk index {'has' if index.signature else 'lacks'} chunk digests and a signature "
+                           f"but the header's SIGNED flag is {'set' if header.flags & Flag.SIGNED else 'clear'}",
+                           path=path)
+    if index.raw_total != header.uncompressed_size:
+        raise CorruptError(f"the chunks hold {index.raw_total} raw bytes but the header's uncompressed_size says "
+                           f"{header.uncompressed_size}", path=path)
+    _check_chunk_sizes(index, Compression(header.compression), path)
+    key, encryption = None, "none"
+    if index.sealed:
+        key, encryption = _decrypt(index.key_block, password, private_key, path)
+        if len(key) != FILE_KEY_SIZE:
+            raise CorruptError(f"the chunk index's key block holds a {len(key)}-byte key, not {FILE_KEY_SIZE}",
+                               path=path)
     else:
-        # A decrypted or decompressed payload is already an owned bytearray (which the
-        # caller may wipe); copying it to bytes would hold the model twice.  A payload
-        # stored plainly is copied out of the map so the file can be closed.
-        payload = plain if isinstance(plain, bytearray) else bytes(plain)
-    return V1Model(header, metadata, payload, signature, signer, encryption, license, header.flag_set)
+        _refuse_downgrade(header, password, private_key, allow_unencrypted, path)
+    digest = hashlib.sha256(prefix[layout.HEADER_SIZE:]).digest()
+    return _Chunks(index, bytes(prefix[:layout.HEADER_SIZE]), digest, Compression(header.compression), key,
+                   regions.payload[0], encryption, path, check_digests)
+
+
+def _verify_index_signature(read, header: Header, regions, trusted_keys, require_signature, path):
+    """A signed STREAMING file's signature check at open: the index signature over
+    CONTEXT || header || metadata || index, by the key in the file's signature block
+    (which must be trusted, as for the file signature).  It covers every byte a lazy
+    reader believes before a chunk; each chunk is then checked against its SHA-256 in
+    the index when read.  The whole-file signature is left to verify()/load_model."""
+    from . import crypto
+
+    if regions.signature is None:
+        if require_signature:
+            raise SignatureError("the file is not signed but a signature is required", path=path)
+        return UNSIGNED, None
+    start, end = regions.signature
+    signer = bytes(read(end, layout.PUBLIC_KEY_SIZE, "signer public key"))
+    state = _signer_state(signer, trusted_keys, path)
+    index_start, index_end = regions.index
+    body, signature = chunk_index.split_signature(read(index_start, index_end - index_start, "chunk index"))
+    if body is None:
+        raise SignatureError("the file is signed but its chunk index has no digests and no index signature",
+                             path=path)
+    prefix = read(0, index_start, "v1 header and metadata")
+    try:
+        crypto.verify(chunk_index.signed_message(prefix[:layout.HEADER_SIZE], prefix[layout.HEADER_SIZE:], body),
+                      signature, signer)
+    except SignatureError as exc:
+        raise SignatureError(f"chunk index signature does not verify: {exc.message}", path=path) from None
+    return state, signer
+
+
+def _check_chunk_sizes(index, compression, path) -> None:
+    """Every chunk's raw size must be one its stored bytes could produce, so that the
+    buffer for a whole tensor (allocated before its chunks are decoded) stays
+    proportional to the bytes present: stored = raw when uncompressed, LZ4 inflates at
+    most 255-fold, zstd 32,768-fold (aprfast.codecs)."""
+    from . import _memory, crypto
+
+    tag = crypto.TAG_SIZE if index.sealed else 0
+    for i, c in enumerate(index.chunks):
+        packed = c.stored_size - tag
+        if compression is Compression.NONE:
+            most = packed
+        elif compression is Compression.LZ4:
+            most = max(packed - 4, 0) * _memory.LZ4_MAX_RATIO + _memory.LZ4_SLACK
+        else:
+            most = packed * codecs.ZSTD_MAX_RATIO + codecs.ZSTD_SLACK
+        if packed < 0 or c.raw_size > most or (compression is Compression.NONE and c.raw_size != packed):
+            raise CorruptError(f"chunk {i} declares {c.raw_size} raw bytes, which its {c.stored_size} stored bytes "
+                               f"cannot hold ({compression.aprender_name}{', sealed' if tag else ''})", path=path)
+
+
+class _Chunks:
+    """A parsed chunk index and what decoding a chunk needs (the file key, if sealed).
+
+    Each chunk is checked in this order when it is read: its CRC32 (accidental damage,
+    ChecksumError), its SHA-256 against the signed index (``check_digests``,
+    SignatureError), its AES-GCM tag under AAD that binds it to the header, the
+    metadata, the index header and its own tensor and place (DecryptError: altered,
+    moved, swapped or from a truncated index), then decompression to exactly its
+    raw size (CorruptError).  Thread-safe: nothing changes after construction."""
+
+    def __init__(self, index, header_bytes, metadata_digest, compression, key, payload_start, encryption, path,
+                 check_digests=False):
+        self.check_digests = check_digests
+        self.index = index
+        self.header_bytes = header_bytes
+        self.metadata_digest = metadata_digest
+        self.compression = compression
+        self._key = key
+        self.payload_start = payload_start
+        self.encryption = encryption
+        self.path = path
+
+    def close(self) -> None:
+        if self._key is not None:
+            self._key[:] = bytes(len(self._key))  # a bytearray we own: wipe the file key
+            self._key = None
+
+    def chunk_range(self, name: str, lo: int = 0, hi: int | None = None):
+        """(first, stop, byte offset of chunk ``first`` in the tensor) for the chunks of
+        ``name`` covering its raw bytes [lo, hi)."""
+        t = self.index.tensors[name]
+        hi = t.nbytes if hi is None else hi
+        at, first, stop, base = 0, None, t.first, 0
+        for i in range(t.first, t.first + t.count):
+            size = self.index.chunks[i].raw_size
+            if at + size > lo and at < hi:
+                if first is None:
+                    first, base = i, at
+                stop = i + 1
+            at += size
+        return (t.first, t.first, 0) if first is None else (first, stop, base)
+
+    def tensor_bytes(self, read, name: str, lo: int = 0, hi: int | None = None):
+        """(owned aligned buffer of the decoded chunks covering bytes [lo, hi) of
+        tensor ``name``, the tensor byte offset where that buffer starts)."""
+        from . import _memory
+
+        first, stop, base = self.chunk_range(name, lo, hi)
+        chunks = self.index.chunks
+        size = sum(chunks[i].raw_size for i in range(first, stop))
+        out = _memory.AlignedBuffer(size, 64)
+        at = 0
+        with memoryview(out) as target:
+            for i in range(first, stop):
+                raw = self.decode(read, name, i)
+                _memory.copy_into(target[at:at + len(raw)], raw)
+                at += len(raw)
+        return out, base
+
+    def decode(self, read, name: str, i: int):
+        """Chunk ``i`` (of tensor ``name``) read, checked, opened and decompressed."""
+        c = self.index.chunks[i]
+        t = self.index.tensors[name]
+        what = f"tensor {name!r} chunk {i - t.first} (chunk {i} of the file)"
+        stored = read(self.payload_start + c.offset, c.stored_size, what)
+        actual = crc32(stored)
+        if actual != c.crc:
+            raise ChecksumError(f"{what}: CRC32 of its {c.stored_size} stored bytes is {actual:#010x}, the index "
+                                f"says {c.crc:#010x}", path=self.path)
+        if self.check_digests and hashlib.sha256(stored).digest() != c.digest:
+            raise SignatureError(f"{what}: its SHA-256 is not the one in the signed chunk index (the chunk was "
+                                 "altered after signing)", path=self.path)
+        if self._key is not None:
+            stored = self._open(stored, c, t, i, what)
+        try:
+            return codecs.decompress(stored, self.compression, expected_size=c.raw_size,
+                                     limit=self.index.chunk_limit, path=self.path)
+        except AprError as exc:
+            raise type(exc)(f"{what}: {exc.message}", path=self.path) from None
+
+    def _open(self, stored, c, t, i, what):
+        from . import crypto
+
+        if len(stored) < crypto.TAG_SIZE:
+            raise DecryptError(f"{what} is {len(stored)} bytes, shorter than its 16-byte tag", path=self.path)
+        aad = chunk_index.chunk_aad(self.header_bytes, self.metadata_digest, self.index.header_bytes, t.record,
+                                    c.offset, c.stored_size, c.raw_size, i)
+        plain = crypto._aead.open(memoryview(stored), self._key, chunk_index.chunk_nonce(i), memoryview(aad))
+        if plain is None:
+            raise DecryptError(f"{what} fails AES-256-GCM authentication: it was altered, moved or swapped, or "
+                               "the index or header around it changed", path=self.path)
+        return plain
+
+    def array(self, read, name: str):
+        """The whole tensor as an owned array (or RawTensor/QuantizedTensor)."""
+        from .reader import _maker
+
+        from .dtypes import APR2_IDS
+
+        t = self.index.tensors[name]
+        buffer, _ = self.tensor_bytes(read, name)
+        return _maker(APR2_IDS, t.dtype_id)(t.shape, buffer, 0, t.nbytes)
+
+    def all_tensors(self, read) -> dict:
+        return {name: self.array(read, name) for name in self.index.tensors}
+
+    def verify(self, read) -> None:
+        """Decode every chunk (CRC, tag, decompression), keeping nothing."""
+        for name, t in self.index.tensors.items():
+            for i in range(t.first, t.first + t.count):
+                self.decode(read, name, i)
 
 
 def _whole_file(src) -> memoryview:
@@ -396,13 +964,7 @@ def _verify_signature(view, regions, trusted_keys, require_signature, path):
     start, end = regions.signature
     signature = bytes(view[start:end])
     signer = bytes(view[end:end + layout.PUBLIC_KEY_SIZE])
-    state = SELF_SIGNED
-    if trusted_keys is not None:
-        trusted = {bytes(key) for key in trusted_keys}
-        if signer not in trusted:
-            raise SignatureError(f"signed by key {signer.hex()}, which is not among the {len(trusted)} trusted "
-                                 "key(s)", path=path)
-        state = TRUSTED
+    state = _signer_state(signer, trusted_keys, path)
     from . import crypto
 
     # One memoryview of the mapped bytes: verified where they lie, never copied.
@@ -411,6 +973,17 @@ def _verify_signature(view, regions, trusted_keys, require_signature, path):
     except SignatureError as exc:
         raise SignatureError(f"signature does not verify: {exc.message}", path=path) from None
     return state, signer
+
+
+def _signer_state(signer: bytes, trusted_keys, path) -> str:
+    """TRUSTED if the signer is among ``trusted_keys``, SELF_SIGNED without them."""
+    if trusted_keys is None:
+        return SELF_SIGNED
+    trusted = {bytes(key) for key in trusted_keys}
+    if signer not in trusted:
+        raise SignatureError(f"signed by key {signer.hex()}, which is not among the {len(trusted)} trusted "
+                             "key(s)", path=path)
+    return TRUSTED
 
 
 def _decrypt(stored, password, private_key, path):

@@ -102,8 +102,9 @@ class Flag(IntFlag):
 
 
 _FLAG_MASK = 0x7F
-#: STREAMING moves a chunk index in front of the payload (seed 000 §6) whose layout no
-#: implementation defines: reading past it would misread the payload, so it is refused.
+#: STREAMING moves a chunk index in front of the payload (seed 000 §6): the payload can
+#: be located only with the index's size (aprfast's layout: layouts/chunk_index.py), so
+#: :func:`locate` refuses the flag unless it is given ``index_size``.
 UNREADABLE_FLAGS = Flag.STREAMING
 
 
@@ -298,10 +299,11 @@ class Regions:
     payload: tuple
     signature: tuple | None  # the 64-byte signature; the 32-byte key follows it
     crc_offset: int
+    index: tuple | None = None  # STREAMING only: the chunk index, between metadata and payload
 
     @property
     def signed_end(self) -> int:
-        """End of what the signature covers: header || metadata || payload."""
+        """End of what the signature covers: header || metadata || [index ||] payload."""
         return self.payload[1]
 
 
@@ -319,32 +321,40 @@ def check_crc(view, *, path=None) -> None:
                             f"give {actual:#010x}", path=path)
 
 
-def locate(header: Header, size: int, *, path=None, max_metadata: int | None = None) -> Regions:
+def locate(header: Header, size: int, *, path=None, max_metadata: int | None = None,
+           index_size: int | None = None) -> Regions:
     """Where each region of a ``size``-byte file lies, checking that the header's sizes
     and flags account for every byte: nothing may stick out, and nothing may be left
-    unexplained between the payload and the CRC (aprender's writers never leave any)."""
+    unexplained between the payload and the CRC (aprender's writers never leave any).
+    ``index_size`` is the chunk index's size (STREAMING files only, read from the
+    index's own header by the caller: :func:`aprfast.layouts.chunk_index.peek_size`)."""
     limit = MAX_METADATA_SIZE if max_metadata is None else max_metadata
     if header.metadata_size > limit:
         raise LimitError(f"metadata declares {header.metadata_size} bytes, above the limit of {limit}", path=path)
-    unreadable = header.flag_set & UNREADABLE_FLAGS
-    if unreadable:
-        raise VersionError(f"flag(s) {unreadable!r} are set: the chunk index they announce has no defined layout, "
-                           "so the payload cannot be located", path=path)
+    streaming = bool(header.flag_set & UNREADABLE_FLAGS)
+    if streaming and index_size is None:
+        raise VersionError(f"flag(s) {header.flag_set & UNREADABLE_FLAGS!r} are set: the payload lies after a "
+                           "chunk index whose size was not read, so it cannot be located", path=path)
+    if index_size is not None and not streaming:
+        raise CorruptError("a chunk index was given but the STREAMING flag is clear", path=path)
     meta_end = HEADER_SIZE + header.metadata_size
-    payload_end = meta_end + header.payload_size
+    payload_start = meta_end + (index_size or 0)
+    payload_end = payload_start + header.payload_size
     signed = bool(header.flags & Flag.SIGNED)
     blocks_end = payload_end + (SIGNATURE_BLOCK_SIZE if signed else 0)
     crc_offset = size - CRC_SIZE
     if blocks_end > crc_offset:
-        raise CorruptError(f"header declares {header.metadata_size} metadata + {header.payload_size} payload bytes"
+        raise CorruptError(f"header declares {header.metadata_size} metadata + "
+                           f"{f'{index_size} chunk index + ' if index_size else ''}{header.payload_size} payload bytes"
                            f"{' + a 96-byte signature block' if signed else ''}, ending at {blocks_end}, but the "
                            f"CRC starts at {crc_offset} (truncated file or lying sizes)", path=path)
     if blocks_end < crc_offset:
         raise CorruptError(f"{crc_offset - blocks_end} bytes between the end of the "
                            f"{'signature block' if signed else 'payload'} ({blocks_end}) and the CRC "
                            f"({crc_offset}) are not explained by the header", path=path)
-    return Regions((HEADER_SIZE, meta_end), (meta_end, payload_end),
-                   (payload_end, payload_end + SIGNATURE_SIZE) if signed else None, crc_offset)
+    return Regions((HEADER_SIZE, meta_end), (payload_start, payload_end),
+                   (payload_end, payload_end + SIGNATURE_SIZE) if signed else None, crc_offset,
+                   (meta_end, payload_start) if streaming else None)
 
 
 def assemble(header: Header, metadata: bytes, payload, signature_block: bytes | None = None) -> list:
