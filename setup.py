@@ -35,6 +35,10 @@ EXTENSIONS = [
     extension("_quant", ["quant.c"]),
     extension("_half", ["half.c"]),
     extension("_metascan", ["metascan.c"]),
+    extension("_blocks", ["blockdec.c", "lz4block.c"]),
 ]
+# libzstd is loaded with dlopen (csrc/blockdec.c), which glibc before 2.34 keeps in libdl.
+if sys.platform.startswith("linux"):
+    next(e for e in EXTENSIONS if e.name == "aprfast._blocks").libraries.append("dl")
 
 setup(ext_modules=cythonize(EXTENSIONS, compiler_directives={"language_level": "3"}))

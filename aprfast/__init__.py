@@ -33,12 +33,13 @@ from .limits import Limits
 from .precision import to_bfloat16, to_float16, to_float32
 from .quantization import QuantizationReport, dequantize, quantize, quantize_tensors, register_quantizer
 from .reader import AprFile, QuantizedSlice, TensorSlice, aligned_empty
+from .stream import stream
 from .tensors import QuantizedTensor, RawTensor, TensorInfo
 from .writer import Writer
 
 __all__ = [
     "__version__",
-    "save_file", "save", "load_file", "load", "open", "inspect", "Writer", "safe_open",
+    "save_file", "save", "load_file", "load", "open", "inspect", "Writer", "safe_open", "stream",
     "quantize", "dequantize", "quantize_tensors", "register_quantizer", "QuantizationReport",
     "to_float16", "to_bfloat16", "to_float32",
     "AprFile", "TensorSlice", "QuantizedSlice", "TensorInfo", "RawTensor", "QuantizedTensor", "DType", "Limits",

@@ -47,6 +47,12 @@ cdef uint64_t HUGE = (<uint64_t>1) << 62  # aprfast.dtypes.MAX_SHAPE_BYTES
 cdef int NUMPY_MAX_DIMS = 64
 # Packed tensors dequantize to float32.
 cdef uint64_t DEQUANTIZED_ITEMSIZE = 4
+# APR2 per-tensor flags: the low nibble names a codec (aprfast.tensor_codecs: 1 LZ4,
+# 2 zstd), every other bit is reserved; a compressed tensor stores at least its
+# 8-byte block-table header.
+cdef uint32_t CODEC_MASK = 0x0F
+cdef uint32_t MAX_CODEC = 2
+cdef uint64_t MIN_COMPRESSED = 8
 
 
 cdef inline uint64_t le64(const uint8_t *p) noexcept nogil:
@@ -154,10 +160,12 @@ def parse_index(blob, Py_ssize_t count, bint spec_layout, int max_dims, int max_
 
     Per entry, in order: the bytes it needs are present, its name and dims are within
     ``max_name_bytes`` / ``max_dims`` (LimitError), the name is UTF-8 and sorts strictly
-    after the one before (so names are unique), no per-tensor compression or flags (spec
-    layout; VersionError), the extent lies inside the ``data_len`` bytes of the data
-    section, the dtype is known (UnknownDTypeError when ``strict_dtypes``) and its
-    stored size is what the shape needs.  Overlapping extents are checked last.
+    after the one before (so names are unique), per-tensor flags name a known codec or
+    none (spec layout; VersionError) and ``raw_size`` is set exactly when one is named,
+    the extent lies inside the ``data_len`` bytes of the data section, the dtype is
+    known (UnknownDTypeError when ``strict_dtypes``) and its stored size (its
+    ``raw_size`` when compressed) is what the shape needs.  Overlapping extents are
+    checked last.  ``Entries.compressed`` counts the entries naming a codec.
     """
     cdef const uint8_t[::1] view = blob
     cdef Py_ssize_t end = view.shape[0]
@@ -169,8 +177,9 @@ def parse_index(blob, Py_ssize_t count, bint spec_layout, int max_dims, int max_
     marks = np.empty((count + MARK_MASK) >> MARK_SHIFT, np.int64)
     cdef int64_t[::1] m = marks
     cdef const uint8_t *p = &view[0] if end else NULL
-    cdef Py_ssize_t i, pos = 0, s, nl, nd, q, bad, prev_s = 0, prev_nl = 0, last_nonempty = -1
-    cdef uint64_t off, size, want, data_end = 0, stop, prev_end = 0
+    cdef Py_ssize_t i, pos = 0, s, nl, nd, q, bad, prev_s = 0, prev_nl = 0, last_nonempty = -1, compressed = 0
+    cdef uint64_t off, size, want, data_end = 0, stop, prev_end = 0, raw_size = 0
+    cdef uint32_t codec = 0
     cdef bint too_big, monotonic = True
     cdef int r, t
     for i in range(count):
@@ -209,10 +218,17 @@ def parse_index(blob, Py_ssize_t count, bint spec_layout, int max_dims, int max_
         # -- stored as is, inside the data section, the size its shape needs
         off = le64(p + q)
         size = le64(p + q + 8)
-        if spec_layout and (le64(p + q + 16) or le32(p + q + 24)):
-            raise VersionError(f"tensor {name_at(p, s)!r}: per-tensor compression or flags are set "
-                               f"(raw_size {le64(p + q + 16)}, flags {le32(p + q + 24):#x}); this build "
-                               "reads only stored tensors")
+        if spec_layout:
+            raw_size, codec = le64(p + q + 16), le32(p + q + 24)
+            if codec & ~CODEC_MASK or codec > MAX_CODEC:
+                raise VersionError(f"tensor {name_at(p, s)!r}: per-tensor flags {codec:#x} name a codec or "
+                                   "feature this build does not read (it knows 1 LZ4 and 2 zstd blocks)")
+            if (codec == 0) != (raw_size == 0):
+                raise CorruptError(f"tensor {name_at(p, s)!r}: raw_size {raw_size} with per-tensor flags "
+                                   f"{codec:#x}; a compressed tensor needs both, a stored one neither")
+            if codec and size < MIN_COMPRESSED:
+                raise CorruptError(f"tensor {name_at(p, s)!r}: {size} stored bytes cannot hold a block table")
+            compressed += codec != 0
         if off > data_len or size > data_len - off:
             raise CorruptError(f"tensor {name_at(p, s)!r}: {size} bytes at offset {off} of the data "
                                f"section lie outside its {data_len} bytes")
@@ -228,9 +244,10 @@ def parse_index(blob, Py_ssize_t count, bint spec_layout, int max_dims, int max_
             raise CorruptError(f"tensor {name_at(p, s)!r}: shape {list(shape_at(p, s))} declares more "
                                f"than 2**62 elements or bytes"
                                + (" (as the float32 values it dequantizes to)" if r > C_FIXED else ""))
-        if r != C_UNKNOWN and want != size:
+        if r != C_UNKNOWN and want != (raw_size if codec else size):
             raise CorruptError(f"tensor {name_at(p, s)!r}: shape {list(shape_at(p, s))} needs {want} "
-                               f"bytes but the index says {size}")
+                               f"bytes but the index says {raw_size if codec else size}"
+                               + (" (its raw_size)" if codec else ""))
         # -- where the data ends; do extents follow each other?
         stop = off + (size + pad_to - 1) // pad_to * pad_to  # no wrap: both are below data_len
         if stop > data_end:
@@ -241,6 +258,7 @@ def parse_index(blob, Py_ssize_t count, bint spec_layout, int max_dims, int max_
             last_nonempty = i
             prev_end = off + size
     entries = Entries(blob, count, spec_layout, marks)
+    entries.compressed = compressed
     if not monotonic:
         _check_no_overlap(entries)
     return entries, data_end
@@ -293,6 +311,8 @@ cdef class Entries:
     cdef readonly object blob
     cdef readonly Py_ssize_t count
     cdef readonly bint spec_layout
+    #: how many entries name a codec (APR2 per-tensor compression)
+    cdef public Py_ssize_t compressed
     cdef object _marks_array
     cdef const uint8_t[::1] _view
     cdef const int64_t[::1] _marks
@@ -353,6 +373,19 @@ cdef class Entries:
     def flags(self, Py_ssize_t i):
         return le32(self._p + tail_at(self._p, self.start(i)) + 24) if self.spec_layout else 0
 
+    def compressed_positions(self):
+        """Positions of the entries that name a codec, in index order."""
+        cdef Py_ssize_t i, s = 0, q
+        out = []
+        if not self.compressed:
+            return out
+        for i in range(self.count):
+            q = tail_at(self._p, s)
+            if le32(self._p + q + 24):
+                out.append(i)
+            s = q + self._tail
+        return out
+
     def row(self, Py_ssize_t i, int64_t data_start):
         """``(dtype_id, absolute offset, size, shape)`` of entry ``i``."""
         return self._row(self.start(i), data_start)
@@ -389,6 +422,8 @@ cdef class Entries:
                 "offset": data_start + <int64_t>le64(self._p + q),
                 "nbytes": le64(self._p + q + 8),
             }
+            if self.spec_layout and le32(self._p + q + 24):  # compressed: what it inflates to, and how
+                out[name_at(self._p, s)].update(raw_size=le64(self._p + q + 16), flags=le32(self._p + q + 24))
             s = q + self._tail
         return out
 
@@ -567,9 +602,11 @@ Mapping.register(Positions)
 
 
 # --- writing ----------------------------------------------------------------------
-def encode_entries(list tensors, list offsets, dict id_of, bint spec_layout):
+def encode_entries(list tensors, list offsets, dict id_of, bint spec_layout, bint codecs=False):
     """Index entries for writer inputs (name, dtype, shape, nbytes) at ``offsets`` in
-    the data section; ``id_of`` maps each DType to this layout's id."""
+    the data section; ``id_of`` maps each DType to this layout's id.  With ``codecs``
+    (spec layout) an input's ``raw_size`` and ``flags`` attributes, where it has them,
+    fill the entry's last two fields."""
     cdef Py_ssize_t i, d, n = len(tensors), total = 0, pos = 0, nd
     cdef Py_ssize_t tail = 16 + (12 if spec_layout else 0)
     cdef bytes name
@@ -599,7 +636,10 @@ def encode_entries(list tensors, list offsets, dict id_of, bint spec_layout):
             pos += 8
         put_le(&o[pos], offsets[i], 8)
         put_le(&o[pos + 8], item.nbytes, 8)
-        pos += tail  # the spec layout's raw_size 0 and flags 0 are already zero
+        if codecs and spec_layout:
+            put_le(&o[pos + 16], getattr(item, "raw_size", 0), 8)
+            put_le(&o[pos + 24], getattr(item, "flags", 0), 4)
+        pos += tail  # otherwise the spec layout's raw_size 0 and flags 0 are already zero
     return bytes(out)
 
 

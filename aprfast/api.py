@@ -6,6 +6,7 @@ import io
 import os
 
 from . import layouts
+from .errors import DecryptError, SignatureError
 from .limits import Limits
 from .reader import AprFile
 from .sources import open_source
@@ -15,63 +16,116 @@ from .writer import save_to
 __all__ = ["save_file", "save", "load_file", "load", "open", "inspect"]
 
 
-def _plan(tensors, metadata, layout, alignment):
+def _plan(tensors, metadata, layout, alignment, compression=None, compression_level=None):
     if not hasattr(tensors, "items"):
         raise TypeError(f"tensors must be a mapping of name to array, not {type(tensors).__name__}")
     inputs = as_inputs(tensors)
-    return layouts.plan(inputs, metadata, layout=layout, alignment=alignment)
+    return layouts.plan(inputs, metadata, layout=layout, alignment=alignment, compression=compression,
+                        compression_level=compression_level)
 
 
 def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: int = 64,
-              durable: bool = True) -> None:
+              durable: bool = True, compression: str | None = None, compression_level: int | None = None) -> None:
     """Write ``tensors`` (name -> array) to ``path`` atomically.
 
     ``layout`` is "aprender" (APR\\0, readable by aprender), "apr2" (the spec's APR2) or
     "auto": aprender's layout whenever it can hold everything asked for, else apr2.
     ``durable=False`` skips the fsyncs (the rename is still atomic).  ``path`` may also
     be a writable file object, including a pipe.
+
+    ``compression`` ("lz4" or "zstd") stores each tensor as independent blocks (LZ4:
+    64 KiB, zstd: 128 KiB) that readers decode independently; it needs the apr2 layout
+    ("auto" picks it; "aprender" is refused).  A tensor compression would not shrink is
+    stored raw and stays zero-copy.  ``compression_level``: zstd's level (default 3), or
+    LZ4 HC's 1-12 (default: LZ4's fast mode).  Compressed tensors are held in memory
+    until the file is written.
     """
-    save_to(path, _plan(tensors, metadata, layout, alignment), durable=durable)
+    save_to(path, _plan(tensors, metadata, layout, alignment, compression, compression_level), durable=durable)
 
 
-def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64) -> bytes:
+def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64, compression: str | None = None,
+         compression_level: int | None = None) -> bytes:
     """The bytes ``save_file`` would write."""
-    plan = _plan(tensors, metadata, layout, alignment)
+    plan = _plan(tensors, metadata, layout, alignment, compression, compression_level)
     out = io.BytesIO()
     save_to(out, plan)
     return out.getvalue()
 
 
 def open(target, *, mode: str | None = None, limits: Limits | None = None, unknown_dtypes: str = "error",
-         verify: bool = False, alignment: int = 64) -> AprFile:  # noqa: A001 - mirrors safe_open
-    """Open a path, file object or bytes-like for lazy tensor access (see AprFile)."""
-    return AprFile(target, mode=mode, limits=limits, unknown_dtypes=unknown_dtypes, verify=verify,
-                   alignment=alignment)
+         verify: bool = False, alignment: int = 64, password=None, private_key=None, trusted_keys=None,
+         require_signature: bool | None = None, allow_unencrypted: bool = False):  # noqa: A001 - mirrors safe_open
+    """Open any ``.apr`` file (path, file object or bytes-like) for lazy tensor access.
+
+    v2 files of either layout give an :class:`AprFile`; v1 (``APRN``) tensor files give
+    an :class:`aprfast.v1reader.V1File` with the same methods (plain files zero-copy,
+    compressed or encrypted ones decoded once, STREAMING files one tensor's chunks at a
+    time).  ``password`` / ``private_key`` open encrypted files, ``trusted_keys`` makes a
+    signature from one of those Ed25519 keys required (``require_signature`` overrides
+    that).  A key given for a file that is not encrypted is refused (DecryptError)
+    unless ``allow_unencrypted=True``, and a required signature on an unsigned file is
+    refused (SignatureError), whatever the variant.
+    """
+    source = open_source(target, mode=mode)
+    try:
+        is_v1 = layouts.is_v1(source)
+        if is_v1:
+            from .v1reader import V1File
+
+            return V1File(source, password=password, private_key=private_key, trusted_keys=trusted_keys,
+                          require_signature=require_signature, limits=limits, unknown_dtypes=unknown_dtypes,
+                          allow_unencrypted=allow_unencrypted)._verified(verify)
+        _refuse_keys_for_v2(password, private_key, trusted_keys, require_signature, allow_unencrypted, source.path)
+    except BaseException:
+        source.close()
+        raise
+    return AprFile(source, limits=limits, unknown_dtypes=unknown_dtypes, verify=verify, alignment=alignment)
+
+
+def _refuse_keys_for_v2(password, private_key, trusted_keys, require_signature, allow_unencrypted, path):
+    """v2 files are neither encrypted nor signed yet: a caller who expects either must
+    not get plaintext or unverified tensors back silently."""
+    if (password is not None or private_key is not None) and not allow_unencrypted:
+        raise DecryptError("a key was given but this v2 file is not encrypted; pass allow_unencrypted=True "
+                           "to read it anyway", path=path)
+    if require_signature or (require_signature is None and trusted_keys is not None):
+        raise SignatureError("a signature is required but this v2 file is not signed", path=path)
 
 
 def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Limits | None = None,
-              unknown_dtypes: str = "error", threads: int = 0) -> dict:
-    """Every tensor of ``path``, by name.
+              unknown_dtypes: str = "error", threads: int = 0, **keys) -> dict:
+    """Every tensor of ``path`` (any ``.apr`` variant), by name.
 
     With ``mmap`` (the default) arrays are read-only views of the mapped file, valid
     as long as they live.  With ``mmap=False`` the data section is read with parallel
     ``pread`` into one aligned buffer and the arrays are owned and writable; the
-    whole-file CRC is checked on the way unless ``verify=False``.
+    whole-file CRC is checked on the way unless ``verify=False``.  ``keys``:
+    ``password``, ``private_key``, ``trusted_keys``, ``require_signature``,
+    ``allow_unencrypted``, as for :func:`open`.
     """
     if mmap:
-        with AprFile(path, mode="mmap", limits=limits, unknown_dtypes=unknown_dtypes,
-                     verify=bool(verify)) as f:
+        with open(path, mode="mmap", limits=limits, unknown_dtypes=unknown_dtypes, verify=bool(verify), **keys) as f:
             return f.tensors()
-    with AprFile(path, mode="pread", limits=limits, unknown_dtypes=unknown_dtypes) as f:
-        return f.load_all(verify=verify is not False, threads=threads)
+    with open(path, mode="pread", limits=limits, unknown_dtypes=unknown_dtypes, **keys) as f:
+        return _load_owned(f, verify is not False, threads)
 
 
-def load(data, *, verify: bool = True, limits: Limits | None = None, unknown_dtypes: str = "error") -> dict:
-    """Every tensor of an in-memory file (bytes, bytearray, memoryview), as owned arrays."""
+def load(data, *, verify: bool = True, limits: Limits | None = None, unknown_dtypes: str = "error",
+         **keys) -> dict:
+    """Every tensor of an in-memory file (bytes, bytearray, memoryview; any ``.apr``
+    variant), as owned arrays.  ``keys`` as for :func:`open`."""
     if isinstance(data, (str, os.PathLike)):
         raise TypeError("load() takes the file's bytes; use load_file() for a path")
-    with AprFile(data, limits=limits, unknown_dtypes=unknown_dtypes) as f:
-        return f.load_all(verify=verify)
+    with open(data, limits=limits, unknown_dtypes=unknown_dtypes, **keys) as f:
+        return _load_owned(f, verify, 0)
+
+
+def _load_owned(f, verify: bool, threads: int) -> dict:
+    if isinstance(f, AprFile):
+        return f.load_all(verify=verify, threads=threads)
+    if verify:
+        f.verify()
+    return f.tensors(copy=True)
 
 
 def inspect(target, *, limits: Limits | None = None) -> dict:

@@ -1,5 +1,6 @@
 """The ``apr`` command.  Today: ``apr inspect FILE`` (header, metadata, tensor table) for
-v2 tensor containers and v1 model containers."""
+v2 tensor containers and v1 model containers; ``apr inspect -`` reads a v2 file from
+standard input."""
 
 from __future__ import annotations
 
@@ -35,20 +36,34 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"aprfast {__version__}")
     commands = parser.add_subparsers(dest="command")
     p = commands.add_parser("inspect", help="show a file's header, metadata and tensors (reads nothing else)")
-    p.add_argument("file")
+    p.add_argument("file", help="a .apr file, or - to read a v2 file from standard input")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(run=_inspect)
     return parser
 
 
 def _inspect(args) -> int:
-    report = inspect(args.file)
+    if args.file == "-":
+        report, name = _inspect_stdin(), "<stdin>"
+    else:
+        report, name = inspect(args.file), args.file
     if args.json:
         json.dump(report, sys.stdout, indent=2, sort_keys=False, default=_json_default)
         sys.stdout.write("\n")
         return EXIT_OK
-    print(_format_report(args.file, report))
+    print(_format_report(name, report))
     return EXIT_OK
+
+
+def _inspect_stdin() -> dict:
+    """``inspect``'s report for a v2 file on standard input, read front to back by
+    ``aprfast.stream``: the prefix gives the report, and the rest is read (not kept) so
+    the footer and its CRC are checked before anything is printed."""
+    from .stream import stream
+
+    with stream(sys.stdin.buffer, unknown_dtypes="raw") as s:
+        s.finish()
+        return {"layout": s.layout, "header": s.header, "metadata": s.metadata, "tensors": s.describe()}
 
 
 def _json_default(value):

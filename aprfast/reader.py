@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from . import _memory, layouts, quantization
+from . import _memory, layouts, quantization, tensor_codecs
 from ._crc import crc32
 from .dtypes import numpy_dtype
 from .errors import ChecksumError, LayoutError
@@ -44,6 +44,7 @@ class AprFile:
         self.alignment = alignment
         self._makers = {}
         self._whole = None
+        self._tables = {}
         self._source = open_source(target, mode=mode)
         try:
             layout = layouts.detect(self._source)
@@ -95,10 +96,18 @@ class AprFile:
         or unknown dtypes.  Without ``copy`` it is a read-only view of the mapped file
         when the file is mapped; with ``copy`` an owned, aligned, writable array.
         ``dequantize=True`` turns packed tensors into owned float32 arrays (other
-        tensors come back as without it)."""
+        tensors come back as without it).
+
+        A compressed tensor (APR2 per-tensor LZ4/zstd) is always an owned array, whatever
+        ``copy`` says: zero-copy is impossible, since its bytes in the file are not its
+        values.  All its blocks are decoded at once, in C, on every core."""
         type_id, offset, size, shape = self._file.row(name)
         make = self._makers.get(type_id) or self._maker(type_id)
-        if copy or not self._source.zero_copy:
+        codec = self._file.codec(name)
+        if codec:
+            raw = tensor_codecs.read_range(self, name, 0, codec[1])
+            tensor = make(shape, raw.base, 0, codec[1])
+        elif copy or not self._source.zero_copy:
             owned = _memory.AlignedBuffer(size, self.alignment)
             if self._source.zero_copy:  # a memcpy from the map: no system call
                 _memory.copy_into(owned, self._mapped()[offset:offset + size])
@@ -110,6 +119,25 @@ class AprFile:
         if dequantize and isinstance(tensor, QuantizedTensor):
             return quantization.dequantize(tensor)
         return tensor
+
+    def _table(self, name):
+        """The checked block-table header of a compressed tensor (read once)."""
+        table = self._tables.get(name)
+        if table is None:
+            _type, offset, size, _shape = self._file.row(name)
+            flags, raw_size = self._file.codec(name)
+            table = self._tables[name] = tensor_codecs.read_table(self._source, name, offset, size, raw_size, flags)
+        return table
+
+    def _raw_bytes(self, info, start: int, stop: int) -> np.ndarray:
+        """Bytes [start, stop) of a tensor's values: decoded blocks when compressed, else
+        read from the file (an owned uint8 array either way)."""
+        if self._file.codec(info.name):
+            return tensor_codecs.read_range(self, info.name, start, stop)
+        out = aligned_empty(stop - start, self.alignment)
+        if stop > start:
+            self._source.readinto(info.offset + start, out)
+        return out
 
     def _maker(self, type_id):
         make = self._makers[type_id] = _maker(self._file.ids, type_id)
@@ -131,14 +159,15 @@ class AprFile:
 
         Packed tensors of per-row block types (GGML, K-quants) give a QuantizedSlice:
         ``[a:b]`` reads rows a..b along axis 0 and returns a QuantizedTensor (float32
-        with ``dequantize=True``)."""
+        with ``dequantize=True``).  For a compressed tensor (APR2 per-tensor codec) only
+        the blocks holding the axis-0 rows the key touches are read and decoded."""
         info = self._file.info(name)
         if info.dtype is not None and info.dtype.packed:
             return QuantizedSlice(self, info, dequantize)
         return TensorSlice(self, info)
 
     def tensors(self, copy: bool = False) -> dict:
-        """Every tensor, by name."""
+        """Every tensor, by name (compressed ones owned, see get_tensor)."""
         return {name: self.get_tensor(name, copy) for name in self._file.names}
 
     # --- integrity and lifetime ---------------------------------------------------
@@ -178,6 +207,12 @@ class AprFile:
         checking the footer CRC on the way, and return every tensor as an owned array
         viewing that buffer (each 64-byte aligned, like the file)."""
         f = self._file
+        if getattr(f.entries, "compressed", 0):  # decoded batch by batch: see tensor_codecs.load_all
+            arena, decoded, crc = tensor_codecs.load_all(self, verify=verify, threads=threads)
+            if verify and crc != f.stored_crc:
+                raise ChecksumError(f"footer CRC32 is {f.stored_crc:#010x} but the file's bytes give "
+                                    f"{crc:#010x}", path=self.path)
+            return _slice_arena(f, arena, decoded)
         arena = aligned_empty(f.data_len, max(self.alignment, 64))
         prefix_crc = crc32(self._source.read(0, f.data_start, "header")) if verify else None
         crc = self._source.readinto(f.data_start, arena, threads=threads, crc=prefix_crc)
@@ -197,8 +232,9 @@ def _crc_by_chunks(source, end: int, chunk: int = 8 << 20) -> int:
     return crc
 
 
-def _slice_arena(parsed, arena: np.ndarray) -> dict:
-    """Tensors as views of the arena (which holds the data section)."""
+def _slice_arena(parsed, arena: np.ndarray, decoded=None) -> dict:
+    """Tensors as views of the arena (which holds the data section), or, for the
+    compressed ones in ``decoded`` (name -> (buffer, offset, size)), of their buffer."""
     buffer = arena.base if arena.base is not None else arena
     base = parsed.data_start
     makers = {}
@@ -207,7 +243,10 @@ def _slice_arena(parsed, arena: np.ndarray) -> dict:
         make = makers.get(type_id)
         if make is None:
             make = makers[type_id] = _maker(parsed.ids, type_id)
-        out[name] = make(shape, buffer, offset - base, size)
+        if decoded and name in decoded:
+            out[name] = make(shape, *decoded[name])
+        else:
+            out[name] = make(shape, buffer, offset - base, size)
     return out
 
 
@@ -248,6 +287,7 @@ class TensorSlice:
         self.dtype = numpy_dtype(info.dtype)
         self._whole = None
         self._lock = threading.Lock()
+        self._compressed = bool(file._file.codec(info.name))
 
     def get_shape(self) -> list:
         return list(self.shape)
@@ -261,12 +301,29 @@ class TensorSlice:
         return self.shape[0]
 
     def __getitem__(self, key) -> np.ndarray:
+        if self._compressed:
+            return self._decoded(key)
         if self._file._source.zero_copy and _plain_key(key):
             # Ints and slices on a mapped file: NumPy's own indexing over a view of the
             # map touches only the pages the key needs; the checks below are for pread.
             return np.array(self._mapped_view()[key], copy=True)
         box, local_key = _bounding_box(key, self.shape)
         region = self._read_box(box)
+        return np.array(region[local_key], copy=True)
+
+    def _decoded(self, key) -> np.ndarray:
+        """A compressed tensor: decode only the blocks holding the axis-0 rows ``key``
+        touches (the blocks split the C-order bytes, so rows are byte ranges)."""
+        box, local_key = _bounding_box(key, self.shape)
+        item = self.dtype.itemsize
+        if not self.shape:
+            return np.array(self._file._raw_bytes(self.info, 0, item).view(self.dtype).reshape(())[local_key],
+                            copy=True)
+        lo, hi = box[0]
+        row = item * int(np.prod(self.shape[1:], dtype=np.int64))
+        rows = self._file._raw_bytes(self.info, lo * row, hi * row).view(self.dtype)
+        rows = rows.reshape((hi - lo,) + tuple(self.shape[1:]))
+        region = rows[(slice(None),) + tuple(slice(a, b) for a, b in box[1:])]
         return np.array(region[local_key], copy=True)
 
     def _mapped_view(self) -> np.ndarray:
@@ -433,11 +490,16 @@ class QuantizedSlice:
     def __getitem__(self, key):
         start, stop = self._row_range(key)
         d, shape = self.info.dtype, (stop - start,) + tuple(self.shape[1:])
+        codec = self._file._file.codec(self.info.name)
+        total = codec[1] if codec else self.info.nbytes  # a compressed tensor's nbytes is what it stores
         if len(self.shape) == 1:
             skip = start // d.block_elems * d.block_bytes
         else:  # every index along axis 0 holds the same number of whole blocks
-            skip = start * (self.info.nbytes // self.shape[0]) if self.shape[0] else 0
+            skip = start * (total // self.shape[0]) if self.shape[0] else 0
         nbytes = d.nbytes(shape)
+        if codec:  # decode only the blocks holding those rows
+            tensor = QuantizedTensor(d, shape, self._file._raw_bytes(self.info, skip, skip + nbytes))
+            return quantization.dequantize(tensor) if self.dequantize else tensor
         owned = _memory.AlignedBuffer(nbytes, self._file.alignment)
         if nbytes:
             self._file._source.readinto(self.info.offset + skip, owned)

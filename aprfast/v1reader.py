@@ -77,6 +77,16 @@ class V1File:
             self.close()
             raise
 
+    def _verified(self, verify: bool) -> "V1File":
+        """This file, after :meth:`verify` when asked (``aprfast.open(..., verify=True)``)."""
+        if verify:
+            try:
+                self.verify()
+            except BaseException:
+                self.close()
+                raise
+        return self
+
     # --- opening ----------------------------------------------------------------
     def _open(self, password, private_key, trusted_keys, require_signature, allow_unencrypted, max_uncompressed):
         src, path = self._source, self._source.path

@@ -7,7 +7,9 @@ padding, then the footer, whose CRC is combined from per-piece CRCs rather than
 re-read.  :class:`Writer` takes tensors one at a time: each is checksummed and
 spooled to a temporary file as it arrives (peak memory about one tensor), and on
 close the plan is made and the spool copied out in index order with the kernel's
-``copy_file_range``/``sendfile`` where possible.
+``copy_file_range``/``sendfile`` where possible.  Given the tensors' names, dtypes and
+shapes up front (``plan=``), it spools nothing: the prefix goes out at once and each
+tensor straight after it as it is added.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ import stat
 import sys
 import tempfile
 
-from . import layouts
+import numpy as np
+
+from . import dtypes, layouts
 from ._crc import crc32, crc32_combine
 from ._memory import append_padded, preallocate
-from .errors import AprError, AprIOError, LayoutError
+from .dtypes import DType, check_shape
+from .errors import AprError, AprIOError, LayoutError, UnknownDTypeError
 from .tensors import TensorInput, as_input
 
 __all__ = ["Writer", "write_plan", "AtomicFile"]
@@ -408,12 +413,22 @@ def write_plan(plan, sink: _Sink, *, spool_fd=None) -> None:
         if spool_fd is not None:
             sink.copy_from(spool_fd, item.spool_offset, item.nbytes, item.crc)
             sink.zeros(pad)
-        elif item.nbytes < small:
-            if append_padded(sink.pending, item.data, pad) and len(sink.pending) >= _GATHER_LIMIT:
-                sink.flush()
         else:
-            sink.write(item.data, item.nbytes)
-            sink.zeros(pad)
+            _write_tensor(sink, item, pad, small)
+    _write_footer(plan, sink)
+
+
+def _write_tensor(sink: _Sink, item, pad: int, small: int = _GATHER_LIMIT // 4) -> None:
+    """A tensor's bytes and the zero padding after it (small ones gathered)."""
+    if item.nbytes < small:
+        if append_padded(sink.pending, item.data, pad) and len(sink.pending) >= _GATHER_LIMIT:
+            sink.flush()
+    else:
+        sink.write(item.data, item.nbytes)
+        sink.zeros(pad)
+
+
+def _write_footer(plan, sink: _Sink) -> None:
     sink.flush()
     footer = plan.footer(sink.crc)
     sink.write(footer, len(footer))
@@ -482,19 +497,95 @@ class _Spooled:
         self.nbytes, self.spool_offset, self.crc = item.nbytes, spool_offset, crc
 
 
+class _Declared:
+    """A tensor declared before its bytes exist: what a plan needs, without its bytes."""
+
+    __slots__ = ("name", "dtype", "shape", "nbytes")
+
+    def __init__(self, name, dtype, shape, nbytes):
+        self.name, self.dtype, self.shape, self.nbytes = name, dtype, shape, nbytes
+
+
+def _declare(plan) -> list:
+    """``[(name, dtype, shape), ...]`` as _Declared tensors, each checked as an input would be."""
+    if isinstance(plan, (str, bytes)) or not hasattr(plan, "__iter__"):
+        raise TypeError(f"plan must be a list of (name, dtype, shape), not {type(plan).__name__}")
+    declared, seen = [], set()
+    for entry in plan:
+        try:
+            name, dtype, shape = entry
+        except (TypeError, ValueError):
+            raise LayoutError(f"each plan entry is (name, dtype, shape), not {entry!r}") from None
+        if type(name) is not str:
+            raise LayoutError(f"tensor names must be str, not {type(name).__name__}: {name!r}")
+        if name in seen:
+            raise LayoutError(f"tensor {name!r} is declared twice")
+        seen.add(name)
+        d = _plan_dtype(name, dtype)
+        shape = _plan_shape(name, shape)
+        check_shape(shape, d.itemsize or 4, f"tensor {name!r}")
+        declared.append(_Declared(name, d, shape, d.nbytes(shape)))
+    return declared
+
+
+def _plan_dtype(name, dtype) -> DType:
+    """An aprfast DType from a DType, an aprfast name ("F32", "q4_k") or anything
+    ``numpy.dtype`` takes (np.float32, "float32", "<f4", bfloat16)."""
+    if isinstance(dtype, DType):
+        return dtype
+    if isinstance(dtype, str):
+        try:
+            return dtypes.by_name(dtype)
+        except UnknownDTypeError:
+            pass  # maybe a NumPy spelling ("<f4")
+    try:
+        as_numpy = np.dtype(dtype)
+    except TypeError:
+        raise LayoutError(f"tensor {name!r}: {dtype!r} is neither an aprfast dtype name nor a NumPy dtype") from None
+    return dtypes.from_numpy(as_numpy)
+
+
+def _plan_shape(name, shape) -> tuple:
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise LayoutError(f"tensor {name!r}: shape must be a sequence of ints, not {shape!r}") from None
+    for dim in dims:
+        if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (int, np.integer)) or dim < 0:
+            raise LayoutError(f"tensor {name!r}: shape {shape!r} must hold non-negative ints")
+    return tuple(int(d) for d in dims)
+
+
 class Writer:
     """Write a file one tensor at a time; use as a context manager.
 
     ``target`` is a path (written atomically: nothing replaces it unless the ``with``
-    block completes) or a writable file object, which may be a pipe.  ``add`` writes
-    each tensor out as it comes; the file is assembled on close, in the same bytes
-    ``save_file`` would produce for the same tensors, whatever order they came in.
+    block completes) or a writable file object, which may be a pipe.
+
+    Without ``plan``, ``add`` spools each tensor to a nameless temporary file and the
+    file is assembled on close, in the same bytes ``save_file`` would produce for the
+    same tensors, whatever order they came in.
+
+    With ``plan=[(name, dtype, shape), ...]`` (dtype a NumPy dtype or an aprfast name
+    such as "F32" or "Q4_K") nothing is spooled: header, metadata and index are written
+    at once, each tensor goes straight to the target as it is added, and ``close()``
+    writes the footer.  Tensors must be added in the declared order, each with its
+    declared dtype and shape, and the data lies in that order (the index is sorted by
+    name as always); declared in name order, the bytes are exactly ``save_file``'s.
+    A file object target gets each tensor as soon as ``add`` returns, so a reader at the
+    other end of a pipe (``aprfast.stream``) can consume it while the writer works.
+    ``close()`` refuses (and writes no file at a path) if a declared tensor is missing.
     """
 
-    def __init__(self, target, metadata=None, *, layout: str = "auto", alignment: int = 64,
-                 durable: bool = True):
+    def __init__(self, target, metadata=None, *, plan=None, layout: str = "auto", alignment: int = 64,
+                 durable: bool = True, compression: str | None = None, compression_level: int | None = None):
         if not isinstance(target, (str, os.PathLike)):
             _require_writable(target)
+        # Compression (apr2 only) needs every tensor's bytes before the index: spooled, never planned.
+        if compression is not None and (plan is not None or layout not in ("auto", "apr2")):
+            raise LayoutError(f"compression={compression!r} needs the apr2 layout and a Writer without a plan "
+                              "(stored sizes are known only once each tensor is compressed)")
+        self._compression, self._compression_level = compression, compression_level
         self._target = target
         self._metadata = dict(metadata or {})
         self._layout = layout
@@ -503,6 +594,11 @@ class Writer:
         self._names = set()
         self._items = []
         self._size = 0
+        self._spool = None
+        if plan is not None:
+            self._start_planned(plan)
+            self._state = "open"
+            return
         spool_dir = os.path.dirname(os.path.abspath(target)) if isinstance(target, (str, os.PathLike)) else None
         try:
             # Beside the target (same filesystem, so copy_file_range can reflink), and
@@ -519,6 +615,9 @@ class Writer:
         if name in self._names:
             raise LayoutError(f"tensor {name!r} was already added")
         item = as_input(name, tensor)
+        if self._spool is None:
+            self._add_planned(item)
+            return
         data = _as_bytes(item.data) if item.nbytes else memoryview(b"")
         try:
             _Sink(fd=self._spool.fileno())._write_all(data)
@@ -530,27 +629,136 @@ class Writer:
         self._size += item.nbytes
 
     def close(self) -> None:
-        """Assemble and commit the file."""
+        """Assemble and commit the file (with a plan: write the footer and commit)."""
         if self._state == "closed":
             return
         self._require_state("open", "close")
+        if self._spool is None:
+            self._close_planned()
+            return
         self._state = "closing"
         try:
-            plan = layouts.plan(self._items, self._metadata, layout=self._layout, alignment=self._alignment)
-            self._emit(plan)
+            if self._compression is not None:
+                self._emit_compressed()
+            else:
+                plan = layouts.plan(self._items, self._metadata, layout=self._layout, alignment=self._alignment)
+                self._emit(plan)
         finally:
             self._state = "closed"
             self._spool.close()
 
     def abort(self) -> None:
-        """Discard everything added; the target is left as it was."""
+        """Discard everything added; a path target is left as it was.  (Bytes a planned
+        writer already sent to a file object cannot be taken back: its reader sees a
+        stream that ends early, which ``aprfast.stream`` reports as an error.)"""
         self._state = "closed"
-        self._spool.close()
+        if self._spool is not None:
+            self._spool.close()
+        atomic = getattr(self, "_atomic", None)
+        if atomic is not None:
+            atomic.abort()
+            self._atomic = None
+
+    def _emit_compressed(self) -> None:
+        """Plan from read-only views of the spool (compression reads every tensor), then
+        write the compressed file without copying from the spool."""
+        import mmap
+
+        whole = memoryview(mmap.mmap(self._spool.fileno(), self._size, access=mmap.ACCESS_READ)) if self._size \
+            else memoryview(b"")
+        items = [TensorInput(t.name, t.dtype, t.shape, whole[t.spool_offset:t.spool_offset + t.nbytes], t.nbytes)
+                 for t in self._items]
+        plan = layouts.plan(items, self._metadata, layout=self._layout, alignment=self._alignment,
+                            compression=self._compression, compression_level=self._compression_level)
+        _emit_to(self._target, lambda sink: write_plan(plan, sink), self._durable, plan.total_size)
 
     def _emit(self, plan) -> None:
         spool_fd = self._spool.fileno()
         _emit_to(self._target, lambda sink: write_plan(plan, sink, spool_fd=spool_fd), self._durable,
                  plan.total_size)
+
+    # --- planned: header and index first, each tensor straight out ----------------
+    def _start_planned(self, plan) -> None:
+        declared = _declare(plan)
+        self._plan = layouts.plan(declared, self._metadata, layout=self._layout, alignment=self._alignment,
+                                  in_given_order=True)
+        self._declared = {t.name: i for i, t in enumerate(self._plan.tensors)}
+        self._next = 0
+        self._atomic = None
+        if isinstance(self._target, (str, os.PathLike)):
+            self._atomic = AtomicFile(self._target, durable=self._durable)
+            self._sink = _Sink(fd=self._atomic.fd)
+        else:
+            self._sink = _Sink(fileobj=self._target)
+        self._guarded(self._start_output)
+
+    def _start_output(self) -> None:
+        if self._atomic is not None and not self._durable:
+            _reserve(self._atomic.fd, self._plan.total_size)
+        self._sink.write(self._plan.prefix, len(self._plan.prefix))
+        self._push()
+
+    def _add_planned(self, item) -> None:
+        self._check_declared(item)
+        i = self._next
+        self._guarded(lambda: self._write_planned(item, self._plan.pads[i]))
+        self._next += 1
+        self._names.add(item.name)
+
+    def _write_planned(self, item, pad: int) -> None:
+        _write_tensor(self._sink, item, pad)
+        self._push()
+
+    def _check_declared(self, item) -> None:
+        """The next declared tensor, exactly: name, dtype and shape (nothing is written otherwise)."""
+        tensors, name = self._plan.tensors, item.name
+        if name not in self._declared:
+            raise LayoutError(f"tensor {name!r} is not in the plan given to Writer")
+        want = tensors[self._next]
+        if name != want.name:
+            raise LayoutError(f"tensor {name!r} was added out of order: the plan declares {want.name!r} next "
+                              "(tensors are written as they come, in the declared order)")
+        if item.dtype is not want.dtype:
+            raise LayoutError(f"tensor {name!r} is {item.dtype.name}, but the plan declares {want.dtype.name}")
+        if tuple(item.shape) != want.shape:
+            raise LayoutError(f"tensor {name!r} has shape {list(item.shape)}, but the plan declares "
+                              f"{list(want.shape)}")
+        if item.nbytes != want.nbytes:  # same dtype and shape: only a malformed RawTensor gets here
+            raise LayoutError(f"tensor {name!r} holds {item.nbytes} bytes; the plan needs {want.nbytes}")
+
+    def _close_planned(self) -> None:
+        missing = [t.name for t in self._plan.tensors[self._next:]]
+        if missing:
+            self.abort()
+            shown = ", ".join(repr(n) for n in missing[:8]) + (", ..." if len(missing) > 8 else "")
+            where = ("no file was written" if isinstance(self._target, (str, os.PathLike))
+                     else "the output is incomplete")
+            raise LayoutError(f"close(): {len(missing)} declared tensors were never added ({shown}); {where}")
+        self._state = "closing"
+        self._guarded(lambda: (_write_footer(self._plan, self._sink), self._push()))
+        atomic, self._atomic = self._atomic, None
+        self._state = "closed"
+        if atomic is not None:
+            atomic.commit()
+
+    def _push(self) -> None:
+        """Hand what was written to a file object's reader now (a path is read only
+        after commit, so its writes stay gathered)."""
+        if self._atomic is None:
+            self._sink.flush()
+            flush = getattr(self._target, "flush", None)
+            if flush is not None:
+                flush()
+
+    def _guarded(self, write) -> None:
+        """Run a write; on any failure discard the output (nothing at a path target) and
+        report an OS refusal (disk full, broken pipe) as AprIOError."""
+        try:
+            write()
+        except BaseException as exc:
+            self.abort()
+            _raise_io_error(exc, _name_of(self._target))
+            raise
 
     def _require_state(self, state, action):
         if self._state != state:

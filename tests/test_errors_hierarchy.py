@@ -150,7 +150,7 @@ def test_real_errors_carry_the_code_and_path(tmp_path):
 
 def test_errors_raised_from_a_file_survive_pickling(tmp_path):
     path = tmp_path / "m.apr"
-    path.write_bytes(b"APRN" + bytes(100))
+    path.write_bytes(b"APRX" + bytes(100))
     with pytest.raises(FormatError) as info:
         aprfast.open(path)
     back = pickle.loads(pickle.dumps(info.value))

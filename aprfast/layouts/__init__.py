@@ -38,16 +38,29 @@ def is_v1(source) -> bool:
     return source.size >= 4 and bytes(source.read(0, 4, "magic")) == v1.MAGIC
 
 
-def plan(inputs, metadata, *, layout: str = "auto", alignment: int = 64):
+def plan(inputs, metadata, *, layout: str = "auto", alignment: int = 64, in_given_order: bool = False,
+         compression: str | None = None, compression_level: int | None = None):
     """A write plan in ``layout``; "auto" prefers aprender's layout, so files stay readable
-    by aprender, and falls back to the spec layout only when aprender's can't hold the request."""
+    by aprender, and falls back to the spec layout only when aprender's can't hold the request.
+    ``in_given_order`` lays the data out in the order of ``inputs`` (a planned Writer)
+    instead of index (name) order; the index is sorted either way.  ``compression``
+    ("lz4", "zstd") exists only in the spec layout: "auto" then means apr2, and
+    "aprender" is refused."""
+    if compression is not None or compression_level is not None:
+        if compression is None:
+            raise LayoutError("compression_level was given without a compression")
+        if layout not in ("auto", apr2.NAME):
+            raise LayoutError(f"compression={compression!r} needs the apr2 layout; the {layout!r} layout has no "
+                              "per-tensor codec (use layout='auto' or 'apr2')")
+        return apr2.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order,
+                         compression=compression, compression_level=compression_level)
     if layout == "auto":
         try:
-            return aprender.plan(inputs, metadata, alignment=alignment)
+            return aprender.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order)
         except LayoutError:
-            return apr2.plan(inputs, metadata, alignment=alignment)
+            return apr2.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order)
     try:
         module = LAYOUTS[layout]
     except KeyError:
         raise LayoutError(f"unknown layout {layout!r}; choose one of auto, {', '.join(LAYOUTS)}") from None
-    return module.plan(inputs, metadata, alignment=alignment)
+    return module.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order)

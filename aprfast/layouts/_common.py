@@ -16,7 +16,13 @@ from ..errors import AprError, CorruptError, LayoutError, LimitError, TensorNotF
 from ..limits import Limits
 from ..tensors import TensorInfo
 
-__all__ = ["align", "ParsedFile", "Plan", "parse_index", "encode_index", "decode_json"]
+__all__ = ["STREAM_END", "align", "ParsedFile", "Plan", "parse_index", "encode_index", "decode_json"]
+
+
+#: Where a stream of unknown length is assumed to end when its index is checked: extents
+#: must lie below 2**62 bytes (NumPy's limit for one array anyway); bytes actually
+#: present are checked as they are read.
+STREAM_END = 1 << 62
 
 
 def align(n: int, to: int) -> int:
@@ -65,6 +71,7 @@ class ParsedFile:
         self.stored_crc = stored_crc
         self.limits = limits
         self._infos = {}
+        self._codecs = {}
 
     @cached_property
     def metadata(self) -> dict:
@@ -91,6 +98,17 @@ class ParsedFile:
         if found is None:
             found = self._rows[name] = self.entries.row(self._find(name), self.data_start)
         return found
+
+    def codec(self, name: str):
+        """``(flags, raw_size)`` of a compressed tensor (APR2 per-tensor codec), else None."""
+        if not getattr(self.entries, "compressed", 0):
+            return None
+        found = self._codecs.get(name)
+        if found is None:
+            i = self._find(name)
+            flags = self.entries.flags(i)
+            found = self._codecs[name] = (flags, self.entries.raw_size(i)) if flags else ()
+        return found or None
 
     def describe(self) -> dict:
         """Every tensor's dtype name, shape, absolute offset and stored size, by name in
@@ -201,10 +219,11 @@ def parse_index(source, *, start, end, count, spec_layout, ids, rules, data_len,
         raise type(exc)(exc.message, path=source.path) from None
 
 
-def encode_index(tensors, offsets, ids: IdTable, *, spec_layout: bool) -> bytes:
-    """Index entries for ``tensors`` in index order, at ``offsets`` in the data section."""
+def encode_index(tensors, offsets, ids: IdTable, *, spec_layout: bool, codecs: bool = False) -> bytes:
+    """Index entries for ``tensors`` in index order, at ``offsets`` in the data section
+    (with ``codecs``, each input's ``raw_size``/``flags`` where it has them)."""
     id_of = {d: ids.id_of(d) for d in {t.dtype for t in tensors}}
-    return _index.encode_entries(tensors, offsets, id_of, spec_layout)
+    return _index.encode_entries(tensors, offsets, id_of, spec_layout, codecs)
 
 
 _by_name = operator.attrgetter("name")
@@ -258,3 +277,13 @@ def lay_out_data(ordered, alignment: int):
     """Offsets of each tensor in the data section (aligned, in index order), the zero
     padding after each, and the section's size."""
     return _index.lay_out(ordered, alignment)
+
+
+def lay_out_in_order(ordered, inputs, alignment: int):
+    """Like :func:`lay_out_data`, but the data follows ``inputs``' own order (a planned
+    writer streams tensors in the order they are declared and added), while the index
+    stays sorted: offsets are returned in index (``ordered``) order, pads in data order."""
+    data = list(inputs)
+    offsets, pads, data_len = _index.lay_out(data, alignment)
+    at = {t.name: offset for t, offset in zip(data, offsets)}
+    return data, [at[t.name] for t in ordered], pads, data_len

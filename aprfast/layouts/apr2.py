@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import struct
 
-from .. import _serde_json
+from .. import _serde_json, tensor_codecs
 from ..dtypes import APR2_IDS
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, VersionError
-from ..limits import Limits
-from ._common import (ParsedFile, Plan, align, checked_inputs, encode_index, lay_out_data, parse_index,
-                      rule_tables, sorted_json)
+from ..limits import MAX_ALIGNMENT, Limits
+from ._common import (STREAM_END, ParsedFile, Plan, align, checked_inputs, encode_index, lay_out_data,
+                      lay_out_in_order, parse_index, rule_tables, sorted_json)
 
 NAME = "apr2"
 MAGIC = b"APR2"
@@ -35,7 +35,8 @@ FLAGS = {"COMPRESSED": 0x01, "ALIGNED_64": 0x02, "ALIGNED_32": 0x04, "SHARDED": 
          "ENCRYPTED": 0x10, "SIGNED": 0x20, "QUANTIZED": 0x40, "STREAMING": 0x80}
 _ALIGNMENT_FLAG = {64: FLAGS["ALIGNED_64"], 32: FLAGS["ALIGNED_32"]}
 # Features the spec names that this build does not implement yet: refuse, don't misread.
-_UNSUPPORTED = FLAGS["COMPRESSED"] | FLAGS["ENCRYPTED"] | FLAGS["SIGNED"] | FLAGS["STREAMING"]
+# (COMPRESSED is per-tensor compression, aprfast.tensor_codecs: docs/FORMAT.md §3.1.)
+_UNSUPPORTED = FLAGS["ENCRYPTED"] | FLAGS["SIGNED"] | FLAGS["STREAMING"]
 
 _HEADER = struct.Struct("<4sHHIIIIII")
 _FOOTER = struct.Struct("<I4sQ")
@@ -55,14 +56,31 @@ def encode_metadata(metadata: dict) -> bytes:
         raise LayoutError(f"metadata cannot be written as JSON: {exc}") from None
 
 
-def plan(inputs, metadata, *, alignment: int = 64) -> Plan:
+def plan(inputs, metadata, *, alignment: int = 64, in_given_order: bool = False, compression=None,
+         compression_level=None) -> Plan:
+    """Lay out a file; ``in_given_order``: data in the order of ``inputs`` (the index is
+    sorted either way).  With ``compression`` ("lz4", "zstd") every tensor that
+    compresses is stored as independent blocks (aprfast.tensor_codecs), the rest as is."""
     if alignment not in _ALIGNMENT_FLAG:
         raise LayoutError(f"the apr2 layout aligns tensors to 64 or 32 bytes, not {alignment}")
+    if compression is not None:
+        tensor_codecs.codec_id(compression)  # an unknown codec is refused before any work
     ordered = checked_inputs(inputs, APR2_IDS, max_name_bytes=MAX_NAME_BYTES, max_dims=MAX_DIMS)
     meta = encode_metadata(metadata)
+    if compression is not None:
+        if in_given_order:
+            raise LayoutError("compression needs every tensor's bytes before the index is written; "
+                              "a Writer streaming a declared plan cannot compress")
+        ordered = tensor_codecs.compress_inputs(ordered, compression, compression_level)
+    compressed = any(isinstance(t, tensor_codecs.StoredTensor) for t in ordered)
     index_offset = HEADER_SIZE + len(meta)
-    offsets, pads, data_len = lay_out_data(ordered, alignment)
-    index = struct.pack("<II", len(ordered), 0) + encode_index(ordered, offsets, APR2_IDS, spec_layout=True)
+    data = ordered
+    if in_given_order:
+        data, offsets, pads, data_len = lay_out_in_order(ordered, inputs, alignment)
+    else:
+        offsets, pads, data_len = lay_out_data(ordered, alignment)
+    index = struct.pack("<II", len(ordered), 0) + encode_index(ordered, offsets, APR2_IDS, spec_layout=True,
+                                                               codecs=compressed)
     data_start = align(index_offset + len(index), alignment)
     if data_start >= 2**32:
         raise LayoutError(f"metadata and index end at byte {data_start}; the apr2 header's u32 offsets "
@@ -70,10 +88,12 @@ def plan(inputs, metadata, *, alignment: int = 64) -> Plan:
     flags = _ALIGNMENT_FLAG[alignment]
     if any(t.dtype.packed for t in ordered):
         flags |= FLAGS["QUANTIZED"]
+    if compressed:
+        flags |= FLAGS["COMPRESSED"]
     header = _HEADER.pack(MAGIC, 2, 0, flags, HEADER_SIZE, len(meta), index_offset, len(index), data_start)
     prefix = header + meta + index + bytes(data_start - index_offset - len(index))
     total = data_start + data_len + FOOTER_SIZE
-    return Plan(NAME, prefix, ordered, pads, total, lambda crc: _FOOTER.pack(crc, FOOTER_MAGIC, total))
+    return Plan(NAME, prefix, data, pads, total, lambda crc: _FOOTER.pack(crc, FOOTER_MAGIC, total))
 
 
 def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
@@ -81,39 +101,111 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
     if source.size < HEADER_SIZE + INDEX_HEADER_SIZE + FOOTER_SIZE:
         raise FormatError(f"file is {source.size} bytes; an APR2 file needs at least "
                           f"{HEADER_SIZE + INDEX_HEADER_SIZE + FOOTER_SIZE}", path=path)
-    raw = bytes(source.read(0, HEADER_SIZE, "header"))
-    magic, major, minor, flags, meta_off, meta_size, index_off, index_size, data_off = _HEADER.unpack(raw)
+    fields = _unpack_header(bytes(source.read(0, HEADER_SIZE, "header")), path)
+    stored_crc = read_footer(source.read(source.size - FOOTER_SIZE, FOOTER_SIZE, "footer"), source.size, path)
+    parsed = _parse_sections(source, limits, strict_dtypes, fields, source.size)
+    parsed.stored_crc = stored_crc
+    return parsed
+
+
+def parse_prefix(source, limits: Limits, *, strict_dtypes: bool = True, file_size=None) -> ParsedFile:
+    """What :func:`parse` checks, from the bytes before the data alone (a streaming read).
+
+    ``source`` holds the first :func:`prefix_size` bytes; ``file_size`` is the whole
+    file's size when known, else None: then ``footer_crc_offset`` and the header's
+    ``file_size`` are None (the footer is found at the end of the stream) and
+    ``stored_crc`` is None until the reader checks the footer."""
+    path = source.path
+    if file_size is not None and file_size < HEADER_SIZE + INDEX_HEADER_SIZE + FOOTER_SIZE:
+        raise FormatError(f"file is {file_size} bytes; an APR2 file needs at least "
+                          f"{HEADER_SIZE + INDEX_HEADER_SIZE + FOOTER_SIZE}", path=path)
+    fields = _unpack_header(bytes(source.read(0, HEADER_SIZE, "header")), path)
+    return _parse_sections(source, limits, strict_dtypes, fields, file_size)
+
+
+def prefix_size(head, limits: Limits, path=None) -> int:
+    """How many bytes a streaming reader must hold before the first tensor byte (the
+    data offset), from the first HEADER_SIZE bytes of a stream (fewer if it ended),
+    checked against ``limits`` before anything more is read or allocated."""
+    if len(head) < HEADER_SIZE:
+        raise CorruptError(f"stream ended after {len(head)} bytes, inside the {HEADER_SIZE}-byte header",
+                           path=path)
+    _, _, _, flags, meta_off, meta_size, index_off, index_size, data_off = _unpack_header(bytes(head), path)
+    _check_flags(flags, path)
+    if meta_size > limits.max_metadata_size:
+        raise LimitError(f"metadata of {meta_size} bytes exceeds the limit of {limits.max_metadata_size} "
+                         "(aprfast.limits.MAX_METADATA_SIZE)", path=path)
+    if index_size - INDEX_HEADER_SIZE > limits.max_index_size:
+        raise LimitError(f"tensor index of {index_size} bytes exceeds the limit of {limits.max_index_size} "
+                         "(aprfast.limits.MAX_INDEX_SIZE)", path=path)
+    # A stream cannot go back: metadata and index must come before the data.
+    if meta_off + meta_size > data_off or index_off + index_size > data_off:
+        raise CorruptError(f"metadata [{meta_off}, +{meta_size}) and index [{index_off}, +{index_size}) must "
+                           f"end before the data at {data_off}; a stream cannot go back for them", path=path)
+    most = HEADER_SIZE + limits.max_metadata_size + INDEX_HEADER_SIZE + limits.max_index_size + MAX_ALIGNMENT
+    if data_off > most:
+        raise LimitError(f"the data starts at byte {data_off}; a streaming read holds everything before it, "
+                         f"at most {most} bytes (header, MAX_METADATA_SIZE, MAX_INDEX_SIZE, padding)", path=path)
+    return data_off
+
+
+def read_footer(raw, file_size, path=None) -> int:
+    """The stored CRC32 of a 16-byte footer, once its magic and declared size (which
+    must be ``file_size``: else the file was truncated or extended) are checked."""
+    stored_crc, footer_magic, declared_size = _FOOTER.unpack(bytes(raw))
+    if footer_magic != FOOTER_MAGIC or declared_size != file_size:
+        raise CorruptError(f"footer says {footer_magic!r} and {declared_size} bytes, but the file has "
+                           f"{file_size} bytes (expected {FOOTER_MAGIC!r}): truncated or extended?", path=path)
+    return stored_crc
+
+
+def _unpack_header(raw: bytes, path):
+    fields = _HEADER.unpack(raw)
+    magic, major, minor = fields[:3]
     if magic != MAGIC:
         raise FormatError(f"magic {magic!r} is not {MAGIC!r}", path=path)
     if major != 2:
         raise VersionError(f"APR2 header says version {major}.{minor}; this build reads 2.x", path=path)
-    stored_crc, footer_magic, declared_size = _FOOTER.unpack(
-        bytes(source.read(source.size - FOOTER_SIZE, FOOTER_SIZE, "footer")))
-    if footer_magic != FOOTER_MAGIC or declared_size != source.size:
-        raise CorruptError(f"footer says {footer_magic!r} and {declared_size} bytes, but the file has "
-                           f"{source.size} bytes (expected {FOOTER_MAGIC!r}): truncated or extended?", path=path)
+    return fields
+
+
+def _check_flags(flags, path) -> None:
     if flags & _UNSUPPORTED:
         names = [n for n, bit in FLAGS.items() if flags & bit & _UNSUPPORTED]
         raise VersionError(f"flags {flags:#x} ask for {', '.join(names)}, not supported by this build",
                            path=path)
+
+
+def _parse_sections(source, limits: Limits, strict_dtypes: bool, fields, file_size) -> ParsedFile:
+    """Flags, metadata range and index; ``file_size`` None means a stream of unknown
+    length, whose extents are bounded by STREAM_END instead of the file."""
+    path = source.path
+    _, major, minor, flags, meta_off, meta_size, index_off, index_size, data_off = fields
+    _check_flags(flags, path)
     if meta_size > limits.max_metadata_size:
         raise LimitError(f"metadata of {meta_size} bytes exceeds the limit of {limits.max_metadata_size} "
                          "(aprfast.limits.MAX_METADATA_SIZE)", path=path)
-    body_end = source.size - FOOTER_SIZE
+    body_end = STREAM_END if file_size is None else file_size - FOOTER_SIZE
     source.check_range(meta_off, meta_size, "metadata")
     if index_size < INDEX_HEADER_SIZE or index_off + index_size > data_off or data_off > body_end:
         raise CorruptError(f"index [{index_off}, +{index_size}) and data offset {data_off} must satisfy "
                            f"index_size >= 8, index end <= data offset <= {body_end}", path=path)
     count, _reserved = struct.unpack("<II", bytes(source.read(index_off, INDEX_HEADER_SIZE, "index header")))
-    # Per-tensor compression or flags are refused there too (VersionError), entry by entry.
-    entries, _ = parse_index(
+    # Per-tensor flags naming no known codec are refused there (VersionError), entry by entry.
+    entries, data_end = parse_index(
         source, start=index_off + INDEX_HEADER_SIZE, end=index_off + index_size, count=count, spec_layout=True,
         ids=APR2_IDS, rules=_RULES, data_len=body_end - data_off, limits=limits, strict_dtypes=strict_dtypes)
+    if entries.compressed and not flags & FLAGS["COMPRESSED"]:
+        # A reader trusting the header flag alone would hand out compressed bytes as data.
+        raise CorruptError(f"{entries.compressed} tensors are compressed but the header's COMPRESSED flag "
+                           f"is clear (flags {flags:#x})", path=path)
     header = {"magic": "APR2", "version": f"{major}.{minor}", "flags": flags,
               "flag_names": [n for n, bit in FLAGS.items() if flags & bit], "tensor_count": count,
               "metadata_offset": meta_off, "metadata_size": meta_size, "index_offset": index_off,
-              "index_size": index_size, "data_offset": data_off, "file_size": source.size}
+              "index_size": index_size, "data_offset": data_off, "file_size": file_size}
+    known = file_size is not None
     return ParsedFile(layout=NAME, ids=APR2_IDS, source=source, version=(major, minor), flags=flags,
                       header=header, metadata_range=(meta_off, meta_size), entries=entries,
-                      data_start=data_off, data_len=body_end - data_off, footer_crc_offset=body_end,
-                      stored_crc=stored_crc, limits=limits)
+                      data_start=data_off, data_len=body_end - data_off if known else data_end,
+                      footer_crc_offset=body_end if known else None, stored_crc=None, limits=limits)
+

@@ -19,8 +19,8 @@ from .._crc import crc32
 from ..dtypes import APRENDER_IDS
 from ..errors import ChecksumError, CorruptError, FormatError, LayoutError, LimitError, VersionError
 from ..limits import Limits
-from ._common import (ParsedFile, Plan, align, checked_inputs, encode_index, lay_out_data, parse_index,
-                      rule_tables, sorted_json)
+from ._common import (STREAM_END, ParsedFile, Plan, align, checked_inputs, encode_index, lay_out_data,
+                      lay_out_in_order, parse_index, rule_tables, sorted_json)
 
 NAME = "aprender"
 MAGIC = b"APR\x00"
@@ -160,8 +160,9 @@ def _nested(key, value):
 
 
 # --- writing ----------------------------------------------------------------------
-def plan(inputs, metadata, *, alignment: int = ALIGNMENT) -> Plan:
-    """Lay out a file; LayoutError says why aprender's layout cannot hold the request."""
+def plan(inputs, metadata, *, alignment: int = ALIGNMENT, in_given_order: bool = False) -> Plan:
+    """Lay out a file; LayoutError says why aprender's layout cannot hold the request.
+    ``in_given_order``: data in the order of ``inputs`` (the index is sorted either way)."""
     if alignment != ALIGNMENT:
         raise LayoutError(f"the aprender layout always aligns tensors to 64 bytes, not {alignment}")
     ordered = checked_inputs(inputs, APRENDER_IDS, max_name_bytes=MAX_NAME_BYTES, max_dims=MAX_DIMS)
@@ -169,7 +170,11 @@ def plan(inputs, metadata, *, alignment: int = ALIGNMENT) -> Plan:
     if len(meta) >= 2**32:
         raise LayoutError(f"metadata of {len(meta)} bytes does not fit aprender's u32 size field")
     index_offset = HEADER_SIZE + align(len(meta), ALIGNMENT)
-    offsets, pads, data_len = lay_out_data(ordered, ALIGNMENT)
+    data = ordered
+    if in_given_order:
+        data, offsets, pads, data_len = lay_out_in_order(ordered, inputs, ALIGNMENT)
+    else:
+        offsets, pads, data_len = lay_out_data(ordered, ALIGNMENT)
     index = encode_index(ordered, offsets, APRENDER_IDS, spec_layout=False)
     data_start = index_offset + align(len(index), ALIGNMENT)
     flags = FLAGS["LAYOUT_ROW_MAJOR"]
@@ -181,7 +186,7 @@ def plan(inputs, metadata, *, alignment: int = ALIGNMENT) -> Plan:
         flags |= FLAGS["QUANTIZED"]
     header = _pack_header(flags, len(ordered), len(meta), index_offset, data_start)
     prefix = b"".join([header, _pad(meta, ALIGNMENT), _pad(index, ALIGNMENT)])
-    return Plan(NAME, prefix, ordered, pads, data_start + data_len + FOOTER_SIZE,
+    return Plan(NAME, prefix, data, pads, data_start + data_len + FOOTER_SIZE,
                 lambda crc: struct.pack("<I", crc))
 
 
@@ -235,7 +240,63 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
     if source.size < HEADER_SIZE + FOOTER_SIZE:
         raise FormatError(f"file is {source.size} bytes; an aprender v2 file needs at least "
                           f"{HEADER_SIZE + FOOTER_SIZE}", path=path)
-    raw = bytes(source.read(0, HEADER_SIZE, "header"))
+    parsed = _parse_sections(source, limits, strict_dtypes, source.size)
+    parsed.stored_crc = read_footer(source.read(parsed.footer_crc_offset, FOOTER_SIZE, "footer"))
+    return parsed
+
+
+def parse_prefix(source, limits: Limits, *, strict_dtypes: bool = True, file_size=None) -> ParsedFile:
+    """What :func:`parse` checks, from the bytes before the data alone (a streaming read).
+
+    ``source`` holds the first :func:`prefix_size` bytes; ``file_size`` is the whole
+    file's size when known (then extents are checked against it), else None.  The
+    footer is not read: ``stored_crc`` is None, and ``footer_crc_offset`` (and the
+    header's ``file_size``) say where the footer must be, which the index fixes."""
+    _check_version(source)
+    if file_size is not None and file_size < HEADER_SIZE + FOOTER_SIZE:
+        raise FormatError(f"file is {file_size} bytes; an aprender v2 file needs at least "
+                          f"{HEADER_SIZE + FOOTER_SIZE}", path=source.path)
+    return _parse_sections(source, limits, strict_dtypes, file_size)
+
+
+def prefix_size(head, limits: Limits, path=None) -> int:
+    """How many bytes a streaming reader must hold before the first tensor byte (the
+    data offset), from the first HEADER_SIZE bytes of a stream (fewer if it ended),
+    checked against ``limits`` before anything more is read or allocated."""
+    from ..sources import BufferSource
+
+    _check_version(BufferSource(head, path))
+    if len(head) < HEADER_SIZE:
+        raise CorruptError(f"stream ended after {len(head)} bytes, inside the {HEADER_SIZE}-byte header",
+                           path=path)
+    _, _, _, _, _, meta_off, meta_size, index_off, data_off, _ = _unpack_header(bytes(head), path)
+    if meta_size > limits.max_metadata_size:
+        raise LimitError(f"metadata of {meta_size} bytes exceeds the limit of {limits.max_metadata_size} "
+                         "(aprfast.limits.MAX_METADATA_SIZE)", path=path)
+    if index_off > data_off:
+        raise CorruptError(f"tensor index offset {index_off} lies after the data offset {data_off}", path=path)
+    if data_off - index_off > limits.max_index_size:
+        raise LimitError(f"tensor index of {data_off - index_off} bytes exceeds the limit of "
+                         f"{limits.max_index_size} (aprfast.limits.MAX_INDEX_SIZE)", path=path)
+    # A stream cannot go back: metadata and index must come before the data.  Gaps
+    # beyond the sections' own padding would only make the reader buffer more.
+    if meta_off + meta_size > data_off:
+        raise CorruptError(f"metadata [{meta_off}, +{meta_size}) does not end before the data at {data_off}; "
+                           "a stream cannot go back for it", path=path)
+    most = HEADER_SIZE + align(limits.max_metadata_size, ALIGNMENT) + limits.max_index_size
+    if data_off > most:
+        raise LimitError(f"the data starts at byte {data_off}; a streaming read holds everything before it, "
+                         f"at most {most} bytes (header, MAX_METADATA_SIZE, MAX_INDEX_SIZE)", path=path)
+    return data_off
+
+
+def read_footer(raw, file_size=None, path=None) -> int:
+    """The CRC32 the 4-byte footer stores (nothing else to check in it)."""
+    return struct.unpack("<I", bytes(raw))[0]
+
+
+def _unpack_header(raw: bytes, path):
+    """The header's fields, once its magic, CRC, version and flags have been checked."""
     magic, major, minor, flags, count, meta_off, meta_size, index_off, data_off, stored, _ = _HEADER.unpack(raw)
     if magic != MAGIC:
         raise FormatError(f"magic {magic!r} is not {MAGIC!r}", path=path)
@@ -252,7 +313,16 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
         names = [n for n, bit in FLAGS.items() if flags & bit & _UNREADABLE]
         raise VersionError(f"flags {flags:#06x} ask for {', '.join(names)}, which aprender refuses too",
                            path=path)
-    body_end = source.size - FOOTER_SIZE
+    return magic, major, minor, flags, count, meta_off, meta_size, index_off, data_off, stored
+
+
+def _parse_sections(source, limits: Limits, strict_dtypes: bool, file_size) -> ParsedFile:
+    """Header, metadata range and index; ``file_size`` None means a stream of unknown
+    length, whose extents are bounded by STREAM_END instead of the file."""
+    path = source.path
+    raw = bytes(source.read(0, HEADER_SIZE, "header"))
+    _, major, minor, flags, count, meta_off, meta_size, index_off, data_off, stored = _unpack_header(raw, path)
+    body_end = STREAM_END if file_size is None else file_size - FOOTER_SIZE
     if meta_size > limits.max_metadata_size:
         raise LimitError(f"metadata of {meta_size} bytes exceeds the limit of {limits.max_metadata_size} "
                          "(aprfast.limits.MAX_METADATA_SIZE)", path=path)
@@ -267,15 +337,14 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
     # Both aprender writers pad every tensor to 64 bytes, so the index fixes where the footer
     # is (aprender's own required_file_len): anything else was cut short or extended, caught
     # here even where every tensor's bytes are still present.
-    if data_off + data_end != body_end:
-        raise CorruptError(f"file is {source.size} bytes but its index puts the footer at "
+    if file_size is not None and data_off + data_end != body_end:
+        raise CorruptError(f"file is {file_size} bytes but its index puts the footer at "
                            f"{data_off + data_end}: truncated or extended", path=path)
     header = {"magic": "APR\\0", "version": f"{major}.{minor}", "flags": flags,
               "flag_names": [n for n, bit in FLAGS.items() if flags & bit], "tensor_count": count,
               "metadata_offset": meta_off, "metadata_size": meta_size, "tensor_index_offset": index_off,
-              "data_offset": data_off, "header_crc32": stored, "file_size": source.size}
-    stored_crc = struct.unpack("<I", bytes(source.read(body_end, FOOTER_SIZE, "footer")))[0]
+              "data_offset": data_off, "header_crc32": stored, "file_size": data_off + data_end + FOOTER_SIZE}
     return ParsedFile(layout=NAME, ids=APRENDER_IDS, source=source, version=(major, minor), flags=flags,
                       header=header, metadata_range=(meta_off, meta_size), entries=entries,
-                      data_start=data_off, data_len=body_end - data_off, footer_crc_offset=body_end,
-                      stored_crc=stored_crc, limits=limits)
+                      data_start=data_off, data_len=data_end, footer_crc_offset=data_off + data_end,
+                      stored_crc=None, limits=limits)
