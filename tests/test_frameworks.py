@@ -177,3 +177,23 @@ def test_errors_survive_pickling_with_their_class():
     error = aprfast.AprFileNotFoundError("cannot open: No such file", path="/x.apr")
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is aprfast.AprFileNotFoundError and again.path == "/x.apr"
+
+
+def test_safe_open_jax_and_bf16_bits(tmp_path):
+    jnp = pytest.importorskip("jax.numpy")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import aprfast.jax as apr_jax
+
+    values = {"w": np.arange(12, dtype=np.float32).reshape(3, 4),
+              "h": np.array([1.5, -2.0, np.inf], dtype=ml_dtypes.bfloat16)}
+    path = tmp_path / "j.apr"
+    apr_jax.save_file(values, path)
+    with aprfast.safe_open(path, "jax") as f:
+        w = f.get_tensor("w")
+        assert isinstance(w, jnp.ndarray) and np.array_equal(np.asarray(w), values["w"])
+        h = f.get_tensor("h")
+        assert h.dtype == jnp.bfloat16
+        assert np.asarray(h).view(np.uint16).tolist() == values["h"].view(np.uint16).tolist()
+        assert np.array_equal(np.asarray(f.get_slice("w")[1:]), values["w"][1:])
+    loaded = apr_jax.load(apr_jax.save(values))
+    assert loaded["h"].dtype == jnp.bfloat16
