@@ -146,7 +146,7 @@ def inspect(target, *, limits: Limits | None = None) -> dict:
         return {
             "layout": f.layout,
             "header": f.header,
-            "metadata": f.metadata,
+            "metadata": f.stored_metadata,
             "tensors": f._file.describe(),
         }
 

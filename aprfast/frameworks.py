@@ -187,8 +187,10 @@ class safe_open:  # noqa: N801 - the name safetensors users import
         return sorted(self._file.keys(), key=lambda name: self._file.info(name).offset)
 
     def metadata(self):
+        """The metadata the file was saved with, or None when there was none (as
+        safetensors returns)."""
         self._require_open()
-        return self._file.metadata
+        return self._file.metadata or None
 
     def get_tensor(self, name: str):
         tensor = self._file.get_tensor(name)

@@ -68,6 +68,14 @@ class AprFile:
 
     @property
     def metadata(self) -> dict:
+        """The metadata exactly as the writer was given it (``{}`` for none).  The keys a
+        layout adds to every file (aprender's typed defaults, APR2's ``apr_version``)
+        are in :attr:`stored_metadata`."""
+        return layouts.caller_metadata(self._file)
+
+    @property
+    def stored_metadata(self) -> dict:
+        """Every key the file's metadata block holds, layout defaults included."""
         return self._file.metadata
 
     @property

@@ -197,3 +197,39 @@ def test_safe_open_jax_and_bf16_bits(tmp_path):
         assert np.array_equal(np.asarray(f.get_slice("w")[1:]), values["w"][1:])
     loaded = apr_jax.load(apr_jax.save(values))
     assert loaded["h"].dtype == jnp.bfloat16
+
+
+# --- metadata round-trips exactly (issue 11 part 4) ---------------------------------
+@pytest.mark.parametrize("layout", ["auto", "aprender", "apr2"])
+@pytest.mark.parametrize("metadata", [{"format": "pt"}, {"format": "np", "note": "x", "n": 3},
+                                      {"model_type": "llama", "param_count": 7, "format": "pt"}])
+def test_metadata_comes_back_as_written(tmp_path, tensors, layout, metadata):
+    path = tmp_path / "m.apr"
+    aprfast.save_file(tensors, path, metadata, layout=layout)
+    with aprfast.open(path) as f:
+        assert f.metadata == metadata
+        assert set(metadata) <= set(f.stored_metadata)  # the layout's own keys live here
+    with aprfast.safe_open(path, "np") as f:
+        assert f.metadata() == metadata
+
+
+@pytest.mark.parametrize("layout", ["aprender", "apr2"])
+def test_no_metadata_reads_back_as_none_in_safe_open(tmp_path, tensors, layout):
+    path = tmp_path / "m.apr"
+    apr_np.save_file(tensors, path, layout=layout)
+    with aprfast.safe_open(path, "np") as f:
+        assert f.metadata() is None
+    with aprfast.open(path) as f:
+        assert f.metadata == {}
+        if layout == "aprender":  # what aprender's struct makes every file carry
+            assert f.stored_metadata["model_type"] == "" and f.stored_metadata["param_count"] == 0
+        else:
+            assert f.stored_metadata == {"apr_version": "2.0.0"}
+
+
+def test_aprender_defaults_written_by_the_caller_are_indistinguishable(tmp_path, tensors):
+    # byte identity with aprender puts model_type "" in every file; a caller who wrote
+    # exactly that produces the same bytes, so it reads back as not written
+    a = aprfast.save(tensors, {"model_type": ""}, layout="aprender")
+    assert a == aprfast.save(tensors, None, layout="aprender")
+    assert aprfast.open(a).metadata == {}

@@ -267,7 +267,7 @@ def save_and_check(tensors, metadata, layout, expect_layout):
         for name, array in want.items():
             assert_same_array(f.get_tensor(name), array, name)
             assert_same_array(f.get_tensor(name, copy=True), array, name)
-        got_metadata = f.metadata
+        got_metadata = f.stored_metadata
     assert_same_tensors(aprfast.load(data), want)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "model.apr")
@@ -312,7 +312,7 @@ def test_auto_layout_picks_aprender_whenever_it_can_hold_the_tensors(tensors, me
 def test_aprender_optional_fields_given_as_none_are_dropped_but_provenance_is_null():
     meta = {"name": None, "hidden_size": None, "rope_theta": None, "license": None, "data_source": None,
             "data_license": None, "version": "1"}
-    got = aprfast.open(aprfast.save({"x": np.zeros(2, np.float32)}, meta, layout="aprender")).metadata
+    got = aprfast.open(aprfast.save({"x": np.zeros(2, np.float32)}, meta, layout="aprender")).stored_metadata
     assert got == {"model_type": "", "license": None, "data_source": None, "data_license": None,
                    "version": "1", "total_size": 0, "param_count": 0}
     assert list(got)[:4] == ["model_type", "license", "data_source", "data_license"]
@@ -322,7 +322,7 @@ def test_aprender_typed_fields_come_back_as_written():
     meta = {"model_type": "llama", "name": "m", "version": "0.1", "hidden_size": 4096, "num_layers": 32,
             "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "license": "MIT", "total_size": 7, "param_count": 9,
             "custom": {"b": [1, 2.5, None], "a": True}}
-    got = aprfast.open(aprfast.save({"w": np.ones((2, 2), np.float16)}, meta, layout="aprender")).metadata
+    got = aprfast.open(aprfast.save({"w": np.ones((2, 2), np.float16)}, meta, layout="aprender")).stored_metadata
     assert same_json(got, expected_aprender_metadata(meta))
     assert got["rope_theta"] == 10000.0 and type(got["hidden_size"]) is int
     assert np.float32(got["rms_norm_eps"]) == np.float32(1e-5)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..errors import FormatError, LayoutError
 from . import apr2, aprender, v1
 
-__all__ = ["LAYOUTS", "detect", "is_v1", "plan"]
+__all__ = ["LAYOUTS", "caller_metadata", "detect", "is_v1", "plan"]
 
 LAYOUTS = {aprender.NAME: aprender, apr2.NAME: apr2}
 _BY_MAGIC = {aprender.MAGIC: aprender, apr2.MAGIC: apr2}
@@ -31,6 +31,12 @@ def detect(source):
         raise FormatError(f"magic {magic!r} is not a v2 tensor container (APR\\0 or APR2){detail}",
                           path=source.path)
     return layout
+
+
+def caller_metadata(parsed) -> dict:
+    """A parsed file's metadata as its writer's caller gave it (each layout adds keys of
+    its own: aprender's typed defaults, APR2's ``apr_version``)."""
+    return LAYOUTS[parsed.layout].caller_metadata(parsed.metadata)
 
 
 def is_v1(source) -> bool:

@@ -43,6 +43,14 @@ _FOOTER = struct.Struct("<I4sQ")
 _RULES = rule_tables(APR2_IDS)
 
 
+def caller_metadata(stored: dict) -> dict:
+    """The metadata as the writer's caller gave it: without the ``apr_version`` key this
+    layout adds to every file."""
+    if stored.get("apr_version") == APR_VERSION:
+        return {k: v for k, v in stored.items() if k != "apr_version"}
+    return dict(stored)
+
+
 def encode_metadata(metadata: dict) -> bytes:
     """Compact JSON: ``apr_version`` first, then every key sorted, recursively."""
     metadata = dict(metadata or {})

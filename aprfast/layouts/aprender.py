@@ -69,6 +69,8 @@ _FIELDS = (
     ("num_experts_per_tok", "u64", "opt", None), ("moe_intermediate_size", "u64", "opt", None),
 )
 _TYPED = {name for name, *_ in _FIELDS}
+# What encode_metadata writes for a field the caller left out.
+_FILLED = {name: default for name, _, policy, default in _FIELDS if policy in ("req", "null")}
 # Nested structs: every field is written, None as null; missing required keys fail.
 _NESTED = {
     "quantization": (("quant_type", "str", True), ("bits", "u8", True), ("block_size", "u64", False),
@@ -109,6 +111,15 @@ def encode_metadata(metadata: dict) -> bytes:
         return _serde_json.dumps(ordered, f32_paths=frozenset(f32_keys))
     except (ValueError, TypeError) as exc:
         raise LayoutError(f"metadata cannot be written as aprender JSON: {exc}") from None
+
+
+def caller_metadata(stored: dict) -> dict:
+    """The metadata as the writer's caller gave it: ``stored`` without the fields
+    aprender's struct makes every file carry (``model_type`` "", ``license``,
+    ``data_source``, ``data_license`` null, ``total_size`` and ``param_count`` 0) when
+    they hold those defaults.  Byte identity with aprender needs them in the file; a
+    caller who wrote exactly a default gets the same bytes, so it cannot be told apart."""
+    return {k: v for k, v in stored.items() if k not in _FILLED or v != _FILLED[k] or type(v) is not type(_FILLED[k])}
 
 
 def _typed(key, kind, value):
