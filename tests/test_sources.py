@@ -71,3 +71,17 @@ def test_reads_past_the_head_still_read_the_file(tmp_path):
     with aprfast.open(path, mode="pread") as f:
         assert len(f) == 2000
         np.testing.assert_array_equal(f.get_tensor("tensor.with.a.long.name.01999"), np.full(3, 1999, np.int32))
+
+
+def test_repeated_views_are_new_arrays_over_the_same_bytes(small_file):
+    with aprfast.open(small_file) as f:
+        first = f.get_tensor("t3")
+        first.shape = (first.size,)  # reshaping one handed-out array in place...
+        again = f.get_tensor("t3")
+        assert again.shape == (4, 8)  # ...does not reshape the next one
+        assert again is not first and np.shares_memory(again, first) and not again.flags.writeable
+        np.testing.assert_array_equal(again, np.full((4, 8), 3, np.float32))
+        copy = f.get_tensor("t3", copy=True)
+        assert copy.flags.owndata or not np.shares_memory(copy, again)
+    with pytest.raises(AprIOError, match="closed"):
+        f.get_tensor("t3")
