@@ -135,7 +135,9 @@ class AprFile:
         else:
             tensor = make(shape, self._mapped(), offset, size)
             if type(tensor) is np.ndarray and len(self._views) < _MAX_REMEMBERED_VIEWS:
+                # the remembered array is never handed out: a caller may reshape theirs in place
                 self._views[name] = tensor
+                tensor = tensor.view()
         if dequantize and isinstance(tensor, QuantizedTensor):
             return quantization.dequantize(tensor)
         return tensor
