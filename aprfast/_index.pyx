@@ -294,6 +294,8 @@ def _check_no_overlap(Entries entries):
         cur = o[k]
         if size[cur] == 0:
             continue
+        if prev >= 0 and off[cur] == off[prev] and size[cur] == size[prev]:
+            continue  # one storage under two names (tied weights): shared, not overlapping
         if prev >= 0 and off[cur] < off[prev] + size[prev]:
             raise CorruptError(f"tensors {entries.name(prev)!r} ({size[prev]} bytes at offset {off[prev]}) "
                                f"and {entries.name(cur)!r} ({size[cur]} bytes at offset {off[cur]}) overlap")

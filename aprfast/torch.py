@@ -17,7 +17,7 @@ from .errors import ChecksumError
 from .frameworks import from_torch, to_framework, torch_meta
 from .reader import AprFile
 
-__all__ = ["save_file", "save", "load_file", "load"]
+__all__ = ["save_file", "save", "load_file", "load", "save_model", "load_model", "load_to_device"]
 
 
 def save_file(tensors, filename, metadata=None, **options) -> None:
@@ -119,6 +119,32 @@ def _stream_into(source, start, length, pieces, device, crc, step):
 def _meta_tensors(path) -> dict:
     with AprFile(path) as f:
         return {name: torch_meta(name, f.info(name)) for name in f.keys()}
+
+
+def save_model(model, filename, metadata=None, force_contiguous: bool = False, **options) -> None:
+    """Save ``model.state_dict()`` to ``filename``.  Parameters that are one storage
+    under several names (tied embeddings) are stored once, every name pointing at the
+    same bytes (the spec layout; see docs/FORMAT.md).  ``force_contiguous`` is accepted
+    for safetensors' signature: tensors are always made contiguous."""
+    save_file(model.state_dict(), filename, metadata, **options)
+
+
+def load_model(model, filename, strict: bool = True, device="cpu") -> tuple:
+    """Load ``filename`` into ``model`` with ``load_state_dict``; return ``(missing,
+    unexpected)`` key lists.  With ``strict`` either being non-empty raises RuntimeError
+    naming the keys, as torch's ``load_state_dict`` does.  Tied parameters stay tied:
+    the model's own sharing is kept, and both names are filled from one storage."""
+    state = load_file(filename, device=device)
+    result = model.load_state_dict(state, strict=False)
+    missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
+    if strict and (missing or unexpected):
+        parts = []
+        if missing:
+            parts.append("Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + ".")
+        if unexpected:
+            parts.append("Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + ".")
+        raise RuntimeError(f"Error(s) in loading state_dict for {type(model).__name__}:\n\t" + "\n\t".join(parts))
+    return missing, unexpected
 
 
 def load(data, device="cpu", *, verify: bool = True) -> dict:

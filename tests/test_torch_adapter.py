@@ -102,3 +102,54 @@ def test_load_file_onto_cuda(tmp_path):
     loaded = aprfast_torch.load_file(path, device="cuda:0")
     for name, value in tensors.items():
         assert loaded[name].device.type == "cuda" and torch.equal(loaded[name].cpu(), value)
+
+
+# --- tied and shared tensors (issue 11 part 5) -------------------------------------------
+class _Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight  # tied, as language models tie them
+        self.norm = torch.nn.LayerNorm(4)
+
+
+def test_save_model_stores_a_tied_weight_once_and_load_model_keeps_it_tied(tmp_path):
+    model = _Tied()
+    path = tmp_path / "tied.apr"
+    aprfast_torch.save_model(model, path)
+    untied_copy = {k: v.clone() for k, v in model.state_dict().items()}
+    with aprfast.open(path) as f:
+        assert f.info("embed.weight").offset == f.info("head.weight").offset  # one storage, two names
+        assert sorted(f.keys()) == sorted(model.state_dict())
+    assert path.stat().st_size < len(aprfast_torch.save(untied_copy))
+    fresh = _Tied()
+    missing, unexpected = aprfast_torch.load_model(fresh, path)
+    assert missing == [] and unexpected == []
+    assert fresh.head.weight is fresh.embed.weight
+    for name, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], value)
+
+
+def test_load_model_reports_missing_and_unexpected_keys_like_torch(tmp_path):
+    path = tmp_path / "partial.apr"
+    state = _Tied().state_dict()
+    state.pop("norm.bias")
+    state["extra.weight"] = torch.zeros(2)
+    aprfast_torch.save_file(state, path)
+    with pytest.raises(RuntimeError, match='Missing key.*"norm.bias".*\\n.*Unexpected key.*"extra.weight"'):
+        aprfast_torch.load_model(_Tied(), path)
+    missing, unexpected = aprfast_torch.load_model(_Tied(), path, strict=False)
+    assert missing == ["norm.bias"] and unexpected == ["extra.weight"]
+
+
+def test_save_file_of_two_names_for_one_storage_stores_it_once(tmp_path):
+    weight = torch.randn(6, 5)
+    path = tmp_path / "shared.apr"
+    aprfast_torch.save_file({"a": weight, "b": weight, "c": weight.clone()}, path)
+    with aprfast.open(path) as f:
+        assert f.layout == "apr2"
+        assert f.info("a").offset == f.info("b").offset != f.info("c").offset
+    loaded = aprfast_torch.load_file(path)
+    assert loaded["a"].data_ptr() == loaded["b"].data_ptr()  # shared again
+    assert all(torch.equal(loaded[k], weight) for k in "abc")

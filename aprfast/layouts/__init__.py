@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..errors import FormatError, LayoutError
 from . import apr2, aprender, v1
+from ._common import find_aliases
 
 __all__ = ["LAYOUTS", "caller_metadata", "detect", "is_v1", "plan"]
 
@@ -39,6 +40,11 @@ def caller_metadata(parsed) -> dict:
     return LAYOUTS[parsed.layout].caller_metadata(parsed.metadata)
 
 
+def has_shared_storage(inputs) -> bool:
+    """True when two inputs are one storage (tied weights)."""
+    return bool(find_aliases(inputs))
+
+
 def is_v1(source) -> bool:
     """True when the source starts with the v1 container's magic."""
     return source.size >= 4 and bytes(source.read(0, 4, "magic")) == v1.MAGIC
@@ -61,6 +67,10 @@ def plan(inputs, metadata, *, layout: str = "auto", alignment: int = 64, in_give
         return apr2.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order,
                          compression=compression, compression_level=compression_level)
     if layout == "auto":
+        if not in_given_order and has_shared_storage(inputs):
+            # aprender's layout stores every name's bytes (as aprender would); the spec
+            # layout stores one storage once under all its names
+            return apr2.plan(inputs, metadata, alignment=alignment)
         try:
             return aprender.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order)
         except LayoutError:

@@ -279,6 +279,46 @@ def lay_out_data(ordered, alignment: int):
     return _index.lay_out(ordered, alignment)
 
 
+def _storage_key(t):
+    """What makes two inputs one storage: the same address, size, dtype and shape."""
+    data = getattr(t, "data", None)  # a spooled Writer's tensors are on disk, never shared
+    if not t.nbytes or data is None:
+        return None
+    try:
+        view = memoryview(data)
+    except TypeError:
+        return None
+    if not view.contiguous:
+        return None
+    address = np.frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view, np.uint8)
+    return (address.__array_interface__["data"][0], t.nbytes, t.dtype, tuple(t.shape))
+
+
+def find_aliases(ordered) -> dict:
+    """alias name -> the name stored, for inputs that are one storage under several
+    names (tied weights): the first name in index order is stored, the others point
+    at its bytes."""
+    first, aliases = {}, {}
+    for t in ordered:
+        key = _storage_key(t)
+        if key is None:
+            continue
+        if key in first:
+            aliases[t.name] = first[key]
+        else:
+            first[key] = t.name
+    return aliases
+
+
+def lay_out_shared(ordered, aliases: dict, alignment: int):
+    """Like :func:`lay_out_data`, with every alias at the offset of the tensor it names
+    and no bytes of its own: (tensors to write, offsets in index order, pads, size)."""
+    data = [t for t in ordered if t.name not in aliases]
+    offsets, pads, data_len = _index.lay_out(data, alignment)
+    at = {t.name: offset for t, offset in zip(data, offsets)}
+    return data, [at[aliases.get(t.name, t.name)] for t in ordered], pads, data_len
+
+
 def lay_out_in_order(ordered, inputs, alignment: int):
     """Like :func:`lay_out_data`, but the data follows ``inputs``' own order (a planned
     writer streams tensors in the order they are declared and added), while the index

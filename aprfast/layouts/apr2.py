@@ -18,8 +18,8 @@ from .. import _serde_json, tensor_codecs
 from ..dtypes import APR2_IDS
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, VersionError
 from ..limits import MAX_ALIGNMENT, Limits
-from ._common import (STREAM_END, ParsedFile, Plan, align, checked_inputs, encode_index, lay_out_data,
-                      lay_out_in_order, parse_index, rule_tables, sorted_json)
+from ._common import (STREAM_END, ParsedFile, Plan, align, checked_inputs, encode_index, find_aliases,
+                      lay_out_data, lay_out_in_order, lay_out_shared, parse_index, rule_tables, sorted_json)
 
 NAME = "apr2"
 MAGIC = b"APR2"
@@ -83,8 +83,11 @@ def plan(inputs, metadata, *, alignment: int = 64, in_given_order: bool = False,
     compressed = any(isinstance(t, tensor_codecs.StoredTensor) for t in ordered)
     index_offset = HEADER_SIZE + len(meta)
     data = ordered
+    aliases = find_aliases(ordered) if compression is None and not in_given_order else {}
     if in_given_order:
         data, offsets, pads, data_len = lay_out_in_order(ordered, inputs, alignment)
+    elif aliases:  # one storage under several names: its bytes once, every name pointing at them
+        data, offsets, pads, data_len = lay_out_shared(ordered, aliases, alignment)
     else:
         offsets, pads, data_len = lay_out_data(ordered, alignment)
     index = struct.pack("<II", len(ordered), 0) + encode_index(ordered, offsets, APR2_IDS, spec_layout=True,
