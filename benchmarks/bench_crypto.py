@@ -178,6 +178,8 @@ def password_rows(table, directory, size, rounds):
     table.add(Row("v1.load_model, password-encrypted", size_text, r["load"], limits=lim))
     table.add(Row("crypto.decrypt_with_password, mmap input", size_text, r["decrypt"], limits=lim))
 
+    save_rows(table, directory, size, rounds, size_text)
+
     peaks = {k: Samples() for k in ("v1_load", "raw_nacl", "chunked")}
     for _ in range(2):
         peaks["v1_load"].append(peak(["v1_load", v1_path, size]))
@@ -190,6 +192,34 @@ def password_rows(table, directory, size, rounds):
     table.add(Row("v1.load_model, password: peak RSS above the process (fresh)", size_text, peaks["v1_load"],
                   limits=lim, unit="B"))
     return blob_path
+
+
+def save_rows(table, directory, size, rounds, size_text):
+    """v1.save_model with a password against the same work with raw primitives: Argon2id,
+    1 MiB AES-256-GCM chunks, a write.  Both write to a path that does not exist (removed
+    before each call, untimed), without fsync."""
+    payload = payload_bytes(size)
+    ours, limit = os.path.join(directory, "save.apr"), os.path.join(directory, "save.chunked")
+    tools = {"save": lambda: v1.save_model(payload, ours, model_type="Custom", password=PASSWORD, durable=False)}
+    setup = {"save": _unlinker(ours)}
+    if AESGCM is not None:
+        tools["Argon2id + 1 MiB-chunk AESGCM + write (cryptography)"] = \
+            lambda: write_chunked(limit, payload, os.urandom(16))
+        setup["Argon2id + 1 MiB-chunk AESGCM + write (cryptography)"] = _unlinker(limit)
+    r = interleaved(tools, rounds, setup=setup)
+    ours_s = r.pop("save")
+    table.add(Row("v1.save_model, password-encrypted, to a fresh path (no fsync)", size_text, ours_s, limits=r))
+    for path in (ours, limit):
+        _unlinker(path)()
+
+
+def _unlinker(path):
+    def unlink():
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    return unlink
 
 
 def compression_rows(table, directory, size, rounds):
