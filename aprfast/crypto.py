@@ -194,6 +194,15 @@ class _SodiumAesGcm:
             return None
         return plaintext
 
+    def open_in_place(self, sealed: memoryview, key, nonce: bytes, aad: Optional[memoryview]) -> bool:
+        """Decrypt ``sealed`` (ciphertext || tag, writable) over its own first bytes, as
+        libsodium allows; False (those bytes zeroed, nothing released) if the tag fails."""
+        with _ffi.from_buffer("unsigned char[]", sealed, require_writable=True) as c, \
+                _ffi.from_buffer("unsigned char[]", key) as k, _aad_pointer(aad) as ad:
+            rc = _lib.crypto_aead_aes256gcm_decrypt(
+                c, _ffi.NULL, _ffi.NULL, c, len(sealed), ad, _length(aad), nonce, k)
+        return rc == 0
+
 
 class _NullPointer:
     """A stand-in for ``ffi.from_buffer`` when there is no AAD."""
@@ -233,6 +242,15 @@ class _CryptographyAesGcm:
         else:
             target[:] = cipher.encrypt(nonce, plaintext, _aad_or_none(aad))
 
+    def open_in_place(self, sealed, key, nonce, aad) -> bool:
+        # cryptography has no in-place decrypt: one plaintext copy, then written back
+        plaintext = self.open(sealed, key, nonce, aad)
+        if plaintext is None:
+            return False
+        sealed[:len(plaintext)] = plaintext
+        _wipe(plaintext)
+        return True
+
     def open(self, sealed, key, nonce, aad):
         cipher = self._aesgcm(bytes(key))
         try:
@@ -263,7 +281,7 @@ class _MissingAesGcm:
             "'cryptography' to use OpenSSL's AES-GCM instead: pip install cryptography (or "
             f"'{_KEYFILE_EXTRA}', which brings it).")
 
-    seal_into = open = _refuse
+    seal_into = open = open_in_place = _refuse
 
 
 def _pick_aead_backend(name: Optional[str] = None):
@@ -426,6 +444,23 @@ def decrypt_with_password(blob: BytesLike, password: Union[str, BytesLike]) -> b
         raise DecryptError("wrong password, or the encrypted payload was altered "
                            "(AES-256-GCM authentication failed)")
     return plaintext
+
+
+def decrypt_with_password_in_place(blob, password: Union[str, BytesLike]) -> memoryview:
+    """Like :func:`decrypt_with_password`, but the plaintext replaces the ciphertext in
+    ``blob`` (a writable buffer, e.g. a private copy-on-write map of the file) and is
+    returned as a view of it: no second buffer the size of the payload."""
+    view = memoryview(blob)
+    if view.readonly:
+        raise ValueError("decrypt_with_password_in_place needs a writable buffer")
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    _require_length(view, PASSWORD_PREFIX_SIZE + TAG_SIZE, "a password-encrypted blob")
+    key = derive_password_key(password, view[:SALT_SIZE])
+    nonce = bytes(view[SALT_SIZE:PASSWORD_PREFIX_SIZE])
+    if not _aead.open_in_place(view[PASSWORD_PREFIX_SIZE:], key, nonce, None):
+        raise DecryptError("wrong password, or the encrypted payload was altered "
+                           "(AES-256-GCM authentication failed)")
+    return view[PASSWORD_PREFIX_SIZE:len(view) - TAG_SIZE]
 
 
 # --- recipient mode (aprender save_for_recipient / load_as_recipient) -------------

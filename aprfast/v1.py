@@ -87,8 +87,10 @@ class V1Model:
     #: aprender's metadata as stored (aprfast's internal keys removed).
     metadata: dict
     #: The decompressed, decrypted payload: bytes (stored plainly) or bytearray
-    #: (decrypted or decompressed by aprfast, owned, wipeable), or name -> array for
-    #: tensor payloads (views of the mapped file or of the decompressed buffer: no copy).
+    #: (decrypted or decompressed by aprfast, owned, wipeable), a writable memoryview
+    #: (a password-encrypted file decrypted in place in a private map: owned, wipeable),
+    #: or name -> array for tensor payloads (views of the mapped file or of the
+    #: decrypted/decompressed buffer: no copy).
     payload: object
     #: UNSIGNED, TRUSTED or SELF_SIGNED.
     signature: str = UNSIGNED
@@ -613,7 +615,11 @@ def _load(src, expected_type, password, private_key, trusted_keys, require_signa
         payload = _trueno_tensors(view, regions, path)
     else:
         if header.flags & Flag.ENCRYPTED:
-            stored, encryption = _decrypt(stored, password, private_key, path)
+            private = _private_payload(src, regions) if password is not None else None
+            if private is not None:  # the plaintext replaces the ciphertext: no second copy
+                stored, encryption = _decrypt_in_place(private, password, path), "password"
+            else:
+                stored, encryption = _decrypt(stored, password, private_key, path)
         else:
             _refuse_downgrade(header, password, private_key, allow_unencrypted, path)
         plain = codecs.decompress(stored, header.compression, expected_size=header.uncompressed_size,
@@ -627,7 +633,7 @@ def _load(src, expected_type, password, private_key, trusted_keys, require_signa
         # A decrypted or decompressed payload is already an owned bytearray (which the
         # caller may wipe); copying it to bytes would hold the model twice.  A payload
         # stored plainly is copied out of the map so the file can be closed.
-        payload = plain if isinstance(plain, bytearray) else bytes(plain)
+        payload = plain if isinstance(plain, bytearray) or _in_private_map(plain) else bytes(plain)
     return V1Model(header, metadata, payload, signature, signer, encryption, license, header.flag_set)
 
 
@@ -984,6 +990,45 @@ def _signer_state(signer: bytes, trusted_keys, path) -> str:
         raise SignatureError(f"signed by key {signer.hex()}, which is not among the {len(trusted)} trusted "
                              "key(s)", path=path)
     return TRUSTED
+
+
+def _private_payload(src, regions):
+    """The payload of a mapped file in a private copy-on-write map (writable, never
+    written back), or None for other sources.  The read-only map's pages, touched by
+    the CRC and signature checks, are released first, so the process holds the payload
+    once: as file pages while decrypting, then as its own pages holding the plaintext
+    (peak ~1x the payload instead of 2x)."""
+    import mmap
+
+    fileno = getattr(src, "fileno", None)
+    if not src.zero_copy or fileno is None or not regions.payload[1] > regions.payload[0]:
+        return None
+    try:
+        private = mmap.mmap(fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError):
+        return None
+    shared = getattr(src, "_map", None)
+    if shared is not None and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            shared.madvise(mmap.MADV_DONTNEED)  # drops page-table entries only; the data stays in the file
+        except OSError:
+            pass
+    return memoryview(private)[slice(*regions.payload)]
+
+
+def _in_private_map(plain) -> bool:
+    """A payload decrypted in place in a private map: every byte of it was written by
+    the decryption, so it is this process's own memory, no longer tied to the file."""
+    return isinstance(plain, memoryview) and isinstance(plain.obj, __import__("mmap").mmap) and not plain.readonly
+
+
+def _decrypt_in_place(private, password, path):
+    from . import crypto
+
+    try:
+        return crypto.decrypt_with_password_in_place(private, password)
+    except DecryptError as exc:
+        raise DecryptError(exc.message, path=path) from None
 
 
 def _decrypt(stored, password, private_key, path):
