@@ -63,7 +63,7 @@ import numpy as np
 import aprfast
 import timing
 from models import model
-from timing import Row, Samples, Table, interleaved
+from timing import Row, Samples, Table, interleaved, unlinker
 
 try:
     import safetensors.numpy as st_numpy
@@ -136,15 +136,6 @@ def fsync_path(path):
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def unlinker(path):
-    def unlink():
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-    return unlink
 
 
 class Bench:

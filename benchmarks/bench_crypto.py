@@ -36,7 +36,7 @@ import numpy as np
 from aprfast import crypto, v1
 
 import timing
-from timing import Row, Samples, Table, interleaved
+from timing import Row, Samples, Table, interleaved, unlinker
 
 try:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -201,25 +201,16 @@ def save_rows(table, directory, size, rounds, size_text):
     payload = payload_bytes(size)
     ours, limit = os.path.join(directory, "save.apr"), os.path.join(directory, "save.chunked")
     tools = {"save": lambda: v1.save_model(payload, ours, model_type="Custom", password=PASSWORD, durable=False)}
-    setup = {"save": _unlinker(ours)}
+    setup = {"save": unlinker(ours)}
     if AESGCM is not None:
         tools["Argon2id + 1 MiB-chunk AESGCM + write (cryptography)"] = \
             lambda: write_chunked(limit, payload, os.urandom(16))
-        setup["Argon2id + 1 MiB-chunk AESGCM + write (cryptography)"] = _unlinker(limit)
+        setup["Argon2id + 1 MiB-chunk AESGCM + write (cryptography)"] = unlinker(limit)
     r = interleaved(tools, rounds, setup=setup)
     ours_s = r.pop("save")
     table.add(Row("v1.save_model, password-encrypted, to a fresh path (no fsync)", size_text, ours_s, limits=r))
     for path in (ours, limit):
-        _unlinker(path)()
-
-
-def _unlinker(path):
-    def unlink():
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-    return unlink
+        unlinker(path)()
 
 
 def compression_rows(table, directory, size, rounds):

@@ -296,3 +296,13 @@ class Table:
             with open(md_out, "w") as f:
                 f.write(text + "\n")
         return text
+
+
+def unlinker(path):
+    """A setup step removing ``path`` (so every tool writes to a path that does not exist)."""
+    def unlink():
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    return unlink

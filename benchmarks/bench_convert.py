@@ -1,0 +1,189 @@
+"""aprfast.convert beside doing the same job by hand with each format's own library.
+
+    python benchmarks/bench_convert.py            # a 512 MiB model, 5 rounds
+    python benchmarks/bench_convert.py --quick    # 32 MiB, 3 rounds
+
+Rows (issue #12's targets):
+
+* safetensors -> .apr: ``aprfast.convert`` against ``safetensors.numpy.load_file`` +
+  ``aprfast.save_file`` (the whole model in memory), both without fsync.
+* GGUF -> .apr, .apr -> GGUF and both in a row, each against ``GGUFReader`` +
+  ``GGUFWriter`` copying the same file once (GGUF -> GGUF: one read, one write, so the
+  round trip, which writes the model twice, starts at a 2x handicap); the model half
+  float32, half Q8_0 blocks.
+* peak RSS above the imports, in a fresh process per sample, for the first row's tools
+  (the streaming converter should stay near the largest tensor, 1/16 of the model).
+
+Every destination is removed before each call (setup, untimed); outputs are checked
+once against the source before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+import aprfast
+import timing
+from timing import Row, Samples, Table, interleaved
+
+import gguf
+import safetensors.numpy as sn
+
+MiB = 1 << 20
+N_TENSORS = 16
+
+
+def make_safetensors(path, total):
+    rows = total // N_TENSORS // (4 * 1024)
+    rng = np.random.default_rng(0)
+    tensors = {f"layers.{i}.weight": rng.standard_normal((rows, 1024), dtype=np.float32) for i in range(N_TENSORS)}
+    sn.save_file(tensors, path)
+    return tensors
+
+
+def make_gguf(path, total):
+    """Half the tensors float32, half Q8_0 blocks (rows of 1024 values)."""
+    rows = total // N_TENSORS // (4 * 1024)
+    rng = np.random.default_rng(1)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("bench")
+    for i in range(N_TENSORS):
+        values = rng.standard_normal((rows, 1024), dtype=np.float32)
+        if i % 2:
+            w.add_tensor(f"blk.{i}.weight", gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(f"blk.{i}.weight", values)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def gguf_by_hand(src, dst):
+    """GGUFReader + GGUFWriter: every key (but the ones the writer adds itself) and tensor copied."""
+    r = gguf.GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch)
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        w.add_key_value(key, field.contents(), field.types[0],
+                        sub_type=field.types[-1] if len(field.types) > 1 else None)
+    for t in r.tensors:
+        raw = t.tensor_type not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type if raw else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def remover(*paths):
+    def setup():
+        for p in paths:
+            if os.path.exists(p):
+                os.remove(p)
+    return setup
+
+
+def check_outputs(d, tensors):
+    aprfast.convert(f"{d}/m.safetensors", f"{d}/c.apr", durable=False)
+    got = aprfast.load_file(f"{d}/c.apr")
+    assert all(got[k].tobytes() == v.tobytes() for k, v in tensors.items()), "convert changed a tensor"
+    aprfast.convert(f"{d}/m.gguf", f"{d}/c.apr2", to="apr", durable=False)
+    aprfast.convert(f"{d}/c.apr2", f"{d}/c.gguf", durable=False)
+    a, b = gguf.GGUFReader(f"{d}/m.gguf"), gguf.GGUFReader(f"{d}/c.gguf")
+    assert [(t.name, t.data.tobytes()) for t in a.tensors] == [(t.name, t.data.tobytes()) for t in b.tensors]
+    remover(f"{d}/c.apr", f"{d}/c.apr2", f"{d}/c.gguf")()
+
+
+# The peak is reset after the imports ("5" > clear_refs resets VmHWM to VmRSS), so the
+# import-time peak cannot hide the conversion's; the result is VmHWM minus that VmRSS.
+_RSS_CHILD = """
+import sys, aprfast
+import safetensors.numpy as sn
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key))
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = status("VmRSS:")
+if sys.argv[1] == "convert":
+    aprfast.convert(sys.argv[2], sys.argv[3], durable=False)
+else:
+    aprfast.save_file(sn.load_file(sys.argv[2]), sys.argv[3], durable=False)
+print(status("VmHWM:") - before)
+"""
+
+
+def peak_rss(tool, src, dst, rounds):
+    samples = Samples()
+    for _ in range(rounds):
+        remover(dst)()
+        out = subprocess.run([sys.executable, "-c", _RSS_CHILD, tool, src, dst], capture_output=True, text=True,
+                             check=True)
+        samples.append(int(out.stdout.strip()) * 1024)
+    remover(dst)()
+    return samples
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="32 MiB, 3 rounds")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
+    args = parser.parse_args()
+    total = (32 if args.quick else 512) * MiB
+    rounds = 3 if args.quick else args.rounds
+    versions = f"safetensors {timing.version('safetensors')}, gguf {timing.version('gguf')}"
+    table = Table("Conversions: aprfast.convert vs each format's library by hand", "by hand", versions=versions)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("APRFAST_BENCH_DIR")) as d:
+        tensors = make_safetensors(f"{d}/m.safetensors", total)
+        make_gguf(f"{d}/m.gguf", total)
+        check_outputs(d, tensors)
+        del tensors
+        size = timing.fmt_bytes(os.path.getsize(f"{d}/m.safetensors"))
+        st = interleaved({
+            "aprfast.convert": lambda: aprfast.convert(f"{d}/m.safetensors", f"{d}/a.apr", durable=False),
+            "load_file + save_file": lambda: aprfast.save_file(sn.load_file(f"{d}/m.safetensors"), f"{d}/b.apr",
+                                                               durable=False),
+        }, rounds, setup=remover(f"{d}/a.apr", f"{d}/b.apr"))
+        table.add(Row("safetensors -> .apr", size, st["aprfast.convert"],
+                      {"load_file + save_file": st["load_file + save_file"]}))
+
+        def apr_round_trip():
+            aprfast.convert(f"{d}/m.gguf", f"{d}/g.apr", durable=False)
+            aprfast.convert(f"{d}/g.apr", f"{d}/g.gguf", durable=False)
+
+        gsize = timing.fmt_bytes(os.path.getsize(f"{d}/m.gguf"))
+        by_hand = "GGUFReader + GGUFWriter (one GGUF -> GGUF copy)"
+        aprfast.convert(f"{d}/m.gguf", f"{d}/keep.apr", durable=False)  # the source of the .apr -> GGUF row
+        gg = interleaved({"to_apr": lambda: aprfast.convert(f"{d}/m.gguf", f"{d}/g1.apr", durable=False),
+                          "to_gguf": lambda: aprfast.convert(f"{d}/keep.apr", f"{d}/g1.gguf", durable=False),
+                          "both": apr_round_trip,
+                          by_hand: lambda: gguf_by_hand(f"{d}/m.gguf", f"{d}/h.gguf")},
+                         rounds, setup=remover(f"{d}/g.apr", f"{d}/g.gguf", f"{d}/g1.apr", f"{d}/g1.gguf",
+                                               f"{d}/h.gguf"))
+        table.add(Row("GGUF -> .apr", gsize, gg["to_apr"], {by_hand: gg[by_hand]}))
+        table.add(Row(".apr -> GGUF", gsize, gg["to_gguf"], {by_hand: gg[by_hand]}))
+        table.add(Row("GGUF -> .apr -> GGUF (two conversions, two full writes)", gsize, gg["both"],
+                      {by_hand: gg[by_hand]}))
+
+        table.add(Row("safetensors -> .apr, fresh process, peak RSS above imports", size,
+                      peak_rss("convert", f"{d}/m.safetensors", f"{d}/r.apr", rounds),
+                      {"load_file + save_file": peak_rss("by_hand", f"{d}/m.safetensors", f"{d}/r.apr", rounds)},
+                      unit="MiB"))
+        table.notes.append(f"largest tensor: {timing.fmt_bytes(total // N_TENSORS)} (the model is {N_TENSORS} "
+                           "equal tensors); files in a temporary directory (APRFAST_BENCH_DIR to choose one)")
+    table.finish(args.md_out)
+
+
+if __name__ == "__main__":
+    main()
