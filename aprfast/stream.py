@@ -1,28 +1,48 @@
-"""Reading a v2 file front to back from a stream that cannot seek: :func:`stream`.
+"""Reading an .apr file front to back from a stream that cannot seek: :func:`stream`.
 
-Both v2 layouts put the header, metadata and index before the data, so a pipe,
-socket or HTTP body can be read in one pass: the prefix (everything before the first
-tensor byte, whose size the header gives and ``Limits`` bound) is read into memory and
-parsed by the same layout code ``aprfast.open`` uses; then each tensor is read straight
-into its own aligned buffer and yielded, and the footer is checked at the end.  Memory
-is the prefix plus the largest tensor plus a 64 KiB scratch buffer.
+Every variant whose bytes come in a usable order streams with bounded memory:
+
+* v2, both layouts: header, metadata and index come before the data, so the prefix
+  (everything before the first tensor byte, whose size the header gives and ``Limits``
+  bound) is read into memory and parsed by the same layout code ``aprfast.open`` uses;
+  then each tensor is read into its own aligned buffer and yielded; APR2 tensors stored
+  compressed are decoded from their stored bytes by ``tensor_codecs.decode_stored`` (the
+  checks and C decoder ``get_tensor`` uses).  The footer CRC is checked at the end.
+  Memory: the prefix, the largest tensor (stored plus raw size when compressed), 64 KiB.
+* v1 STREAMING (chunk index): header, metadata and index are read first; the index
+  signature is verified (signed, trusted keys given) and the file key opened (encrypted)
+  before anything is yielded; then each chunk is checked as ``V1File`` checks it (CRC32,
+  signed SHA-256, AES-GCM tag, bounded decompression, by ``v1._Chunks`` itself) as it
+  arrives, and a tensor is yielded once all its chunks have.  Memory: the prefix, one
+  tensor, one chunk stored and decoded.
+* Other v1 tensor files (plain, whole-payload compressed or encrypted, trueno-native):
+  one whole-payload AEAD tag, one compressed frame or one whole-file signature vouches
+  for everything, and it can be checked only with every byte, so the file is read into
+  memory, opened by ``V1File`` with every check, and only then yielded from
+  (``TensorStream.buffered`` is True): memory is the file, plus its decoded payload.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
 import numpy as np
 
-from . import _memory, layouts
-from ._crc import crc32
-from .errors import AprError, AprIOError, ChecksumError, CorruptError, LimitError, VersionError
+from . import _memory, layouts, tensor_codecs
+from ._crc import crc32, crc32_combine
+from .errors import AprError, AprIOError, ChecksumError, CorruptError, LimitError, SignatureError
+from .layouts import v1 as v1_layout
 from .limits import MAX_ALIGNMENT, Limits
 from .reader import _maker
 from .sources import BufferSource
 
-__all__ = ["stream", "TensorStream"]
+__all__ = ["stream", "TensorStream", "PENDING"]
+
+#: ``TensorStream.signature`` of a signed v1 STREAMING stream read without
+#: ``trusted_keys`` until its end, where the signer's key is.
+PENDING = "pending (the signer's key comes at the end of the stream)"
 
 try:
     import fcntl
@@ -44,35 +64,55 @@ _CRC_STEP = 1 << 20
 _MAX_TAIL_PAD = MAX_ALIGNMENT - 1
 
 
-def stream(fileobj, *, limits: Limits | None = None, unknown_dtypes: str = "error",
-           verify: bool = True) -> "TensorStream":
-    """Read a v2 file (either layout) front to back, yielding ``(name, tensor)`` in file order.
+def _next_aliases(order, k, offsets, sizes) -> bool:
+    """True when the tensor after ``order[k]`` in data order has the same extent."""
+    if k + 1 >= len(order):
+        return False
+    a, b = order[k], order[k + 1]
+    return offsets[a] == offsets[b] and sizes[a] == sizes[b] and sizes[a] > 0
+
+
+def stream(fileobj, *, limits: Limits | None = None, unknown_dtypes: str = "error", verify: bool = True,
+           password=None, private_key=None, trusted_keys=None, require_signature: bool | None = None,
+           allow_unencrypted: bool = False) -> "TensorStream":
+    """Read an .apr file front to back, yielding ``(name, tensor)`` in file order.
 
     ``fileobj`` is anything with ``readinto`` or ``read`` (``sys.stdin.buffer``, a pipe,
     ``socket.makefile("rb")``, an HTTP response), a socket (``recv_into``), or for
     convenience a path or a bytes-like object.  It is read forward only, never
-    seeked, and is not closed (a path is opened and closed here).
+    seeked, and is not closed (a path is opened and closed here).  ``password``,
+    ``private_key``, ``trusted_keys``, ``require_signature`` and ``allow_unencrypted``
+    mean what they mean for :func:`aprfast.open` (v2 files are never encrypted or
+    signed: a key or a required signature is refused for them, as ``open`` refuses it).
 
-    Tensors are what ``AprFile.get_tensor(name, copy=True)`` returns: owned, writable,
+    Tensors are what ``get_tensor(name, copy=True)`` returns: owned, writable,
     64-byte-aligned arrays, or QuantizedTensor / RawTensor (``unknown_dtypes="raw"``).
-    They come in data order, which is index order for every file aprfast or aprender
-    writes in one pass (and declaration order for a planned ``Writer``).  Memory is
-    the prefix (header, metadata, index) plus the largest tensor plus a small constant.
+    They come in data order: index order for every file aprfast or aprender writes in
+    one pass (declaration order for a planned ``Writer``), name order for a v1 STREAMING
+    file.  Memory: the prefix (header, metadata, index) plus the largest tensor plus a
+    small constant (a compressed APR2 tensor: its stored plus its raw size; a v1
+    STREAMING tensor: plus one chunk).  v1 files without a chunk index are read whole
+    first (``buffered``; see the module docstring).
 
-    **Results are provisional until the iterator is exhausted.**  The CRC32 that covers
-    the file is in its footer, at the very end, so a tensor yielded before the end
-    cannot be vouched for yet.  With ``verify=True`` (the default) the running CRC of
-    every byte is compared with the footer when the stream ends, and a mismatch raises
-    ChecksumError from the last ``next()``; a stream that ends early, carries bytes
-    after the footer, or breaks any rule ``aprfast.open`` checks raises a typed AprError
-    too.  Treat what was yielded as valid only once iteration finished without error.
-    ``verify=False`` skips the CRC but still checks the footer's place and form.
+    **What is vouched for when.**  Everything before the first tensor (header, metadata,
+    index; a v1 STREAMING file's index CRC, its index signature when ``trusted_keys`` are
+    given, its file key) is checked before ``stream()`` returns.  A v1 STREAMING chunk is
+    checked (CRC32, signed digest, AES-GCM tag) before its tensor is yielded, so a
+    tampered chunk of a signed (with ``trusted_keys``) or encrypted stream raises at or
+    before its tensor.  The rest is known only at the end: the whole-file CRC32 (both
+    v2 layouts: the only check of their data; v1: the footer), and, for a signed v1
+    stream opened without ``trusted_keys``, the index signature by the key embedded at
+    the file's end.  Such a check fails from the last ``next()``; **treat what was
+    yielded as provisional until iteration finished without error** unless the variant
+    vouches for it earlier as above.  ``verify=False`` skips the whole-file CRC only.
 
     The header, metadata and index are parsed here, before the first tensor, so
     ``layout``, ``header``, ``metadata``, ``names()`` and ``describe()`` are available
-    at once; :meth:`TensorStream.finish` reads the rest without building tensors.
+    at once; :meth:`TensorStream.finish` reads the rest without keeping tensors.
     """
-    return TensorStream(fileobj, limits=limits, unknown_dtypes=unknown_dtypes, verify=verify)
+    return TensorStream(fileobj, limits=limits, unknown_dtypes=unknown_dtypes, verify=verify, password=password,
+                        private_key=private_key, trusted_keys=trusted_keys, require_signature=require_signature,
+                        allow_unencrypted=allow_unencrypted)
 
 
 def _widen_pipe(target) -> None:
@@ -193,82 +233,131 @@ class _Input:
             self.owned.close()
 
 
+def _grow(inp: _Input, buffer: bytearray, size: int, what: str) -> None:
+    """Extend ``buffer`` with stream bytes until it holds ``size``, at most _PREFIX_STEP
+    at a time, so a size merely claimed costs memory only as its bytes really arrive."""
+    while len(buffer) < size:
+        start = len(buffer)
+        _memory.resize_bytearray(buffer, start + min(size - start, _PREFIX_STEP))
+        with memoryview(buffer) as view:
+            inp.fill(view[start:], what, None)
+
+
+def _allocate(name, size: int, path):
+    """An aligned buffer of ``size`` bytes (lazily mapped from 32 MiB, so a hostile
+    claim costs only the pages the stream really fills), or LimitError."""
+    try:
+        return _memory.AlignedBuffer(size, 64)
+    except MemoryError as exc:
+        raise LimitError(f"{name} declares {size} bytes, which cannot be allocated: {exc}", path=path) from None
+
+
 class TensorStream:
     """The iterator :func:`stream` returns; also a context manager (closing a path it opened).
 
     ``layout``, ``header``, ``metadata``, ``names()``, ``info(name)`` and ``describe()``
-    describe the file from its prefix.  ``verified`` becomes True when the footer has
-    been read and the CRC of every byte before it matched (never with ``verify=False``).
+    describe the file from its prefix.  ``verified`` becomes True when the whole-file
+    CRC (and, for a signed v1 stream, the signature) has been checked, at the end
+    (never with ``verify=False``).  v1 streams also have ``kind`` ("streaming",
+    "plain", "whole", "trueno"), ``signature``, ``signer``, ``encryption``, ``license``;
+    ``buffered`` is True when the file had to be read whole before its first tensor.
     """
 
-    def __init__(self, fileobj, *, limits=None, unknown_dtypes="error", verify=True):
+    def __init__(self, fileobj, *, limits=None, unknown_dtypes="error", verify=True, password=None,
+                 private_key=None, trusted_keys=None, require_signature=None, allow_unencrypted=False):
         if unknown_dtypes not in ("error", "raw"):
             raise ValueError(f"unknown_dtypes must be 'error' or 'raw', not {unknown_dtypes!r}")
-        self.verified = False
-        self._verify = verify
+        if password is not None and private_key is not None:
+            raise ValueError("give password= or private_key=, not both")
         self._skip = False
         self._error = None
         self._input = _Input(fileobj)
+        keys = dict(password=password, private_key=private_key, trusted_keys=trusted_keys,
+                    require_signature=require_signature, allow_unencrypted=allow_unencrypted)
         try:
-            self._file, self._layout, self._crc = self._read_prefix(limits or Limits(), unknown_dtypes == "error")
+            self._body = self._open(limits or Limits(), unknown_dtypes == "error", verify, keys)
         except BaseException:
             self._input.close()
             raise
-        self._makers = {}
-        self._run = self._tensors()
+        self._run = self._body.tensors(lambda: self._skip)
 
-    # --- the prefix -------------------------------------------------------------------
-    def _read_prefix(self, limits: Limits, strict_dtypes: bool):
-        """Header, metadata and index, read in bounded steps and parsed by the layout."""
-        inp, path = self._input, self._input.path
+    def _open(self, limits, strict, verify, keys):
+        """The reader for this stream's variant, chosen by its magic."""
+        inp = self._input
         magic = inp.read_upto(_MAGIC_SIZE)
-        layout = layouts.detect(BufferSource(magic, path))
-        head = magic + inp.read_upto(layout.HEADER_SIZE - _MAGIC_SIZE)
-        size = layout.prefix_size(head, limits, path)
-        prefix = bytearray(head)
-        while len(prefix) < size:  # grow as bytes arrive, never to a size merely claimed
-            start = len(prefix)
-            _memory.resize_bytearray(prefix, start + min(size - start, _PREFIX_STEP))
-            with memoryview(prefix) as view:
-                inp.fill(view[start:], "the header, metadata and tensor index", None)
-        parsed = layout.parse_prefix(BufferSource(prefix, path), limits, strict_dtypes=strict_dtypes,
-                                     file_size=inp.size)
-        compressed = getattr(parsed.entries, "compressed", 0)
-        if compressed:  # refuse before yielding anything, rather than yield stored blocks as values
-            raise VersionError(f"{compressed} tensors are stored compressed (APR2 per-tensor codecs), which "
-                               "stream() does not decode yet; save the stream to a file and use aprfast.open",
-                               path=path)
-        return parsed, layout, crc32(prefix) if self._verify else None
+        if magic == v1_layout.MAGIC:
+            return _open_v1(inp, magic, limits, strict, verify, keys)
+        from .api import _refuse_keys_for_v2
+
+        _refuse_keys_for_v2(keys["password"], keys["private_key"], keys["trusted_keys"], keys["require_signature"],
+                            keys["allow_unencrypted"], inp.path)
+        return _V2Stream(inp, magic, limits, strict, verify)
 
     # --- what the file holds ----------------------------------------------------------
     @property
     def layout(self) -> str:
-        return self._file.layout
+        return self._body.layout
 
     @property
     def header(self) -> dict:
-        """The header as ``AprFile.header`` gives it; an APR2 stream's ``file_size`` is
+        """The header as ``open(...).header`` gives it; an APR2 stream's ``file_size`` is
         None until the footer has been read (its length is known only then)."""
-        return dict(self._file.header)
+        return self._body.header
 
     @property
     def metadata(self) -> dict:
-        return self._file.metadata
+        return self._body.metadata
+
+    @property
+    def stored_metadata(self) -> dict:
+        """Every stored metadata key (``metadata`` leaves out what the layout adds)."""
+        return getattr(self._body, "stored_metadata", self._body.metadata)
+
+    @property
+    def verified(self) -> bool:
+        return self._body.verified
+
+    @property
+    def buffered(self) -> bool:
+        return self._body.buffered
+
+    @property
+    def kind(self):
+        """A v1 file's kind ("streaming", "plain", "whole", "trueno"), as ``V1File.kind``; None for v2."""
+        return self._body.kind
+
+    @property
+    def signature(self) -> str:
+        """As ``V1File.signature`` ("unsigned" for v2); PENDING while a signed v1 stream read
+        without ``trusted_keys`` has not reached the signer's key at its end."""
+        return self._body.signature
+
+    @property
+    def signer(self):
+        return self._body.signer
+
+    @property
+    def encryption(self) -> str:
+        return self._body.encryption
+
+    @property
+    def license(self):
+        return self._body.license
 
     def names(self) -> list:
         """Every tensor name, in index order.  (Not ``keys()``: ``dict(stream(f))`` must
         take the yielded pairs, not treat the stream as a mapping.)"""
-        return list(self._file.names)
+        return self._body.names()
 
     def __len__(self) -> int:
-        return len(self._file.names)
+        return len(self._body.names())
 
     def info(self, name: str):
-        return self._file.info(name)
+        return self._body.info(name)
 
     def describe(self) -> dict:
         """Each tensor's dtype, shape, absolute offset and size (``aprfast.inspect``'s ``tensors``)."""
-        return self._file.describe()
+        return self._body.describe()
 
     # --- iteration --------------------------------------------------------------------
     def __iter__(self):
@@ -280,15 +369,20 @@ class TensorStream:
         try:
             return next(self._run)
         except StopIteration:
+            self._body.close()
+            self._input.close()
             raise
         except BaseException as exc:
             self._error = exc
+            self._body.close()
             self._input.close()
             raise
 
     def finish(self) -> None:
-        """Read everything left without building tensors, then check the footer (and
-        the CRC, unless ``verify=False``).  Raises what iteration would raise."""
+        """Read everything left without keeping tensors, then check the footer (and
+        the CRC, unless ``verify=False``).  A v1 STREAMING file's chunks are still
+        opened and checked one by one; an APR2 compressed tensor's blocks are not
+        decoded (the CRC covers its stored bytes, as ``AprFile.verify`` does)."""
         self._skip = True
         for _ in self:
             pass
@@ -296,6 +390,7 @@ class TensorStream:
     def close(self) -> None:
         """Stop reading; close the file if ``stream`` was given a path."""
         self._run.close()
+        self._body.close()
         self._input.close()
 
     def __enter__(self):
@@ -307,33 +402,116 @@ class TensorStream:
 
     def __del__(self):
         # A stream of a path abandoned mid-way still closes the file it opened.
-        inp = getattr(self, "_input", None)
+        inp = self.__dict__.get("_input")
         if inp is not None:
             inp.close()
 
-    def _tensors(self):
-        """Yield every tensor in data order, then check the footer."""
+
+# --- v2 (both layouts) ------------------------------------------------------------------
+class _V2Stream:
+    """A v2 file: the prefix parsed at once, then tensors in data order, then the footer."""
+
+    buffered = False
+    # v2 files are neither encrypted nor signed, nor licensed (the v1 attributes, for callers of any variant)
+    kind, signature, signer, encryption, license = None, "unsigned", None, "none", None
+
+    def __init__(self, inp: _Input, magic: bytes, limits: Limits, strict: bool, verify: bool):
+        self._input = inp
+        self.verified = False
+        self._verify = verify
+        self._makers = {}
+        self._file, self._layout, self._crc = self._read_prefix(magic, limits, strict)
+
+    def _read_prefix(self, magic, limits: Limits, strict_dtypes: bool):
+        """Header, metadata and index, read in bounded steps and parsed by the layout."""
+        inp, path = self._input, self._input.path
+        layout = layouts.detect(BufferSource(magic, path))
+        head = magic + inp.read_upto(layout.HEADER_SIZE - _MAGIC_SIZE)
+        size = layout.prefix_size(head, limits, path)
+        prefix = bytearray(head)
+        _grow(inp, prefix, size, "the header, metadata and tensor index")
+        parsed = layout.parse_prefix(BufferSource(prefix, path), limits, strict_dtypes=strict_dtypes,
+                                     file_size=inp.size)
+        return parsed, layout, crc32(prefix) if self._verify else None
+
+    @property
+    def layout(self) -> str:
+        return self._file.layout
+
+    @property
+    def header(self) -> dict:
+        return dict(self._file.header)
+
+    @property
+    def metadata(self) -> dict:
+        return layouts.caller_metadata(self._file)  # as AprFile.metadata: what the writer was given
+
+    @property
+    def stored_metadata(self) -> dict:
+        return self._file.metadata
+
+    def names(self) -> list:
+        return list(self._file.names)
+
+    def info(self, name: str):
+        return self._file.info(name)
+
+    def describe(self) -> dict:
+        return self._file.describe()
+
+    def close(self) -> None:
+        pass
+
+    def tensors(self, skip):
+        """Yield every tensor in data order (nothing while ``skip()``), then check the footer."""
         f, inp = self._file, self._input
         scratch = memoryview(bytearray(_SCRATCH))
-        for i in self._data_order():
+        compressed = getattr(f.entries, "compressed", 0)
+        order = list(self._data_order())
+        offsets, sizes = f.entries.extents()
+        shared = None  # (offset, size, buffer, raw size) kept only while the next name aliases it
+        for k, i in enumerate(order):
             type_id, offset, size, shape = f.entries.row(i, f.data_start)
             name = f.names[i]
             if not size:  # occupies nothing, wherever it points
-                if not self._skip:
+                if not skip():
                     yield name, self._make(type_id)(shape, _memory.AlignedBuffer(0), 0, 0)
                 continue
+            if shared is not None and shared[:2] == (offset, size):
+                # one storage under several names (tied weights): the same bytes again
+                if not skip():
+                    yield name, self._make(type_id)(shape, shared[2], 0, shared[3])
+                if not _next_aliases(order, k, offsets, sizes):
+                    shared = None
+                continue
+            shared = None
             if offset < inp.pos:  # the parser refuses overlaps; a stream never reads backwards
                 raise CorruptError(f"tensor {name!r} at byte {offset} overlaps the bytes before {inp.pos}",
                                    path=inp.path)
             self._skip_to(offset, scratch, f"the padding before tensor {name!r}")
-            if self._skip:
+            if skip():
                 self._skip_to(offset + size, scratch, f"tensor {name!r}")
                 continue
-            buffer = self._allocate(name, size)
+            buffer = _allocate(f"tensor {name!r}", size, inp.path)
             self._crc = inp.fill(memoryview(buffer), f"tensor {name!r}", self._crc)
+            flags = f.entries.flags(i) if compressed else 0
+            if flags:  # the stored bytes are dropped as soon as they are decoded
+                buffer, size = self._decoded(name, buffer, flags, f.entries.raw_size(i)), f.entries.raw_size(i)
             yield name, self._make(type_id)(shape, buffer, 0, size)
+            if _next_aliases(order, k, offsets, sizes):
+                shared = (offset, f.entries.row(i, f.data_start)[2], buffer, size)
+            del buffer  # else this frame keeps the caller's tensor alive while the next is read
         self._check_footer(scratch)
-        inp.close()
+
+    def _decoded(self, name, stored, flags: int, raw_size: int):
+        """An APR2 compressed tensor's raw bytes from its stored bytes, checked and decoded
+        as ``get_tensor`` decodes them.  A block that fails is E002 at this tensor, before
+        the footer CRC is known: it would fail to decode whatever the CRC said."""
+        try:
+            return tensor_codecs.decode_stored(stored, name, raw_size, flags, path=self._input.path)
+        except MemoryError as exc:
+            raise LimitError(f"tensor {name!r} declares {raw_size} raw bytes, which cannot be allocated: {exc}",
+                             path=self._input.path) from None
 
     def _data_order(self):
         """Index order when the non-empty extents ascend in it (every one-pass writer's
@@ -350,13 +528,6 @@ class TensorStream:
             make = self._makers[type_id] = _maker(self._file.ids, type_id)
         return make
 
-    def _allocate(self, name, size: int):
-        try:
-            return _memory.AlignedBuffer(size, 64)
-        except MemoryError as exc:
-            raise LimitError(f"tensor {name!r} declares {size} bytes, which cannot be allocated: {exc}",
-                             path=self._input.path) from None
-
     def _skip_to(self, end: int, scratch, what: str) -> None:
         """Read (and checksum) the bytes up to absolute position ``end``."""
         inp = self._input
@@ -371,9 +542,7 @@ class TensorStream:
             self._skip_to(f.footer_crc_offset, scratch, "the padding after the last tensor")
             footer = bytearray(layout.FOOTER_SIZE)
             inp.fill(memoryview(footer), "the footer", None)
-            if inp.read_upto(1):
-                raise CorruptError(f"bytes follow the footer that ends at byte {inp.pos - 1}: the stream is "
-                                   "longer than the file its index describes", path=path)
+            _check_ended(inp, "the file its index describes")
         else:
             footer = self._read_tail(scratch)
         total = inp.pos
@@ -405,3 +574,385 @@ class TensorStream:
         if self._crc is not None:
             self._crc = crc32(tail[:pad], self._crc)
         return tail[pad:]
+
+
+def _check_ended(inp: _Input, what: str) -> None:
+    if inp.read_upto(1):
+        raise CorruptError(f"bytes follow the end at byte {inp.pos - 1}: the stream is longer than {what}",
+                           path=inp.path)
+
+
+# --- v1 ---------------------------------------------------------------------------------
+def _open_v1(inp: _Input, magic: bytes, limits: Limits, strict: bool, verify: bool, keys: dict):
+    """The reader for a v1 stream: chunk by chunk (STREAMING), tensor by tensor (a plain
+    tensor payload, unsigned), else read whole."""
+    from .layouts.v1 import Flag, Header
+
+    head = magic + inp.read_upto(v1_layout.HEADER_SIZE - _MAGIC_SIZE)
+    header = Header.from_bytes(head, path=inp.path)
+    if header.metadata_size > limits.max_metadata_size:  # before a byte of it is read
+        raise LimitError(f"v1 metadata declares {header.metadata_size} bytes, above the limit of "
+                         f"{limits.max_metadata_size}", path=inp.path)
+    if keys["require_signature"] is None:
+        keys = dict(keys, require_signature=keys["trusted_keys"] is not None)
+    if header.flag_set & Flag.STREAMING:
+        return _V1ChunkStream(inp, head, header, limits, strict, verify, keys)
+    prefix = bytearray(head)
+    _grow(inp, prefix, v1_layout.HEADER_SIZE + header.metadata_size, "the v1 metadata")
+    if _plain_tensors(header, prefix, keys, inp.path):
+        return _V1PlainStream(inp, bytes(prefix), header, limits, strict, verify, keys)
+    return _V1WholeStream(inp, prefix, header, limits, strict, verify, keys)
+
+
+def _plain_tensors(header, prefix, keys, path) -> bool:
+    """Whether the payload is a v2 container stored as is and nothing at the file's end
+    must vouch for it first: no compression, no encryption, no signature (a signed
+    file's metadata is not even decoded before its whole-file signature verified)."""
+    from . import v1
+    from .layouts.v1 import Flag
+
+    if header.flags & (Flag.SIGNED | Flag.ENCRYPTED) or keys["require_signature"] or header.compression:
+        return False
+    metadata = v1_layout.decode_metadata(prefix[v1_layout.HEADER_SIZE:], path=path)
+    return v1._payload_kind(header, metadata, path) == "tensors"
+
+
+def _v1_size(header, index_size: int = 0) -> int:
+    """The length a v1 file with this header (and chunk index) has: a stream of unknown
+    length is then held to it (one byte more or less is E002)."""
+    from .layouts.v1 import Flag
+
+    signed = v1_layout.SIGNATURE_BLOCK_SIZE if header.flags & Flag.SIGNED else 0
+    return (v1_layout.HEADER_SIZE + header.metadata_size + index_size + header.payload_size + signed
+            + v1_layout.CRC_SIZE)
+
+
+class _V1ChunkStream:
+    """A v1 STREAMING file: header, metadata and chunk index first (signature and file
+    key checked there), then each chunk checked as it arrives by ``v1._Chunks``, each
+    tensor yielded when its chunks are in, then the signature block and the file CRC."""
+
+    layout = v1_layout.NAME
+    kind = "streaming"
+    buffered = False
+
+    def __init__(self, inp, head, header, limits, strict, verify, keys):
+        from . import v1
+        from .layouts import chunk_index
+
+        self._input, self._header, self.verified = inp, header, False
+        path = inp.path
+        prefix = bytearray(head)
+        meta_end = v1_layout.HEADER_SIZE + header.metadata_size
+        _grow(inp, prefix, meta_end + chunk_index.HEADER_SIZE, "the v1 metadata and chunk index header")
+        index_size = chunk_index.peek_size(bytes(prefix[meta_end:]), path=path, limits=limits)
+        _grow(inp, prefix, meta_end + index_size, "the chunk index")
+        self._prefix = bytes(prefix)
+        read = v1._reader_of(memoryview(self._prefix))
+        regions = self._regions = v1._locate(header, read, inp.size or _v1_size(header, index_size), path, limits)
+        self.signature, self.signer = self._check_signature(read, keys)
+        metadata = v1_layout.decode_metadata(self._prefix[meta_end - header.metadata_size:meta_end], path=path)
+        v1._payload_kind(header, metadata, path)  # the flag and the payload marker must agree
+        self.license = v1._decode_license(metadata, path)
+        for key in v1_layout.INTERNAL_KEYS:
+            metadata.pop(key, None)
+        self.metadata = metadata
+        self._chunks = v1._open_chunks(read, header, regions, path, limits, strict, keys["password"],
+                                       keys["private_key"], keys["allow_unencrypted"],
+                                       check_digests=regions.signature is not None)
+        self.encryption = self._chunks.encryption
+        self._crc = crc32(self._prefix) if verify else None
+
+    def _check_signature(self, read, keys):
+        """(state, signer) once the index signature verified, before the metadata is
+        decoded (V1File's order).  The signer's key is in the signature block at the very
+        end of the file: with ``trusted_keys`` the signature is checked against each of
+        them now (TRUSTED; the block's key must then be that one); without, it can be
+        checked only when the embedded key arrives (SELF_SIGNED, at the end: an
+        untrusted key vouches for nothing before that anyway)."""
+        from . import v1
+
+        header, regions, path = self._header, self._regions, self._input.path
+        if regions.signature is None:
+            if keys["require_signature"]:
+                raise SignatureError("the file is not signed but a signature is required", path=path)
+            return v1.UNSIGNED, None
+        trusted = keys["trusted_keys"]
+        if trusted is None:
+            return PENDING, None  # _check_tail verifies it with the embedded key
+        key_at, failures = regions.signature[1], []
+        for key in (bytes(k) for k in trusted):
+            try:
+                return v1._verify_index_signature(_serving_key(read, key_at, key), header, regions, [key], True,
+                                                  path)
+            except SignatureError as exc:
+                failures.append(exc.message)
+        raise SignatureError(f"the chunk index signature verifies under none of the {len(failures)} trusted key(s)"
+                             f"{': ' + failures[0] if failures else ''}", path=path)
+
+    @property
+    def header(self) -> dict:
+        return self._header.as_dict()
+
+    def names(self) -> list:
+        return list(self._chunks.index.tensors)
+
+    def info(self, name: str):
+        from .tensors import TensorInfo
+
+        t = self._record(name)
+        first = self._chunks.index.chunks[t.first].offset if t.count else 0
+        return TensorInfo(name, t.dtype, t.dtype_id, t.shape, self._regions.payload[0] + first, t.nbytes)
+
+    def describe(self) -> dict:
+        return {name: {"dtype": t.dtype.name if t.dtype is not None else f"unknown({t.dtype_id})",
+                       "shape": list(t.shape), "offset": self.info(name).offset, "nbytes": t.nbytes}
+                for name, t in self._chunks.index.tensors.items()}
+
+    def _record(self, name):
+        from .errors import TensorNotFoundError
+
+        record = self._chunks.index.tensors.get(name)
+        if record is None:
+            raise TensorNotFoundError(f"no tensor named {name!r}", path=self._input.path)
+        return record
+
+    def close(self) -> None:
+        self._chunks.close()  # wipes the file key
+
+    def tensors(self, skip):
+        """Each tensor once its chunks arrived and passed every check, in payload order
+        (= index order: a tensor owns consecutive chunks, which tile the payload)."""
+        chunks = self._chunks
+        for name, t in chunks.index.tensors.items():
+            if skip():
+                for i in range(t.first, t.first + t.count):
+                    chunks.decode(self._read_chunk, name, i)  # checked, not kept
+                self._extend_crc(t)
+                continue
+            tensor = self._array(name, t)
+            self._extend_crc(t)
+            yield name, tensor
+            del tensor  # else this frame keeps the caller's tensor alive while the next is read
+        self._check_tail()
+
+    def _array(self, name, t):
+        try:
+            return self._chunks.array(self._read_chunk, name)
+        except MemoryError as exc:
+            raise LimitError(f"tensor {name!r} declares {t.nbytes} bytes, which cannot be allocated: {exc}",
+                             path=self._input.path) from None
+
+    def _read_chunk(self, offset: int, n: int, what: str):
+        """``v1._Chunks``'s read(offset, n, what), served from the stream: the chunks are
+        asked for in file order, so ``offset`` is always where the stream stands."""
+        inp = self._input
+        if offset != inp.pos:  # chunks tile the payload in index order (the parser checks)
+            raise CorruptError(f"{what} lies at byte {offset} but the stream stands at {inp.pos}", path=inp.path)
+        buffer = _allocate(what, n, inp.path)
+        inp.fill(memoryview(buffer), what, None)
+        return memoryview(buffer)
+
+    def _extend_crc(self, t) -> None:
+        """The whole-file CRC over a tensor's chunks, without a second pass: each chunk's
+        CRC32 has just been compared with the index's, so the index's value is the CRC of
+        its bytes and crc32_combine appends it."""
+        if self._crc is None:
+            return
+        for c in self._chunks.index.chunks[t.first:t.first + t.count]:
+            self._crc = crc32_combine(self._crc, c.crc, c.stored_size)
+
+    def _check_tail(self) -> None:
+        """The signature block (its key must be the one that verified the index), the
+        file CRC, and the end of the stream."""
+        from . import v1
+
+        inp, path, regions = self._input, self._input.path, self._regions
+        block = b""
+        if regions.signature is not None:
+            block = bytearray(v1_layout.SIGNATURE_BLOCK_SIZE)
+            inp.fill(memoryview(block), "the signature block", None)
+            block = bytes(block)
+        stored = bytearray(v1_layout.CRC_SIZE)
+        inp.fill(memoryview(stored), "the CRC32", None)
+        _check_ended(inp, "its header and chunk index describe")
+        if self._crc is not None:
+            actual, stored = crc32(block, self._crc), int.from_bytes(stored, "little")
+            if actual != stored:
+                raise ChecksumError(f"CRC32 stored in the last 4 bytes is {stored:#010x} but the "
+                                    f"{inp.pos - v1_layout.CRC_SIZE} bytes streamed before it give {actual:#010x}",
+                                    path=path)
+        if block:
+            self._check_signer(v1, block[v1_layout.SIGNATURE_SIZE:])
+        self.verified = self._crc is not None
+
+    def _check_signer(self, v1, embedded: bytes) -> None:
+        path = self._input.path
+        if self.signer is not None:
+            if embedded != self.signer:
+                raise SignatureError(f"the signature block names key {embedded.hex()}, not the trusted key "
+                                     f"{self.signer.hex()} that verified the chunk index", path=path)
+            return
+        read = _serving_key(v1._reader_of(memoryview(self._prefix)), self._regions.signature[1], embedded)
+        self.signature, self.signer = v1._verify_index_signature(read, self._header, self._regions, None, False,
+                                                                 path)
+
+
+def _serving_key(read, key_at: int, key: bytes):
+    """``read`` over the prefix, answering the signer key's place (at the file's end, not
+    yet streamed) with ``key``: so v1._verify_index_signature itself checks a candidate."""
+    def serve(offset, n, what="range"):
+        return key if offset == key_at and n == len(key) else read(offset, n, what)
+    return serve
+
+
+class _Window(_Input):
+    """Bytes [0, size) of a region of another input, counted from its start: the region's
+    end is this input's end.  Every byte passing through extends ``crc`` (the outer
+    file's running CRC; None: not kept)."""
+
+    def __init__(self, outer: _Input, size: int, crc):
+        self.pos, self.size, self.path, self.owned = 0, size, outer.path, None
+        self._outer, self.crc = outer, crc
+
+    def readinto(self, view) -> int:
+        n = min(len(view), self.size - self.pos)
+        if n <= 0:
+            return 0
+        got = self._outer.readinto(view[:n])
+        if self.crc is not None and got:
+            self.crc = crc32(view[:got], self.crc)
+        self.pos += got
+        return got
+
+    def close(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _in_payload(path):
+    """Errors from the inner v2 container say so, as V1File's do."""
+    try:
+        yield
+    except AprError as exc:
+        raise type(exc)(f"tensor payload: {exc.message}", path=path) from None
+
+
+class _V1PlainStream:
+    """A v1 file whose payload is a v2 container stored as is: V1File's checks on the
+    header and metadata, then the v2 streamer over the payload's bytes, then the file CRC."""
+
+    layout = v1_layout.NAME
+    kind = "plain"
+    buffered = False
+
+    def __init__(self, inp, prefix: bytes, header, limits, strict, verify, keys):
+        from . import v1
+
+        path = inp.path
+        self._input, self._header, self.verified = inp, header, False
+        self._regions = v1._locate(header, v1._reader_of(memoryview(prefix)), inp.size or _v1_size(header), path,
+                                   limits)
+        metadata = v1_layout.decode_metadata(prefix[v1_layout.HEADER_SIZE:], path=path)
+        self.license = v1._decode_license(metadata, path)
+        for key in v1_layout.INTERNAL_KEYS:
+            metadata.pop(key, None)
+        self.metadata = metadata
+        self.signature, self.signer, self.encryption = v1.UNSIGNED, None, "none"
+        v1._refuse_downgrade(header, keys["password"], keys["private_key"], keys["allow_unencrypted"], path)
+        if header.uncompressed_size != header.payload_size:
+            raise CorruptError(f"uncompressed payload is {header.payload_size} bytes but the header says "
+                               f"{header.uncompressed_size}", path=path)
+        self._window = _Window(inp, header.payload_size, crc32(prefix) if verify else None)
+        with _in_payload(path):
+            self._inner = _V2Stream(self._window, self._window.read_upto(_MAGIC_SIZE), limits, strict, verify)
+
+    @property
+    def header(self) -> dict:
+        return self._header.as_dict()
+
+    def names(self) -> list:
+        return self._inner.names()
+
+    def info(self, name: str):
+        from .v1reader import _shifted
+
+        return _shifted(self._inner.info(name), self._regions.payload[0])
+
+    def describe(self) -> dict:
+        start = self._regions.payload[0]
+        return {name: dict(d, offset=d["offset"] + start) for name, d in self._inner.describe().items()}
+
+    def close(self) -> None:
+        pass
+
+    def tensors(self, skip):
+        with _in_payload(self._input.path):
+            yield from self._inner.tensors(skip)
+        inp = self._input
+        stored = bytearray(v1_layout.CRC_SIZE)
+        inp.fill(memoryview(stored), "the CRC32", None)
+        _check_ended(inp, "its header describes")
+        actual, stored = self._window.crc, int.from_bytes(stored, "little")
+        if actual is not None and actual != stored:
+            raise ChecksumError(f"CRC32 stored in the last 4 bytes is {stored:#010x} but the "
+                                f"{inp.pos - v1_layout.CRC_SIZE} bytes streamed before it give {actual:#010x}",
+                                path=inp.path)
+        self.verified = actual is not None and self._inner.verified
+
+
+class _V1WholeStream:
+    """A v1 file without a chunk index: read whole (bounded by its header's sizes, as the
+    bytes arrive), opened by ``V1File`` with every check it makes, then yielded from."""
+
+    layout = v1_layout.NAME
+    buffered = True
+
+    def __init__(self, inp, data, header, limits, strict, verify, keys):
+        from .v1reader import V1File
+
+        self._input, self.verified = inp, False
+        size = inp.size or _v1_size(header)
+        _grow(inp, data, size, "the v1 file (read whole: it has no chunk index)")
+        _check_ended(inp, "its header describes")
+        self._file = V1File(data, password=keys["password"], private_key=keys["private_key"],
+                            trusted_keys=keys["trusted_keys"], require_signature=keys["require_signature"],
+                            limits=limits, unknown_dtypes="error" if strict else "raw",
+                            allow_unencrypted=keys["allow_unencrypted"])
+        try:
+            if verify:
+                self._file.verify()  # the file CRC, the signature, the inner footer: all in memory now
+        except BaseException:
+            self._file.close()
+            raise
+        self.verified = verify
+        for name in ("kind", "signature", "signer", "encryption", "license", "metadata", "header"):
+            setattr(self, name, getattr(self._file, name))
+        # Kept, so that they still answer once the file is closed at the stream's end.
+        self._infos = {name: self._file.info(name) for name in self._file.keys()}
+
+    def names(self) -> list:
+        return list(self._infos)
+
+    def info(self, name: str):
+        found = self._infos.get(name)
+        if found is None:
+            from .errors import TensorNotFoundError
+
+            raise TensorNotFoundError(f"no tensor named {name!r}", path=self._input.path)
+        return found
+
+    def describe(self) -> dict:
+        return {name: {"dtype": i.dtype.name if i.dtype is not None else f"unknown({i.dtype_id})",
+                       "shape": list(i.shape), "offset": i.offset, "nbytes": i.nbytes}
+                for name, i in self._infos.items()}
+
+    def close(self) -> None:
+        self._file.close()
+
+    def tensors(self, skip):
+        for name in self._file.keys():
+            if skip():
+                break
+            yield name, self._file.get_tensor(name, copy=True)
+        self._file.close()

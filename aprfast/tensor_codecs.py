@@ -33,7 +33,7 @@ from .codecs import ZSTD_MAX_RATIO, ZSTD_SLACK
 from .errors import CorruptError, LayoutError, VersionError
 
 __all__ = ["CODECS", "LZ4", "ZSTD", "LZ4_BLOCK_SIZE", "ZSTD_BLOCK_SIZE", "compress_inputs", "codec_id",
-           "read_table", "read_range", "load_all"]
+           "read_table", "read_range", "decode_stored", "load_all"]
 
 LZ4 = 1
 ZSTD = 2
@@ -298,6 +298,27 @@ def read_range(file, name: str, start: int, stop: int) -> np.ndarray:
     _decode(table, k0, src, src_off, np.diff(ends), out, _offsets(raw_lens), raw_lens)
     skip = start - k0 * table.block_size
     return np.frombuffer(out, np.uint8, stop - start, skip)
+
+
+def decode_stored(stored, name: str, raw_size: int, flags: int, *, path=None, alignment: int = 64,
+                  threads: int = 0):
+    """A compressed tensor decoded from its stored bytes held in memory (its whole extent:
+    block table, then blocks), as a stream that has just read them needs: an owned
+    AlignedBuffer of ``raw_size`` bytes.  The checks are read_range's, by the same code:
+    the table header against the index entry (:func:`read_table`) and every block end
+    (:func:`_ends`) before the output is allocated, then every block decoded in one C
+    call (CorruptError naming the tensor and the block)."""
+    from .sources import BufferSource
+
+    source = BufferSource(stored, path)
+    table = read_table(source, name, 0, source.size, raw_size, flags)
+    ends = _ends(source, table, 0, table.count)
+    raw_lens = table.raw_len(0, table.count)
+    out = _memory.AlignedBuffer(raw_size, alignment)
+    src = np.frombuffer(source.view(0, source.size, f"tensor {name!r}"), np.uint8)
+    _decode(table, 0, src, ends[:-1] + np.uint64(table.head), np.diff(ends), out, _offsets(raw_lens), raw_lens,
+            threads)
+    return out
 
 
 def _offsets(lens: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ def test_auto_stores_one_storage_once(tied):
         f.verify()
 
 
-@pytest.mark.parametrize("read", ["open", "load", "load_file-mmap", "load_file-pread"])
+@pytest.mark.parametrize("read", ["open", "load", "load_file-mmap", "load_file-pread", "stream"])
 def test_every_reader_gives_every_name(tmp_path, tied, read):
     path = tmp_path / "tied.apr"
     aprfast.save_file(tied, path)
@@ -87,3 +87,9 @@ def test_partial_overlap_is_still_refused(tied):
     struct.pack_into("<Q", data, offset_field, entry.offset - data_start + 64)
     with pytest.raises(CorruptError, match="overlap|outside|lies"):
         aprfast.open(bytes(data))
+
+
+def test_stream_yields_aliases_sharing_one_buffer(tied):
+    got = dict(aprfast.stream(aprfast.save(tied)))
+    assert np.shares_memory(got["embed.weight"], got["lm_head.weight"])
+    np.testing.assert_array_equal(got["lm_head.weight"], tied["lm_head.weight"])

@@ -417,20 +417,26 @@ class ReadOnlyFile:
 
 
 MEASURE_STREAM = r"""
-import json, resource, sys
+import json, sys
 import aprfast
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+def high_water_kib():
+    # VmHWM belongs to this process's own address space; ru_maxrss carries the parent's
+    # peak over through fork and exec (the pytest process's), hiding any growth below it.
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+
+before = high_water_kib()
 count = 0
 for name, tensor in aprfast.stream(sys.stdin.buffer):
     count += 1
     del tensor
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"count": count, "growth_kib": after - before}))
+print(json.dumps({"count": count, "growth_kib": high_water_kib() - before}))
 """
 
 
 @pytest.mark.peak_memory
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB is Linux's")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status VmHWM is Linux's")
 def test_peak_rss_through_a_pipe_is_about_one_tensor_not_the_file(tmp_path):
     path = tmp_path / "big.apr"
     big_model(path)  # 64 MiB in 16 tensors of 4 MiB
@@ -448,8 +454,9 @@ def test_peak_rss_through_a_pipe_is_about_one_tensor_not_the_file(tmp_path):
     assert child.wait(60) == 0
     report = json.loads(out)
     assert report["count"] == 16
-    # One 4 MiB tensor at a time (two while the next is read), plus constant buffers.
-    assert report["growth_kib"] * 1024 < 16 * MiB, report
+    # One 4 MiB tensor at a time (the stream drops its reference when it yields), plus
+    # constant buffers: measured 3.9 MiB.
+    assert report["growth_kib"] * 1024 < 12 * MiB, report
 
 
 # --- properties ----------------------------------------------------------------------------
