@@ -9,6 +9,7 @@ explicit: ``quantize``/``dequantize``/``quantize_tensors`` run only when called.
 from ._crc import crc32, crc32_combine
 from ._version import __version__
 from .api import inspect, load, load_file, open, save, save_file
+from .convert import convert
 from .dtypes import DType
 from .errors import (
     AprError,
@@ -40,6 +41,7 @@ from .writer import Writer
 __all__ = [
     "__version__",
     "save_file", "save", "load_file", "load", "open", "inspect", "Writer", "safe_open", "stream",
+    "convert",
     "quantize", "dequantize", "quantize_tensors", "register_quantizer", "QuantizationReport",
     "to_float16", "to_bfloat16", "to_float32",
     "AprFile", "TensorSlice", "QuantizedSlice", "TensorInfo", "RawTensor", "QuantizedTensor", "DType", "Limits",

@@ -234,6 +234,15 @@ def _check_entry(name, fields, hashes, entries, limits, path) -> Entry:
     if reach > size:
         raise CorruptError(f"trueno tensor {name!r}: shape {list(shape)} with strides {list(strides)} reaches "
                            f"{reach} bytes but the tensor has {size}", path=path)
+    # Nor may they repeat elements (a zero stride broadcasts one value over any shape):
+    # an owned copy holds every element, so its size must be bounded by the bytes stored.
+    count = 1
+    for dim in shape:
+        count *= dim
+    if count * dtype.itemsize > size:
+        raise CorruptError(f"trueno tensor {name!r}: shape {list(shape)} holds {count} elements "
+                           f"({count * dtype.itemsize} bytes) but the tensor stores {size}: strides that "
+                           f"repeat elements are refused", path=path)
     return Entry(name, dtype, tuple(shape), tuple(strides), alignment, hint, offset, size)
 
 

@@ -1,0 +1,286 @@
+"""``aprfast.convert``: models in and out of ``.apr``, one tensor at a time.
+
+Every format module gives a *source* (``specs`` and ``metadata`` known before any data
+is read, ``read(spec, scratch)``, and ``raw_range(spec)`` where the stored bytes can be
+copied file to file; see ``_common``) and a *writer* (declared specs up front, then
+``add(name, value)`` or ``add_range(name, fd, offset)`` in that order,
+``close()``/``abort()``).  :func:`convert` joins one to the other through a per-tensor
+transform (rename, precision, quantize), so peak memory is the largest tensor (twice,
+while it is converted) plus a constant, whatever the model's size.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .. import dtypes as _dtypes
+from ..errors import FormatError, LayoutError, os_error
+from ..precision import to_bfloat16, to_float16, to_float32
+from ..quantization import dequantize as _dequantize, quant_type, quantize as _quantize
+from ..tensors import RawTensor
+from . import apr as _apr, gguf as _gguf, safetensors as _st
+from ._common import DestinationExistsError, Scratch, Spec
+from .tokenizer import tokenizer_metadata
+
+__all__ = ["convert", "detect", "open_source", "DestinationExistsError", "FORMATS"]
+
+FORMATS = ("apr", "safetensors", "gguf")
+_APR_MAGICS = (b"APR\0", b"APR2", b"APRN")
+_EXTENSIONS = {".apr": "apr", ".safetensors": "safetensors", ".gguf": "gguf"}
+_PRECISIONS = {"f32": "F32", "float32": "F32", "f16": "F16", "float16": "F16", "bf16": "BF16", "bfloat16": "BF16"}
+_FLOATS = {"F32", "F16", "BF16", "F64"}
+_VALIDATE_ISSUE = "issue #12 part 9 (inline statistical validation) is not built yet"
+
+
+# --- sources -------------------------------------------------------------------------
+def detect(path) -> str:
+    """The format of ``path`` from its bytes: "apr", "safetensors", "gguf", or
+    "safetensors-sharded" (an index file, or a directory holding one)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, _st.INDEX_NAME)):
+            return "safetensors-sharded"
+        if os.path.isfile(os.path.join(path, "model.safetensors")):
+            return "safetensors"
+        raise FormatError(f"directory holds no {_st.INDEX_NAME} or model.safetensors", path=path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as exc:
+        raise os_error(exc, "cannot open the source", path=path) from exc
+    if head[:4] == _gguf.MAGIC:
+        return "gguf"
+    if head[:4] in _APR_MAGICS:
+        return "apr"
+    if _st.is_safetensors(head, size):
+        return "safetensors"
+    if head.lstrip()[:1] == b"{":  # JSON: only an index makes sense; ShardedSource checks it is one
+        return "safetensors-sharded"
+    raise FormatError(f"unrecognised source format (first bytes {head[:8]!r}): not .apr, safetensors, "
+                      "a safetensors index or GGUF", path=path)
+
+
+def open_source(path, *, tokenizer: bool = True):
+    """The tensor stream of any supported source, metadata mapped to .apr's."""
+    kind = detect(path)
+    if kind == "apr":
+        source = _apr.AprSource(path)
+    elif kind == "gguf":
+        source = _gguf.GGUFSource(path)
+    else:
+        source = _safetensors_source(path, tokenizer)
+    source.format = kind
+    return source
+
+
+def _safetensors_source(path, tokenizer: bool):
+    source = _st.open_source(path)
+    try:
+        source.metadata = _st.metadata_from_strings(source.metadata, source.path)
+        if tokenizer:
+            source.metadata.update(tokenizer_metadata(os.path.dirname(os.path.abspath(source.path))))
+    except BaseException:
+        source.close()
+        raise
+    return source
+
+
+# --- the per-tensor transform --------------------------------------------------------
+def _quant_dtype(quantize, spec: Spec):
+    """The packed dtype ``spec`` is quantized to, or None to keep it: 2-D float weights
+    whose rows fit the type's blocks (GGML blocks never span rows)."""
+    if quantize is None or spec.dtype.name not in _FLOATS or len(spec.shape) != 2:
+        return None
+    choice = quantize(spec.name, spec.shape) if callable(quantize) else quantize
+    if choice is None:
+        return None
+    dtype = quant_type(choice).dtype
+    if _dtypes.element_count(spec.shape) == 0 or (dtype.blocks_per_row and spec.shape[-1] % dtype.block_elems):
+        return None
+    return dtype
+
+
+def _out_spec(spec: Spec, name: str, precision, quantize) -> Spec:
+    qdtype = _quant_dtype(quantize, spec)
+    if qdtype is not None:
+        return Spec(name, qdtype, spec.shape)
+    if precision is not None and (spec.dtype.name in _FLOATS or spec.dtype.packed):
+        return Spec(name, _dtypes.by_name(precision), spec.shape)
+    return Spec(name, spec.dtype, spec.shape)
+
+
+def _float_values(value):
+    """A float NumPy array of a tensor value (packed blocks dequantized to float32)."""
+    if isinstance(value, RawTensor):
+        if value.dtype.packed:
+            return _dequantize(value)
+        return to_float32(value)  # BF16 bits without ml_dtypes
+    return value
+
+
+def _transform(value, src: Spec, out: Spec):
+    if out.dtype is src.dtype:
+        return value
+    values = _float_values(value)
+    if out.dtype.packed:
+        return _quantize(values, out.dtype.name, name=src.name)
+    if out.dtype.name == "F32":
+        return to_float32(values) if values.dtype.itemsize == 2 else np.asarray(values, np.float32)
+    if out.dtype.name == "F16":
+        return to_float16(values)
+    result = to_bfloat16(values)
+    return result if result.dtype != np.uint16 else RawTensor(out.dtype, out.shape, result)
+
+
+# --- destinations --------------------------------------------------------------------
+def _destination_format(destination, to, max_shard_size) -> str:
+    if to is not None:
+        if to not in FORMATS:
+            raise ValueError(f"to={to!r}: choose one of {', '.join(FORMATS)}")
+        kind = to
+    else:
+        dest = os.fspath(destination)
+        if dest.endswith(".json") or os.path.isdir(dest) or dest.endswith(os.sep):
+            kind = "safetensors"
+        else:
+            kind = _EXTENSIONS.get(os.path.splitext(dest)[1].lower())
+        if kind is None and max_shard_size is not None:  # a new directory of shards
+            kind = "safetensors"
+        if kind is None:
+            raise ValueError(f"cannot tell the destination format from {dest!r}: use a .apr, .safetensors or "
+                             ".gguf name, or pass to=")
+    if max_shard_size is not None and kind != "safetensors":
+        raise ValueError(f"max_shard_size= is for safetensors destinations, not {kind}")
+    return kind
+
+
+def _open_writer(kind, destination, specs, metadata, *, compression, max_shard_size, force, durable,
+                 q8_headers=None):
+    dest = os.fspath(destination)
+    sharded = kind == "safetensors" and (max_shard_size is not None or dest.endswith(".json")
+                                         or os.path.isdir(dest) or dest.endswith(os.sep))
+    if sharded:
+        directory = os.path.dirname(dest) if dest.endswith(".json") else dest
+        size = max_shard_size if max_shard_size is not None else 1 << 62
+        return _st.ShardedWriter(directory or ".", specs, metadata, max_shard_size=size, force=force, durable=durable)
+    if os.path.lexists(dest) and not force:
+        raise DestinationExistsError("destination exists; pass force=True to replace it", path=dest)
+    if compression is not None and kind != "apr":
+        raise ValueError(f"compression= applies to .apr destinations, not {kind}")
+    if kind == "apr":
+        return _apr.apr_writer(dest, specs, metadata, compression=compression, durable=durable)
+    if kind == "gguf":
+        return _gguf.GGUFWriter(dest, specs, metadata, durable=durable, q8_headers=q8_headers)
+    return _st.SafetensorsWriter(dest, specs, metadata, durable=durable)
+
+
+def _plan(source, rename, precision, quantize):
+    """(source spec, output spec) pairs of the tensors kept, output names unique."""
+    pairs, seen = [], {}
+    for spec in source.specs:
+        name = rename(spec.name) if rename is not None else spec.name
+        if name is None:
+            continue
+        if not isinstance(name, str):
+            raise LayoutError(f"rename({spec.name!r}) returned {name!r}; names are str (or None to drop)")
+        if name in seen:
+            raise LayoutError(f"rename maps both {seen[name]!r} and {spec.name!r} to {name!r}")
+        seen[name] = spec.name
+        pairs.append((spec, _out_spec(spec, name, precision, quantize)))
+    return pairs
+
+
+def _check_options(validate, precision, quantize):
+    if validate != "off":
+        if validate in ("strict", "relaxed"):
+            raise NotImplementedError(f"validate={validate!r}: {_VALIDATE_ISSUE}; pass validate='off'")
+        raise ValueError(f"validate={validate!r}: one of 'strict', 'relaxed', 'off'")
+    if precision is not None:
+        if str(precision).lower() not in _PRECISIONS:
+            raise ValueError(f"precision={precision!r}: one of 'f32', 'f16', 'bf16'")
+        precision = _PRECISIONS[str(precision).lower()]
+    if quantize is not None and not callable(quantize):
+        quant_type(quantize).require_quantizer()  # unknown or dequantize-only types refused before any write
+    return precision
+
+
+def convert(source, destination, *, to=None, quantize=None, precision=None, compression=None, rename=None,
+            validate="off", force=False, progress=None, max_shard_size=None, tokenizer=True,
+            durable=True) -> dict:
+    """Convert a model between ``.apr``, safetensors (one file or a sharded checkpoint)
+    and GGUF, streaming one tensor at a time.
+
+    ``source``: a path; its format comes from its bytes (an ``.apr`` of any variant,
+    safetensors, GGUF, a ``model.safetensors.index.json`` or a directory holding one).
+    ``destination``: a path whose extension (``.apr``, ``.safetensors``, ``.gguf``; a
+    directory or an ``.index.json`` for sharded safetensors) or ``to=`` names the format.
+    ``max_shard_size`` (bytes, or "5GB"/"2GiB") writes a sharded safetensors checkpoint
+    named as transformers names it.  An existing destination is refused
+    (DestinationExistsError) unless ``force=True``.
+
+    ``rename(name) -> name | None`` renames or (None) drops each tensor.
+    ``precision`` ("f32", "f16", "bf16") converts float tensors and dequantizes packed
+    ones.  ``quantize`` (a type such as "Q8_0", or ``callable(name, shape) -> type |
+    None``) quantizes 2-D float tensors whose rows fit the type's blocks; others are
+    kept.  ``compression`` ("lz4"/"zstd", .apr only) uses a spooled Writer (see
+    ``convert.apr.apr_writer``: memory then grows with the compressed model).
+    ``validate`` must be "off" until the statistics engine exists (issue #12 part 9).
+    ``progress(done_bytes, total_bytes)`` is called after each tensor (source bytes).
+    ``tokenizer``: embed a sibling ``tokenizer.json`` of a safetensors source.
+
+    Returns ``{"source_format", "format", "tensors", "bytes"}``.
+    """
+    precision = _check_options(validate, precision, quantize)
+    kind = _destination_format(destination, to, max_shard_size)
+    src = open_source(source, tokenizer=tokenizer)
+    try:
+        pairs = _plan(src, rename, precision, quantize)
+        writer = _open_writer(kind, destination, [out for _, out in pairs], src.metadata,
+                              compression=compression, max_shard_size=max_shard_size, force=force, durable=durable,
+                              q8_headers=_q8_headers(src, pairs) if kind == "gguf" else None)
+        total = _stream(src, writer, pairs, progress)
+    finally:
+        src.close()
+    return {"source_format": src.format, "format": kind,
+            "tensors": len(pairs), "bytes": total}
+
+
+def _q8_headers(src, pairs) -> dict:
+    """Scale and zero point of each Q8_TENSOR going to GGUF, read before the metadata is
+    written (for an .apr source a view of the map: no data is copied)."""
+    return {out.name: _gguf.q8_tensor_header(src.read(spec)) for spec, out in pairs
+            if out.dtype.name == "Q8_TENSOR" and out.nbytes}
+
+
+def _copy_unchanged(src, writer, spec: Spec, out: Spec) -> bool:
+    """Copy a tensor the transform leaves alone file to file in the kernel, when both
+    sides allow it (the .apr Writer does not: it needs every byte for its CRC)."""
+    if out.dtype is not spec.dtype or not hasattr(writer, "add_range"):
+        return False
+    where = src.raw_range(spec) if hasattr(src, "raw_range") else None
+    if where is None:
+        return False
+    writer.add_range(out.name, *where)
+    return True
+
+
+def _stream(src, writer, pairs, progress) -> int:
+    total = sum(s.nbytes for s, _ in pairs)
+    done, scratch = 0, Scratch()
+    try:
+        for spec, out in pairs:
+            if not _copy_unchanged(src, writer, spec, out):
+                # one tensor in memory at a time, read into the same buffer each time:
+                # writer.add has consumed the value before the next read overwrites it
+                writer.add(out.name, _transform(src.read(spec, scratch), spec, out))
+            done += spec.nbytes
+            if progress is not None:
+                progress(done, total)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    return total

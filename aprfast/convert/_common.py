@@ -1,0 +1,128 @@
+"""What every converter shares: tensor specs, the streaming source interface, bounded reads.
+
+A *source* has ``metadata`` (a dict), ``specs`` (a list of :class:`Spec`, in file
+order), ``read(spec, scratch=None)`` (one tensor's value: a NumPy array, or a
+:class:`~aprfast.tensors.QuantizedTensor`/``RawTensor``), ``tensors()`` (a generator of
+``(name, value)`` holding one tensor at a time) and ``close()``.  Because every spec is
+known before any byte is read, writers can put headers and indexes first and then
+stream the data.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import dtypes as _dtypes
+from ..dtypes import DType
+from ..errors import AprIOError, CorruptError, LimitError, os_error
+
+__all__ = ["Spec", "DestinationExistsError", "read_exact", "read_array", "check_shape_bytes", "copy_range"]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One tensor as a source declares it: name, aprfast dtype, logical shape (NumPy
+    order, outermost first) and stored byte count."""
+
+    name: str
+    dtype: DType
+    shape: tuple
+
+    @property
+    def nbytes(self) -> int:
+        return self.dtype.nbytes(self.shape)
+
+
+class DestinationExistsError(AprIOError, FileExistsError):
+    """E007: the destination exists and ``force=True`` was not given."""
+
+
+def read_exact(fd: int, offset: int, size: int, what: str, path) -> bytes:
+    """``size`` bytes at ``offset`` or CorruptError naming ``what`` (a short read is a
+    truncated file, never silently fewer bytes)."""
+    try:
+        data = os.pread(fd, size, offset)
+    except OSError as exc:
+        raise os_error(exc, f"cannot read {what}", path=path) from exc
+    if len(data) != size:
+        raise CorruptError(f"file ends inside {what}: needed {size} bytes at offset {offset}, "
+                           f"found {len(data)}", path=path)
+    return data
+
+
+def read_array(fd: int, offset: int, size: int, what: str, path, scratch=None) -> np.ndarray:
+    """A uint8 array of ``size`` bytes read straight into place (no bytes copy): the front
+    of ``scratch`` when it is given and big enough (the caller promises the previous
+    tensor read into it is no longer used), else a new array."""
+    if scratch is not None and scratch.nbytes >= size:
+        out = scratch[:size]
+    else:
+        out = np.empty(size, np.uint8)
+    view = memoryview(out)
+    done = 0
+    while done < size:
+        try:
+            n = os.preadv(fd, [view[done:]], offset + done)
+        except OSError as exc:
+            raise os_error(exc, f"cannot read {what}", path=path) from exc
+        if n == 0:
+            raise CorruptError(f"file ends inside {what}: needed {size} bytes at offset {offset}, "
+                               f"found {done}", path=path)
+        done += n
+    return out
+
+
+def check_shape_bytes(name: str, dtype: DType, shape, path) -> int:
+    """The stored size of a declared tensor, refusing shapes whose product overflows
+    what any file could hold (checked before the size is trusted)."""
+    try:
+        _dtypes.check_shape(shape, dtype.itemsize or 1, f"tensor {name!r}")
+    except LimitError as exc:
+        raise LimitError(exc.message, path=path) from None
+    return dtype.nbytes(shape)
+
+
+_COPY_CHUNK = 8 << 20
+
+
+def copy_range(src_fd: int, offset: int, nbytes: int, dst_fd: int, what: str, path=None) -> None:
+    """Append ``nbytes`` of ``src_fd`` at ``offset`` to ``dst_fd`` without passing them
+    through Python: ``copy_file_range`` (the kernel copies, or reflinks), else bounded
+    pread/write chunks.  A source that ends early is a CorruptError, not a short file."""
+    done = 0
+    use_kernel = hasattr(os, "copy_file_range")
+    while done < nbytes:
+        n = min(nbytes - done, 1 << 30)
+        if use_kernel:
+            try:
+                n = os.copy_file_range(src_fd, dst_fd, n, offset + done)
+            except OSError:  # another filesystem, an old kernel, a pipe: copy through memory
+                use_kernel = False
+                continue
+        else:
+            data = os.pread(src_fd, min(n, _COPY_CHUNK), offset + done)
+            n = len(data)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(dst_fd, view):]
+        if n == 0:
+            raise CorruptError(f"source ended inside {what} ({done} of {nbytes} bytes copied)", path=path)
+        done += n
+
+
+class Scratch:
+    """One reusable read buffer for a conversion: tensors are consumed one at a time, so
+    reading each into the same pages avoids a fresh allocation (page faults and zeroing
+    of every page, every tensor) and keeps the peak at the largest tensor."""
+
+    def __init__(self):
+        self.buffer = None
+
+    def get(self, size: int) -> np.ndarray:
+        if self.buffer is None or self.buffer.nbytes < size:
+            self.buffer = None  # the old buffer goes before the bigger one is made
+            self.buffer = np.empty(size, np.uint8)
+        return self.buffer

@@ -1,0 +1,62 @@
+"""``.apr`` files (any variant ``aprfast.open`` reads) as a tensor stream, and the
+``.apr`` side of a conversion through ``aprfast.Writer``."""
+
+from __future__ import annotations
+
+import os
+
+from ..api import open as _open
+from ..errors import LayoutError
+from ..reader import AprFile
+from ..writer import Writer
+from ._common import Spec
+
+__all__ = ["AprSource", "apr_writer"]
+
+
+class AprSource:
+    """Tensors in file order (offset), each a view of the map or one decoded tensor."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._file = _open(self.path)
+        try:
+            infos = sorted((self._file.info(n) for n in self._file.keys()), key=lambda i: i.offset)
+            self.specs = [Spec(i.name, i.dtype, tuple(i.shape)) for i in infos]
+            self.metadata = dict(self._file.metadata or {})
+        except BaseException:
+            self._file.close()
+            raise
+
+    def read(self, spec: Spec, scratch=None):  # views of the map: nothing to reuse
+        return self._file.get_tensor(spec.name)
+
+    def raw_range(self, spec: Spec):
+        """(fd, offset) of a tensor stored plainly in a v2 file, else None (compressed,
+        v1 containers, in-memory sources): those go through ``read``."""
+        file = self._file
+        fileno = getattr(getattr(file, "_source", None), "fileno", None)
+        if not isinstance(file, AprFile) or fileno is None or file._file.codec(spec.name):
+            return None
+        return fileno(), file.info(spec.name).offset
+
+    def tensors(self, wanted=None):
+        for spec in self.specs:
+            if wanted is None or spec.name in wanted:
+                yield spec.name, self.read(spec)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def apr_writer(path, specs, metadata, *, compression=None, durable=True):
+    """A planned Writer (header and index first, nothing spooled) or, with
+    ``compression``, a spooled one: stored sizes of compressed tensors are known only
+    after compressing, so the index cannot come first.  The spooled writer keeps the
+    uncompressed tensors in a nameless spool file and the compressed ones in memory
+    until close, so that path is not bounded by the largest tensor."""
+    if compression is None:
+        return Writer(path, metadata, plan=[(s.name, s.dtype, s.shape) for s in specs], durable=durable)
+    if compression not in ("lz4", "zstd"):
+        raise LayoutError(f"compression={compression!r}: .apr files compress with 'lz4' or 'zstd'")
+    return Writer(path, metadata, compression=compression, durable=durable)

@@ -1,0 +1,542 @@
+"""SafeTensors in and out, one tensor at a time, and Hugging Face sharded checkpoints.
+
+Reading parses the header here (not with the ``safetensors`` package): the 8-byte
+little-endian header length, then a JSON object of ``name -> {dtype, shape,
+data_offsets}`` plus an optional ``__metadata__`` of string -> string.  Every number is
+checked against the file before it is trusted: the header length against the file
+size and a 100 MB cap (safetensors' own), each shape's product against 2**62, each
+``data_offsets`` pair against the shape x dtype size, and the data ranges must tile
+the data section exactly (no gap, no overlap), as safetensors requires.
+
+Writing computes the whole header from the declared specs first, then streams the
+tensors, so nothing is held but the tensor being written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+
+import numpy as np
+
+from .. import dtypes as _dtypes
+from ..dtypes import DType
+from ..errors import CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, os_error
+from ..tensors import QuantizedTensor, RawTensor
+from ..writer import AtomicFile
+from ._common import DestinationExistsError, Spec, check_shape_bytes, copy_range, read_array, read_exact
+
+__all__ = ["SafetensorsSource", "ShardedSource", "SafetensorsWriter", "ShardedWriter", "open_source",
+           "is_safetensors", "ST_DTYPES", "INDEX_NAME", "parse_size", "metadata_to_strings",
+           "metadata_from_strings"]
+
+#: safetensors dtype name -> aprfast dtype name.  Every type the installed safetensors
+#: (0.8) knows except F6_E2M3/F6_E3M2, which aprfast has no dtype for (refused).
+ST_DTYPES = {"F64": "F64", "F32": "F32", "F16": "F16", "BF16": "BF16", "I64": "I64", "I32": "I32",
+             "I16": "I16", "I8": "I8", "U64": "U64", "U32": "U32", "U16": "U16", "U8": "U8", "BOOL": "BOOL",
+             "F8_E4M3": "F8_E4M3", "F8_E5M2": "F8_E5M2", "F8_E4M3FNUZ": "F8_E4M3FNUZ",
+             "F8_E5M2FNUZ": "F8_E5M2FNUZ", "F8_E8M0": "F8_E8M0", "C64": "C64", "F4": "F4_E2M1"}
+_TO_ST = {apr: st for st, apr in ST_DTYPES.items()}
+#: safetensors refuses headers above 100 MB; so do we, before reading one.
+MAX_HEADER = 100_000_000
+INDEX_NAME = "model.safetensors.index.json"
+#: An index file is a small JSON document; a bigger one is hostile.
+MAX_INDEX_BYTES = 64 << 20
+#: Key in .apr metadata listing the keys whose values were JSON-encoded on the way to
+#: safetensors (whose metadata holds strings only), so the way back decodes exactly those.
+JSON_KEYS = "aprfast.json_keys"
+
+
+def is_safetensors(head: bytes, size: int) -> bool:
+    """True when ``head`` (the first bytes of a file of ``size`` bytes) looks like a
+    safetensors file: a header length that fits the file and a JSON object after it."""
+    if len(head) < 9:
+        return False
+    (n,) = struct.unpack_from("<Q", head)
+    return 2 <= n <= size - 8 and head[8:9] == b"{"
+
+
+# --- reading ---------------------------------------------------------------------------
+def _no_duplicates(pairs):
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise CorruptError(f"JSON key {key!r} appears twice")
+        out[key] = value
+    return out
+
+
+def _load_json(data: bytes, what: str, path):
+    try:
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except CorruptError as exc:
+        raise CorruptError(f"{what}: {exc.message}", path=path) from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CorruptError(f"{what} is not valid UTF-8 JSON ({type(exc).__name__}: {str(exc)[:200]})",
+                           path=path) from None
+
+
+def _is_uint(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+class SafetensorsSource:
+    """One ``.safetensors`` file as a tensor stream."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise os_error(exc, "cannot open safetensors file", path=self.path) from exc
+        try:
+            self._parse()
+        except BaseException:
+            self.close()
+            raise
+
+    def _parse(self) -> None:
+        size = os.fstat(self._fd).st_size
+        (n,) = struct.unpack("<Q", read_exact(self._fd, 0, 8, "the safetensors header length", self.path))
+        if n > MAX_HEADER:
+            raise LimitError(f"safetensors header length {n} exceeds the {MAX_HEADER}-byte limit", path=self.path)
+        if n > size - 8:
+            raise CorruptError(f"safetensors header length {n} runs past the end of the {size}-byte file",
+                               path=self.path)
+        header = _load_json(read_exact(self._fd, 8, n, "the safetensors header", self.path),
+                            "safetensors header", self.path)
+        if not isinstance(header, dict):
+            raise CorruptError(f"safetensors header is a JSON {type(header).__name__}, not an object", path=self.path)
+        self.metadata = self._metadata(header.pop("__metadata__", None))
+        self._data_start = 8 + n
+        entries = [self._entry(name, value) for name, value in header.items()]
+        self._check_tiling(entries, size - self._data_start)
+        entries.sort(key=lambda e: e[1])  # file order: reads go front to back
+        self.specs = [spec for spec, _ in entries]
+        self._offsets = {spec.name: begin for spec, begin in entries}
+
+    def _metadata(self, meta) -> dict:
+        if meta is None:
+            return {}
+        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+            raise CorruptError("safetensors __metadata__ must be an object of string values", path=self.path)
+        return dict(meta)
+
+    def _entry(self, name, value):
+        where = f"tensor {name!r}"
+        if not isinstance(value, dict):
+            raise CorruptError(f"{where}: header entry is not an object", path=self.path)
+        st_dtype, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
+        if not isinstance(st_dtype, str) or st_dtype not in ST_DTYPES:
+            raise UnknownDTypeError(f"{where}: safetensors dtype {st_dtype!r} has no aprfast dtype "
+                                    f"(known: {', '.join(ST_DTYPES)})", path=self.path)
+        if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+            raise CorruptError(f"{where}: shape {shape!r} is not a list of non-negative ints", path=self.path)
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets)
+                or offsets[0] > offsets[1]):
+            raise CorruptError(f"{where}: data_offsets {offsets!r} are not [begin, end] with begin <= end",
+                               path=self.path)
+        dtype = _dtypes.by_name(ST_DTYPES[st_dtype])
+        nbytes = check_shape_bytes(name, dtype, shape, self.path)
+        if offsets[1] - offsets[0] != nbytes:
+            raise CorruptError(f"{where}: {st_dtype} of shape {shape} needs {nbytes} bytes, but data_offsets "
+                               f"{offsets} span {offsets[1] - offsets[0]}", path=self.path)
+        return Spec(name, dtype, tuple(shape)), offsets[0]
+
+    def _check_tiling(self, entries, data_size: int) -> None:
+        """The data ranges must cover the data section exactly once (safetensors' rule)."""
+        end = 0
+        for spec, begin in sorted(entries, key=lambda e: (e[1], e[0].nbytes)):
+            if begin != end:
+                kind = "overlaps the previous tensor" if begin < end else f"leaves a gap after offset {end}"
+                raise CorruptError(f"tensor {spec.name!r} at data offset {begin} {kind}", path=self.path)
+            end = begin + spec.nbytes
+        if end != data_size:
+            raise CorruptError(f"tensors cover {end} bytes of data but the file holds {data_size} after the header",
+                               path=self.path)
+
+    def read(self, spec: Spec, scratch=None):
+        """The tensor's value; with ``scratch`` (a Scratch) it may live in reused memory,
+        valid until the next read with the same scratch."""
+        raw = read_array(self._fd, self._data_start + self._offsets[spec.name], spec.nbytes,
+                         f"tensor {spec.name!r}", self.path, None if scratch is None else scratch.get(spec.nbytes))
+        return value_of(spec.dtype, spec.shape, raw)
+
+    def raw_range(self, spec: Spec):
+        """(fd, offset) of the tensor's stored bytes, for writers that copy them unchanged."""
+        return self._fd, self._data_start + self._offsets[spec.name]
+
+    def tensors(self, wanted=None):
+        for spec in self.specs:
+            if wanted is None or spec.name in wanted:
+                yield spec.name, self.read(spec)
+
+    def close(self) -> None:
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def value_of(dtype: DType, shape, raw: np.ndarray):
+    """The writer-ready value of stored bytes: an array when NumPy (or ml_dtypes) has the
+    type, a QuantizedTensor for packed types, else a RawTensor (the bits, typed)."""
+    if dtype.packed:
+        return QuantizedTensor(dtype, shape, raw)
+    np_dtype = _dtypes.numpy_dtype(dtype)
+    try:
+        native = _dtypes.from_numpy(np_dtype) is dtype
+    except LayoutError:
+        native = False
+    if not native:  # e.g. bf16 without ml_dtypes: uint16 would be stored as U16
+        return RawTensor(dtype, shape, raw)
+    return raw.view(np_dtype).reshape(shape)
+
+
+class ShardedSource:
+    """A Hugging Face sharded checkpoint (``model.safetensors.index.json`` + shards) as
+    one tensor stream.  Shard names must be plain file names beside the index (no
+    directories, so a hostile index cannot point elsewhere); every listed shard must
+    exist; a tensor may live in one shard only, and the index and the shards' headers
+    must agree on which tensors exist."""
+
+    def __init__(self, index_path):
+        self.path = os.fspath(index_path)
+        directory = os.path.dirname(os.path.abspath(self.path))
+        weight_map = self._weight_map()
+        self._shards, self.specs, self.metadata, self._owner = [], [], {}, {}
+        try:
+            self._open_shards(directory, weight_map)
+        except BaseException:
+            self.close()
+            raise
+
+    def _weight_map(self) -> dict:
+        try:
+            size = os.path.getsize(self.path)
+            if size > MAX_INDEX_BYTES:
+                raise LimitError(f"index file is {size} bytes, more than {MAX_INDEX_BYTES}", path=self.path)
+            with open(self.path, "rb") as f:
+                data = f.read(MAX_INDEX_BYTES + 1)
+        except OSError as exc:
+            raise os_error(exc, "cannot read the sharded checkpoint index", path=self.path) from exc
+        index = _load_json(data, "sharded checkpoint index", self.path)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise FormatError("not a safetensors index: no \"weight_map\" object of tensor -> shard file name",
+                              path=self.path)
+        for shard in set(weight_map.values()):
+            if shard in ("", ".", "..") or "/" in shard or "\\" in shard or "\0" in shard:
+                raise CorruptError(f"shard name {shard!r} is not a plain file name beside the index", path=self.path)
+        return weight_map
+
+    def _open_shards(self, directory: str, weight_map: dict) -> None:
+        owner = {}
+        for shard in sorted(set(weight_map.values())):
+            shard_path = os.path.join(directory, shard)
+            if not os.path.isfile(shard_path):
+                raise CorruptError(f"shard {shard!r} listed in the index is missing", path=self.path)
+            src = SafetensorsSource(shard_path)
+            self._shards.append(src)
+            for key, value in src.metadata.items():
+                self.metadata.setdefault(key, value)
+            for spec in src.specs:
+                if spec.name in owner:
+                    raise CorruptError(f"tensor {spec.name!r} is in two shards: {owner[spec.name]!r} and {shard!r}",
+                                       path=self.path)
+                if weight_map.get(spec.name) != shard:
+                    raise CorruptError(f"tensor {spec.name!r} is in shard {shard!r}, but the index maps it to "
+                                       f"{weight_map.get(spec.name)!r}", path=self.path)
+                owner[spec.name] = shard
+                self._owner[spec.name] = src
+                self.specs.append(spec)
+        missing = [n for n in weight_map if n not in owner]
+        if missing:
+            raise CorruptError(f"{len(missing)} tensors listed in the index are in no shard (first: {missing[0]!r})",
+                               path=self.path)
+
+    def read(self, spec: Spec, scratch=None):
+        return self._owner[spec.name].read(spec, scratch)
+
+    def raw_range(self, spec: Spec):
+        return self._owner[spec.name].raw_range(spec)
+
+    def tensors(self, wanted=None):
+        for src in self._shards:
+            yield from src.tensors(wanted)
+
+    def close(self) -> None:
+        for src in self._shards:
+            src.close()
+
+
+def open_source(path):
+    """A source for a ``.safetensors`` file, an index file or a directory holding one."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        index = os.path.join(path, INDEX_NAME)
+        if os.path.isfile(index):
+            return ShardedSource(index)
+        single = os.path.join(path, "model.safetensors")
+        if os.path.isfile(single):
+            return SafetensorsSource(single)
+        raise FormatError(f"directory holds neither {INDEX_NAME} nor model.safetensors", path=path)
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head.lstrip()[:1] == b"{":
+        return ShardedSource(path)
+    return SafetensorsSource(path)
+
+
+# --- metadata --------------------------------------------------------------------------
+def metadata_to_strings(metadata: dict) -> dict:
+    """safetensors metadata holds strings only: a non-string .apr value is JSON-encoded,
+    and the keys encoded are listed (JSON) under ``aprfast.json_keys`` so reading back
+    decodes exactly those.  Keys must be strings already (JSON object keys)."""
+    out, encoded = {}, []
+    for key, value in metadata.items():
+        if key == JSON_KEYS:
+            continue
+        if isinstance(value, str):
+            out[key] = value
+        else:
+            out[key] = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            encoded.append(key)
+    if encoded:
+        out[JSON_KEYS] = json.dumps(sorted(encoded), separators=(",", ":"))
+    return out
+
+
+def metadata_from_strings(metadata: dict, path=None) -> dict:
+    """The inverse of :func:`metadata_to_strings`; other files' strings stay strings."""
+    out = dict(metadata)
+    listed = out.pop(JSON_KEYS, None)
+    if listed is None:
+        return out
+    keys = _load_json(listed.encode("utf-8"), f"metadata {JSON_KEYS!r}", path)
+    if not isinstance(keys, list):
+        raise CorruptError(f"metadata {JSON_KEYS!r} must be a JSON list of keys", path=path)
+    for key in keys:
+        if isinstance(key, str) and key in out:
+            out[key] = _load_json(out[key].encode("utf-8"), f"metadata {key!r}", path)
+    return out
+
+
+# --- writing ---------------------------------------------------------------------------
+def st_dtype(spec: Spec) -> str:
+    """The safetensors name for a spec's dtype, or LayoutError saying what cannot go."""
+    name = _TO_ST.get(spec.dtype.name)
+    if name is None:
+        raise LayoutError(f"tensor {spec.name!r}: safetensors cannot hold {spec.dtype.name} "
+                          "(quantized blocks, complex128 and aprender's types have no safetensors dtype; "
+                          "convert with precision='f32' to dequantize)")
+    if name == "F4" and spec.nbytes * 2 != _dtypes.element_count(spec.shape):
+        raise LayoutError(f"tensor {spec.name!r}: safetensors F4 needs an even element count, "
+                          f"shape {list(spec.shape)} has an odd one")
+    return name
+
+
+def header_bytes(specs, metadata: dict) -> bytes:
+    """The whole header (length prefix included) for ``specs`` in that data order,
+    padded with spaces to a multiple of 8 as safetensors pads it."""
+    header, offset = {}, 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for spec in specs:
+        header[spec.name] = {"dtype": st_dtype(spec), "shape": list(spec.shape),
+                             "data_offsets": [offset, offset + spec.nbytes]}
+        offset += spec.nbytes
+    text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def tensor_bytes(spec: Spec, value) -> memoryview:
+    """The little-endian bytes of ``value``, checked against the declared spec."""
+    if isinstance(value, RawTensor):
+        dtype, shape, data = value.dtype, value.shape, value.data
+    else:
+        array = np.asarray(value)
+        dtype, shape = _dtypes.from_numpy(array.dtype), array.shape
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    if dtype is not spec.dtype or tuple(shape) != tuple(spec.shape) or data.nbytes != spec.nbytes:
+        raise LayoutError(f"tensor {spec.name!r} is {getattr(dtype, 'name', dtype)} {list(shape)}, but "
+                          f"{spec.dtype.name} {list(spec.shape)} was declared")
+    return memoryview(data)
+
+
+class SafetensorsWriter:
+    """Writes one ``.safetensors`` file: the header from the declared specs at once,
+    then each tensor as it is added, in the declared order.  Atomic like aprfast's own
+    writes: nothing replaces ``path`` unless ``close()`` is reached."""
+
+    def __init__(self, path, specs, metadata=None, *, durable: bool = True):
+        self.specs = list(specs)
+        self._next = 0
+        self._atomic = AtomicFile(path, durable=durable)
+        try:
+            _write_all(self._atomic.fd, header_bytes(self.specs, metadata_to_strings(metadata or {})))
+        except BaseException:
+            self.abort()
+            raise
+
+    def add(self, name: str, value) -> None:
+        spec = self._expect(name)
+        _write_all(self._atomic.fd, tensor_bytes(spec, value))
+        self._next += 1
+
+    def add_range(self, name: str, fd: int, offset: int) -> None:
+        """The next declared tensor, copied unchanged from ``fd`` at ``offset``."""
+        spec = self._expect(name)
+        copy_range(fd, offset, spec.nbytes, self._atomic.fd, f"tensor {name!r}")
+        self._next += 1
+
+    def _expect(self, name: str) -> Spec:
+        spec = self.specs[self._next] if self._next < len(self.specs) else None
+        if spec is None or spec.name != name:
+            raise LayoutError(f"tensor {name!r} added out of the declared order "
+                              f"(expected {spec.name if spec else 'no more tensors'!r})")
+        return spec
+
+    def close(self) -> None:
+        if self._next != len(self.specs):
+            self.abort()
+            raise LayoutError(f"{len(self.specs) - self._next} declared tensors were never added; no file written")
+        self._atomic.commit()
+
+    def abort(self) -> None:
+        if self._atomic is not None:
+            self._atomic.abort()
+            self._atomic = None
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", re.IGNORECASE)
+
+
+def parse_size(value) -> int:
+    """Bytes from an int or a transformers-style size: "5GB" (10**9), "500MiB" (2**20)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    else:
+        match = _SIZE.fullmatch(str(value))
+        if not match:
+            raise ValueError(f"max_shard_size {value!r} is not a size such as 5000000000, '5GB' or '2GiB'")
+        unit = match.group(2).upper().rstrip("B")
+        base = 1024 if unit.endswith("I") else 1000
+        size = int(float(match.group(1)) * base ** " KMGT".index(unit.rstrip("I") or " "))
+    if size < 1:
+        raise ValueError(f"max_shard_size must be positive, not {value!r}")
+    return size
+
+
+def shard_groups(specs, max_size: int) -> list:
+    """Specs split in order the way huggingface_hub splits a state dict: a new shard
+    when the next tensor would overflow the current one; a tensor bigger than the limit
+    gets a shard of its own."""
+    groups, size = [[]], 0
+    for spec in specs:
+        if groups[-1] and size + spec.nbytes > max_size:
+            groups.append([])
+            size = 0
+        groups[-1].append(spec)
+        size += spec.nbytes
+    return groups
+
+
+def shard_name(i: int, n: int) -> str:
+    """transformers' names: model-00001-of-00003.safetensors."""
+    return f"model-{i:05d}-of-{n:05d}.safetensors"
+
+
+class ShardedWriter:
+    """A sharded checkpoint in ``directory``: shards named as transformers names them
+    and ``model.safetensors.index.json`` (``{"metadata": {"total_size"}, "weight_map"}``,
+    keys sorted, indent 2) written last.  One shard is written as ``model.safetensors``
+    without an index, as transformers does."""
+
+    def __init__(self, directory, specs, metadata=None, *, max_shard_size, force=False, durable=True):
+        self.directory = os.fspath(directory)
+        self._groups = shard_groups(list(specs), parse_size(max_shard_size))
+        n = len(self._groups)
+        self._names = ["model.safetensors"] if n == 1 else [shard_name(i + 1, n) for i in range(n)]
+        self._metadata, self._durable = metadata or {}, durable
+        self._check_free(force)
+        os.makedirs(self.directory, exist_ok=True)
+        self._done, self._current, self._shard = [], None, -1
+        self._total = sum(s.nbytes for g in self._groups for s in g)
+
+    def _check_free(self, force: bool) -> None:
+        if force:
+            return
+        for name in self._names + ([INDEX_NAME] if len(self._names) > 1 else []):
+            target = os.path.join(self.directory, name)
+            if os.path.lexists(target):
+                raise DestinationExistsError(f"{name} exists in the destination directory; pass force=True "
+                                             "to replace it", path=target)
+
+    def add(self, name: str, value) -> None:
+        if self._current is None or self._current._next == len(self._current.specs):
+            self._open_next()
+        self._current.add(name, value)
+
+    def add_range(self, name: str, fd: int, offset: int) -> None:
+        if self._current is None or self._current._next == len(self._current.specs):
+            self._open_next()
+        self._current.add_range(name, fd, offset)
+
+    def _open_next(self) -> None:
+        if self._current is not None:
+            self._current.close()
+            self._done.append(os.path.join(self.directory, self._names[self._shard]))
+        self._shard += 1
+        if self._shard >= len(self._groups):
+            raise LayoutError("more tensors added than were declared")
+        path = os.path.join(self.directory, self._names[self._shard])
+        self._current = SafetensorsWriter(path, self._groups[self._shard], self._metadata, durable=self._durable)
+
+    def close(self) -> None:
+        try:
+            while self._shard < len(self._groups) - 1 or self._current is None:
+                self._open_next()  # a declared shard with nothing added fails in its close()
+            self._current.close()
+            self._done.append(os.path.join(self.directory, self._names[self._shard]))
+            self._current = None
+            if len(self._names) > 1:
+                self._write_index()
+        except BaseException:
+            self.abort()
+            raise
+        self._done = []
+
+    def _write_index(self) -> None:
+        weight_map = {s.name: self._names[i] for i, g in enumerate(self._groups) for s in g}
+        index = {"metadata": {"total_size": self._total}, "weight_map": weight_map}
+        atomic = AtomicFile(os.path.join(self.directory, INDEX_NAME), durable=self._durable)
+        try:
+            _write_all(atomic.fd, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+            atomic.commit()
+        except BaseException:
+            atomic.abort()
+            raise
+
+    def abort(self) -> None:
+        """Discard the shard being written and remove those already committed: a failed
+        export leaves no partial checkpoint (the index, written last, never exists)."""
+        if self._current is not None:
+            self._current.abort()
+            self._current = None
+        for path in self._done:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+        self._done = []
