@@ -2,7 +2,7 @@
 """atheris driver: ``python tests/fuzz/fuzz.py TARGET [libFuzzer flags] [CORPUS_DIR ...]``.
 
 TARGET is one of tests/fuzz/harness.py's TARGETS (load, open, inspect, v1_load,
-v1_inspect); the ``fuzz_<target>.py`` files beside this one are the same with the
+v1_inspect, v1_open, stream); the ``fuzz_<target>.py`` files beside this one are the same with the
 target fixed.  Everything after TARGET goes to libFuzzer, e.g.::
 
     python tests/fuzz/fuzz.py open -rss_limit_mb=2048 -timeout=10 -max_total_time=3600 \
@@ -45,6 +45,11 @@ with atheris.instrument_imports(include=["aprfast"]):
     import aprfast.sources  # noqa: F401
     import aprfast.tensors  # noqa: F401
     import aprfast.v1  # noqa: F401
+    import aprfast.v1reader  # noqa: F401
+    import aprfast.stream  # noqa: F401
+    import aprfast.tensor_codecs  # noqa: F401
+    import aprfast.layouts.chunk_index  # noqa: F401
+    import aprfast.layouts.trueno  # noqa: F401
 
 import harness  # noqa: E402  (imported after aprfast is instrumented)
 

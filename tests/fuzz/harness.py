@@ -41,7 +41,7 @@ import aprfast.crypto
 import aprfast.v1
 from aprfast.errors import AprError
 
-__all__ = ["TARGETS", "run_one", "fuzz_environment", "KEYS", "fix_v2", "fix_v1", "CONTROL"]
+__all__ = ["TARGETS", "run_one", "fuzz_environment", "KEYS", "fix_v2", "fix_v1", "fix_v1_streaming", "CONTROL"]
 
 # --- fixed test keys (public knowledge: they only let mutations past the checks) -------------
 PASSWORD = "aprfast-fuzz"
@@ -84,6 +84,10 @@ class CONTROL:
     VERIFY = 0x08    # open(verify=True)
     RAW = 0x10       # unknown_dtypes="raw"
     COPY = 0x20      # tensors(copy=True), load_all(threads=2)
+    # v1_open target: bits 0-5 as for v1_load (fix_v1 / fix_v1_streaming, MODE, TRUSTED), then
+    #   0x40 open(verify=True), 0x80 through a path (param bit 0: pread, else mmap).
+    # stream target: 0x01 FIX (fix_v2), 0x02 verify=False, 0x04 unknown_dtypes="raw", 0x08 the
+    #   stream has read() only, 0x10 finish() instead of iterating, 0x20 the bytes themselves.
 
 
 # --- fix-ups -----------------------------------------------------------------------------
@@ -109,7 +113,7 @@ def fix_v2(data: bytes) -> bytes:
 
 
 _V1_HEADER = struct.Struct("<4sBBHIIIBBB9s")  # magic, major, minor, type, M, P, U, compression, flags, score
-_V1_ENCRYPTED, _V1_SIGNED = 0x01, 0x02
+_V1_ENCRYPTED, _V1_SIGNED, _V1_STREAMING = 0x01, 0x02, 0x04
 
 
 def fix_v1(data: bytes, control: int = CONTROL.FIX) -> bytes:
@@ -126,6 +130,8 @@ def fix_v1(data: bytes, control: int = CONTROL.FIX) -> bytes:
         return data
     fields = list(_V1_HEADER.unpack_from(data))
     meta_size, payload_size, compression, flags = fields[4], fields[5], fields[7], fields[8]
+    if flags & _V1_STREAMING:
+        return fix_v1_streaming(data, control)
     meta_end = min(32 + meta_size, len(data) - 4)
     payload_end = min(meta_end + payload_size, len(data) - 4)
     payload, rest = data[meta_end:payload_end], data[payload_end:]
@@ -164,6 +170,189 @@ def _encrypt(payload: bytes, mode: int) -> bytes:
     if mode == 3:
         return bytes(c.encrypt_for_recipients(payload, [KEYS["bob_public"], KEYS["alice_public"]]))
     return bytes(c.encrypt_with_password(payload, PASSWORD, salt=bytes(range(16)), nonce=bytes(12)))
+
+
+# --- the v1 STREAMING chunk index (docs/FORMAT.md "v1 streaming chunk index") ------------
+_INDEX_HEADER = struct.Struct("<4sBBHIIIIII")  # magic, version, flags, reserved, I, T, C, chunk_limit, K, S
+_CHUNK_RECORD = struct.Struct("<QIIII")        # offset, stored_size, raw_size, crc32, reserved
+_SEALED, _DIGESTS = 0x01, 0x02
+_INDEX_SIGNATURE_CONTEXT = b"aprfast v1 chunk index\x00"
+_TAG = 16
+
+
+class StreamingParts:
+    """A STREAMING file cut along its index as far as the bytes go (``ok`` False when the
+    index header is not there): the fix-ups and make_corpus's unsealed seeds use it."""
+
+    def __init__(self, data: bytes):
+        self.ok = False
+        if data[:4] != V1_MAGIC or len(data) < _V1_HEADER.size + 4:
+            return
+        self.fields = list(_V1_HEADER.unpack_from(data))
+        self.start = 32 + self.fields[4]
+        body_end = len(data) - 4
+        if self.start + _INDEX_HEADER.size > body_end:
+            return
+        (magic, _version, self.iflags, _res, self.isize, self.tcount, self.ccount, _limit, self.ksize,
+         self.tsize) = _INDEX_HEADER.unpack_from(data, self.start)
+        if magic != b"APRC" or self.isize < _INDEX_HEADER.size + 4 or self.start + self.isize > body_end:
+            return
+        self.end = self.start + self.isize
+        self.rec = _CHUNK_RECORD.size + (32 if self.iflags & _DIGESTS else 0)
+        self.sig_size = 64 if self.iflags & _DIGESTS else 0
+        self.table = self.start + _INDEX_HEADER.size + self.tsize
+        # chunk records that lie inside the index (before key block, signature and CRC)
+        room = self.end - 4 - self.sig_size - self.ksize - self.table
+        self.nchunks = max(0, min(self.ccount, room // self.rec)) if room > 0 else 0
+        self.key_block = data[self.table + self.rec * self.ccount:][:self.ksize] if room >= 0 else b""
+        self.records = _tensor_records(data[self.start + _INDEX_HEADER.size:self.table], self.tcount)
+        self.ok = True
+
+    def chunk(self, data, i):
+        """(offset, stored, raw) of chunk record i."""
+        return _CHUNK_RECORD.unpack_from(data, self.table + i * self.rec)[:3]
+
+    def owner_record(self, i) -> bytes:
+        """The record bytes of the tensor that owns chunk i (b"" if the table says none)."""
+        at = 0
+        for record, count in self.records:
+            if i < at + count:
+                return record
+            at += count
+        return b""
+
+
+def _tensor_records(table: bytes, count: int) -> list:
+    """[(record bytes, chunk_count)] of the tensor table, as far as it parses."""
+    out, pos = [], 0
+    for _ in range(min(count, 1 << 16)):
+        if pos + 2 > len(table):
+            break
+        n = int.from_bytes(table[pos:pos + 2], "little")
+        at = pos + 2 + n + 1
+        if at + 1 > len(table):
+            break
+        ndim = table[at]
+        at += 1 + 8 * ndim
+        if at + 4 > len(table):
+            break
+        out.append((table[pos:at + 4], int.from_bytes(table[at:at + 4], "little")))
+        pos = at + 4
+    return out
+
+
+def _file_key(key_block: bytes, mode: int):
+    """The chunk key sealed in the key block, opened with the fuzz credentials of ``mode``."""
+    c = aprfast.crypto
+    try:
+        if mode == 1:
+            key = c.decrypt_with_password(key_block, PASSWORD)
+        elif mode == 3 or (mode == 2 and c.is_multi_recipient(key_block)):
+            key = c.decrypt_multi_recipient(key_block, KEYS["alice"])
+        elif mode == 2:
+            key = c.decrypt_as_recipient(key_block, KEYS["alice"])
+        else:
+            return None
+    except AprError:
+        return None
+    return bytes(key) if len(key) == 32 else None
+
+
+def chunk_aad(v1_header: bytes, metadata: bytes, index_header: bytes, record: bytes, offset: int, stored: int,
+              raw: int, ordinal: int) -> bytes:
+    return (v1_header + hashlib.sha256(metadata).digest() + index_header + record
+            + struct.pack("<QIII", offset, stored, raw, ordinal))
+
+
+def _aesgcm(key):
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return AESGCM(key)
+
+
+def fix_v1_streaming(data: bytes, control: int = CONTROL.FIX) -> bytes:
+    """fix_v1 for a STREAMING file, from the chunk index's byte table (zlib, hashlib,
+    PyNaCl and cryptography's AES-GCM; aprfast's codecs only to compress).
+
+    PACK: each chunk's stored bytes are raw: compress each with the header's codec
+    (raw_size := its length).  SEAL (ENCRYPTED set, the key block opens with the
+    credentials of bits 3-4): each chunk's bytes are plaintext: seal each with
+    AES-256-GCM under the file key, nonce = ordinal, AAD as the format says.  Both
+    re-lay the chunks back to back (offsets, stored sizes, header payload and
+    uncompressed sizes; a lying payload size stays a lie).  FIX then recomputes every
+    chunk's CRC32 (and SHA-256 with DIGESTS), the index signature, the index CRC32
+    (header + metadata + index), the whole-file signature and the trailing CRC32.
+    Anything the bytes do not hold is left as it is."""
+    parts = StreamingParts(data)
+    if not parts.ok:
+        return _fix_trailer(data, control)
+    out = bytearray(data)
+    fields = parts.fields
+    payload_start = parts.end
+    body_end = len(data) - 4
+    compression, flags = fields[7], fields[8]
+    pack = control & CONTROL.PACK and compression in (1, 2, 3)
+    key = _file_key(parts.key_block, (control & CONTROL.MODE) >> 3) if (
+        control & CONTROL.SEAL and flags & _V1_ENCRYPTED and parts.iflags & _SEALED) else None
+    if (pack or key is not None) and parts.nchunks == parts.ccount:
+        old_payload_end = min(payload_start + fields[5], body_end)
+        pieces, raws = [], []
+        for i in range(parts.nchunks):
+            offset, stored, raw = parts.chunk(out, i)
+            piece = bytes(out[payload_start + offset:min(payload_start + offset + stored, body_end)])
+            if pack:
+                raw = len(piece)
+                piece = aprfast.codecs.compress(piece, 3 if compression == 3 else 1)
+            pieces.append(piece)
+            raws.append(raw)
+        sizes = [len(p) + (_TAG if key is not None else 0) for p in pieces]
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        if fields[5] <= len(data):  # keep a lie about the size a lie
+            fields[5] = sum(sizes)
+        if pack:
+            fields[6] = sum(raws)
+        out[:32] = _V1_HEADER.pack(*fields)  # in every chunk's AAD: set before sealing
+        for i in range(parts.nchunks):
+            struct.pack_into("<QII", out, parts.table + i * parts.rec, offsets[i], sizes[i], raws[i])
+        if key is not None:
+            header, metadata = bytes(out[:32]), bytes(out[32:parts.start])
+            index_header = bytes(out[parts.start:parts.start + _INDEX_HEADER.size])
+            aead = _aesgcm(key)
+            pieces = [aead.encrypt(i.to_bytes(12, "little"), p,
+                                   chunk_aad(header, metadata, index_header, parts.owner_record(i), offsets[i],
+                                             sizes[i], raws[i], i))
+                      for i, p in enumerate(pieces)]
+        out[payload_start:old_payload_end] = b"".join(pieces)
+    if control & CONTROL.FIX:
+        body_end = len(out) - 4
+        for i in range(parts.nchunks):
+            offset, stored, _raw = parts.chunk(out, i)
+            if payload_start + offset + stored > body_end:
+                continue
+            stored_bytes = bytes(out[payload_start + offset:payload_start + offset + stored])
+            r = parts.table + i * parts.rec
+            struct.pack_into("<I", out, r + 16, zlib.crc32(stored_bytes))
+            if parts.iflags & _DIGESTS:
+                out[r + 24:r + 56] = hashlib.sha256(stored_bytes).digest()
+        end = parts.end
+        if parts.iflags & _DIGESTS and parts.isize >= _INDEX_HEADER.size + 64 + 4:
+            message = _INDEX_SIGNATURE_CONTEXT + bytes(out[:end - 68])
+            out[end - 68:end - 4] = KEYS["signer"].sign(message).signature
+        out[end - 4:end] = struct.pack("<I", zlib.crc32(bytes(out[:end - 4])))
+    return _fix_trailer(bytes(out), control, signed_end=parts.end + struct.unpack_from("<I", out, 12)[0])
+
+
+def _fix_trailer(data: bytes, control: int, signed_end: int | None = None) -> bytes:
+    """The whole-file Ed25519 signature (SIGNED set, block where the header says) and the
+    trailing CRC32, when FIX is asked."""
+    if not control & CONTROL.FIX or len(data) < _V1_HEADER.size + 4:
+        return data
+    out = bytearray(data)
+    if signed_end is not None and out[21] & _V1_SIGNED and signed_end + 96 + 4 <= len(out):
+        signature = KEYS["signer"].sign(bytes(out[:signed_end])).signature
+        out[signed_end:signed_end + 96] = signature + KEYS["ed25519_public"]
+    out[-4:] = struct.pack("<I", zlib.crc32(bytes(out[:-4])))
+    return bytes(out)
 
 
 def _cheap_kdf(password, salt):
@@ -264,6 +453,8 @@ def target_open(data: bytes) -> None:
     unknown_dtypes="raw", bit 5 copies (tensors(copy=True), load_all(threads=2));
     ``param`` picks slice bounds."""
     control, param, body = split(data)
+    if body[:4] == V1_MAGIC:  # aprfast.open gives a V1File: the v1_open target's
+        return
     if control & CONTROL.FIX:
         body = fix_v2(body)
     target, mode = _source_for(body, (control & CONTROL.SOURCE) >> 1)
@@ -340,7 +531,8 @@ def _slices(f, name, info, param, full) -> None:
     except AprError:
         return
     sl.get_shape()
-    sl.get_dtype()
+    if hasattr(sl, "get_dtype"):  # V1File's trueno _ViewSlice has none
+        sl.get_dtype()
     shape = tuple(info.shape)
     if isinstance(sl, aprfast.QuantizedSlice):
         if not shape:
@@ -367,7 +559,8 @@ def _slices(f, name, info, param, full) -> None:
             part = sl[key]
             touch(part)
             same(f"get_slice()[{key!r}]", name, data[lo:hi], raw_bytes(part))
-        touch(f.get_slice(name, dequantize=True)[keys[1]])
+        if isinstance(f, aprfast.AprFile):  # V1File.get_slice has no dequantize=
+            touch(f.get_slice(name, dequantize=True)[keys[1]])
         return
     if not isinstance(full, np.ndarray):
         return
@@ -390,6 +583,8 @@ def _slices(f, name, info, param, full) -> None:
         if part.shape != want.shape:
             raise AssertionError(f"get_slice({name!r})[{key!r}] has shape {part.shape}, numpy says {want.shape}")
         same(f"get_slice()[{key!r}]", name, raw_bytes(want), raw_bytes(part))
+    if not hasattr(sl, "intervals"):  # V1File's ChunkSlice and _ViewSlice
+        return
     pairs = [(lo, hi), (0, a)]
     same("intervals()", name, raw_bytes(np.concatenate([full[x:y] for x, y in pairs])),
          raw_bytes(sl.intervals(pairs)))
@@ -447,12 +642,166 @@ def target_v1_inspect(data: bytes) -> None:
     repr(aprfast.v1.inspect_model(body))
 
 
+def _v1_credentials(control: int) -> dict:
+    """load_model / open keyword arguments for control bits 3-5 (MODE, TRUSTED)."""
+    mode = (control & CONTROL.MODE) >> 3
+    kwargs = {}
+    if mode == 1:
+        kwargs["password"] = PASSWORD
+    elif mode in (2, 3):
+        kwargs["private_key"] = KEYS["alice"]
+    if control & CONTROL.TRUSTED:
+        kwargs["trusted_keys"] = [KEYS["ed25519_public"]]
+    return kwargs
+
+
+def target_v1_open(data: bytes) -> None:
+    """``aprfast.open`` of a v1 file (V1File: plain, whole-payload, STREAMING and
+    TRUENO_NATIVE tensor files) with the credentials control bits 3-5 ask for, then
+    every accessor; then ``aprfast.load`` and ``v1.load_model`` of the same bytes, which
+    must give the same tensors when they accept them.  Control: bits 0-2 as for
+    v1_load (FIX, PACK, SEAL: fix_v1 / fix_v1_streaming), bits 3-4 MODE, bit 5
+    TRUSTED, bit 6 open(verify=True), bit 7 the bytes go through a path (``param``
+    bit 0: pread, else mmap); ``param`` also picks slice bounds."""
+    control, param, body = split(data)
+    if body[:4] != V1_MAGIC:  # v2 files: the open target's
+        return
+    if control & (CONTROL.FIX | CONTROL.PACK | CONTROL.SEAL):
+        body = fix_v1(body, control)
+    kwargs = _v1_credentials(control)
+    target, mode = (_source_for(body, 2 if param & 1 else 1) if control & 0x80 else (body, None))
+    got = {}
+    with aprfast.open(target, mode=mode, verify=bool(control & 0x40), **kwargs) as f:
+        names = f.keys()
+        _ = (len(f), list(f), f.layout, f.header, f.metadata, f.path, repr(f), f.flags, f.backend_hints)
+        _ = "\x00missing" in f
+        try:
+            f.info("\x00missing")
+        except AprError:
+            pass
+        else:
+            raise AssertionError("info() of a missing name did not raise")
+        for name in names:
+            assert name in f
+            info = f.info(name)
+            info.as_dict()
+            _ = (f.strides(name), f.backend_hint(name))
+            try:
+                f.chunks(name)
+            except AprError:
+                pass
+            view = f.get_tensor(name)
+            touch(view)
+            got[name] = raw_bytes(view)
+            same("get_tensor(copy=True)", name, got[name], raw_bytes(f.get_tensor(name, copy=True)))
+            _slices(f, name, info, param, view)
+        f.prefetch(names)
+        everything = f.tensors(copy=True)
+        for name in names:
+            same("tensors(copy=True)", name, got[name], raw_bytes(everything[name]))
+        try:
+            f.verify()
+        except AprError:
+            pass
+    # The eager readers, on the same bytes: where they accept, they agree.
+    for what, read in (("load", lambda: aprfast.load(body, **kwargs)),
+                       ("v1.load_model", lambda: aprfast.v1.load_model(body, **kwargs).payload)):
+        try:
+            loaded = read()
+        except AprError:
+            continue
+        touch(loaded)
+        if not isinstance(loaded, dict):
+            raise AssertionError(f"{what} gives {type(loaded).__name__} for a file open() reads as tensors")
+        assert sorted(loaded) == sorted(got), f"{what} names {sorted(loaded)} != open() names {sorted(got)}"
+        for name in got:
+            same(what, name, got[name], raw_bytes(loaded[name]))
+
+
+class _Pipe:
+    """A non-seekable stream over ``data`` that returns at most ``step`` bytes a call,
+    through ``readinto`` or, with ``read_only``, only ``read``."""
+
+    def __init__(self, data: bytes, step: int, read_only: bool):
+        self._data, self._pos, self._step = memoryview(data), 0, step
+        if read_only:
+            self.read = self._read
+        else:
+            self.readinto = self._readinto
+
+    def _read(self, n=-1):
+        n = self._step if n is None or n < 0 else min(n, self._step)
+        out = bytes(self._data[self._pos:self._pos + n])
+        self._pos += len(out)
+        return out
+
+    def _readinto(self, view):
+        out = self._read(len(view))
+        view[:len(out)] = out
+        return len(out)
+
+    def seekable(self):
+        return False
+
+
+def target_stream(data: bytes) -> None:
+    """``aprfast.stream`` over a non-seekable stream of short reads (``param`` sets the
+    read size: 1 + param * 61 bytes, param 0 whole), every tensor touched.  A stream
+    that ends without error with verify=True must be a file the random-access readers
+    accept: after iterating, ``aprfast.load`` gives the same tensors; after
+    ``finish()`` (which does not decode APR2 blocks, as ``verify()`` does not),
+    ``aprfast.open(...).verify()`` passes.  Control: bit 0 re-seals (fix_v2, or fix_v1
+    with FIX only), bit 1 verify=False, bit 2 unknown_dtypes="raw", bit 3 the stream
+    has read() only, bit 4 finish() instead of iterating, bit 5 the bytes object itself
+    (length known), bits 6-7 credentials (0 none, 1 password, 2 the recipient's key,
+    3 password and the fuzz key trusted)."""
+    control, param, body = split(data)
+    if control & CONTROL.FIX:
+        body = fix_v1(body, CONTROL.FIX) if body[:4] == V1_MAGIC else fix_v2(body)
+    verify = not control & 0x02
+    raw = "raw" if control & 0x04 else "error"
+    kwargs = _v1_credentials({0: 0, 1: 1 << 3, 2: 2 << 3, 3: (1 << 3) | CONTROL.TRUSTED}[control >> 6])
+    source = body if control & 0x20 else _Pipe(body, 1 + param * 61 if param else 1 << 20, bool(control & 0x08))
+    got = {}
+    with aprfast.stream(source, verify=verify, unknown_dtypes=raw, **kwargs) as s:
+        names = s.names()
+        _ = (s.layout, s.header, s.metadata, len(s), s.describe(), s.buffered)
+        for name in names:
+            s.info(name)
+        if control & 0x10:
+            s.finish()
+        else:
+            for name, tensor in s:
+                touch(tensor)
+                got[name] = raw_bytes(tensor)
+            if sorted(got) != sorted(names):
+                raise AssertionError(f"stream() yielded {sorted(got)} but names() says {sorted(names)}")
+        if verify and not s.verified:
+            raise AssertionError("stream() ended without error but is not verified")
+    if not verify:
+        return
+    try:
+        if control & 0x10:
+            with aprfast.open(body, unknown_dtypes=raw, **kwargs) as f:
+                f.verify()
+            return
+        loaded = aprfast.load(body, unknown_dtypes=raw, **kwargs)
+    except AprError as exc:
+        reader = "aprfast.open().verify()" if control & 0x10 else "aprfast.load"
+        raise AssertionError(f"stream() accepted a file {reader} refuses: {exc!r}") from exc
+    assert sorted(loaded) == sorted(got), f"load names {sorted(loaded)} != stream names {sorted(got)}"
+    for name in got:
+        same("aprfast.load", name, raw_bytes(loaded[name]), got[name])
+
+
 TARGETS = {
     "load": target_load,
     "open": target_open,
     "inspect": target_inspect,
     "v1_load": target_v1_load,
     "v1_inspect": target_v1_inspect,
+    "v1_open": target_v1_open,
+    "stream": target_stream,
 }
 
 

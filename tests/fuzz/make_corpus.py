@@ -10,6 +10,10 @@ K-quants, aprender's and the spec's own), 0-d and empty tensors, typed metadata,
 recipient and multi-recipient encryption, Ed25519 signatures, a license, rich
 metadata; plus "unpacked" forms whose payload region holds plaintext for the
 harness to compress, encrypt and sign after mutation (control bits PACK / SEAL).
+v1 STREAMING (chunk index) files of every codec, encrypted, signed, licensed, and
+their unsealed / unpacked forms; TRUENO_NATIVE files.  APR2 files with per-tensor LZ4
+and zstd block tables (4 KiB blocks: multi-block tensors).  The v1 tensor files also
+seed v1_open (aprfast.open of a v1 file), the v2 files stream (aprfast.stream).
 Deterministic except for the random salts/nonces of real encrypted seeds.
 """
 
@@ -105,9 +109,42 @@ def v2_seeds():
     seeds["apr2-only-dtypes"] = aprfast.save(apr2_only(), layout="apr2")
     seeds["apr2-align32"] = aprfast.save({"x": np.ones((3, 3), np.float32), "y": np.int8([1, 2])},
                                          layout="apr2", alignment=32)
+    seeds.update(compressed_v2_seeds())
     seeds["aprender-sharded"] = aprfast.save(
         {"w": np.ones((2, 2), np.float16)},
         {"sharding": {"shard_count": 2, "shard_index": 0, "total_size": 64, "pattern": "x-*"}}, layout="aprender")
+    return seeds
+
+
+def compressed_v2_seeds():
+    """APR2 files with per-tensor LZ4 / zstd block tables (aprfast.tensor_codecs).  The
+    writer's block size is set to the smallest a reader accepts (4 KiB, through the
+    module's default) so a 16 KiB tensor has four blocks: compressed, compressed,
+    compressed and one stored raw (random bytes do not shrink)."""
+    from aprfast import tensor_codecs
+
+    r = rng(9)
+    multi = np.concatenate([np.zeros(2048, np.float32), np.arange(1024, dtype=np.float32),
+                            r.standard_normal(1024).astype(np.float32)])
+    tensors = {"multi": multi.reshape(64, 64), "small": np.zeros((3, 5), np.float32),
+               "q8": packed("Q8_0", (4, 32), 3), "zeros.q": aprfast.quantize(np.zeros((2, 256), np.float32), "Q4_0"),
+               "flat": np.full(1500, 7, np.int16), "z": np.zeros((0, 3), np.float32), "s": np.float32(2.0),
+               "rand": r.integers(0, 255, 40, np.uint8)}
+    saved = tensor_codecs.LZ4_BLOCK_SIZE, tensor_codecs.ZSTD_BLOCK_SIZE
+    tensor_codecs.LZ4_BLOCK_SIZE = tensor_codecs.ZSTD_BLOCK_SIZE = tensor_codecs.MIN_BLOCK_SIZE
+    try:
+        seeds = {}
+        for codec in ("lz4", "zstd"):
+            seeds[f"apr2-{codec}"] = aprfast.save(tensors, {"name": "fuzz"}, compression=codec)
+            # two blocks of one compressible tensor: a small file whose mutations hit the table
+            seeds[f"apr2-{codec}-small"] = aprfast.save({"w": np.zeros(1100, np.float32)}, compression=codec)
+        seeds["apr2-lz4-hc"] = aprfast.save({"w": np.tile(np.arange(8, dtype=np.float32), 200)},
+                                            compression="lz4", compression_level=9)
+    finally:
+        tensor_codecs.LZ4_BLOCK_SIZE, tensor_codecs.ZSTD_BLOCK_SIZE = saved
+    for name in ("apr2-lz4", "apr2-zstd"):
+        with aprfast.open(seeds[name]) as f:  # the writer did compress (else the seed tests nothing new)
+            assert sum(1 for n in f.keys() if f.info(n).flags) >= 4, name
     return seeds
 
 
@@ -198,10 +235,101 @@ def v1_seeds():
                                                     unpacked(signed_tensors, compression=1, encrypted=True))
     seeds["v1-unsealed-lz4-licensed"] = (F | P | S | rcpt, unpacked(
         v1.save_model(small_tensors(), metadata=RICH_META, license=lic), compression=3, encrypted=True))
+    seeds.update(indexed_v1_seeds())
     # Sanity: every seed loads with its own control byte.
     for name, (control, data) in seeds.items():
         harness.target_v1_load(bytes([control, 0]) + data)  # raises if a seed does not load
     return seeds
+
+
+def indexed_v1_seeds():
+    """name -> (control byte, file bytes): STREAMING (chunk index) files of every codec,
+    with chunks of 16 bytes so tensors span several, encrypted (password, recipient,
+    multi-recipient), signed (chunk digests and index signature), both, licensed; their
+    "unsealed" / "unpacked" forms, whose chunks hold plaintext / raw bytes for the
+    harness to seal / compress after mutation; and TRUENO_NATIVE files (strides, backend
+    hints, signed, licensed)."""
+    F, P, S, T = CONTROL.FIX, CONTROL.PACK, CONTROL.SEAL, CONTROL.TRUSTED
+    pw, rcpt, multi = 1 << 3, 2 << 3, 3 << 3
+    seed, alice_pub, bob_pub = KEYS["ed25519_seed"], KEYS["alice_public"], KEYS["bob_public"]
+    tensors = small_tensors()
+    tensors["e"] = np.zeros((0, 3), np.float32)
+    tensors["s"] = np.float32(3.0)
+    seeds = {}
+
+    def streaming(compression="none", **kw):
+        return v1.save_model(tensors, metadata=PINNED, compression=compression, streaming=True, chunk_size=16, **kw)
+
+    for comp in ("none", "zstd", "lz4"):
+        seeds[f"v1s-{comp}"] = (F, streaming(comp))
+    seeds["v1s-zstd-max-bigchunks"] = (F, v1.save_model(tensors, metadata=PINNED, compression="zstd-max",
+                                                         streaming=True))
+    seeds["v1s-password"] = (F | pw, streaming("lz4", password=PASSWORD))
+    seeds["v1s-recipient"] = (F | rcpt, streaming("zstd", recipient=alice_pub))
+    seeds["v1s-multi"] = (F | multi, streaming(recipients=[bob_pub, alice_pub]))
+    seeds["v1s-signed"] = (F | T, streaming("zstd", signing_key=seed))
+    seeds["v1s-password-signed"] = (F | T | pw, streaming("lz4", password=PASSWORD, signing_key=seed))
+    seeds["v1s-licensed"] = (F, v1.save_model(tensors, metadata=RICH_META, streaming=True, chunk_size=64,
+                                              license=the_license(), compression="zstd"))
+    # Plaintext chunk forms: PACK compresses each chunk, SEAL seals it (fix_v1_streaming).
+    seeds["v1s-unpacked-zstd"] = (F | P, unseal_streaming(seeds["v1s-zstd"][1], 0, unpack=True))
+    seeds["v1s-unpacked-lz4-signed"] = (F | P | T, unseal_streaming(streaming("lz4", signing_key=seed), 0,
+                                                                    unpack=True))
+    seeds["v1s-unsealed-password"] = (F | S | pw, unseal_streaming(streaming(password=PASSWORD), 1))
+    seeds["v1s-unsealed-lz4-password-signed"] = (F | P | S | T | pw, unseal_streaming(
+        seeds["v1s-password-signed"][1], 1, unpack=True))
+    seeds["v1s-unsealed-zstd-recipient"] = (F | P | S | rcpt, unseal_streaming(seeds["v1s-recipient"][1], 2,
+                                                                               unpack=True))
+    seeds["v1s-unsealed-multi"] = (F | S | multi, unseal_streaming(seeds["v1s-multi"][1], 3))
+    # TRUENO_NATIVE: 64-byte-aligned tensors with strides and backend hints.
+    trueno_tensors = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "h": np.float16([1, 2, 3]),
+                      "b": aprfast.RawTensor("BF16", (2,), np.arange(4, dtype=np.uint8)),
+                      "i": np.int8([[-1, 2], [3, -4]]), "u": np.uint8([9]), "e": np.zeros((0, 2), np.float32)}
+    seeds["v1t"] = (F, v1.save_model(trueno_tensors, metadata=PINNED, trueno_native=True))
+    seeds["v1t-hints"] = (F, v1.save_model(trueno_tensors, metadata=PINNED, trueno_native=True,
+                                           backend_hint={"w": "avx2", "h": "gpu", "i": "neon"}))
+    seeds["v1t-signed"] = (F | T, v1.save_model({"w": np.ones((2, 2), np.float32)}, metadata=PINNED,
+                                                trueno_native=True, signing_key=seed, backend_hint="avx512"))
+    seeds["v1t-licensed"] = (F, v1.save_model({"x": np.float32([1, 2])}, metadata=PINNED, trueno_native=True,
+                                              license=the_license()))
+    return seeds
+
+
+def unseal_streaming(data: bytes, mode: int, unpack: bool = False) -> bytes:
+    """A STREAMING file with every chunk opened (``mode``: the fuzz credentials of
+    harness CONTROL.MODE) and, with ``unpack``, decompressed: the header and index still
+    say ENCRYPTED / SEALED and the codec, for fix_v1_streaming's SEAL / PACK to redo."""
+    from aprfast import codecs
+
+    parts = harness.StreamingParts(data)
+    assert parts.ok and parts.nchunks == parts.ccount
+    key = harness._file_key(parts.key_block, mode) if mode else None
+    assert key is not None or not mode
+    header, metadata = data[:32], data[32:parts.start]
+    index_header = data[parts.start:parts.start + 32]
+    pieces, raws = [], []
+    for i in range(parts.nchunks):
+        offset, stored, raw = parts.chunk(data, i)
+        piece = data[parts.end + offset:parts.end + offset + stored]
+        if key is not None:
+            aad = harness.chunk_aad(header, metadata, index_header, parts.owner_record(i), offset, stored, raw, i)
+            piece = harness._aesgcm(key).decrypt(i.to_bytes(12, "little"), piece, aad)
+        if unpack:
+            piece = bytes(codecs.decompress(piece, parts.fields[7], expected_size=raw, limit=1 << 20))
+        pieces.append(piece)
+        raws.append(raw)
+    out = bytearray(data)
+    at = 0
+    for i, piece in enumerate(pieces):
+        struct.pack_into("<QII", out, parts.table + i * parts.rec, at, len(piece), raws[i])
+        at += len(piece)
+    struct.pack_into("<I", out, 12, at)  # payload size
+    payload_end = parts.end + parts.fields[5]
+    return bytes(out[:parts.end]) + b"".join(pieces) + bytes(out[payload_end:])
+
+
+STREAM_V1 = ("v1-tensors", "v1-zstd", "v1-lz4", "v1-password", "v1-recipient", "v1s-none", "v1s-zstd", "v1s-lz4",
+             "v1s-password", "v1s-recipient", "v1s-signed", "v1s-licensed", "v1t", "v1t-hints", "v1t-signed")
 
 
 def write(out_dir: str) -> dict:
@@ -225,7 +353,28 @@ def write(out_dir: str) -> dict:
         put("v1_inspect", name, 0x00, data)
         for control, param in ((0x01, 1), (0x03, 2), (0x05, 3), (0x07, 5), (0x39, 7)):
             put("open", name, control, data, param)
+    for name, data in v2.items():  # stream(): pipe, short reads, read()-only, finish(), bytes
+        compressed = name.startswith(("apr2-lz4", "apr2-zstd"))  # refused (VersionError) by stream() for now
+        for control, param in ((0x01, 0),) if compressed else ((0x01, 0), (0x01, 1), (0x0d, 3), (0x13, 0),
+                                                                (0x21, 0)):
+            if not compressed:
+                harness.target_stream(bytes([control, param]) + data)  # raises if a seed does not stream
+            put("stream", name, control, data, param)
     for name, (control, data) in v1s.items():
+        if name.startswith(("v1-tensors", "v1-signed", "v1s-", "v1t", "v1-password", "v1-recipient",
+                            "v1-everything", "v1-unsealed", "v1-unpacked")) or name in (
+                            "v1-zstd", "v1-zstd-max", "v1-lz4"):
+            variants = [(control, 0)]
+            if name.startswith(("v1s-", "v1t")):  # open(verify=True); through a mapped / pread path
+                variants += [(control | 0x40, 1), (control | 0x80, 2), (control | 0xc0, 3)]
+            for c, param in variants:
+                harness.target_v1_open(bytes([c, param]) + data)  # raises if a seed does not open
+                put("v1_open", name, c, data, param)
+        if name in STREAM_V1:  # stream() reads v1 tensor files too (credentials: control bits 6-7)
+            creds = {0: 0, 1 << 3: 0x40, 2 << 3: 0x80}[control & CONTROL.MODE]
+            for c, param in ((0x01 | creds, 0), (0x01 | creds, 1), (0x11 | creds, 0)):
+                harness.target_stream(bytes([c, param]) + data)  # raises if a seed does not stream
+                put("stream", name, c, data, param)
         put("v1_load", name, control, data)
         put("v1_inspect", name, control & CONTROL.FIX, data)
         put("inspect", name, control, data)
