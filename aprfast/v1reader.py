@@ -262,13 +262,24 @@ class V1File:
         return [(base + c.offset, c.stored_size, c.raw_size) for c in own]
 
     # --- tensors ------------------------------------------------------------------
-    def get_tensor(self, name: str, copy: bool = False):
+    def get_tensor(self, name: str, copy: bool = False, dequantize: bool = False):
         """The tensor ``name``.  Plain and trueno files give read-only views of the map
         (``copy=True``: an owned aligned copy); a STREAMING file's tensor is always an
         owned array, decoded from its own chunks only (no other byte of the payload is
-        read); a "whole" file's tensors view the buffer decoded at open."""
+        read); a "whole" file's tensors view the buffer decoded at open.  ``dequantize``
+        as for ``AprFile.get_tensor``."""
         if self._inner is not None:
-            return self._inner.get_tensor(name, copy)
+            return self._inner.get_tensor(name, copy, dequantize)
+        tensor = self._get_tensor(name, copy)
+        if dequantize:
+            from . import quantization
+            from .tensors import QuantizedTensor
+
+            if isinstance(tensor, QuantizedTensor):
+                return quantization.dequantize(tensor)
+        return tensor
+
+    def _get_tensor(self, name: str, copy: bool):
         if self._chunks is not None:
             self._record(name)
             return self._chunks.array(self._source.read, name)
@@ -291,7 +302,7 @@ class V1File:
             return self._inner.get_slice(name)
         if self._chunks is not None:
             return ChunkSlice(self, self._record(name))
-        return _ViewSlice(self.get_tensor(name))
+        return _ViewSlice(self.get_tensor(name), self.info(name).dtype_name)
 
     def tensors(self, copy: bool = False) -> dict:
         """Every tensor, by name."""
@@ -431,12 +442,16 @@ def _trueno_id(entry) -> int:
 class _ViewSlice:
     """get_slice over a tensor already in memory (a view of the map): NumPy indexing."""
 
-    def __init__(self, array):
+    def __init__(self, array, dtype_name: str):
         self._array = array
         self.shape = array.shape
+        self._dtype_name = dtype_name
 
     def get_shape(self) -> list:
         return list(self.shape)
+
+    def get_dtype(self) -> str:
+        return self._dtype_name
 
     def __len__(self):
         return len(self._array)

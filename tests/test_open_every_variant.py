@@ -110,3 +110,17 @@ def test_an_encrypted_file_without_its_key_is_refused(tmp_path):
         aprfast.open(path)
     with pytest.raises(DecryptError):
         aprfast.open(path, password="wrong")
+
+
+def test_v1_files_have_aprfile_surface(tmp_path):
+    quantized = {"q": aprfast.quantize(np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32), "Q8_0")}
+    for kind, kw in (("plain", {}), ("streaming", {"streaming": True, "compression": "zstd"})):
+        path = tmp_path / f"{kind}.apr"
+        v1.save_model(quantized, path, **kw)
+        with aprfast.open(path) as f:
+            assert f.get_slice("q").get_dtype() == "Q8_0"
+            assert f.get_tensor("q", dequantize=True).dtype == np.float32
+    path = tmp_path / "trueno.apr"
+    v1.save_model({"w": TENSORS["embed.weight"]}, path, trueno_native=True)
+    with aprfast.open(path) as f:
+        assert f.get_slice("w").get_dtype() == "F32" and f.get_slice("w").get_shape() == [64, 64]
