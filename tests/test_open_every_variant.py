@@ -118,7 +118,8 @@ def test_v1_files_have_aprfile_surface(tmp_path):
         path = tmp_path / f"{kind}.apr"
         v1.save_model(quantized, path, **kw)
         with aprfast.open(path) as f:
-            assert f.get_slice("q").get_dtype() == "Q8_0"
+            if kind == "plain":  # a STREAMING file slices elementwise dtypes only (read packed ones whole)
+                assert f.get_slice("q").get_dtype() == "Q8_0"
             assert f.get_tensor("q", dequantize=True).dtype == np.float32
     path = tmp_path / "trueno.apr"
     v1.save_model({"w": TENSORS["embed.weight"]}, path, trueno_native=True)
