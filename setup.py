@@ -36,6 +36,7 @@ EXTENSIONS = [
     extension("_half", ["half.c"]),
     extension("_metascan", ["metascan.c"]),
     extension("_blocks", ["blockdec.c", "lz4block.c"]),
+    extension("_stats", ["stats.c", "half.c", "quant.c"]),
 ]
 # libzstd is loaded with dlopen (csrc/blockdec.c), which glibc before 2.34 keeps in libdl.
 if sys.platform.startswith("linux"):

@@ -29,7 +29,6 @@ import numpy as np
 
 from aprfast.stats import tensor_stats
 
-import timing
 from timing import Row, Table, interleaved
 
 MiB = 1 << 20

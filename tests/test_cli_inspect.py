@@ -1,4 +1,5 @@
-"""`apr inspect`: a readable report, --json, exit codes 0 / 1 (with the E-code) / 2."""
+"""`apr inspect`: a readable report, --json, --verify, and seed 001 Appendix A's exit codes: 0, 2 usage,
+3 file not found, 4 format error (with the E-code), 5 verification failed."""
 
 import json
 import os
@@ -95,9 +96,9 @@ def corrupt_copies(tmp_path):
     return out
 
 
-def test_corrupt_files_exit_1_with_the_error_code_on_stderr(tmp_path, capsys):
+def test_corrupt_files_exit_4_with_the_error_code_on_stderr(tmp_path, capsys):
     for path, code in corrupt_copies(tmp_path):
-        assert cli.main(["inspect", path]) == 1, path
+        assert cli.main(["inspect", path]) == 4, path
         out, err = capsys.readouterr()
         assert out == "", path
         assert f"[{code}]" in err, (path, err)
@@ -105,20 +106,20 @@ def test_corrupt_files_exit_1_with_the_error_code_on_stderr(tmp_path, capsys):
         assert path in err
 
 
-def test_corrupt_file_with_json_flag_also_exits_1(tmp_path, capsys):
+def test_corrupt_file_with_json_flag_also_exits_4(tmp_path, capsys):
     path = tmp_path / "bad.apr"
     shutil.copy(TINY, path)
     with open(path, "r+b") as fh:
         fh.seek(12)
         fh.write(b"\xff\xff")
-    assert cli.main(["inspect", "--json", str(path)]) == 1
+    assert cli.main(["inspect", "--json", str(path)]) == 4
     out, err = capsys.readouterr()
     assert out == "" and "[E004]" in err
 
 
-def test_missing_file_exits_1_with_e007(tmp_path, capsys):
+def test_missing_file_exits_3_with_e007(tmp_path, capsys):
     missing = str(tmp_path / "nope.apr")
-    assert cli.main(["inspect", missing]) == 1
+    assert cli.main(["inspect", missing]) == 3
     err = capsys.readouterr().err
     assert "[E007]" in err and missing in err
 

@@ -168,8 +168,9 @@ def test_stream_from_a_pipe_gives_what_open_gives(variant):
     assert s.verified
     assert s.buffered == (variant not in STREAMED)
     with aprfast.open(data, **keys) as f:
-        # (a v2 stream's metadata is the stored JSON, as AprFile.stored_metadata)
-        assert s.metadata == getattr(f, "stored_metadata", f.metadata)
+        # as open(): metadata as the writer was given it, stored_metadata as the file holds it
+        assert s.metadata == f.metadata
+        assert s.stored_metadata == getattr(f, "stored_metadata", f.metadata)
         assert s.layout == f.layout and s.header == f.header
         assert s.names() == list(f.keys())
         assert [s.info(n) for n in s.names()] == [f.info(n) for n in f.keys()]

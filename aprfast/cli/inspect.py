@@ -1,80 +1,82 @@
-"""The ``apr`` command.  Today: ``apr inspect FILE`` (header, metadata, tensor table) for
-v2 tensor containers and v1 model containers; ``apr inspect -`` reads a v2 file from
-standard input."""
+"""``apr inspect FILE``: header, metadata and tensor table, reading nothing else;
+``--verify`` also checks the file's CRC (and signature) by reading it whole;
+``apr inspect -`` reads a v2 file from standard input (its CRC is always checked)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
-from . import __version__
-from .api import inspect
-from .errors import AprError
-
-#: Exit codes (seed 001): 0 ok, 1 a file problem (message carries its E-code), 2 usage.
-EXIT_OK, EXIT_FILE_ERROR, EXIT_USAGE = 0, 1, 2
+from ..api import inspect as inspect_file
+from ..errors import ChecksumError, SignatureError
+from ._common import EXIT_OK, EXIT_VALIDATION, add_key_options, open_model, print_json
 
 
-def main(argv=None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "command", None):
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    try:
-        return args.run(args)
-    except AprError as exc:
-        print(f"apr: {exc}", file=sys.stderr)
-        return EXIT_FILE_ERROR
-    except BrokenPipeError:  # `apr inspect big.apr | head` is fine
-        return EXIT_OK
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="apr", description="Inspect and work with .apr model files.")
-    parser.add_argument("--version", action="version", version=f"aprfast {__version__}")
-    commands = parser.add_subparsers(dest="command")
+def add_parser(commands) -> None:
     p = commands.add_parser("inspect", help="show a file's header, metadata and tensors (reads nothing else)")
     p.add_argument("file", help="a .apr file, or - to read a v2 file from standard input")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    p.set_defaults(run=_inspect)
-    return parser
+    p.add_argument("--verify", action="store_true",
+                   help="also check the CRC32 (and signature) over the whole file; exit 5 if they fail")
+    add_key_options(p)
+    p.set_defaults(run=run)
 
 
-def _inspect(args) -> int:
+def run(args) -> int:
     if args.file == "-":
-        report, name = _inspect_stdin(), "<stdin>"
+        report, name = inspect_stdin(), "<stdin>"
+        if args.verify:
+            report["verified"] = {"ok": True, "detail": "CRC32 checked while reading standard input"}
     else:
-        report, name = inspect(args.file), args.file
+        report, name = inspect_file(args.file), args.file
+        if args.verify:
+            report["verified"] = verify(args.file, args)
     if args.json:
-        json.dump(report, sys.stdout, indent=2, sort_keys=False, default=_json_default)
-        sys.stdout.write("\n")
-        return EXIT_OK
-    print(_format_report(name, report))
-    return EXIT_OK
+        print_json(report)
+    else:
+        print(format_report(name, report))
+    ok = report.get("verified", {"ok": True})["ok"]
+    if not ok:
+        v = report["verified"]
+        print(f"apr: [{v['code']}] {name}: {v['detail']}", file=sys.stderr)
+    return EXIT_OK if ok else EXIT_VALIDATION
 
 
-def _inspect_stdin() -> dict:
+def verify(path, args) -> dict:
+    """{"ok", "code", "detail"}: the whole-file checks of ``f.verify()``."""
+    try:
+        with open_model(path, args) as f:
+            f.verify()
+    except (ChecksumError, SignatureError) as exc:
+        return {"ok": False, "code": exc.code, "detail": exc.message}
+    return {"ok": True, "code": None, "detail": "checksum valid"}
+
+
+def inspect_stdin() -> dict:
     """``inspect``'s report for a v2 file on standard input, read front to back by
     ``aprfast.stream``: the prefix gives the report, and the rest is read (not kept) so
     the footer and its CRC are checked before anything is printed."""
-    from .stream import stream
+    from ..stream import stream
 
     with stream(sys.stdin.buffer, unknown_dtypes="raw") as s:
         s.finish()
-        return {"layout": s.layout, "header": s.header, "metadata": s.metadata, "tensors": s.describe()}
+        # Every stored key, as `inspect FILE` reports (older streams have only .metadata).
+        metadata = getattr(s, "stored_metadata", s.metadata)
+        return {"layout": s.layout, "header": s.header, "metadata": metadata, "tensors": s.describe()}
 
 
-def _json_default(value):
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).hex()
-    return str(value)
-
-
-def _format_report(path, report) -> str:
+def format_report(path, report) -> str:
     if report["layout"] == "v1":
-        return _format_v1_report(path, report)
+        text = _format_v1_report(path, report)
+    else:
+        text = _format_v2_report(path, report)
+    if "verified" in report:
+        v = report["verified"]
+        text += f"\nchecksum: {'valid' if v['ok'] else 'INVALID'}" + ("" if v["ok"] else f" [{v['code']}] {v['detail']}")
+    return text
+
+
+def _format_v2_report(path, report) -> str:
     header, tensors = report["header"], report["tensors"]
     lines = [
         f"{path}: {report['layout']} layout ({header['magic']}, version {header['version']}), "
@@ -110,7 +112,3 @@ def _format_v1_report(path, report) -> str:
     if "license_block_size" in report:
         lines.append(f"license block: {report['license_block_size']} bytes")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -1,0 +1,118 @@
+"""``apr validate FILE``: integrity and value checks, exit 5 when one fails.
+
+``--checksum`` (the file's CRC32 and, for signed v1 files, the signature), ``--nan-check``
+(no NaN or Inf in any tensor), ``--zero-check`` (no weight entirely zero; an all-zero bias only warns); none given
+means all three.  :func:`validate_file` is the same as a function."""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import ChecksumError, DecryptError, SignatureError
+from ..stats import tensor_stats
+from ._common import EXIT_OK, EXIT_VALIDATION, add_key_options, non_negative_int, open_model, print_json
+
+CHECKS = ("checksum", "nan-check", "zero-check")
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("validate", help="check the CRC, NaN/Inf and all-zero tensors (exit 5 on failure)")
+    p.add_argument("file", help="a .apr file")
+    p.add_argument("--checksum", action="store_true", help="verify the CRC32 (and signature) over the whole file")
+    p.add_argument("--nan-check", action="store_true", help="fail if any tensor holds NaN or Inf")
+    p.add_argument("--zero-check", action="store_true", help="fail if any tensor is entirely zero")
+    p.add_argument("--threads", type=non_negative_int, default=0, help="threads for the statistics (0: every core)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_key_options(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    wanted = [name for name, flag in zip(CHECKS, (args.checksum, args.nan_check, args.zero_check)) if flag]
+    with open_model(args.file, args) as f:
+        report = validate_file(f, checks=wanted or CHECKS, threads=args.threads)
+    report["file"] = args.file
+    if args.json:
+        print_json(report)
+    else:
+        print(format_report(report))
+    for check in report["checks"]:
+        if check["status"] == "FAIL":
+            code = f"[{check['code']}] " if check.get("code") else ""
+            print(f"apr validate: {check['name']} failed: {code}{check['detail']}", file=sys.stderr)
+    return EXIT_OK if report["passed"] else EXIT_VALIDATION
+
+
+def validate_file(f, *, checks=CHECKS, threads: int = 0) -> dict:
+    """Run ``checks`` on an open file (``aprfast.open``'s result).  Returns
+    ``{"passed": bool, "checks": [{"name", "status" PASS/FAIL, "code", "detail", ...}]}``."""
+    unknown = set(checks) - set(CHECKS)
+    if unknown:
+        raise ValueError(f"unknown checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
+    results = []
+    if "checksum" in checks:
+        results.append(_checksum(f))
+    if "nan-check" in checks or "zero-check" in checks:
+        bad_values, all_zero, skipped = _scan(f, threads)
+        if "nan-check" in checks:
+            detail = ", ".join(f"{n} ({s.nan_count} NaN, {s.inf_count} Inf)" for n, s in bad_values)
+            results.append({"name": "nan-check", "status": "FAIL" if bad_values else "PASS",
+                            "code": None, "tensors": [n for n, _ in bad_values], "skipped": skipped,
+                            "detail": f"{len(bad_values)} tensor(s) with NaN/Inf: {detail}" if bad_values
+                            else "no NaN or Inf in any tensor"})
+        if "zero-check" in checks:
+            results.append(_zero_result(all_zero, skipped))
+    return {"passed": all(r["status"] != "FAIL" for r in results), "checks": results}
+
+
+def _zero_result(all_zero, skipped) -> dict:
+    # A bias initialised to zero is normal (and often stays near it); an all-zero weight
+    # is a tensor that was never loaded (seed 001 §10.11 "missing conv bias" aside).
+    hard = [n for n in all_zero if not n.endswith("bias")]
+    soft = [n for n in all_zero if n.endswith("bias")]
+    if hard:
+        status, detail = "FAIL", f"{len(hard)} all-zero tensor(s): {', '.join(hard)}"
+    elif soft:
+        status, detail = "WARN", f"{len(soft)} all-zero bias tensor(s) (allowed): {', '.join(soft)}"
+    else:
+        status, detail = "PASS", "no tensor is entirely zero"
+    return {"name": "zero-check", "status": status, "code": None, "tensors": all_zero, "skipped": skipped,
+            "detail": detail}
+
+
+def _checksum(f) -> dict:
+    try:
+        f.verify()
+    except (ChecksumError, SignatureError, DecryptError) as exc:
+        return {"name": "checksum", "status": "FAIL", "code": exc.code, "detail": exc.message}
+    return {"name": "checksum", "status": "PASS", "code": None, "detail": "CRC32 matches"
+            + ("; signature valid" if getattr(f, "signer", None) else "")}
+
+
+def _scan(f, threads):
+    """(tensors with NaN/Inf as (name, stats), names of all-zero tensors, names skipped)."""
+    bad, zeros, skipped = [], [], []
+    for name in f.keys():
+        try:
+            stats = tensor_stats(f.get_tensor(name), threads=threads)
+        except TypeError:  # complex or unknown dtype: no statistics to check
+            skipped.append(name)
+            continue
+        if stats.nan_count or stats.inf_count:
+            bad.append((name, stats))
+        if stats.count and stats.zero_count == stats.count:
+            zeros.append(name)
+    return bad, zeros, skipped
+
+
+def format_report(report) -> str:
+    lines = [f"{report.get('file', '<file>')}:"]
+    for check in report["checks"]:
+        code = f" [{check['code']}]" if check.get("code") else ""
+        lines.append(f"  [{check['status']}] {check['name']}{code}: {check['detail']}")
+        if check.get("skipped"):
+            lines.append(f"         not checked (no statistics for their dtype): {', '.join(check['skipped'])}")
+    failed = sum(c["status"] == "FAIL" for c in report["checks"])  # WARN passes
+    lines.append(f"result: {'PASS' if report['passed'] else 'FAIL'} "
+                 f"({len(report['checks']) - failed} of {len(report['checks'])} checks passed)")
+    return "\n".join(lines)
