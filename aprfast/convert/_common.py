@@ -17,7 +17,8 @@ import numpy as np
 
 from .. import dtypes as _dtypes
 from ..dtypes import DType
-from ..errors import AprIOError, CorruptError, LimitError, os_error
+from ..errors import AprIOError, CorruptError, LayoutError, LimitError, os_error
+from ..tensors import QuantizedTensor, RawTensor
 
 __all__ = ["Spec", "DestinationExistsError", "read_exact", "read_array", "check_shape_bytes", "copy_range"]
 
@@ -126,3 +127,62 @@ class Scratch:
             self.buffer = None  # the old buffer goes before the bigger one is made
             self.buffer = np.empty(size, np.uint8)
         return self.buffer
+
+
+class TensorFileSource:
+    """A foreign file of tensors laid out at offsets from a data start (safetensors,
+    GGUF): open, parse (the subclass's ``_parse`` fills ``specs``, ``_data_start``,
+    ``_offsets``), then read tensors one at a time.  ``kind`` names the format in errors."""
+
+    kind = "tensor"
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise os_error(exc, f"cannot open {self.kind} file", path=self.path) from exc
+        try:
+            self._parse()
+        except BaseException:
+            self.close()
+            raise
+
+    def _parse(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def read(self, spec: Spec, scratch=None):
+        """The tensor's value; with ``scratch`` (a Scratch) it may live in reused memory,
+        valid until the next read with the same scratch."""
+        raw = read_array(self._fd, self._data_start + self._offsets[spec.name], spec.nbytes,
+                         f"tensor {spec.name!r}", self.path, None if scratch is None else scratch.get(spec.nbytes))
+        return value_of(spec.dtype, spec.shape, raw)
+
+    def raw_range(self, spec: Spec):
+        """(fd, offset) of the tensor's stored bytes, for writers that copy them unchanged."""
+        return self._fd, self._data_start + self._offsets[spec.name]
+
+    def tensors(self, wanted=None):
+        for spec in self.specs:
+            if wanted is None or spec.name in wanted:
+                yield spec.name, self.read(spec)
+
+    def close(self) -> None:
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def value_of(dtype: DType, shape, raw: np.ndarray):
+    """The writer-ready value of stored bytes: an array when NumPy (or ml_dtypes) has the
+    type, a QuantizedTensor for packed types, else a RawTensor (the bits, typed)."""
+    if dtype.packed:
+        return QuantizedTensor(dtype, shape, raw)
+    np_dtype = _dtypes.numpy_dtype(dtype)
+    try:
+        native = _dtypes.from_numpy(np_dtype) is dtype
+    except LayoutError:
+        native = False
+    if not native:  # e.g. bf16 without ml_dtypes: uint16 would be stored as U16
+        return RawTensor(dtype, shape, raw)
+    return raw.view(np_dtype).reshape(shape)

@@ -25,8 +25,8 @@ from .. import dtypes as _dtypes
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, VersionError, os_error
 from ..limits import MAX_METADATA_SIZE, MAX_TENSOR_COUNT
 from ..writer import AtomicFile
-from ._common import Spec, check_shape_bytes, copy_range, read_array
-from .safetensors import _write_all, tensor_bytes, value_of
+from ._common import Spec, TensorFileSource, check_shape_bytes, copy_range
+from .safetensors import _write_all, tensor_bytes
 
 __all__ = ["GGUFSource", "GGUFWriter", "GGML_TYPES", "MAX_METADATA_VALUES", "apr_metadata", "gguf_metadata",
            "q8_tensor_header"]
@@ -166,21 +166,11 @@ def _read_array(cur: _Cursor, key: str, budget: _Budget, depth: int):
     return items, ["ARRAY", inner]
 
 
-class GGUFSource:
+class GGUFSource(TensorFileSource):
     """One GGUF v2/v3 file as a tensor stream.  ``gguf_metadata`` holds the raw key ->
     value pairs, ``gguf_types`` each key's value type, ``metadata`` the .apr mapping."""
 
-    def __init__(self, path):
-        self.path = os.fspath(path)
-        try:
-            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            raise os_error(exc, "cannot open GGUF file", path=self.path) from exc
-        try:
-            self._parse()
-        except BaseException:
-            self.close()
-            raise
+    kind = "GGUF"
 
     def _parse(self) -> None:
         size = os.fstat(self._fd).st_size
@@ -266,26 +256,6 @@ class GGUFSource:
                 raise CorruptError(f"tensor {spec.name!r} ({spec.nbytes} bytes at data offset {offset}) runs past "
                                    f"the end of the file ({max(data_size, 0)} data bytes)", path=self.path)
 
-    def read(self, spec: Spec, scratch=None):
-        """The tensor's value; with ``scratch`` (a Scratch) it may live in reused memory,
-        valid until the next read with the same scratch."""
-        raw = read_array(self._fd, self._data_start + self._offsets[spec.name], spec.nbytes,
-                         f"tensor {spec.name!r}", self.path, None if scratch is None else scratch.get(spec.nbytes))
-        return value_of(spec.dtype, spec.shape, raw)
-
-    def raw_range(self, spec: Spec):
-        """(fd, offset) of the tensor's stored bytes, for writers that copy them unchanged."""
-        return self._fd, self._data_start + self._offsets[spec.name]
-
-    def tensors(self, wanted=None):
-        for spec in self.specs:
-            if wanted is None or spec.name in wanted:
-                yield spec.name, self.read(spec)
-
-    def close(self) -> None:
-        fd, self._fd = getattr(self, "_fd", -1), -1
-        if fd >= 0:
-            os.close(fd)
 
 
 # --- metadata mapping ------------------------------------------------------------------

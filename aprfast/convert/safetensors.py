@@ -22,11 +22,10 @@ import struct
 import numpy as np
 
 from .. import dtypes as _dtypes
-from ..dtypes import DType
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, os_error
-from ..tensors import QuantizedTensor, RawTensor
+from ..tensors import RawTensor
 from ..writer import AtomicFile
-from ._common import DestinationExistsError, Spec, check_shape_bytes, copy_range, read_array, read_exact
+from ._common import DestinationExistsError, Spec, TensorFileSource, check_shape_bytes, copy_range, read_exact
 
 __all__ = ["SafetensorsSource", "ShardedSource", "SafetensorsWriter", "ShardedWriter", "open_source",
            "is_safetensors", "ST_DTYPES", "INDEX_NAME", "parse_size", "metadata_to_strings",
@@ -82,20 +81,10 @@ def _is_uint(value) -> bool:
     return type(value) is int and value >= 0
 
 
-class SafetensorsSource:
+class SafetensorsSource(TensorFileSource):
     """One ``.safetensors`` file as a tensor stream."""
 
-    def __init__(self, path):
-        self.path = os.fspath(path)
-        try:
-            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            raise os_error(exc, "cannot open safetensors file", path=self.path) from exc
-        try:
-            self._parse()
-        except BaseException:
-            self.close()
-            raise
+    kind = "safetensors"
 
     def _parse(self) -> None:
         size = os.fstat(self._fd).st_size
@@ -157,41 +146,6 @@ class SafetensorsSource:
             raise CorruptError(f"tensors cover {end} bytes of data but the file holds {data_size} after the header",
                                path=self.path)
 
-    def read(self, spec: Spec, scratch=None):
-        """The tensor's value; with ``scratch`` (a Scratch) it may live in reused memory,
-        valid until the next read with the same scratch."""
-        raw = read_array(self._fd, self._data_start + self._offsets[spec.name], spec.nbytes,
-                         f"tensor {spec.name!r}", self.path, None if scratch is None else scratch.get(spec.nbytes))
-        return value_of(spec.dtype, spec.shape, raw)
-
-    def raw_range(self, spec: Spec):
-        """(fd, offset) of the tensor's stored bytes, for writers that copy them unchanged."""
-        return self._fd, self._data_start + self._offsets[spec.name]
-
-    def tensors(self, wanted=None):
-        for spec in self.specs:
-            if wanted is None or spec.name in wanted:
-                yield spec.name, self.read(spec)
-
-    def close(self) -> None:
-        fd, self._fd = getattr(self, "_fd", -1), -1
-        if fd >= 0:
-            os.close(fd)
-
-
-def value_of(dtype: DType, shape, raw: np.ndarray):
-    """The writer-ready value of stored bytes: an array when NumPy (or ml_dtypes) has the
-    type, a QuantizedTensor for packed types, else a RawTensor (the bits, typed)."""
-    if dtype.packed:
-        return QuantizedTensor(dtype, shape, raw)
-    np_dtype = _dtypes.numpy_dtype(dtype)
-    try:
-        native = _dtypes.from_numpy(np_dtype) is dtype
-    except LayoutError:
-        native = False
-    if not native:  # e.g. bf16 without ml_dtypes: uint16 would be stored as U16
-        return RawTensor(dtype, shape, raw)
-    return raw.view(np_dtype).reshape(shape)
 
 
 class ShardedSource:
