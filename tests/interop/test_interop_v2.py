@@ -256,7 +256,7 @@ def view_from_aprfast(f: aprfast.AprFile) -> dict:
                    "metadata_offset": h["metadata_offset"], "metadata_size": h["metadata_size"],
                    "tensor_index_offset": h["tensor_index_offset"], "data_offset": h["data_offset"],
                    "header_crc32": h["header_crc32"], "file_size": h["file_size"]},
-        "metadata": f.metadata,
+        "metadata": f.stored_metadata,  # every stored key, as aprender reads them
         "tensors": tensors,
     }
 
