@@ -44,3 +44,29 @@ def inputs_of(tensors, dict native, fallback):
                 continue
         out.append(fallback(name, value))
     return out
+
+
+from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
+
+
+def storage_keys(list inputs):
+    """For each input, ``(address, nbytes, dtype, shape)`` of its bytes, or None when it
+    has none in memory (empty, spooled, not a contiguous buffer): what makes two inputs
+    one storage.  One buffer request per input in C; through NumPy it cost ~2 us each,
+    25 ms for a 10,000-tensor save."""
+    cdef Py_buffer view
+    out = []
+    for t in inputs:
+        data = getattr(t, "data", None)  # a spooled Writer's tensors are on disk, never shared
+        if data is None or not t.nbytes:
+            out.append(None)
+            continue
+        try:
+            PyObject_GetBuffer(data, &view, PyBUF_ANY_CONTIGUOUS)
+        except (TypeError, BufferError, ValueError):
+            out.append(None)
+            continue
+        address = <size_t>view.buf
+        PyBuffer_Release(&view)
+        out.append((address, t.nbytes, t.dtype, t.shape))
+    return out

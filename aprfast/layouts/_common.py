@@ -10,7 +10,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .. import _index
+from .. import _index, _inputs
 from ..dtypes import IdTable
 from ..errors import AprError, CorruptError, LayoutError, LimitError, TensorNotFoundError
 from ..limits import Limits
@@ -279,28 +279,12 @@ def lay_out_data(ordered, alignment: int):
     return _index.lay_out(ordered, alignment)
 
 
-def _storage_key(t):
-    """What makes two inputs one storage: the same address, size, dtype and shape."""
-    data = getattr(t, "data", None)  # a spooled Writer's tensors are on disk, never shared
-    if not t.nbytes or data is None:
-        return None
-    try:
-        view = memoryview(data)
-    except TypeError:
-        return None
-    if not view.contiguous:
-        return None
-    address = np.frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view, np.uint8)
-    return (address.__array_interface__["data"][0], t.nbytes, t.dtype, tuple(t.shape))
-
-
 def find_aliases(ordered) -> dict:
     """alias name -> the name stored, for inputs that are one storage under several
     names (tied weights): the first name in index order is stored, the others point
     at its bytes."""
     first, aliases = {}, {}
-    for t in ordered:
-        key = _storage_key(t)
+    for t, key in zip(ordered, _inputs.storage_keys(list(ordered))):
         if key is None:
             continue
         if key in first:
