@@ -136,7 +136,7 @@ def test_torch_module_and_safe_open_pt(tmp_path):
 
 
 def test_jax_module_when_installed(tmp_path, tensors):
-    pytest.importorskip("jax")
+    _import_jax()
     import aprfast.jax as apr_jax
 
     path = tmp_path / "j.apr"
@@ -180,6 +180,7 @@ def test_errors_survive_pickling_with_their_class():
 
 
 def test_safe_open_jax_and_bf16_bits(tmp_path):
+    _import_jax()
     jnp = pytest.importorskip("jax.numpy")
     ml_dtypes = pytest.importorskip("ml_dtypes")
     import aprfast.jax as apr_jax
@@ -233,3 +234,12 @@ def test_aprender_defaults_written_by_the_caller_are_indistinguishable(tmp_path,
     a = aprfast.save(tensors, {"model_type": ""}, layout="aprender")
     assert a == aprfast.save(tensors, None, layout="aprender")
     assert aprfast.open(a).metadata == {}
+
+
+def _import_jax():
+    # Under tests/sanitize.sh the interpreter runs with libasan preloaded, and jaxlib's
+    # C++ exceptions then abort in ASan's __cxa_throw interceptor (a CHECK inside the
+    # sanitizer runtime, in jaxlib, not an aprfast finding): JAX is tested in the normal run.
+    if os.environ.get("APRFAST_SANITIZED"):
+        pytest.skip("jaxlib aborts under the preloaded ASan runtime (tested in the normal run)")
+    return pytest.importorskip("jax")
