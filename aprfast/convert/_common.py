@@ -186,3 +186,27 @@ def value_of(dtype: DType, shape, raw: np.ndarray):
     if not native:  # e.g. bf16 without ml_dtypes: uint16 would be stored as U16
         return RawTensor(dtype, shape, raw)
     return raw.view(np_dtype).reshape(shape)
+
+
+class DeclaredWriter:
+    """A foreign-format writer whose header lists every tensor first (``specs``), so
+    tensors must come in that order; the file (an AtomicFile, ``_atomic``) appears only
+    when all of them were added."""
+
+    def _expect(self, name: str) -> Spec:
+        spec = self.specs[self._next] if self._next < len(self.specs) else None
+        if spec is None or spec.name != name:
+            raise LayoutError(f"tensor {name!r} added out of the declared order "
+                              f"(expected {spec.name if spec else 'no more tensors'!r})")
+        return spec
+
+    def close(self) -> None:
+        if self._next != len(self.specs):
+            self.abort()
+            raise LayoutError(f"{len(self.specs) - self._next} declared tensors were never added; no file written")
+        self._atomic.commit()
+
+    def abort(self) -> None:
+        if self._atomic is not None:
+            self._atomic.abort()
+            self._atomic = None

@@ -25,7 +25,7 @@ from .. import dtypes as _dtypes
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, VersionError, os_error
 from ..limits import MAX_METADATA_SIZE, MAX_TENSOR_COUNT
 from ..writer import AtomicFile
-from ._common import Spec, TensorFileSource, check_shape_bytes, copy_range
+from ._common import DeclaredWriter, Spec, TensorFileSource, check_shape_bytes, copy_range
 from .safetensors import _write_all, tensor_bytes
 
 __all__ = ["GGUFSource", "GGUFWriter", "GGML_TYPES", "MAX_METADATA_VALUES", "apr_metadata", "gguf_metadata",
@@ -459,7 +459,7 @@ def _gguf_spec(spec: Spec) -> Spec:
     return spec
 
 
-class GGUFWriter:
+class GGUFWriter(DeclaredWriter):
     """Writes a GGUF v3 file: header, metadata and tensor infos from the declared specs at
     once, then each tensor as it is added (declared order), aligned.  0-d tensors are
     stored with ``ne = [1]`` (GGUF has no 0-d tensors)."""
@@ -528,12 +528,6 @@ class GGUFWriter:
         head = b"".join(parts)
         return head + b"\0" * (-len(head) % self._alignment)
 
-    def _expect(self, name: str) -> Spec:
-        spec = self.specs[self._next] if self._next < len(self.specs) else None
-        if spec is None or spec.name != name:
-            raise LayoutError(f"tensor {name!r} added out of the declared order "
-                              f"(expected {spec.name if spec else 'no more tensors'!r})")
-        return spec
 
     def add_range(self, name: str, fd: int, offset: int) -> None:
         """The next declared tensor, copied unchanged from ``fd`` at ``offset``."""
@@ -555,16 +549,6 @@ class GGUFWriter:
             _write_all(self._atomic.fd, b"\0" * self._pads[self._next])
         self._next += 1
 
-    def close(self) -> None:
-        if self._next != len(self.specs):
-            self.abort()
-            raise LayoutError(f"{len(self.specs) - self._next} declared tensors were never added; no file written")
-        self._atomic.commit()
-
-    def abort(self) -> None:
-        if self._atomic is not None:
-            self._atomic.abort()
-            self._atomic = None
 
 
 def q8_tensor_header(value) -> tuple:

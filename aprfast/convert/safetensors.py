@@ -25,7 +25,7 @@ from .. import dtypes as _dtypes
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, os_error
 from ..tensors import RawTensor
 from ..writer import AtomicFile
-from ._common import DestinationExistsError, Spec, TensorFileSource, check_shape_bytes, copy_range, read_exact
+from ._common import DeclaredWriter, DestinationExistsError, Spec, TensorFileSource, check_shape_bytes, copy_range, read_exact
 
 __all__ = ["SafetensorsSource", "ShardedSource", "SafetensorsWriter", "ShardedWriter", "open_source",
            "is_safetensors", "ST_DTYPES", "INDEX_NAME", "parse_size", "metadata_to_strings",
@@ -328,7 +328,7 @@ def tensor_bytes(spec: Spec, value) -> memoryview:
     return memoryview(data)
 
 
-class SafetensorsWriter:
+class SafetensorsWriter(DeclaredWriter):
     """Writes one ``.safetensors`` file: the header from the declared specs at once,
     then each tensor as it is added, in the declared order.  Atomic like aprfast's own
     writes: nothing replaces ``path`` unless ``close()`` is reached."""
@@ -354,23 +354,7 @@ class SafetensorsWriter:
         copy_range(fd, offset, spec.nbytes, self._atomic.fd, f"tensor {name!r}")
         self._next += 1
 
-    def _expect(self, name: str) -> Spec:
-        spec = self.specs[self._next] if self._next < len(self.specs) else None
-        if spec is None or spec.name != name:
-            raise LayoutError(f"tensor {name!r} added out of the declared order "
-                              f"(expected {spec.name if spec else 'no more tensors'!r})")
-        return spec
 
-    def close(self) -> None:
-        if self._next != len(self.specs):
-            self.abort()
-            raise LayoutError(f"{len(self.specs) - self._next} declared tensors were never added; no file written")
-        self._atomic.commit()
-
-    def abort(self) -> None:
-        if self._atomic is not None:
-            self._atomic.abort()
-            self._atomic = None
 
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", re.IGNORECASE)
