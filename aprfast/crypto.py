@@ -76,6 +76,7 @@ __all__ = [
     "ARGON2_MEMORY_KIB", "ARGON2_TIME", "ARGON2_PARALLELISM", "KEY_SIZE", "HKDF_INFO",
     "MULTI_WRAP_INFO", "MULTI_MAGIC", "INFERENCE_PROTOCOL", "KEY_KINDS", "AEAD_BACKEND",
     "derive_password_key", "encrypt_with_password", "decrypt_with_password",
+    "Sealing", "password_sealing", "recipient_sealing", "recipients_sealing",
     "encrypt_for_recipient", "is_recipient", "decrypt_as_recipient",
     "encrypt_for_recipients", "decrypt_multi_recipient", "is_multi_recipient",
     "generate_signing_key", "public_key_of", "sign", "verify",
@@ -113,6 +114,11 @@ INFERENCE_PROTOCOL = "x25519-aes256gcm-v1"
 KEY_KINDS = ("ed25519-private", "ed25519-public", "x25519-private", "x25519-public")
 KEY_FORMATS = ("raw", "pem", "openssh")
 _KEYFILE_EXTRA = "aprfast[keyfiles]"
+
+# The incremental AES-GCM path works in 4 MiB pieces (large enough that per-call costs
+# vanish, small enough to stay in cache); update_into wants a block's slack of room.
+_STREAM_CHUNK = 4 << 20
+_BLOCK_SLACK = 15
 
 _FIELD_PRIME = 2**255 - 19
 _GROUP_ORDER = 2**252 + 27742317777372353535851937790883648493        # L
@@ -160,6 +166,14 @@ def _wipe(buffer: bytearray) -> None:
     buffer[:] = bytes(len(buffer))
 
 
+def _zero(view: memoryview) -> None:
+    """Zero a writable buffer of any size, a chunk at a time (no buffer its size)."""
+    zeros = bytes(min(len(view), _STREAM_CHUNK))
+    for start in range(0, len(view), len(zeros) or 1):
+        end = min(start + len(zeros), len(view))
+        view[start:end] = zeros[:end - start]
+
+
 # --- AES-256-GCM: libsodium (AES-NI / ARMv8 crypto) or cryptography's AESGCM ---------
 
 
@@ -181,6 +195,10 @@ class _SodiumAesGcm:
         if rc != 0:  # pragma: no cover - libsodium fails only on misuse
             raise RuntimeError("libsodium refused to encrypt")
 
+    def seal_to(self, write, prefix: bytes, plaintext: memoryview, key, nonce: bytes, aad) -> None:
+        # libsodium's AES-GCM is one-shot: the blob is built whole, then written
+        write(_seal_blob_with(self, prefix, plaintext, key, nonce, aad))
+
     def open(self, sealed: memoryview, key, nonce: bytes, aad: Optional[memoryview]):
         """The plaintext as a bytearray, or None (nothing decrypted) if the tag fails."""
         plaintext = bytearray(len(sealed) - TAG_SIZE)
@@ -201,6 +219,8 @@ class _SodiumAesGcm:
                 _ffi.from_buffer("unsigned char[]", key) as k, _aad_pointer(aad) as ad:
             rc = _lib.crypto_aead_aes256gcm_decrypt(
                 c, _ffi.NULL, _ffi.NULL, c, len(sealed), ad, _length(aad), nonce, k)
+        if rc != 0:
+            _zero(sealed[:len(sealed) - TAG_SIZE])  # libsodium leaves 0xd0 filler; zeros on every backend
         return rc == 0
 
 
@@ -225,14 +245,34 @@ def _length(aad) -> int:
 
 
 class _CryptographyAesGcm:
-    """OpenSSL's AES-256-GCM through ``cryptography``, for CPUs where libsodium has none
-    (libsodium implements AES-GCM only with AES-NI+PCLMUL or the ARMv8 crypto extensions)."""
+    """OpenSSL's AES-256-GCM through ``cryptography``.  Preferred when installed: OpenSSL
+    3 uses VAES/VPCLMULQDQ where the CPU has them and measured 2-4x libsodium's AES-GCM
+    on the development VM (docs/FORMAT.md, "AES-GCM backends"), and its incremental
+    interface lets a payload be sealed straight to a file and opened in place chunk by
+    chunk; the bytes are AES-GCM's either way."""
 
     name = "cryptography"
 
-    def __init__(self, aesgcm_class, invalid_tag):
+    def __init__(self, aesgcm_class, invalid_tag, cipher=None):
         self._aesgcm = aesgcm_class
         self._invalid_tag = invalid_tag
+        self._cipher = cipher  # (Cipher, algorithms.AES, modes.GCM), for incremental use
+
+    def seal_to(self, write, prefix: bytes, plaintext: memoryview, key, nonce: bytes, aad) -> None:
+        """write(prefix), the ciphertext in chunks from one reused buffer, then the tag:
+        the bytes of ``_seal_blob`` without a buffer the size of the message."""
+        cipher, aes, gcm = self._cipher
+        encryptor = cipher(aes(bytes(key)), gcm(nonce)).encryptor()
+        if aad is not None and len(aad):
+            encryptor.authenticate_additional_data(bytes(aad))
+        write(prefix)
+        out = bytearray(_STREAM_CHUNK + _BLOCK_SLACK)
+        view = memoryview(out)
+        for start in range(0, len(plaintext), _STREAM_CHUNK):
+            n = encryptor.update_into(plaintext[start:start + _STREAM_CHUNK], out)
+            write(view[:n])
+        encryptor.finalize()
+        write(encryptor.tag)
 
     def seal_into(self, out, offset, plaintext, key, nonce, aad) -> None:
         cipher = self._aesgcm(bytes(key))
@@ -243,12 +283,22 @@ class _CryptographyAesGcm:
             target[:] = cipher.encrypt(nonce, plaintext, _aad_or_none(aad))
 
     def open_in_place(self, sealed, key, nonce, aad) -> bool:
-        # cryptography has no in-place decrypt: one plaintext copy, then written back
-        plaintext = self.open(sealed, key, nonce, aad)
-        if plaintext is None:
+        """Decrypt over the ciphertext chunk by chunk (OpenSSL allows output == input);
+        False, with every byte of it zeroed, if the tag fails at the end."""
+        body = len(sealed) - TAG_SIZE
+        cipher, aes, gcm = self._cipher
+        decryptor = cipher(aes(bytes(key)), gcm(nonce, bytes(sealed[body:]))).decryptor()
+        if aad is not None and len(aad):
+            decryptor.authenticate_additional_data(bytes(aad))
+        for start in range(0, body, _STREAM_CHUNK):
+            n = min(_STREAM_CHUNK, body - start)
+            # update_into wants room for a block's slack; the tag follows the last chunk
+            decryptor.update_into(sealed[start:start + n], sealed[start:start + n + _BLOCK_SLACK])
+        try:
+            decryptor.finalize()
+        except self._invalid_tag:
+            _zero(sealed[:body])
             return False
-        sealed[:len(plaintext)] = plaintext
-        _wipe(plaintext)
         return True
 
     def open(self, sealed, key, nonce, aad):
@@ -281,26 +331,33 @@ class _MissingAesGcm:
             "'cryptography' to use OpenSSL's AES-GCM instead: pip install cryptography (or "
             f"'{_KEYFILE_EXTRA}', which brings it).")
 
-    seal_into = open = open_in_place = _refuse
+    seal_into = seal_to = open = open_in_place = _refuse
 
 
 def _pick_aead_backend(name: Optional[str] = None):
-    """libsodium when the CPU supports its AES-GCM, else cryptography, else a stub that
-    explains; ``name`` forces one (tests and benchmarks)."""
+    """cryptography (OpenSSL) when installed, else libsodium when the CPU supports its
+    AES-GCM, else a stub that explains; ``name`` forces one (tests and benchmarks)."""
+    if name in (None, "cryptography"):
+        backend = _cryptography_backend()
+        if backend is not None:
+            return backend
+        if name == "cryptography":
+            raise ImportError("the 'cryptography' package is not installed: pip install cryptography")
     if name in (None, "libsodium") and _lib.crypto_aead_aes256gcm_is_available() == 1:
         return _SodiumAesGcm()
     if name == "libsodium":
         raise RuntimeError("libsodium's AES-256-GCM is not available on this CPU")
-    if name in (None, "cryptography"):
-        try:
-            from cryptography.exceptions import InvalidTag
-            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-        except ImportError:
-            if name == "cryptography":
-                raise
-        else:
-            return _CryptographyAesGcm(AESGCM, InvalidTag)
     return _MissingAesGcm()
+
+
+def _cryptography_backend():
+    try:
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    except ImportError:
+        return None
+    return _CryptographyAesGcm(AESGCM, InvalidTag, (Cipher, algorithms.AES, modes.GCM))
 
 
 _aead = _pick_aead_backend()
@@ -319,10 +376,56 @@ def _use_aead_backend(name: Optional[str]) -> str:
 
 def _seal_blob(prefix: bytes, plaintext: memoryview, key, nonce: bytes, aad=None) -> bytearray:
     """prefix || ciphertext || tag, allocated once and filled in place."""
+    return _seal_blob_with(_aead, prefix, plaintext, key, nonce, aad)
+
+
+def _seal_blob_with(backend, prefix: bytes, plaintext: memoryview, key, nonce: bytes, aad=None) -> bytearray:
     blob = bytearray(len(prefix) + len(plaintext) + TAG_SIZE)
     blob[:len(prefix)] = prefix
-    _aead.seal_into(blob, len(prefix), plaintext, key, nonce, aad)
+    backend.seal_into(blob, len(prefix), plaintext, key, nonce, aad)
     return blob
+
+
+class Sealing:
+    """One encryption, decided before the message is seen: the prefix a mode writes
+    (salt and nonce, or ephemeral key, hint and nonce, or the recipients' wraps), the
+    key and the nonce.  ``seal(message)`` gives the whole blob; ``seal_to(write,
+    message)`` gives the same bytes to ``write`` in pieces, so a large payload goes to a
+    file without a second buffer its size (with the cryptography backend; libsodium's
+    AES-GCM is one-shot and builds the blob first).  Use once: a nonce must never seal
+    two messages.  ``wipe()`` (or the context manager) clears the key."""
+
+    def __init__(self, prefix: bytes, key, nonce: bytes, aad=None):
+        self.prefix, self._key, self._nonce, self._aad = prefix, bytearray(key), nonce, aad
+        self._used = False
+
+    def size(self, message_size: int) -> int:
+        """The blob's size for a message of ``message_size`` bytes."""
+        return len(self.prefix) + message_size + TAG_SIZE
+
+    def seal(self, plaintext: BytesLike) -> bytearray:
+        message = self._take(plaintext)
+        return _seal_blob(self.prefix, message, self._key, self._nonce, self._aad)
+
+    def seal_to(self, write, plaintext: BytesLike) -> None:
+        message = self._take(plaintext)
+        _aead.seal_to(write, self.prefix, message, self._key, self._nonce, self._aad)
+
+    def _take(self, plaintext) -> memoryview:
+        if self._used:
+            raise ValueError("this Sealing has already sealed a message (its nonce cannot be reused)")
+        self._used = True
+        return _byte_view(plaintext, "plaintext")
+
+    def wipe(self) -> None:
+        _wipe(self._key)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.wipe()
+        return False
 
 
 # --- key derivation --------------------------------------------------------------
@@ -426,10 +529,17 @@ def encrypt_with_password(plaintext: BytesLike, password: Union[str, BytesLike],
     a repeated nonce under one key breaks AES-GCM).  Returns a bytearray, allocated once
     and filled in place, so a large payload is not copied again."""
     message = _byte_view(plaintext, "plaintext")
+    with password_sealing(password, salt=salt, nonce=nonce) as sealing:
+        return sealing.seal(message)
+
+
+def password_sealing(password: Union[str, BytesLike], *, salt: Optional[BytesLike] = None,
+                     nonce: Optional[BytesLike] = None) -> Sealing:
+    """The :class:`Sealing` of :func:`encrypt_with_password` (Argon2id runs now)."""
     salt_bytes = _fresh_or_given(salt, SALT_SIZE, "salt")
     nonce_bytes = _fresh_or_given(nonce, NONCE_SIZE, "nonce")
     key = derive_password_key(password, salt_bytes)
-    return _seal_blob(salt_bytes + nonce_bytes, message, key, nonce_bytes)
+    return Sealing(salt_bytes + nonce_bytes, key, nonce_bytes)
 
 
 def decrypt_with_password(blob: BytesLike, password: Union[str, BytesLike]) -> bytearray:
@@ -474,6 +584,13 @@ def encrypt_for_recipient(plaintext: BytesLike, recipient_public: BytesLike, *,
 
     ``ephemeral_secret`` and ``nonce`` are random unless given (test vectors only)."""
     message = _byte_view(plaintext, "plaintext")
+    with recipient_sealing(recipient_public, ephemeral_secret=ephemeral_secret, nonce=nonce) as sealing:
+        return sealing.seal(message)
+
+
+def recipient_sealing(recipient_public: BytesLike, *, ephemeral_secret: Optional[BytesLike] = None,
+                      nonce: Optional[BytesLike] = None) -> Sealing:
+    """The :class:`Sealing` of :func:`encrypt_for_recipient`."""
     recipient = _fixed_bytes(recipient_public, X25519_KEY_SIZE, "recipient public key")
     ephemeral = _fresh_or_given(ephemeral_secret, X25519_KEY_SIZE, "ephemeral secret")
     nonce_bytes = _fresh_or_given(nonce, NONCE_SIZE, "nonce")
@@ -483,7 +600,7 @@ def encrypt_for_recipient(plaintext: BytesLike, recipient_public: BytesLike, *,
                          "be agreed with it")
     key = _shared_to_key(shared, HKDF_INFO)
     prefix = _nb.crypto_scalarmult_base(ephemeral) + recipient[:HINT_SIZE] + nonce_bytes
-    return _seal_blob(prefix, message, key, nonce_bytes)
+    return Sealing(prefix, key, nonce_bytes)
 
 
 def is_recipient(blob: BytesLike, private_key: BytesLike) -> bool:
@@ -539,6 +656,12 @@ def encrypt_for_recipients(plaintext: BytesLike, recipients: Iterable[BytesLike]
     """One payload readable by each of several X25519 keys: the payload is encrypted once
     under a random content key, and the content key once per recipient."""
     message = _byte_view(plaintext, "plaintext")
+    with recipients_sealing(recipients) as sealing:
+        return sealing.seal(message)
+
+
+def recipients_sealing(recipients: Iterable[BytesLike]) -> Sealing:
+    """The :class:`Sealing` of :func:`encrypt_for_recipients` (the wraps are made now)."""
     publics = _distinct_recipients(recipients)
     payload_nonce = os.urandom(NONCE_SIZE)
     header = (MULTI_MAGIC + bytes([MULTI_VERSION, 0]) + len(publics).to_bytes(2, "little")
@@ -548,9 +671,9 @@ def encrypt_for_recipients(plaintext: BytesLike, recipients: Iterable[BytesLike]
         prefix = header + b"".join(_wrap(content_key, header, public) for public in publics)
         # The whole prefix is the payload's AAD: no wrap can be dropped, reordered or
         # swapped for another without the payload failing to authenticate.
-        return _seal_blob(prefix, message, content_key, payload_nonce, aad=memoryview(prefix))
+        return Sealing(prefix, content_key, payload_nonce, aad=memoryview(prefix))
     finally:
-        _wipe(content_key)
+        _wipe(content_key)  # the Sealing holds its own copy, wiped by its wipe()
 
 
 def _distinct_recipients(recipients) -> list:

@@ -170,8 +170,6 @@ def save_model(payload, path=None, *, model_type=None, metadata=None, compressio
     metadata_block = layout.encode_metadata(metadata, license_block=license_block, align_end_to=align)
 
     stored = codecs.compress(plain, compression)
-    if encryption is not None:
-        stored = _encrypt(stored, encryption, password, recipient, recipients)
     flags = Flag(0)
     if encryption is not None:
         flags |= Flag.ENCRYPTED
@@ -179,6 +177,15 @@ def save_model(payload, path=None, *, model_type=None, metadata=None, compressio
         flags |= Flag.SIGNED
     if metadata.get("license") is not None:
         flags |= Flag.LICENSED  # as aprender's save: set iff a license is present
+    if encryption is not None:
+        with _sealing(encryption, password, recipient, recipients) as sealing:
+            if public_key is None and isinstance(path, (str, os.PathLike)):
+                # Sealed straight into the file: no buffer the size of the payload
+                # (a signature needs the sealed bytes twice, so it takes the path below).
+                header = Header(model_type, len(metadata_block), sealing.size(len(stored)), len(plain),
+                                compression, flags, score)
+                return _emit_sealed(header, metadata_block, sealing, stored, path, durable)
+            stored = sealing.seal(stored)
     header = Header(model_type, len(metadata_block), len(stored), len(plain), compression, flags, score)
     signature_block = None
     if public_key is not None:
@@ -247,13 +254,19 @@ def _encryption_mode(password, recipient, recipients):
 
 
 def _encrypt(stored, mode, password, recipient, recipients):
+    with _sealing(mode, password, recipient, recipients) as sealing:
+        return sealing.seal(stored)
+
+
+def _sealing(mode, password, recipient, recipients):
+    """The crypto.Sealing of an encryption mode (Argon2id or the key agreement runs now)."""
     from . import crypto
 
     if mode == "password":
-        return crypto.encrypt_with_password(stored, password)
+        return crypto.password_sealing(password)
     if mode == "recipient":
-        return crypto.encrypt_for_recipient(stored, recipient)
-    return crypto.encrypt_for_recipients(stored, recipients)
+        return crypto.recipient_sealing(recipient)
+    return crypto.recipients_sealing(recipients)
 
 
 def _public_key(signing_key):
@@ -313,6 +326,32 @@ def _emit(parts, path, durable):
     for part in parts:
         path.write(part)
     return None
+
+
+def _emit_sealed(header: Header, metadata_block: bytes, sealing, stored, path, durable) -> None:
+    """Header, metadata, the payload sealed piece by piece, the CRC32 of it all: the
+    bytes ``layout.assemble`` gives, written as they are made."""
+    from .writer import AtomicFile
+
+    crc = 0
+    atomic = AtomicFile(path, durable=durable)
+
+    def write(piece) -> None:
+        nonlocal crc
+        crc = crc32(piece, crc)
+        _write_all(atomic.fd, piece)
+
+    try:
+        write(header.to_bytes())
+        write(metadata_block)
+        sealing.seal_to(write, stored)
+        _write_all(atomic.fd, crc.to_bytes(layout.CRC_SIZE, "little"))
+    except BaseException as exc:
+        atomic.abort()
+        if isinstance(exc, OSError) and not isinstance(exc, AprError):
+            raise AprIOError(f"write failed: {exc.strerror or exc}", path=path) from exc
+        raise
+    atomic.commit()
 
 
 def _write_all(fd: int, data) -> None:
