@@ -9,6 +9,7 @@ parallel memcpy.
 
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBuffer_IsContiguous, PyBuffer_Release,
                              PyObject_GetBuffer)
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.bytearray cimport (PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_GET_SIZE,
                                PyByteArray_Resize)
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
@@ -130,6 +131,23 @@ def copy_into(uint8_t[::1] dst, const uint8_t[::1] src, int threads=0):
         return
     with nogil:
         apr_copy(&dst[0], &src[0], n, threads)
+
+
+def copy_to_bytes(const uint8_t[::1] src, int threads=0):
+    """``bytes(src)``, copied by several threads when large: a fresh bytes object is
+    filled before anyone else can see it (as CPython itself does), so a large copy out
+    of a mapped file faults in its new pages on every core instead of one."""
+    cdef Py_ssize_t n = src.shape[0]
+    out = PyBytes_FromStringAndSize(NULL, n)
+    cdef uint8_t *dst = <uint8_t *>PyBytes_AS_STRING(out)
+    if n == 0:
+        return out
+    if <size_t>n < NOGIL_MIN:
+        memcpy(dst, &src[0], n)
+        return out
+    with nogil:
+        apr_copy(dst, &src[0], n, threads)
+    return out
 
 
 def preallocate(int fd, unsigned long long size):

@@ -672,8 +672,16 @@ def _load(src, expected_type, password, private_key, trusted_keys, require_signa
         # A decrypted or decompressed payload is already an owned bytearray (which the
         # caller may wipe); copying it to bytes would hold the model twice.  A payload
         # stored plainly is copied out of the map so the file can be closed.
-        payload = plain if isinstance(plain, bytearray) or _in_private_map(plain) else bytes(plain)
+        payload = plain if isinstance(plain, bytearray) or _in_private_map(plain) else _owned_copy(plain)
     return V1Model(header, metadata, payload, signature, signer, encryption, license, header.flag_set)
+
+
+def _owned_copy(view) -> bytes:
+    """``bytes(view)`` made by both cores: a large copy out of the page cache is bound
+    by faulting in fresh pages, which runs in parallel."""
+    from ._memory import copy_to_bytes
+
+    return copy_to_bytes(view)
 
 
 def _reader_of(view):
