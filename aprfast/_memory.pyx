@@ -22,8 +22,18 @@ cdef extern from "buffers.h" nogil:
         uint8_t *ptr
         void *base
         size_t mapped
+        size_t capacity
+    ctypedef struct apr_cache_stats:
+        size_t blocks
+        size_t bytes
+        size_t limit
+        uint64_t hits
+        uint64_t misses
     int apr_block_alloc(apr_block *block, size_t size, size_t alignment)
     void apr_block_free(apr_block *block)
+    void apr_cache_stats_get(apr_cache_stats *out)
+    void apr_cache_release(long long limit)
+    size_t APR_CACHE_MIN
 
 cdef extern from "pio.h" nogil:
     int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc)
@@ -97,6 +107,27 @@ cdef class AlignedBuffer:
     def huge_page_backed(self):
         """True when the buffer was mapped on a 2 MiB boundary (huge pages advised)."""
         return self.block.mapped != 0
+
+
+#: Freed AlignedBuffers of at least this many bytes are kept for reuse (buffers.h).
+BUFFER_CACHE_MIN = APR_CACHE_MIN
+
+
+def buffer_cache_stats():
+    """The cache of freed buffers: blocks and bytes held, the cap, hits and misses."""
+    cdef apr_cache_stats st
+    apr_cache_stats_get(&st)
+    return {"blocks": st.blocks, "bytes": st.bytes, "limit": st.limit, "hits": st.hits, "misses": st.misses}
+
+
+def release_buffer_cache(limit=None):
+    """Give every cached block back to the system; ``limit`` (bytes) sets a new cap
+    (0 turns the cache off)."""
+    cdef long long cap = -1 if limit is None else limit
+    if limit is not None and limit < 0:
+        raise ValueError("the buffer cache limit is a number of bytes >= 0")
+    with nogil:
+        apr_cache_release(cap)
 
 
 def pread_into(int fd, unsigned long long offset, uint8_t[::1] dst, int threads=0, crc=None):

@@ -10,6 +10,7 @@
 #ifdef _WIN32
 #include <malloc.h>
 #else
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #endif
@@ -36,6 +37,7 @@ static int heap_alloc(apr_block *block, size_t size, size_t alignment)
     block->ptr = p;
     block->base = p;
     block->mapped = 0;
+    block->capacity = size;
     return 0;
 }
 
@@ -64,8 +66,198 @@ static int mapped_alloc(apr_block *block, size_t size)
     block->ptr = start;
     block->base = start;
     block->mapped = want;
+    block->capacity = want;
     return 0;
 }
+#endif
+
+static void release(apr_block *block)
+{
+#if !defined(_WIN32)
+    if (block->mapped)
+        munmap(block->base, block->mapped);
+    else
+        free(block->base);
+#else
+    _aligned_free(block->base);
+#endif
+}
+
+/* --- the cache of freed blocks ------------------------------------------------------
+ * A FIFO of slots under one mutex (frees come from any thread, and the GIL may be
+ * absent).  Lookups scan at most APR_CACHE_SLOTS entries: trivial beside the page
+ * faults they save. */
+#if !defined(_WIN32)
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static apr_block cache_slot[APR_CACHE_SLOTS];
+static size_t cache_count, cache_bytes;
+static long long cache_limit = -1; /* -1: not read from the environment yet */
+static uint64_t cache_hits, cache_misses;
+static int cache_atfork_done;
+
+/* A child forked while another thread held the lock would never see it released. */
+static void cache_prepare(void) { pthread_mutex_lock(&cache_lock); }
+static void cache_parent(void) { pthread_mutex_unlock(&cache_lock); }
+static void cache_child(void) { pthread_mutex_unlock(&cache_lock); }
+
+static long long default_limit(void)
+{
+    const char *env = getenv("APRFAST_BUFFER_CACHE");
+    if (env && *env) {
+        char *end = NULL;
+        long long v = strtoll(env, &end, 10);
+        if (end && *end == '\0' && v >= 0)
+            return v;
+    }
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    long long physical = (pages > 0 && page > 0) ? (long long)pages * page : 0;
+    long long cap = (long long)2 << 30;
+    return physical > 0 && physical / 8 < cap ? physical / 8 : cap;
+}
+
+/* Must hold cache_lock. */
+static void cache_limit_init(void)
+{
+    if (cache_limit < 0)
+        cache_limit = default_limit();
+    if (!cache_atfork_done) {
+        pthread_atfork(cache_prepare, cache_parent, cache_child);
+        cache_atfork_done = 1;
+    }
+}
+
+/* Must hold cache_lock: remove slot i, keeping FIFO order. */
+static apr_block cache_take(size_t i)
+{
+    apr_block b = cache_slot[i];
+    memmove(&cache_slot[i], &cache_slot[i + 1], (cache_count - i - 1) * sizeof(apr_block));
+    cache_count--;
+    cache_bytes -= b.capacity;
+    return b;
+}
+
+/* The cached block that fits size at alignment with the least waste (at most an
+ * eighth of size, or 64 KiB, unused), or 0. */
+static int cache_get(apr_block *out, size_t size, size_t alignment)
+{
+    if (size < APR_CACHE_MIN)
+        return 0;
+    size_t slack = size / 8 > ((size_t)64 << 10) ? size / 8 : ((size_t)64 << 10);
+    int found = 0;
+    pthread_mutex_lock(&cache_lock);
+    size_t best = cache_count;
+    for (size_t i = 0; i < cache_count; i++) {
+        apr_block *b = &cache_slot[i];
+        if (b->capacity < size || b->capacity - size > slack || ((uintptr_t)b->ptr & (alignment - 1)))
+            continue;
+        if (best == cache_count || b->capacity < cache_slot[best].capacity)
+            best = i;
+    }
+    apr_block stale;
+    int evict = 0;
+    if (best < cache_count) {
+        *out = cache_take(best);
+        cache_hits++;
+        found = 1;
+    } else {
+        cache_misses++;
+        /* Every miss gives back the oldest block: when sizes repeat (a loop of loads or
+         * copies) the cache serves them all, and when they do not (a stream of varied
+         * tensors) it holds about one block instead of growing to its cap. */
+        if (cache_count) {
+            stale = cache_take(0);
+            evict = 1;
+        }
+    }
+    pthread_mutex_unlock(&cache_lock);
+    if (evict)
+        release(&stale);
+    return found;
+}
+
+/* Lazily free a block's whole pages: kept mapped, reclaimable by the kernel. */
+static void lazy_free(apr_block *b)
+{
+#ifdef MADV_FREE
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)b->ptr + page - 1) & ~(page - 1);
+    uintptr_t hi = ((uintptr_t)b->ptr + b->capacity) & ~(page - 1);
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_FREE); /* advisory: failure keeps the pages */
+#else
+    (void)b;
+#endif
+}
+
+/* Keep a freed block; 1 if taken, 0 if the caller must release it. */
+static int cache_put(apr_block *block)
+{
+    if (block->capacity < APR_CACHE_MIN)
+        return 0;
+    apr_block evicted[8];
+    size_t n_evicted = 0;
+    int kept = 0;
+    pthread_mutex_lock(&cache_lock);
+    cache_limit_init();
+    if ((long long)block->capacity <= cache_limit) {
+        /* Oldest first out until it fits (at most a few per call; the rest next time). */
+        while (cache_count && (cache_count == APR_CACHE_SLOTS ||
+                               (long long)(cache_bytes + block->capacity) > cache_limit)) {
+            if (n_evicted == sizeof evicted / sizeof evicted[0])
+                break;
+            evicted[n_evicted++] = cache_take(0);
+        }
+        if (cache_count < APR_CACHE_SLOTS && (long long)(cache_bytes + block->capacity) <= cache_limit) {
+            cache_slot[cache_count++] = *block;
+            cache_bytes += block->capacity;
+            kept = 1;
+        }
+    }
+    pthread_mutex_unlock(&cache_lock);
+    for (size_t i = 0; i < n_evicted; i++)
+        release(&evicted[i]);
+    if (kept)
+        lazy_free(block);
+    return kept;
+}
+
+void apr_cache_stats_get(apr_cache_stats *out)
+{
+    pthread_mutex_lock(&cache_lock);
+    cache_limit_init();
+    out->blocks = cache_count;
+    out->bytes = cache_bytes;
+    out->limit = (size_t)cache_limit;
+    out->hits = cache_hits;
+    out->misses = cache_misses;
+    pthread_mutex_unlock(&cache_lock);
+}
+
+void apr_cache_release(long long limit)
+{
+    for (;;) {
+        apr_block b;
+        int have = 0;
+        pthread_mutex_lock(&cache_lock);
+        cache_limit_init();
+        if (limit >= 0)
+            cache_limit = limit;
+        limit = -1;
+        if (cache_count) {
+            b = cache_take(cache_count - 1);
+            have = 1;
+        }
+        pthread_mutex_unlock(&cache_lock);
+        if (!have)
+            return;
+        release(&b);
+    }
+}
+#else
+static int cache_get(apr_block *out, size_t size, size_t alignment) { (void)out; (void)size; (void)alignment; return 0; }
+static int cache_put(apr_block *block) { (void)block; return 0; }
+void apr_cache_stats_get(apr_cache_stats *out) { memset(out, 0, sizeof *out); }
+void apr_cache_release(long long limit) { (void)limit; }
 #endif
 
 int apr_block_alloc(apr_block *block, size_t size, size_t alignment)
@@ -73,6 +265,8 @@ int apr_block_alloc(apr_block *block, size_t size, size_t alignment)
     memset(block, 0, sizeof *block);
     if (alignment == 0 || (alignment & (alignment - 1)) || alignment > 4096)
         return EINVAL;
+    if (cache_get(block, size, alignment))
+        return 0;
 #if !defined(_WIN32)
     if (size >= APR_MAP_THRESHOLD)
         return mapped_alloc(block, size);
@@ -84,13 +278,7 @@ void apr_block_free(apr_block *block)
 {
     if (!block->base)
         return;
-#if !defined(_WIN32)
-    if (block->mapped)
-        munmap(block->base, block->mapped);
-    else
-        free(block->base);
-#else
-    _aligned_free(block->base);
-#endif
+    if (!cache_put(block))
+        release(block);
     memset(block, 0, sizeof *block);
 }

@@ -17,6 +17,7 @@ typedef struct {
     uint8_t *ptr;     /* aligned start handed to the caller */
     void *base;       /* what must be released */
     size_t mapped;    /* bytes mapped at base, or 0 if base came from the heap */
+    size_t capacity;  /* usable bytes from ptr (>= the size asked for) */
 } apr_block;
 
 /* Threshold above which buffers are mapped (and may use huge pages).  Below it the
@@ -27,9 +28,35 @@ typedef struct {
  * huge pages make that first touch cheaper. */
 #define APR_MAP_THRESHOLD ((size_t)32 << 20)
 
-/* 0 on success, or an errno value.  alignment must be a power of two <= 4096. */
+/* 0 on success, or an errno value.  alignment must be a power of two <= 4096.
+ * The contents are not initialised (a reused block holds old bytes). */
 int apr_block_alloc(apr_block *block, size_t size, size_t alignment);
 void apr_block_free(apr_block *block);
+
+/* Freed blocks of at least APR_CACHE_MIN bytes are kept for reuse, up to a total that
+ * defaults to min(physical memory / 8, 2 GiB) and is set by the environment variable
+ * APRFAST_BUFFER_CACHE (bytes; 0 disables) when the first block is freed.  Why: a
+ * loop that loads or copies tensors of the same sizes would otherwise map, fault in
+ * and zero fresh pages on every call (about 0.8 ms per MiB on the development VM),
+ * while glibc hands the peers' freed blocks straight back to them.  Cached pages are
+ * given MADV_FREE, so the kernel may reclaim them under memory pressure (a later reuse
+ * then faults in zero pages) and otherwise reuses them without a fault.  Each cacheable
+ * allocation the cache cannot serve releases its oldest block, so a workload whose
+ * sizes do not repeat (a stream) holds about one block, not the cap. */
+#define APR_CACHE_MIN ((size_t)256 << 10)
+#define APR_CACHE_SLOTS 1024
+
+typedef struct {
+    size_t blocks;    /* blocks held */
+    size_t bytes;     /* their capacity */
+    size_t limit;     /* the cap on bytes */
+    uint64_t hits;    /* allocations served from the cache */
+    uint64_t misses;  /* cacheable allocations that were not */
+} apr_cache_stats;
+
+void apr_cache_stats_get(apr_cache_stats *out);
+/* Release every cached block; set the cap (bytes) if limit >= 0. */
+void apr_cache_release(long long limit);
 
 #ifdef __cplusplus
 }

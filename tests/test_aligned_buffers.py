@@ -226,3 +226,99 @@ def test_impossible_sizes_raise_instead_of_crashing(run_child):
     assert out.returncode == 0, (out.returncode, out.stdout, out.stderr[-2000:])
     lines = out.stdout.split("\n")[:3]
     assert all(line in ("MemoryError", "ValueError", "OverflowError") for line in lines), out.stdout
+
+
+# --- the cache of freed buffers (csrc/buffers.h) ---------------------------------------
+
+
+@pytest.fixture
+def fresh_cache():
+    _memory.release_buffer_cache()
+    before = _memory.buffer_cache_stats()
+    yield before
+    _memory.release_buffer_cache(before["limit"])
+
+
+@pytest.mark.parametrize("size", [_memory.BUFFER_CACHE_MIN, 3 << 20, 40 << 20])
+def test_a_freed_buffer_is_handed_back_for_the_same_size(fresh_cache, size):
+    first = _memory.AlignedBuffer(size, 64)
+    address = first.address
+    np.frombuffer(first, np.uint8)[:] = 7  # touched, as a copy would
+    del first
+    stats = _memory.buffer_cache_stats()
+    assert stats["blocks"] == 1 and stats["bytes"] >= size
+    again = _memory.AlignedBuffer(size, 64)
+    assert again.address == address and len(again) == size
+    assert _memory.buffer_cache_stats()["hits"] == fresh_cache["hits"] + 1
+    np.frombuffer(again, np.uint8)[:] = 1  # fully writable
+    del again
+
+
+def test_the_cache_keeps_neither_small_blocks_nor_a_poor_fit(fresh_cache):
+    small = _memory.AlignedBuffer(_memory.BUFFER_CACHE_MIN - 1, 64)
+    del small
+    assert _memory.buffer_cache_stats()["blocks"] == 0
+    big = _memory.AlignedBuffer(8 << 20, 64)
+    address = big.address
+    del big
+    # a quarter of the size: reusing the 8 MiB block would waste most of it, and the
+    # miss gives the 8 MiB block back to the system
+    other = _memory.AlignedBuffer(2 << 20, 64)
+    assert other.address != address
+    assert _memory.buffer_cache_stats()["blocks"] == 0
+    # a stricter alignment than the cached block has is never served from it
+    assert all(_memory.AlignedBuffer(8 << 20, 4096).address % 4096 == 0 for _ in range(3))
+
+
+def test_the_cap_bounds_what_is_kept_and_zero_turns_the_cache_off(fresh_cache):
+    _memory.release_buffer_cache(5 << 20)
+    buffers = [_memory.AlignedBuffer(2 << 20, 64) for _ in range(4)]
+    del buffers
+    stats = _memory.buffer_cache_stats()
+    assert stats["bytes"] <= 5 << 20 and stats["blocks"] == 2
+
+
+def test_sizes_that_never_repeat_hold_about_one_block(fresh_cache):
+    for i in range(40):  # 1, 1.5, 2.25 ... MiB: never within a cached block's slack
+        made = _memory.AlignedBuffer(int((1 << 20) * 1.5 ** (i % 12)) + i * 4096, 64)
+        del made
+        assert _memory.buffer_cache_stats()["blocks"] <= 1
+    _memory.release_buffer_cache(0)
+    assert _memory.buffer_cache_stats()["blocks"] == 0
+    made = _memory.AlignedBuffer(2 << 20, 64)
+    del made
+    assert _memory.buffer_cache_stats()["blocks"] == 0
+
+
+def test_the_environment_sets_the_cap():
+    import subprocess
+
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(aprfast.__file__)))
+    env = dict(os.environ, PYTHONPATH=package_parent, APRFAST_BUFFER_CACHE="12345")
+    out = subprocess.run([sys.executable, "-c", "from aprfast import _memory; "
+                          "print(_memory.buffer_cache_stats()['limit'])"],
+                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "12345"
+
+
+def test_threads_allocating_and_freeing_keep_every_buffer_distinct(fresh_cache):
+    import threading
+
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(200):
+            held = [_memory.AlignedBuffer(int(rng.integers(256 << 10, 1 << 20)), 64) for _ in range(4)]
+            for i, b in enumerate(held):
+                np.frombuffer(b, np.uint8)[:] = seed * 4 + i
+            for i, b in enumerate(held):
+                if not (np.frombuffer(b, np.uint8) == (seed * 4 + i) % 256).all():
+                    errors.append(seed)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
