@@ -12,15 +12,18 @@ import argparse
 import sys
 
 from .. import __version__
+from ..convert._common import DestinationExistsError
 from ..errors import AprError, AprFileNotFoundError, AprIOError
-from . import explain, inspect, tensors, validate
+from . import (convert, debug, decrypt, diff, encrypt, explain, export, import_, inspect, keygen, lint, merge, sign,
+               tensors, validate, verify)
 from ._common import (EXIT_ERROR, EXIT_FORMAT, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, EXIT_VALIDATION,
                       UsageError)
 
 __all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_NOT_FOUND", "EXIT_FORMAT", "EXIT_VALIDATION"]
 
 #: The subcommand modules, in `apr --help` order; each has add_parser(subparsers).
-COMMANDS = (inspect, validate, tensors, explain)
+COMMANDS = (inspect, debug, validate, tensors, lint, diff, convert, import_, export, merge, sign, verify, encrypt,
+            decrypt, keygen, explain)
 
 
 def main(argv=None) -> int:
@@ -37,6 +40,12 @@ def main(argv=None) -> int:
     except (AprFileNotFoundError, FileNotFoundError) as exc:
         print(f"apr: {exc}", file=sys.stderr)
         return EXIT_NOT_FOUND
+    except DestinationExistsError as exc:  # QA #97: never replaced without --force
+        print(f"apr {args.command}: {exc.path} exists; pass --force to replace it", file=sys.stderr)
+        return EXIT_ERROR
+    except NotImplementedError as exc:
+        print(f"apr {args.command}: not supported: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     except AprIOError as exc:  # permission, EIO: not the file's format
         print(f"apr: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -53,11 +62,16 @@ def main(argv=None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="apr", description="Inspect and work with .apr model files.",
+    parser = argparse.ArgumentParser(prog="apr", allow_abbrev=False,
+                                     description="Inspect and work with .apr model files.",
                                      epilog="exit codes: 0 success, 1 error, 2 invalid arguments, "
                                             "3 file not found, 4 format error, 5 validation failed")
     parser.add_argument("--version", action="version", version=f"aprfast {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         module.add_parser(commands)
+    # No prefix matching: `--password SECRET` must be refused, not read as --password-env
+    # (a secret typed on the command line is visible in ps; it has to fail loudly).
+    for sub in commands.choices.values():
+        sub.allow_abbrev = False
     return parser

@@ -95,3 +95,76 @@ def fmt(value) -> str:
 
 def shape_text(shape) -> str:
     return "x".join(str(d) for d in shape) or "scalar"
+
+
+def password_from(args) -> str | None:
+    """The password named by ``--password-env VAR`` (None without the option)."""
+    var = getattr(args, "password_env", None)
+    if not var:
+        return None
+    password = os.environ.get(var)
+    if password is None:
+        raise UsageError(f"--password-env: environment variable {var} is not set")
+    if not password:
+        raise UsageError(f"--password-env: environment variable {var} is empty")
+    return password
+
+
+def signing_key_from(args) -> bytes | None:
+    """The Ed25519 seed of ``--signing-key PATH`` (raw 32 bytes, PEM or OpenSSH)."""
+    if not getattr(args, "signing_key", None):
+        return None
+    from ..crypto import load_key
+
+    return load_key(args.signing_key, kind="ed25519-private")[1]
+
+
+def add_signing_key_option(parser, help_text: str) -> None:
+    parser.add_argument("--signing-key", metavar="PATH", help=help_text)
+
+
+def add_progress_option(parser) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def progress_for(args, description: str):
+    """A context manager giving a ``progress(done, total)`` callback: a rich progress
+    bar on stderr when stderr is a terminal, else (``--json``, ``--quiet``, a pipe, or
+    rich not installed) a callback that does nothing."""
+    if getattr(args, "json", False) or getattr(args, "quiet", False) or not sys.stderr.isatty():
+        return _NoProgress()
+    from importlib.util import find_spec
+
+    if find_spec("rich") is None:  # optional: the bar is a nicety, never a requirement
+        return _NoProgress()
+    return _RichProgress(description)
+
+
+class _NoProgress:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc_info):
+        return False
+
+
+class _RichProgress:
+    def __init__(self, description: str):
+        self.description = description
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                             TimeRemainingColumn(), console=Console(file=sys.stderr), transient=True)
+        self._bar.start()
+        self._task = self._bar.add_task(self.description, total=None)
+        return self.update
+
+    def update(self, done, total) -> None:
+        self._bar.update(self._task, completed=done, total=total)
+
+    def __exit__(self, *exc_info):
+        self._bar.stop()
+        return False
