@@ -6,9 +6,9 @@ import io
 import os
 
 from . import layouts
-from .errors import DecryptError, SignatureError
 from .limits import Limits
 from .reader import AprFile
+from .security import SecurityOptions, refuse_keys
 from .sources import open_source
 from .tensors import as_inputs
 from .writer import save_to
@@ -16,16 +16,19 @@ from .writer import save_to
 __all__ = ["save_file", "save", "load_file", "load", "open", "inspect"]
 
 
-def _plan(tensors, metadata, layout, alignment, compression=None, compression_level=None):
+def _plan(tensors, metadata, layout, alignment, compression=None, compression_level=None, security=None):
     if not hasattr(tensors, "items"):
         raise TypeError(f"tensors must be a mapping of name to array, not {type(tensors).__name__}")
+    options = SecurityOptions.from_keywords(**(security or {}))  # checked before any tensor is reduced
     inputs = as_inputs(tensors)
     return layouts.plan(inputs, metadata, layout=layout, alignment=alignment, compression=compression,
-                        compression_level=compression_level)
+                        compression_level=compression_level, security=options)
 
 
 def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: int = 64,
-              durable: bool = True, compression: str | None = None, compression_level: int | None = None) -> None:
+              durable: bool = True, compression: str | None = None, compression_level: int | None = None,
+              password=None, recipients=None, signing_key=None, digest: str | None = None,
+              encrypt_names: bool = False) -> None:
     """Write ``tensors`` (name -> array) to ``path`` atomically.
 
     ``layout`` is "aprender" (APR\\0, readable by aprender), "apr2" (the spec's APR2) or
@@ -39,14 +42,34 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
     stored raw and stays zero-copy.  ``compression_level``: zstd's level (default 3), or
     LZ4 HC's 1-12 (default: LZ4's fast mode).  Compressed tensors are held in memory
     until the file is written.
+
+    **Encryption and signing** (apr2 layout; "auto" picks it; docs/FORMAT.md §3.2):
+    ``password=`` (Argon2id, as v1) or ``recipients=[X25519 public keys]`` seal every
+    tensor in 1 MiB chunks with AES-256-GCM under a random per-file key, after
+    compression; readers still read one tensor or one slice without the rest.  The
+    index (names, dtypes, shapes, sizes) and metadata stay readable without the key
+    unless ``encrypt_names=True``.  ``signing_key=`` (Ed25519 seed) adds a digest per
+    chunk and a signature over header, metadata, index and digests; ``digest=``
+    ("sha256", the default, or "blake3", which readers need the blake3 package for)
+    picks the hash, and given alone writes the digests without a signature.  Sealed
+    tensors are held in memory until the file is written; tied weights are stored
+    once per name.
     """
-    save_to(path, _plan(tensors, metadata, layout, alignment, compression, compression_level), durable=durable)
+    save_to(path, _plan(tensors, metadata, layout, alignment, compression, compression_level,
+                        _security(password, recipients, signing_key, digest, encrypt_names)), durable=durable)
+
+
+def _security(password, recipients, signing_key, digest, encrypt_names):
+    return dict(password=password, recipients=recipients, signing_key=signing_key, digest=digest,
+                encrypt_names=encrypt_names)
 
 
 def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64, compression: str | None = None,
-         compression_level: int | None = None) -> bytes:
-    """The bytes ``save_file`` would write."""
-    plan = _plan(tensors, metadata, layout, alignment, compression, compression_level)
+         compression_level: int | None = None, password=None, recipients=None, signing_key=None,
+         digest: str | None = None, encrypt_names: bool = False) -> bytes:
+    """The bytes ``save_file`` would write (same arguments)."""
+    plan = _plan(tensors, metadata, layout, alignment, compression, compression_level,
+                 _security(password, recipients, signing_key, digest, encrypt_names))
     out = io.BytesIO()
     save_to(out, plan)
     return out.getvalue()
@@ -65,6 +88,11 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
     that).  A key given for a file that is not encrypted is refused (DecryptError)
     unless ``allow_unencrypted=True``, and a required signature on an unsigned file is
     refused (SignatureError), whatever the variant.
+
+    An encrypted or signed APR2 file is checked at open (block CRC, signature by a
+    trusted key, content key, header/metadata/index authentication); each tensor chunk
+    is checked (digest, AES-GCM tag) when read, so reading one tensor costs one
+    signature check plus the chunks read.  Its tensors are owned arrays, never views.
     """
     source = open_source(target, mode=mode)
     try:
@@ -75,21 +103,22 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
             return V1File(source, password=password, private_key=private_key, trusted_keys=trusted_keys,
                           require_signature=require_signature, limits=limits, unknown_dtypes=unknown_dtypes,
                           allow_unencrypted=allow_unencrypted)._verified(verify)
-        _refuse_keys_for_v2(password, private_key, trusted_keys, require_signature, allow_unencrypted, source.path)
+        if password is not None and private_key is not None:
+            raise ValueError("give password= or private_key=, not both")
     except BaseException:
         source.close()
         raise
-    return AprFile(source, limits=limits, unknown_dtypes=unknown_dtypes, verify=verify, alignment=alignment)
+    keys = dict(password=password, private_key=private_key, trusted_keys=trusted_keys,
+                require_signature=require_signature, allow_unencrypted=allow_unencrypted)
+    return AprFile(source, limits=limits, unknown_dtypes=unknown_dtypes, verify=verify, alignment=alignment,
+                   keys=keys)
 
 
 def _refuse_keys_for_v2(password, private_key, trusted_keys, require_signature, allow_unencrypted, path):
-    """v2 files are neither encrypted nor signed yet: a caller who expects either must
-    not get plaintext or unverified tensors back silently."""
-    if (password is not None or private_key is not None) and not allow_unencrypted:
-        raise DecryptError("a key was given but this v2 file is not encrypted; pass allow_unencrypted=True "
-                           "to read it anyway", path=path)
-    if require_signature or (require_signature is None and trusted_keys is not None):
-        raise SignatureError("a signature is required but this v2 file is not signed", path=path)
+    """A v2 file that is neither encrypted nor signed (the aprender layout never is): a
+    caller who expects either must not get plaintext or unverified tensors back silently."""
+    refuse_keys(dict(password=password, private_key=private_key, trusted_keys=trusted_keys,
+                     require_signature=require_signature, allow_unencrypted=allow_unencrypted), path)
 
 
 def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Limits | None = None,
@@ -101,7 +130,8 @@ def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Li
     ``pread`` into one aligned buffer and the arrays are owned and writable; the
     whole-file CRC is checked on the way unless ``verify=False``.  ``keys``:
     ``password``, ``private_key``, ``trusted_keys``, ``require_signature``,
-    ``allow_unencrypted``, as for :func:`open`.
+    ``allow_unencrypted``, as for :func:`open`.  Tensors of an encrypted or signed
+    APR2 file are owned arrays whatever ``mmap`` says (each checked as it is read).
     """
     if mmap:
         with open(path, mode="mmap", limits=limits, unknown_dtypes=unknown_dtypes, verify=bool(verify), **keys) as f:
@@ -142,7 +172,8 @@ def inspect(target, *, limits: Limits | None = None) -> dict:
             return layouts.v1.inspect(source)
         finally:
             source.close()
-    with AprFile(source, limits=limits, unknown_dtypes="raw") as f:
+    # an encrypted file whose names are not encrypted lists without its key
+    with AprFile(source, limits=limits, unknown_dtypes="raw", keys={"listing": True}) as f:
         return {
             "layout": f.layout,
             "header": f.header,

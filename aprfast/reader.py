@@ -17,6 +17,7 @@ from ._crc import crc32
 from .dtypes import numpy_dtype
 from .errors import ChecksumError, LayoutError
 from .limits import Limits
+from .security import refuse_keys
 from .sources import open_source
 from .tensors import QuantizedTensor, RawTensor, TensorInfo
 
@@ -39,11 +40,14 @@ class AprFile:
     ``mode`` is "mmap" (default for files) or "pread"; ``limits`` bounds what the
     parser believes; ``unknown_dtypes="raw"`` returns tensors of unknown dtype ids as
     :class:`RawTensor` instead of failing at open; ``verify=True`` checks the whole-file
-    CRC32 at open; ``alignment`` is the alignment of owned arrays.
+    CRC32 at open; ``alignment`` is the alignment of owned arrays.  ``keys``: a dict of
+    ``password``, ``private_key``, ``trusted_keys``, ``require_signature``,
+    ``allow_unencrypted`` as :func:`aprfast.open` takes them (an encrypted or signed
+    APR2 file is read through :class:`aprfast.security.SecureSource`).
     """
 
     def __init__(self, target, *, mode: str | None = None, limits: Limits | None = None,
-                 unknown_dtypes: str = "error", verify: bool = False, alignment: int = 64):
+                 unknown_dtypes: str = "error", verify: bool = False, alignment: int = 64, keys=None):
         if unknown_dtypes not in ("error", "raw"):
             raise ValueError(f"unknown_dtypes must be 'error' or 'raw', not {unknown_dtypes!r}")
         self.alignment = alignment
@@ -54,8 +58,15 @@ class AprFile:
         self._source = open_source(target, mode=mode)
         try:
             layout = layouts.detect(self._source)
-            self._file = layout.parse(self._source, limits or Limits(),
-                                      strict_dtypes=unknown_dtypes == "error")
+            if layout is layouts.apr2:
+                self._file = layout.parse(self._source, limits or Limits(), strict_dtypes=unknown_dtypes == "error",
+                                          keys=keys)
+            else:
+                refuse_keys(keys or {}, self._source.path)
+                self._file = layout.parse(self._source, limits or Limits(), strict_dtypes=unknown_dtypes == "error")
+            self._raw_source = self._source
+            if self._file.security is not None:  # tensor bytes checked and decrypted as they are read
+                self._source = self._file.source
             if verify:
                 self.verify()
         except BaseException:
@@ -88,6 +99,14 @@ class AprFile:
     def path(self):
         return self._source.path
 
+    @property
+    def security(self) -> dict | None:
+        """For an encrypted or signed APR2 file: encrypted, names_encrypted, signed,
+        digest, chunk_size, chunk_count, encryption (key mode), signature ("trusted",
+        "self-signed", "unsigned"), signer (hex).  None for other files."""
+        sec = self._file.security
+        return sec.describe() if sec is not None else None
+
     def keys(self) -> list:
         return list(self._file.names)
 
@@ -114,7 +133,12 @@ class AprFile:
 
         A compressed tensor (APR2 per-tensor LZ4/zstd) is always an owned array, whatever
         ``copy`` says: zero-copy is impossible, since its bytes in the file are not its
-        values.  All its blocks are decoded at once, in C, on every core."""
+        values.  All its blocks are decoded at once, in C, on every core.
+
+        A tensor of an encrypted or signed APR2 file is an owned array too: its chunks
+        are read into it, checked against their digests and decrypted in place
+        (AES-256-GCM through OpenSSL or libsodium, without the GIL, chunks on every
+        core), so the bytes served are the bytes checked."""
         if not copy:
             seen = self._views.get(name)
             if seen is not None and not self._source.closed:
@@ -182,7 +206,9 @@ class AprFile:
         Packed tensors of per-row block types (GGML, K-quants) give a QuantizedSlice:
         ``[a:b]`` reads rows a..b along axis 0 and returns a QuantizedTensor (float32
         with ``dequantize=True``).  For a compressed tensor (APR2 per-tensor codec) only
-        the blocks holding the axis-0 rows the key touches are read and decoded."""
+        the blocks holding the axis-0 rows the key touches are read and decoded.  For
+        an encrypted or signed APR2 file only the 1 MiB chunks the key touches are read,
+        checked and decrypted."""
         info = self._file.info(name)
         if info.dtype is not None and info.dtype.packed:
             return QuantizedSlice(self, info, dequantize)
@@ -194,15 +220,20 @@ class AprFile:
 
     # --- integrity and lifetime ---------------------------------------------------
     def verify(self) -> None:
-        """Check the footer CRC32 over every byte before it; raise ChecksumError if not."""
+        """Check the footer CRC32 over every byte before it; raise ChecksumError if not.
+        An encrypted or signed APR2 file then has every chunk checked (digest, AES-GCM
+        tag), which reads every tensor once (the signature was checked at open)."""
         end = self._file.footer_crc_offset
-        if self._source.zero_copy:
-            actual = crc32(self._source.view(0, end))
+        raw = self._raw_source
+        if raw.zero_copy:
+            actual = crc32(raw.view(0, end))
         else:
-            actual = _crc_by_chunks(self._source, end)
+            actual = _crc_by_chunks(raw, end)
         if actual != self._file.stored_crc:
             raise ChecksumError(f"footer CRC32 is {self._file.stored_crc:#010x} but bytes 0..{end} give "
                                 f"{actual:#010x}", path=self.path)
+        if self._file.security is not None:
+            self._file.security.verify_all(raw)
 
     def close(self) -> None:
         self._whole = None  # views handed out keep the map alive; this handle need not

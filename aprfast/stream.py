@@ -36,6 +36,7 @@ from .errors import AprError, AprIOError, ChecksumError, CorruptError, LimitErro
 from .layouts import v1 as v1_layout
 from .limits import MAX_ALIGNMENT, Limits
 from .reader import _maker
+from .security import refuse_keys
 from .sources import BufferSource
 
 __all__ = ["stream", "TensorStream", "PENDING"]
@@ -82,8 +83,9 @@ def stream(fileobj, *, limits: Limits | None = None, unknown_dtypes: str = "erro
     convenience a path or a bytes-like object.  It is read forward only, never
     seeked, and is not closed (a path is opened and closed here).  ``password``,
     ``private_key``, ``trusted_keys``, ``require_signature`` and ``allow_unencrypted``
-    mean what they mean for :func:`aprfast.open` (v2 files are never encrypted or
-    signed: a key or a required signature is refused for them, as ``open`` refuses it).
+    mean what they mean for :func:`aprfast.open` (a key for a v2 file that is not
+    encrypted, or a required signature on one that is not signed, is refused as ``open``
+    refuses it).
 
     Tensors are what ``get_tensor(name, copy=True)`` returns: owned, writable,
     64-byte-aligned arrays, or QuantizedTensor / RawTensor (``unknown_dtypes="raw"``).
@@ -99,7 +101,10 @@ def stream(fileobj, *, limits: Limits | None = None, unknown_dtypes: str = "erro
     given, its file key) is checked before ``stream()`` returns.  A v1 STREAMING chunk is
     checked (CRC32, signed digest, AES-GCM tag) before its tensor is yielded, so a
     tampered chunk of a signed (with ``trusted_keys``) or encrypted stream raises at or
-    before its tensor.  The rest is known only at the end: the whole-file CRC32 (both
+    before its tensor.  An encrypted or signed APR2 stream is vouched for the same way:
+    its signature (over header, metadata, index and every chunk digest) and content key
+    are checked before ``stream()`` returns, and each tensor's chunks (digest, AES-GCM
+    tag) before that tensor is yielded.  The rest is known only at the end: the whole-file CRC32 (both
     v2 layouts: the only check of their data; v1: the footer), and, for a signed v1
     stream opened without ``trusted_keys``, the index signature by the key embedded at
     the file's end.  Such a check fails from the last ``next()``; **treat what was
@@ -287,11 +292,7 @@ class TensorStream:
         magic = inp.read_upto(_MAGIC_SIZE)
         if magic == v1_layout.MAGIC:
             return _open_v1(inp, magic, limits, strict, verify, keys)
-        from .api import _refuse_keys_for_v2
-
-        _refuse_keys_for_v2(keys["password"], keys["private_key"], keys["trusted_keys"], keys["require_signature"],
-                            keys["allow_unencrypted"], inp.path)
-        return _V2Stream(inp, magic, limits, strict, verify)
+        return _V2Stream(inp, magic, limits, strict, verify, keys)
 
     # --- what the file holds ----------------------------------------------------------
     @property
@@ -409,20 +410,27 @@ class TensorStream:
 
 # --- v2 (both layouts) ------------------------------------------------------------------
 class _V2Stream:
-    """A v2 file: the prefix parsed at once, then tensors in data order, then the footer."""
+    """A v2 file: the prefix parsed at once, then tensors in data order, then the footer.
+
+    An encrypted or signed APR2 file (aprfast.security) has its security block in the
+    prefix: block CRC, signature, content key and context tag are checked before the
+    first tensor, and each tensor's chunks (digest, AES-GCM tag) before it is yielded."""
 
     buffered = False
-    # v2 files are neither encrypted nor signed, nor licensed (the v1 attributes, for callers of any variant)
-    kind, signature, signer, encryption, license = None, "unsigned", None, "none", None
+    # v2 files are not licensed (the v1 attributes, for callers of any variant)
+    kind, license = None, None
 
-    def __init__(self, inp: _Input, magic: bytes, limits: Limits, strict: bool, verify: bool):
+    def __init__(self, inp: _Input, magic: bytes, limits: Limits, strict: bool, verify: bool, keys=None):
         self._input = inp
         self.verified = False
         self._verify = verify
         self._makers = {}
-        self._file, self._layout, self._crc = self._read_prefix(magic, limits, strict)
+        self._file, self._layout, self._crc = self._read_prefix(magic, limits, strict, keys or {})
+        sec = self._file.security
+        self.signature, self.signer = (sec.signature, sec.signer) if sec is not None else ("unsigned", None)
+        self.encryption = sec.encryption if sec is not None else "none"
 
-    def _read_prefix(self, magic, limits: Limits, strict_dtypes: bool):
+    def _read_prefix(self, magic, limits: Limits, strict_dtypes: bool, keys: dict):
         """Header, metadata and index, read in bounded steps and parsed by the layout."""
         inp, path = self._input, self._input.path
         layout = layouts.detect(BufferSource(magic, path))
@@ -430,8 +438,13 @@ class _V2Stream:
         size = layout.prefix_size(head, limits, path)
         prefix = bytearray(head)
         _grow(inp, prefix, size, "the header, metadata and tensor index")
-        parsed = layout.parse_prefix(BufferSource(prefix, path), limits, strict_dtypes=strict_dtypes,
-                                     file_size=inp.size)
+        if layout is layouts.apr2:
+            parsed = layout.parse_prefix(BufferSource(prefix, path), limits, strict_dtypes=strict_dtypes,
+                                         file_size=inp.size, keys=keys)
+        else:
+            refuse_keys(keys, path)
+            parsed = layout.parse_prefix(BufferSource(prefix, path), limits, strict_dtypes=strict_dtypes,
+                                         file_size=inp.size)
         return parsed, layout, crc32(prefix) if self._verify else None
 
     @property
@@ -494,6 +507,8 @@ class _V2Stream:
                 continue
             buffer = _allocate(f"tensor {name!r}", size, inp.path)
             self._crc = inp.fill(memoryview(buffer), f"tensor {name!r}", self._crc)
+            if f.security is not None:  # digests and tags checked, decrypted in place, before use
+                f.security.unseal_extent(i, memoryview(buffer).cast("B"))
             flags = f.entries.flags(i) if compressed else 0
             if flags:  # the stored bytes are dropped as soon as they are decoded
                 buffer, size = self._decoded(name, buffer, flags, f.entries.raw_size(i)), f.entries.raw_size(i)

@@ -595,7 +595,8 @@ def compressed_entry_without_the_header_flag(layout):
 @lie(APR2)
 def encrypted_flag(layout):
     flags = hb.APR2_ALIGNED_64 | hb.APR2_ENCRYPTED
-    return Lie(build(layout, small_parts(layout), flags=flags), VersionError, ["ENCRYPTED"])
+    # an ENCRYPTED file must carry its security block (FORMAT §3.2): without one it is corrupt
+    return Lie(build(layout, small_parts(layout), flags=flags), CorruptError, ["ENCRYPTED"])
 
 
 @lie(APR2)

@@ -22,6 +22,14 @@ VARIANTS = {
     "v2 apr2": (lambda p: aprfast.save_file(TENSORS, p, layout="apr2"), {}),
     "v2 apr2 lz4 tensors": (lambda p: aprfast.save_file(TENSORS, p, compression="lz4"), {}),
     "v2 apr2 zstd tensors": (lambda p: aprfast.save_file(TENSORS, p, compression="zstd"), {}),
+    "v2 apr2 password": (lambda p: aprfast.save_file(TENSORS, p, password="pw"), {"password": "pw"}),
+    "v2 apr2 recipients zstd names": (
+        lambda p: aprfast.save_file(TENSORS, p, recipients=[RECIPIENT], compression="zstd", encrypt_names=True),
+        {"private_key": SECRET}),
+    "v2 apr2 signed lz4": (lambda p: aprfast.save_file(TENSORS, p, signing_key=SEED, compression="lz4"),
+                           {"trusted_keys": [PUBLIC]}),
+    "v2 apr2 password signed": (lambda p: aprfast.save_file(TENSORS, p, password="pw", signing_key=SEED),
+                                {"password": "pw", "trusted_keys": [PUBLIC]}),
     "v1 plain": (lambda p: v1.save_model(TENSORS, p), {}),
     "v1 zstd": (lambda p: v1.save_model(TENSORS, p, compression="zstd"), {}),
     "v1 lz4": (lambda p: v1.save_model(TENSORS, p, compression="lz4"), {}),
@@ -95,17 +103,22 @@ def test_a_required_signature_on_an_unsigned_file_is_refused(variant):
         aprfast.load_file(path, require_signature=True, **keys)
 
 
-def test_a_signed_file_from_an_untrusted_key_is_refused(tmp_path):
+@pytest.mark.parametrize("save", [lambda p: v1.save_model(TENSORS, p, signing_key=SEED),
+                                  lambda p: aprfast.save_file(TENSORS, p, signing_key=SEED)])
+def test_a_signed_file_from_an_untrusted_key_is_refused(tmp_path, save):
     path = tmp_path / "signed.apr"
-    v1.save_model(TENSORS, path, signing_key=SEED)
+    save(path)
     _, other = crypto.generate_signing_key()
     with pytest.raises(SignatureError):
         aprfast.open(path, trusted_keys=[other])
 
 
-def test_an_encrypted_file_without_its_key_is_refused(tmp_path):
+@pytest.mark.parametrize("save", [
+    lambda p: v1.save_model(TENSORS, p, compression="zstd", streaming=True, password="pw"),
+    lambda p: aprfast.save_file(TENSORS, p, compression="zstd", password="pw")])
+def test_an_encrypted_file_without_its_key_is_refused(tmp_path, save):
     path = tmp_path / "secret.apr"
-    v1.save_model(TENSORS, path, compression="zstd", streaming=True, password="pw")
+    save(path)
     with pytest.raises(DecryptError):
         aprfast.open(path)
     with pytest.raises(DecryptError):

@@ -69,6 +69,14 @@ def build(variant: str):
         "v2-apr2": lambda: (aprfast.save(t, {"n": 1}, layout="apr2"), {}),
         "apr2-lz4": lambda: (aprfast.save(t, {"n": 1}, compression="lz4"), {}),
         "apr2-zstd": lambda: (aprfast.save(t, {"n": 1}, compression="zstd"), {}),
+        "apr2-password-zstd": lambda: (aprfast.save(t, {"n": 1}, compression="zstd", password="pw"),
+                                       {"password": "pw"}),
+        "apr2-recipient-names": lambda: (aprfast.save(t, {"n": 1}, recipients=[X_PUBLIC], encrypt_names=True),
+                                         {"private_key": X_SECRET}),
+        "apr2-signed-lz4": lambda: (aprfast.save(t, {"n": 1}, compression="lz4", signing_key=SIGNING_SEED),
+                                    {"trusted_keys": [SIGNING_PUBLIC]}),
+        "apr2-signed-sealed": lambda: (aprfast.save(t, {"n": 1}, password="pw", signing_key=SIGNING_SEED),
+                                       {"password": "pw", "trusted_keys": [SIGNING_PUBLIC]}),
         "v1-streaming-none": lambda: (v1.save_model(t, **chunked), {}),
         "v1-streaming-zstd": lambda: (v1.save_model(t, compression="zstd", **chunked), {}),
         "v1-streaming-lz4": lambda: (v1.save_model(t, compression="lz4", **chunked), {}),
@@ -91,7 +99,8 @@ def build(variant: str):
     return table[variant]()
 
 
-VARIANTS = ["v2-aprender", "v2-apr2", "apr2-lz4", "apr2-zstd", "v1-streaming-none", "v1-streaming-zstd",
+VARIANTS = ["v2-aprender", "v2-apr2", "apr2-lz4", "apr2-zstd", "apr2-password-zstd", "apr2-recipient-names",
+            "apr2-signed-lz4", "apr2-signed-sealed", "v1-streaming-none", "v1-streaming-zstd",
             "v1-streaming-lz4", "v1-streaming-password", "v1-streaming-recipient", "v1-streaming-signed",
             "v1-streaming-signed-sealed", "v1-plain", "v1-plain-signed", "v1-whole-zstd", "v1-whole-password",
             "v1-trueno"]
@@ -176,11 +185,16 @@ def test_stream_from_a_pipe_gives_what_open_gives(variant):
         assert [s.info(n) for n in s.names()] == [f.info(n) for n in f.keys()]
         if variant.startswith("v1"):
             assert (s.kind, s.signature, s.signer, s.encryption) == (f.kind, f.signature, f.signer, f.encryption)
-        else:  # v2 files are never encrypted or signed
+        elif f.security is not None:  # an encrypted or signed APR2 file: as open() reports it
+            sec = f.security
+            assert (s.signature, s.encryption) == (sec["signature"], sec["encryption"])
+            assert (s.signer.hex() if s.signer else None) == sec["signer"]
+        else:  # other v2 files are neither encrypted nor signed
             assert (s.kind, s.signature, s.signer, s.encryption, s.license) == (None, v1.UNSIGNED, None, "none", None)
 
 
-@pytest.mark.parametrize("variant", CHUNKED + ["apr2-lz4", "apr2-zstd", "v1-plain"])
+@pytest.mark.parametrize("variant", CHUNKED + ["apr2-lz4", "apr2-zstd", "apr2-password-zstd", "apr2-signed-sealed",
+                                     "v1-plain"])
 def test_from_a_reader_with_tiny_reads(variant):
     data, keys = built(variant)
     pairs = list(aprfast.stream(Trickle(data, 7), **keys))
@@ -218,7 +232,8 @@ def test_apr2_zstd_through_the_python_fallback(monkeypatch):
     assert_same_as_open(data, keys, list(aprfast.stream(io.BytesIO(data))))
 
 
-@pytest.mark.parametrize("variant", ["apr2-zstd", "v1-streaming-password", "v1-plain", "v1-whole-zstd"])
+@pytest.mark.parametrize("variant", ["apr2-zstd", "apr2-signed-sealed", "v1-streaming-password", "v1-plain",
+                                     "v1-whole-zstd"])
 def test_finish_reads_and_checks_the_rest(variant):
     data, keys = built(variant)
     s = aprfast.stream(io.BytesIO(data), **keys)
@@ -264,7 +279,8 @@ def test_a_wrong_trusted_key_is_refused_at_once():
     assert s.signer == SIGNING_PUBLIC and len(list(s)) == len(sample())
 
 
-@pytest.mark.parametrize("variant", ["v1-streaming-zstd", "v1-plain", "v1-whole-zstd", "v2-apr2"])
+@pytest.mark.parametrize("variant", ["v1-streaming-zstd", "v1-plain", "v1-whole-zstd", "v2-apr2",
+                                     "apr2-password-zstd"])
 def test_a_required_signature_on_an_unsigned_stream_is_refused(variant):
     data, _ = built(variant)
     with pytest.raises(SignatureError, match="not signed"):
@@ -273,13 +289,14 @@ def test_a_required_signature_on_an_unsigned_stream_is_refused(variant):
         aprfast.stream(io.BytesIO(data), require_signature=True)
 
 
-@pytest.mark.parametrize("variant", ["v1-streaming-zstd", "v1-plain", "v1-whole-zstd", "apr2-zstd"])
+@pytest.mark.parametrize("variant", ["v1-streaming-zstd", "v1-plain", "v1-whole-zstd", "apr2-zstd",
+                                     "apr2-signed-lz4"])
 def test_a_key_for_an_unencrypted_stream_is_refused_unless_allowed(variant):
-    data, _ = built(variant)
+    data, keys = built(variant)
     with pytest.raises(DecryptError, match="not encrypted"):
-        aprfast.stream(io.BytesIO(data), password="pw")
-    pairs = list(aprfast.stream(io.BytesIO(data), password="pw", allow_unencrypted=True))
-    assert_same_as_open(data, {}, pairs)
+        aprfast.stream(io.BytesIO(data), password="pw", **keys)
+    pairs = list(aprfast.stream(io.BytesIO(data), password="pw", allow_unencrypted=True, **keys))
+    assert_same_as_open(data, keys, pairs)
 
 
 def test_password_and_private_key_together_are_refused():

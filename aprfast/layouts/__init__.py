@@ -51,13 +51,22 @@ def is_v1(source) -> bool:
 
 
 def plan(inputs, metadata, *, layout: str = "auto", alignment: int = 64, in_given_order: bool = False,
-         compression: str | None = None, compression_level: int | None = None):
+         compression: str | None = None, compression_level: int | None = None, security=None):
     """A write plan in ``layout``; "auto" prefers aprender's layout, so files stay readable
     by aprender, and falls back to the spec layout only when aprender's can't hold the request.
     ``in_given_order`` lays the data out in the order of ``inputs`` (a planned Writer)
     instead of index (name) order; the index is sorted either way.  ``compression``
     ("lz4", "zstd") exists only in the spec layout: "auto" then means apr2, and
-    "aprender" is refused."""
+    "aprender" is refused.  ``security`` (aprfast.security.SecurityOptions: encryption,
+    signing, digests) likewise exists only in the spec layout."""
+    if security is not None:
+        if layout not in ("auto", apr2.NAME):
+            raise LayoutError(f"encryption and signing need the apr2 layout; the {layout!r} layout has neither "
+                              "(use layout='auto' or 'apr2')")
+        if compression is None and compression_level is not None:
+            raise LayoutError("compression_level was given without a compression")
+        return apr2.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order,
+                         compression=compression, compression_level=compression_level, security=security)
     if compression is not None or compression_level is not None:
         if compression is None:
             raise LayoutError("compression_level was given without a compression")

@@ -72,11 +72,16 @@ class ParsedFile:
         self.limits = limits
         self._infos = {}
         self._codecs = {}
+        #: APR2 encrypted or signed files: their aprfast.security.Security, and (names
+        #: encrypted) a source holding the decrypted metadata and index.
+        self.security = None
+        self.names_source = None
 
     @cached_property
     def metadata(self) -> dict:
         start, size = self._metadata_range
-        return decode_json(self.source.read(start, size, "metadata"), self.source.path)
+        source = self.names_source or self.source
+        return decode_json(source.read(start, size, "metadata"), self.source.path)
 
     @property
     def rows(self) -> list:

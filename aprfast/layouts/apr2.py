@@ -8,6 +8,10 @@ Where the spec is silent aprfast decides, and docs/FORMAT.md §3 records each ch
 metadata at byte 32 then the index with no gap, one padding run before the data,
 every tensor padded to the alignment, offsets relative to the data section, and
 dtype ids from 32 up for types the spec lacks.
+
+Encrypted and signed files (ENCRYPTED/SIGNED, aprfast's design: docs/FORMAT.md §3.2)
+add a security block between the index and the data; everything else keeps this
+module's layout, and the checks and sealing live in :mod:`aprfast.security`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import struct
 
 from .. import _serde_json, tensor_codecs
+from .. import security as _security
 from ..dtypes import APR2_IDS
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, VersionError
 from ..limits import MAX_ALIGNMENT, Limits
@@ -36,7 +41,8 @@ FLAGS = {"COMPRESSED": 0x01, "ALIGNED_64": 0x02, "ALIGNED_32": 0x04, "SHARDED": 
 _ALIGNMENT_FLAG = {64: FLAGS["ALIGNED_64"], 32: FLAGS["ALIGNED_32"]}
 # Features the spec names that this build does not implement yet: refuse, don't misread.
 # (COMPRESSED is per-tensor compression, aprfast.tensor_codecs: docs/FORMAT.md §3.1.)
-_UNSUPPORTED = FLAGS["ENCRYPTED"] | FLAGS["SIGNED"] | FLAGS["STREAMING"]
+# (ENCRYPTED and SIGNED are aprfast.security: docs/FORMAT.md §3.2.)
+_UNSUPPORTED = FLAGS["STREAMING"]
 
 _HEADER = struct.Struct("<4sHHIIIIII")
 _FOOTER = struct.Struct("<I4sQ")
@@ -65,10 +71,12 @@ def encode_metadata(metadata: dict) -> bytes:
 
 
 def plan(inputs, metadata, *, alignment: int = 64, in_given_order: bool = False, compression=None,
-         compression_level=None) -> Plan:
+         compression_level=None, security=None) -> Plan:
     """Lay out a file; ``in_given_order``: data in the order of ``inputs`` (the index is
     sorted either way).  With ``compression`` ("lz4", "zstd") every tensor that
-    compresses is stored as independent blocks (aprfast.tensor_codecs), the rest as is."""
+    compresses is stored as independent blocks (aprfast.tensor_codecs), the rest as is.
+    ``security`` (aprfast.security.SecurityOptions) seals and/or signs the file: a
+    security block after the index, each tensor's stored bytes sealed in chunks."""
     if alignment not in _ALIGNMENT_FLAG:
         raise LayoutError(f"the apr2 layout aligns tensors to 64 or 32 bytes, not {alignment}")
     if compression is not None:
@@ -80,10 +88,14 @@ def plan(inputs, metadata, *, alignment: int = 64, in_given_order: bool = False,
             raise LayoutError("compression needs every tensor's bytes before the index is written; "
                               "a Writer streaming a declared plan cannot compress")
         ordered = tensor_codecs.compress_inputs(ordered, compression, compression_level)
+    if security is not None and in_given_order:
+        raise LayoutError("encryption and signing need every tensor's bytes before the index is written; "
+                          "a Writer streaming a declared plan cannot seal or sign")
     compressed = any(isinstance(t, tensor_codecs.StoredTensor) for t in ordered)
     index_offset = HEADER_SIZE + len(meta)
     data = ordered
-    aliases = find_aliases(ordered) if compression is None and not in_given_order else {}
+    # a secured file seals each name's bytes under its own index position: no sharing
+    aliases = find_aliases(ordered) if compression is None and not in_given_order and security is None else {}
     if in_given_order:
         data, offsets, pads, data_len = lay_out_in_order(ordered, inputs, alignment)
     elif aliases:  # one storage under several names: its bytes once, every name pointing at them
@@ -92,7 +104,9 @@ def plan(inputs, metadata, *, alignment: int = 64, in_given_order: bool = False,
         offsets, pads, data_len = lay_out_data(ordered, alignment)
     index = struct.pack("<II", len(ordered), 0) + encode_index(ordered, offsets, APR2_IDS, spec_layout=True,
                                                                codecs=compressed)
-    data_start = align(index_offset + len(index), alignment)
+    sealer = security.sealer(ordered) if security is not None else None
+    block_size = sealer.size if sealer is not None else 0
+    data_start = align(index_offset + len(index) + block_size, alignment)
     if data_start >= 2**32:
         raise LayoutError(f"metadata and index end at byte {data_start}; the apr2 header's u32 offsets "
                           "stop at 4 GiB")
@@ -101,25 +115,34 @@ def plan(inputs, metadata, *, alignment: int = 64, in_given_order: bool = False,
         flags |= FLAGS["QUANTIZED"]
     if compressed:
         flags |= FLAGS["COMPRESSED"]
+    if sealer is not None:
+        encrypted, signed = sealer.header_flags
+        flags |= (FLAGS["ENCRYPTED"] if encrypted else 0) | (FLAGS["SIGNED"] if signed else 0)
     header = _HEADER.pack(MAGIC, 2, 0, flags, HEADER_SIZE, len(meta), index_offset, len(index), data_start)
-    prefix = header + meta + index + bytes(data_start - index_offset - len(index))
+    block = b""
+    if sealer is not None:  # metadata and index as stored (sealed with encrypt_names), data sealed
+        meta, index, block, data = sealer.finish(header, meta, index)
+    prefix = header + meta + index + block + bytes(data_start - index_offset - len(index) - len(block))
     total = data_start + data_len + FOOTER_SIZE
     return Plan(NAME, prefix, data, pads, total, lambda crc: _FOOTER.pack(crc, FOOTER_MAGIC, total))
 
 
-def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
+def parse(source, limits: Limits, *, strict_dtypes: bool = True, keys=None) -> ParsedFile:
+    """Header, footer, metadata range and index, checked.  ``keys`` (password,
+    private_key, trusted_keys, require_signature, allow_unencrypted) open an encrypted
+    or signed file (aprfast.security) and are refused for one that is neither."""
     path = source.path
     if source.size < HEADER_SIZE + INDEX_HEADER_SIZE + FOOTER_SIZE:
         raise FormatError(f"file is {source.size} bytes; an APR2 file needs at least "
                           f"{HEADER_SIZE + INDEX_HEADER_SIZE + FOOTER_SIZE}", path=path)
     fields = _unpack_header(bytes(source.read(0, HEADER_SIZE, "header")), path)
     stored_crc = read_footer(source.read(source.size - FOOTER_SIZE, FOOTER_SIZE, "footer"), source.size, path)
-    parsed = _parse_sections(source, limits, strict_dtypes, fields, source.size)
+    parsed = _parse_sections(source, limits, strict_dtypes, fields, source.size, keys)
     parsed.stored_crc = stored_crc
     return parsed
 
 
-def parse_prefix(source, limits: Limits, *, strict_dtypes: bool = True, file_size=None) -> ParsedFile:
+def parse_prefix(source, limits: Limits, *, strict_dtypes: bool = True, file_size=None, keys=None) -> ParsedFile:
     """What :func:`parse` checks, from the bytes before the data alone (a streaming read).
 
     ``source`` holds the first :func:`prefix_size` bytes; ``file_size`` is the whole
@@ -131,7 +154,7 @@ def parse_prefix(source, limits: Limits, *, strict_dtypes: bool = True, file_siz
         raise FormatError(f"file is {file_size} bytes; an APR2 file needs at least "
                           f"{HEADER_SIZE + INDEX_HEADER_SIZE + FOOTER_SIZE}", path=path)
     fields = _unpack_header(bytes(source.read(0, HEADER_SIZE, "header")), path)
-    return _parse_sections(source, limits, strict_dtypes, fields, file_size)
+    return _parse_sections(source, limits, strict_dtypes, fields, file_size, keys)
 
 
 def prefix_size(head, limits: Limits, path=None) -> int:
@@ -154,6 +177,8 @@ def prefix_size(head, limits: Limits, path=None) -> int:
         raise CorruptError(f"metadata [{meta_off}, +{meta_size}) and index [{index_off}, +{index_size}) must "
                            f"end before the data at {data_off}; a stream cannot go back for them", path=path)
     most = HEADER_SIZE + limits.max_metadata_size + INDEX_HEADER_SIZE + limits.max_index_size + MAX_ALIGNMENT
+    if flags & (FLAGS["ENCRYPTED"] | FLAGS["SIGNED"]):
+        most += limits.max_index_size  # the security block, bounded like the index
     if data_off > most:
         raise LimitError(f"the data starts at byte {data_off}; a streaming read holds everything before it, "
                          f"at most {most} bytes (header, MAX_METADATA_SIZE, MAX_INDEX_SIZE, padding)", path=path)
@@ -183,11 +208,12 @@ def _unpack_header(raw: bytes, path):
 def _check_flags(flags, path) -> None:
     if flags & _UNSUPPORTED:
         names = [n for n, bit in FLAGS.items() if flags & bit & _UNSUPPORTED]
-        raise VersionError(f"flags {flags:#x} ask for {', '.join(names)}, not supported by this build",
-                           path=path)
+        every = [n for n, bit in FLAGS.items() if flags & bit]
+        raise VersionError(f"flags {flags:#x} ({', '.join(every)}) ask for {', '.join(names)}, not supported by "
+                           "this build", path=path)
 
 
-def _parse_sections(source, limits: Limits, strict_dtypes: bool, fields, file_size) -> ParsedFile:
+def _parse_sections(source, limits: Limits, strict_dtypes: bool, fields, file_size, keys=None) -> ParsedFile:
     """Flags, metadata range and index; ``file_size`` None means a stream of unknown
     length, whose extents are bounded by STREAM_END instead of the file."""
     path = source.path
@@ -201,22 +227,34 @@ def _parse_sections(source, limits: Limits, strict_dtypes: bool, fields, file_si
     if index_size < INDEX_HEADER_SIZE or index_off + index_size > data_off or data_off > body_end:
         raise CorruptError(f"index [{index_off}, +{index_size}) and data offset {data_off} must satisfy "
                            f"index_size >= 8, index end <= data offset <= {body_end}", path=path)
-    count, _reserved = struct.unpack("<II", bytes(source.read(index_off, INDEX_HEADER_SIZE, "index header")))
+    if index_size - INDEX_HEADER_SIZE > limits.max_index_size:
+        raise LimitError(f"tensor index of {index_size} bytes exceeds the limit of {limits.max_index_size} "
+                         "(aprfast.limits.MAX_INDEX_SIZE)", path=path)
+    # Encrypted or signed: checked (CRC, signature, key, context tag) before the index is parsed.
+    sec = _security.open_security(source, fields, limits, keys or {}, path)
+    names = sec.names_source if sec is not None and sec.names_source is not None else source
+    count, _reserved = struct.unpack("<II", bytes(names.read(index_off, INDEX_HEADER_SIZE, "index header")))
     # Per-tensor flags naming no known codec are refused there (VersionError), entry by entry.
     entries, data_end = parse_index(
-        source, start=index_off + INDEX_HEADER_SIZE, end=index_off + index_size, count=count, spec_layout=True,
+        names, start=index_off + INDEX_HEADER_SIZE, end=index_off + index_size, count=count, spec_layout=True,
         ids=APR2_IDS, rules=_RULES, data_len=body_end - data_off, limits=limits, strict_dtypes=strict_dtypes)
     if entries.compressed and not flags & FLAGS["COMPRESSED"]:
         # A reader trusting the header flag alone would hand out compressed bytes as data.
         raise CorruptError(f"{entries.compressed} tensors are compressed but the header's COMPRESSED flag "
                            f"is clear (flags {flags:#x})", path=path)
+    if sec is not None:
+        sec.bind(entries, data_off)
     header = {"magic": "APR2", "version": f"{major}.{minor}", "flags": flags,
               "flag_names": [n for n, bit in FLAGS.items() if flags & bit], "tensor_count": count,
               "metadata_offset": meta_off, "metadata_size": meta_size, "index_offset": index_off,
               "index_size": index_size, "data_offset": data_off, "file_size": file_size}
     known = file_size is not None
-    return ParsedFile(layout=NAME, ids=APR2_IDS, source=source, version=(major, minor), flags=flags,
-                      header=header, metadata_range=(meta_off, meta_size), entries=entries,
-                      data_start=data_off, data_len=body_end - data_off if known else data_end,
-                      footer_crc_offset=body_end if known else None, stored_crc=None, limits=limits)
+    if sec is not None:
+        header["security"] = sec.describe()
+    parsed = ParsedFile(layout=NAME, ids=APR2_IDS, source=_security.SecureSource(source, sec) if sec else source,
+                        version=(major, minor), flags=flags, header=header, metadata_range=(meta_off, meta_size),
+                        entries=entries, data_start=data_off, data_len=body_end - data_off if known else data_end,
+                        footer_crc_offset=body_end if known else None, stored_crc=None, limits=limits)
+    parsed.security, parsed.names_source = sec, names if names is not source else None
+    return parsed
 
