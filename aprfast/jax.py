@@ -10,23 +10,30 @@ import jax  # noqa: F401 - fail at import when JAX is missing, as safetensors.fl
 import numpy as np
 
 from . import api
-from .frameworks import to_framework
+from .frameworks import check_metadata, check_names, safe_open, to_framework
 from .reader import AprFile
 
 __all__ = ["save_file", "save", "load_file", "load"]
 
 
 def save_file(tensors, filename, metadata=None, **options) -> None:
+    check_names(tensors)
+    check_metadata(metadata)
     api.save_file(_to_numpy(tensors), filename, metadata, **options)
 
 
 def save(tensors, metadata=None, **options) -> bytes:
+    check_names(tensors)
+    check_metadata(metadata)
     return api.save(_to_numpy(tensors), metadata, **options)
 
 
-def load_file(filename, device="cpu") -> dict:
-    with AprFile(filename) as f:
-        return {name: to_framework(name, a, f.info(name).dtype, "jax", device) for name, a in f.tensors().items()}
+def load_file(filename, *, backend: str = "mmap", device="cpu") -> dict:
+    """Every tensor of ``filename`` as a ``jax.Array`` on ``device``.  ``backend`` is
+    safetensors.flax's: "mmap" reads through a private map, "pread" into owned memory;
+    JAX copies either into its own buffers."""
+    with safe_open(filename, "jax", device=device, backend=backend) as f:
+        return f.get_tensors()
 
 
 def load(data, device="cpu") -> dict:

@@ -8,6 +8,7 @@ no copy and no memory for pages never written, and writes never reach the file.
 from __future__ import annotations
 
 from . import api
+from .frameworks import UsageError, check_metadata, check_names
 from .reader import AprFile
 
 __all__ = ["save_file", "save", "load_file", "load"]
@@ -15,12 +16,17 @@ __all__ = ["save_file", "save", "load_file", "load"]
 
 def save_file(tensor_dict, filename, metadata=None, **options) -> None:
     """Write ``tensor_dict`` (name -> array) to ``filename`` atomically (see
-    :func:`aprfast.save_file` for ``options``)."""
+    :func:`aprfast.save_file` for ``options``).  ``metadata`` is str to str, as in
+    safetensors (aprfast.save_file takes any JSON value)."""
+    check_names(tensor_dict)
+    check_metadata(metadata)
     api.save_file(tensor_dict, filename, metadata, **options)
 
 
 def save(tensor_dict, metadata=None, **options) -> bytes:
     """The file's bytes."""
+    check_names(tensor_dict)
+    check_metadata(metadata)
     return api.save(tensor_dict, metadata, **options)
 
 
@@ -35,9 +41,11 @@ def load_file(filename, *, backend: str = "mmap") -> dict:
             return f.tensors()
     if backend == "pread":
         return api.load_file(filename, mmap=False)
-    raise ValueError(f"backend must be 'mmap' or 'pread', not {backend!r}")
+    raise UsageError(f"backend must be 'mmap' or 'pread', not {backend!r}")
 
 
 def load(data) -> dict:
     """Every tensor of the file held in ``data`` (bytes-like), as owned arrays."""
-    return api.load(bytes(data) if isinstance(data, str) else data)
+    if isinstance(data, str):  # aprfast.load would take it for a path
+        raise TypeError("load takes the file's bytes, not a str (load_file reads a path)")
+    return api.load(data)

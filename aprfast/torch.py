@@ -5,26 +5,41 @@ of ``safetensors.torch``.  Tensors are moved to the CPU and made contiguous befo
 saving; bf16 and float8 travel as their raw bits, so ml_dtypes is not needed for
 them.  ``load_file`` gives writable tensors over a private copy-on-write map by
 default, or owned memory with ``backend="pread"``, on ``device``.
+
+Shared memory, as safetensors sees it: names that are the same tensor (tied weights)
+are stored once, every name pointing at the same bytes; names whose bytes overlap
+without being the same tensor (``A`` and ``A[:1]``) are refused with RuntimeError, as
+safetensors refuses them, since one of them would be a silent copy.  ``save_model``
+keeps the whole tensor of such a group and records each dropped view in the metadata
+(``{dropped: kept}``, safetensors' record), and ``load_model`` fills the model's tied
+names from the names the file has.
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 import torch
 
 from . import api
 from ._crc import crc32
 from .errors import ChecksumError
-from .frameworks import from_torch, to_framework, torch_meta
+from .frameworks import UsageError, check_metadata, check_names, from_torch, to_framework, torch_meta
 from .reader import AprFile
 
-__all__ = ["save_file", "save", "load_file", "load", "save_model", "load_model", "load_to_device"]
+__all__ = ["save_file", "save", "load_file", "load", "save_model", "load_model", "load_to_device",
+           "tensor_to_device"]
 
 
 def save_file(tensors, filename, metadata=None, **options) -> None:
+    """Write ``tensors`` (name -> torch.Tensor) to ``filename`` atomically.  ``metadata``
+    is str to str, as in safetensors; ``options`` are :func:`aprfast.save_file`'s."""
+    check_metadata(metadata)
     api.save_file(_to_numpy(tensors), filename, metadata, **options)
 
 
 def save(tensors, metadata=None, **options) -> bytes:
+    check_metadata(metadata)
     return api.save(_to_numpy(tensors), metadata, **options)
 
 
@@ -38,6 +53,8 @@ def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool = T
     with shapes and dtypes and no data.  Any other device (``"cuda:0"``, ``0``) gets
     tensors allocated there and filled through pinned staging buffers, reads overlapping
     copies (:func:`load_to_device`); the model is never built in CPU memory first."""
+    if backend not in ("mmap", "pread"):
+        raise UsageError(f"backend must be 'mmap' or 'pread', not {backend!r}")
     if str(device) == "meta":
         return _meta_tensors(filename)
     target = torch.device(device)
@@ -47,8 +64,6 @@ def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool = T
     if backend == "mmap":
         with AprFile(filename, mode="private", verify=verify) as f:
             return _to_torch(f, f.tensors(), device)
-    if backend != "pread":
-        raise ValueError(f"backend must be 'mmap' or 'pread', not {backend!r}")
     with AprFile(filename, mode="pread") as f:
         return _to_torch(f, f.load_all(verify=verify), device)
 
@@ -82,6 +97,24 @@ def load_to_device(file, device, *, verify: bool = True, staging_bytes: int = ST
         raise ChecksumError(f"footer CRC32 is {parsed.stored_crc:#010x} but the file's bytes give {crc:#010x}",
                             path=file.path)
     return tensors
+
+
+def tensor_to_device(file, name: str, device, *, staging_bytes: int = STAGING_BYTES):
+    """One tensor of an open AprFile, allocated on ``device`` and filled from the file
+    through the staging buffers :func:`load_to_device` uses (pinned for CUDA), so it never
+    sits in pageable memory: ``safe_open(..., device="cuda:0").get_tensor``.  A
+    compressed tensor (its stored bytes are not its values) is decoded on the CPU first."""
+    device = torch.device(device)
+    info = file.info(name)
+    if file._file.codec(name):
+        return to_framework(name, file.get_tensor(name), info.dtype, "torch", device)
+    like = torch_meta(name, info)  # shape and dtype, or the reason torch can't hold it
+    tensor = torch.empty(like.shape, dtype=like.dtype, device=device)
+    if info.nbytes:
+        piece = (0, info.nbytes, tensor.reshape(-1).view(torch.uint8))
+        _stream_into(file._source, info.offset, info.nbytes, [piece], device, None,
+                     max(1, min(staging_bytes, info.nbytes)))
+    return tensor
 
 
 def _stream_into(source, start, length, pieces, device, crc, step):
@@ -121,30 +154,151 @@ def _meta_tensors(path) -> dict:
         return {name: torch_meta(name, f.info(name)) for name in f.keys()}
 
 
-def save_model(model, filename, metadata=None, force_contiguous: bool = False, **options) -> None:
-    """Save ``model.state_dict()`` to ``filename``.  Parameters that are one storage
-    under several names (tied embeddings) are stored once, every name pointing at the
-    same bytes (the spec layout; see docs/FORMAT.md).  ``force_contiguous`` is accepted
-    for safetensors' signature: tensors are always made contiguous."""
-    save_file(model.state_dict(), filename, metadata, **options)
+def save_model(model, filename, metadata=None, force_contiguous: bool = True, **options) -> None:
+    """Save ``model.state_dict()`` to ``filename``.  Parameters that are one tensor under
+    several names (tied embeddings) are stored once, every name pointing at the same
+    bytes (the spec layout; see docs/FORMAT.md), and each tie is also recorded in the
+    metadata as ``{other name: first name}``, as safetensors records the names it drops
+    (``metadata()`` reads the same on both).  A name that is only a view into part
+    of another's storage is left out and recorded in the metadata as ``{view: whole}``,
+    as safetensors does; :func:`load_model` fills it through the model's own sharing.
+    ``force_contiguous`` is safetensors' argument: aprfast stores non-contiguous
+    tensors as contiguous copies whatever it says."""
+    check_metadata(metadata)
+    state = model.state_dict()
+    records = {}  # other name -> the name it shares memory with, safetensors' record
+    for kept, dropped in _views_to_drop(state).items():
+        for name in dropped:
+            records[name] = kept
+            del state[name]
+    for group in _overlapping_groups(state):  # ties left: every name stays, pointing at one storage
+        records.update({name: group[0] for name in group[1:]})
+    if records:
+        metadata = {**records, **(metadata or {})}  # the caller's own keys win
+    save_file(state, filename, metadata, **options)
 
 
-def load_model(model, filename, strict: bool = True, device="cpu") -> tuple:
-    """Load ``filename`` into ``model`` with ``load_state_dict``; return ``(missing,
-    unexpected)`` key lists.  With ``strict`` either being non-empty raises RuntimeError
-    naming the keys, as torch's ``load_state_dict`` does.  Tied parameters stay tied:
-    the model's own sharing is kept, and both names are filled from one storage."""
-    state = load_file(filename, device=device)
+def load_model(model, filename, strict: bool = True, device="cpu", *, backend: str = "mmap") -> tuple:
+    """Load ``filename`` into ``model``; return ``(missing, unexpected)`` as safetensors
+    does (a set of the model's names nothing in the file filled, a list of the file's
+    names the model did not take).  With ``strict`` either being non-empty raises
+    RuntimeError naming them.
+
+    The model's tied names are filled from whichever of them the file holds.  When the
+    file holds two tied names with different values, loading both would silently keep
+    the last; the extra one is reported as unexpected instead (safetensors does the same
+    for any second name of a tie)."""
+    state = load_file(filename, device=device, backend=backend)
+    model_state = model.state_dict()
     result = model.load_state_dict(state, strict=False)
-    missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
+    missing, unexpected = set(result.missing_keys), list(result.unexpected_keys)
+    for group in _overlapping_groups(model_state):
+        present = [name for name in group if name in state]
+        missing -= _filled_through_sharing(model_state, group, present)
+        unexpected += _conflicting_ties(model_state, state, present)
     if strict and (missing or unexpected):
-        parts = []
+        error = f"Error(s) in loading state_dict for {type(model).__name__}:"
         if missing:
-            parts.append("Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + ".")
+            error += "\n    Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(missing))
         if unexpected:
-            parts.append("Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + ".")
-        raise RuntimeError(f"Error(s) in loading state_dict for {type(model).__name__}:\n\t" + "\n\t".join(parts))
+            error += "\n    Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(unexpected))
+        raise RuntimeError(error)
     return missing, unexpected
+
+
+# --- shared memory -------------------------------------------------------------------
+def _extent(tensor):
+    """``(first, end)`` byte addresses a strided tensor touches, or None for no bytes."""
+    if tensor.device.type == "meta" or tensor.numel() == 0:
+        return None
+    reach = sum((size - 1) * step for size, step in zip(tensor.shape, tensor.stride()))
+    first = tensor.data_ptr()
+    return first, first + (reach + 1) * tensor.element_size()
+
+
+def _overlapping_groups(tensors: dict) -> list:
+    """Sorted name lists whose bytes overlap within one storage (one list per group of
+    two or more); tensors in different storages or disjoint parts of one are apart."""
+    by_storage = defaultdict(list)
+    for name, tensor in tensors.items():
+        extent = _extent(tensor)
+        if extent is not None:
+            by_storage[(tensor.device, tensor.untyped_storage().data_ptr())].append((*extent, name))
+    groups = []
+    for extents in by_storage.values():
+        extents.sort()
+        group, end = [], None
+        for first, stop, name in extents:
+            if group and first < end:
+                group.append(name)
+                end = max(end, stop)
+                continue
+            if len(group) > 1:
+                groups.append(sorted(group))
+            group, end = [name], stop
+        if len(group) > 1:
+            groups.append(sorted(group))
+    return groups
+
+
+def _same_tensor(a, b) -> bool:
+    """One tensor under two names: the same bytes read the same way."""
+    return (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
+            and a.stride() == b.stride())
+
+
+def _covers(whole, part) -> bool:
+    outer, inner = _extent(whole), _extent(part)
+    return outer is not None and inner is not None and outer[0] <= inner[0] and inner[1] <= outer[1]
+
+
+def _is_whole_storage(tensor) -> bool:
+    storage = tensor.untyped_storage()
+    return (tensor.data_ptr() == storage.data_ptr() and tensor.is_contiguous()
+            and tensor.numel() * tensor.element_size() == storage.nbytes())
+
+
+def _views_to_drop(state: dict) -> dict:
+    """For save_model: in each group of overlapping names that are not all one tensor,
+    the name kept (the first whole-storage tensor) -> the other names, views of it."""
+    drop = {}
+    for group in _overlapping_groups(state):
+        if all(_same_tensor(state[group[0]], state[name]) for name in group[1:]):
+            continue  # tied: stored once under every name
+        whole = [name for name in group if _is_whole_storage(state[name])]
+        if not whole:
+            raise RuntimeError(f"tensors {group} share memory and none of them is the whole storage; "
+                               "save .clone()s of the ones to keep")
+        kept = whole[0]
+        drop[kept] = [name for name in group if not _same_tensor(state[name], state[kept])]
+    return drop
+
+
+def _filled_through_sharing(model_state: dict, group: list, present: list) -> set:
+    """The names of one group of the model's shared memory that need no tensor of their
+    own: those inside the bytes of a name the file filled, or, when the file has none of
+    them, inside the first whole tensor's, which alone is then reported missing (as
+    safetensors reports one name per tie)."""
+    holders = present or [next((name for name in group if _is_whole_storage(model_state[name])), group[0])]
+    return {name for name in group if name not in holders
+            and any(_covers(model_state[holder], model_state[name]) for holder in holders)}
+
+
+def _conflicting_ties(model_state: dict, state: dict, present: list) -> list:
+    """Names the model ties (one tensor) that the file holds with other values than the
+    first of them: loading both would leave whichever came last."""
+    if len(present) < 2:
+        return []
+    first = present[0]
+    return [name for name in present[1:]
+            if _same_tensor(model_state[first], model_state[name])
+            and not (state[first].data_ptr() == state[name].data_ptr() or _equal_bits(state[first], state[name]))]
+
+
+def _equal_bits(a, b) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)) if a.numel() else True
 
 
 def load(data, device="cpu", *, verify: bool = True) -> dict:
@@ -153,7 +307,37 @@ def load(data, device="cpu", *, verify: bool = True) -> dict:
 
 
 def _to_numpy(tensors) -> dict:
-    return {name: from_torch(name, t) for name, t in tensors.items()}
+    """The tensors as the writer's inputs, after safetensors' checks (a dict; every value a
+    dense torch.Tensor; no names overlapping in memory without being one tensor).  One
+    tensor under several names becomes one array, which the writer stores once."""
+    _check_tensors(tensors)
+    converted, out = {}, {}
+    for name, tensor in tensors.items():
+        key = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if tensor.numel() == 0 or key not in converted:
+            converted[key] = from_torch(name, tensor)
+        out[name] = converted[key]
+    return out
+
+
+def _check_tensors(tensors) -> None:
+    if not isinstance(tensors, dict):
+        raise ValueError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
+    check_names(tensors)
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"Key `{name}` is invalid, expected torch.Tensor but received {type(tensor)}")
+    sparse = [name for name, tensor in tensors.items() if tensor.layout != torch.strided]
+    if sparse:
+        raise ValueError(f"You are trying to save a sparse tensors: `{sparse}` which this library does not "
+                         "support. You can make it a dense tensor before saving with `.to_dense()` but be "
+                         "aware this might make a much larger file than needed.")
+    for group in _overlapping_groups(tensors):
+        if not all(_same_tensor(tensors[group[0]], tensors[name]) for name in group[1:]):
+            raise RuntimeError(f"Some tensors share memory without being one tensor: {group}. Storing them "
+                               "would copy the shared bytes once per name and lose the sharing on load; "
+                               "save .clone()s, or use aprfast.torch.save_model, which keeps the whole tensor "
+                               "and records the views in the metadata.")
 
 
 def _to_torch(file, arrays, device) -> dict:

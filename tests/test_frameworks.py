@@ -243,3 +243,80 @@ def _import_jax():
     if os.environ.get("APRFAST_SANITIZED"):
         pytest.skip("jaxlib aborts under the preloaded ASan runtime (tested in the normal run)")
     return pytest.importorskip("jax")
+
+
+# --- get_slice keys and argument errors (safetensors' behaviour, checked side by side
+# in test_safetensors_dropin.py) ---------------------------------------------------------
+def test_slice_row_lists_and_empty_lists(tmp_path, tensors):
+    path = tmp_path / "m.apr"
+    apr_np.save_file(tensors, path)
+    weight = tensors["embed.weight"]
+    with aprfast.safe_open(path, "np") as f:
+        part = f.get_slice("embed.weight")
+        empty = part[[]]
+        assert empty.shape == (0, 4) and empty.dtype == np.float32
+        np.testing.assert_array_equal(part[[5, 0, 5, -1]], weight[[5, 0, 5, -1]])
+        np.testing.assert_array_equal(part[1:3, [3, 0]], weight[1:3, [3, 0]])
+        assert part[[7]].flags.writeable and part[[7]].flags.c_contiguous
+
+
+@pytest.mark.parametrize("key", [[8], [-9], [True, False], [[0, 1]], ["a"], (0, 0, 0), 8, [2 ** 70]])
+def test_slice_keys_outside_the_tensor_are_index_errors(tmp_path, tensors, key):
+    path = tmp_path / "m.apr"
+    apr_np.save_file(tensors, path)
+    with aprfast.safe_open(path, "np") as f, pytest.raises(IndexError) as info:
+        f.get_slice("embed.weight")[key]
+    assert isinstance(info.value, aprfast.AprError) and "embed.weight" in str(info.value)
+
+
+def test_a_scalar_has_no_rows(tmp_path, tensors):
+    path = tmp_path / "m.apr"
+    apr_np.save_file(tensors, path)
+    with aprfast.safe_open(path, "np") as f:
+        part = f.get_slice("scalar")
+        assert part.get_shape() == [] and part[()] == 3.5
+        with pytest.raises(IndexError):
+            part[[]]
+        with pytest.raises(TypeError):
+            len(part)
+
+
+def test_safe_open_argument_errors_are_apr_errors_and_value_errors(tmp_path, tensors):
+    path = tmp_path / "m.apr"
+    apr_np.save_file(tensors, path)
+    for call in (lambda: aprfast.safe_open(path, "np", backend="io_uring"),
+                 lambda: aprfast.safe_open(path, "tensorflow"),
+                 lambda: aprfast.safe_open(path, "np", device="cuda:0").get_tensor("scalar")):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert isinstance(info.value, aprfast.AprError)
+
+
+def test_numpy_module_checks_names_and_metadata_as_safetensors():
+    with pytest.raises(TypeError, match="names must be str"):
+        apr_np.save({("a",): np.zeros(1)})
+    for metadata in ({"a": 1}, {2: "b"}, [("a", "b")]):
+        with pytest.raises(TypeError):
+            apr_np.save({"a": np.zeros(1)}, metadata)
+    # aprfast's own API keeps typed metadata
+    assert aprfast.open(aprfast.save({"a": np.zeros(1)}, {"a": 1})).metadata == {"a": 1}
+
+
+def test_safe_open_pread_backend(tmp_path, tensors):
+    path = tmp_path / "m.apr"
+    apr_np.save_file(tensors, path)
+    with aprfast.safe_open(path, "np", backend="pread") as f:
+        loaded = f.get_tensors()
+        assert sorted(loaded) == sorted(tensors)
+        for name, value in tensors.items():
+            np.testing.assert_array_equal(loaded[name], value)
+            assert loaded[name].flags.writeable
+        np.testing.assert_array_equal(f.get_slice("embed.weight")[::3, 1], tensors["embed.weight"][::3, 1])
+
+
+def test_slice_dtype_names_are_safetensors_names():
+    from aprfast.convert.safetensors import ST_DTYPES
+    from aprfast.frameworks import _SAFETENSORS_NAMES
+
+    for st_name, apr_name in ST_DTYPES.items():
+        assert _SAFETENSORS_NAMES.get(apr_name, apr_name) == st_name
