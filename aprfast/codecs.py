@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from ._optional import require
 from .errors import CorruptError, LimitError, VersionError
 
 __all__ = ["Compression", "MAX_UNCOMPRESSED_SIZE", "ZSTD_LEVELS", "compress", "decompress"]
@@ -89,16 +90,16 @@ def compress(data, compression) -> bytes:
     if compression is Compression.NONE:
         return bytes(data)
     if compression is Compression.LZ4:
-        import lz4.block
+        lz4_block = require("lz4.block")
 
-        return lz4.block.compress(data, mode="default", store_size=True)
+        return lz4_block.compress(data, mode="default", store_size=True)
     return _zstd_stream_compress(data, ZSTD_LEVELS[compression])
 
 
 def _zstd_stream_compress(data, level: int) -> bytes:
     """One zstd frame as Rust ``zstd::encode_all`` makes it: streamed with the size
     unknown to the encoder, so the frame holds no content size and no checksum."""
-    import zstandard
+    zstandard = require("zstandard")
 
     cctx = zstandard.ZstdCompressor(level=level, write_content_size=False, write_checksum=False)
     stream = cctx.compressobj()
@@ -171,7 +172,7 @@ def _zstd_decompress(data, expected_size, path):
     32,768-fold).  Even then the output grows with what really decompresses, so a
     lying header costs at most twice the true output, and no byte is ever copied.
     """
-    import zstandard
+    zstandard = require("zstandard")
 
     from . import _memory
 

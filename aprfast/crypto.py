@@ -68,8 +68,10 @@ try:
     from nacl._sodium import ffi as _ffi, lib as _lib
     from argon2.low_level import Type as _Argon2Type, hash_secret_raw as _argon2_hash_raw
 except ImportError as _error:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "aprfast.crypto needs PyNaCl >= 1.6 and argon2-cffi: pip install 'aprfast[crypto]'"
+    from ._optional import MissingDependencyError
+
+    raise MissingDependencyError(
+        "encryption and signing need PyNaCl >= 1.6 and argon2-cffi: pip install 'aprfast[crypto]'"
     ) from _error
 
 __all__ = [

@@ -30,6 +30,7 @@ import numpy as np
 
 from . import _blocks, _memory
 from .codecs import ZSTD_MAX_RATIO, ZSTD_SLACK
+from ._optional import require
 from .errors import CorruptError, LayoutError, VersionError
 
 __all__ = ["CODECS", "LZ4", "ZSTD", "LZ4_BLOCK_SIZE", "ZSTD_BLOCK_SIZE", "compress_inputs", "codec_id",
@@ -141,16 +142,16 @@ def _assemble(view, blocks, size):
 def _compressor(codec: int, level):
     """A function block -> compressed bytes, safe to call from several threads."""
     if codec == LZ4:
-        import lz4.block
+        lz4_block = require("lz4.block")
 
         if level is None or level == 0:
-            return lambda block: lz4.block.compress(block, mode="default", store_size=False)
+            return lambda block: lz4_block.compress(block, mode="default", store_size=False)
         if not _is_int(level) or not 1 <= level <= 12:
             raise LayoutError(f"LZ4 compression_level must be 1-12 (LZ4 HC), or None for the fast mode; "
                               f"got {level!r}")
-        return lambda block: lz4.block.compress(block, mode="high_compression", compression=level,
+        return lambda block: lz4_block.compress(block, mode="high_compression", compression=level,
                                                 store_size=False)
-    import zstandard
+    zstandard = require("zstandard")
 
     level = ZSTD_DEFAULT_LEVEL if level is None else level
     if not _is_int(level) or not _ZSTD_MIN_LEVEL <= level <= zstandard.MAX_COMPRESSION_LEVEL:
@@ -354,7 +355,7 @@ _FORCE_PYTHON_ZSTD = False  # tests set this to exercise the fallback
 
 
 def _zstd_python(src, arrays, dst, which):
-    import zstandard
+    zstandard = require("zstandard")
 
     out = np.frombuffer(dst, np.uint8)
     so, sl, do, dl = arrays

@@ -273,9 +273,10 @@ def decode_metadata(data, *, path=None) -> dict:
     that is not a map, malformed MessagePack or nesting deeper than 1024 is refused
     (E002), and so is a block whose decode would take more memory than its budget
     (E008), before ``msgpack.unpackb`` sees it."""
-    import msgpack
-
     from .. import _metascan
+    from .._optional import require
+
+    msgpack = require("msgpack")
 
     _metascan.check_msgpack(data, path)
     try:
