@@ -42,6 +42,8 @@ def add_conversion_arguments(p, *, source_help: str) -> None:
                    help="inline statistical validation (default: the conversion API's)")
     p.add_argument("--max-shard-size", metavar="SIZE", help="write a sharded safetensors checkpoint (e.g. 5GB)")
     p.add_argument("--no-tokenizer", action="store_true", help="do not embed a sibling tokenizer.json")
+    p.add_argument("--prefix", action="append", metavar="PREFIX",
+                   help="strip this prefix from tensor names (repeatable), e.g. module.")
     p.add_argument("-f", "--force", action="store_true", help="replace an existing destination")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     add_progress_option(p)
@@ -78,6 +80,8 @@ def conversion_options(args) -> dict:
         options["validate"] = args.validate
     if args.max_shard_size:
         options["max_shard_size"] = args.max_shard_size
+    if args.prefix:
+        options["strip_prefix"] = tuple(args.prefix)
     return options
 
 

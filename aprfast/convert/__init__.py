@@ -20,13 +20,13 @@ from ..errors import FormatError, LayoutError, os_error
 from ..precision import to_bfloat16, to_float16, to_float32
 from ..quantization import dequantize as _dequantize, quant_type, quantize as _quantize
 from ..tensors import RawTensor
-from . import apr as _apr, gguf as _gguf, safetensors as _st
+from . import apr as _apr, gguf as _gguf, onnx as _onnx, pytorch as _pt, safetensors as _st
 from ._common import DestinationExistsError, Scratch, Spec
 from .tokenizer import tokenizer_metadata
 
 __all__ = ["convert", "detect", "open_source", "DestinationExistsError", "FORMATS"]
 
-FORMATS = ("apr", "safetensors", "gguf")
+FORMATS = ("apr", "safetensors", "gguf")  # destinations; sources add "pytorch" and "onnx"
 _APR_MAGICS = (b"APR\0", b"APR2", b"APRN")
 _EXTENSIONS = {".apr": "apr", ".safetensors": "safetensors", ".gguf": "gguf"}
 _PRECISIONS = {"f32": "F32", "float32": "F32", "f16": "F16", "float16": "F16", "bf16": "BF16", "bfloat16": "BF16"}
@@ -36,7 +36,9 @@ _VALIDATE_ISSUE = "issue #12 part 9 (inline statistical validation) is not built
 
 # --- sources -------------------------------------------------------------------------
 def detect(path) -> str:
-    """The format of ``path`` from its bytes: "apr", "safetensors", "gguf", or
+    """The format of ``path`` from its bytes: "apr", "safetensors", "gguf", "pytorch"
+    (a torch.save zip, or torch < 1.6's legacy pickle, refused when opened), "onnx"
+    (a ModelProto: ``ir_version`` then another model field), or
     "safetensors-sharded" (an index file, or a directory holding one)."""
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -44,10 +46,13 @@ def detect(path) -> str:
             return "safetensors-sharded"
         if os.path.isfile(os.path.join(path, "model.safetensors")):
             return "safetensors"
-        raise FormatError(f"directory holds no {_st.INDEX_NAME} or model.safetensors", path=path)
+        if os.path.isfile(os.path.join(path, _pt.INDEX_NAME)) or os.path.isfile(os.path.join(path, _pt.WEIGHTS_NAME)):
+            return "pytorch"
+        raise FormatError(f"directory holds no {_st.INDEX_NAME}, model.safetensors, {_pt.INDEX_NAME} or "
+                          f"{_pt.WEIGHTS_NAME}", path=path)
     try:
         with open(path, "rb") as f:
-            head = f.read(16)
+            head = f.read(max(16, len(_pt.LEGACY_MAGIC)))
             size = os.fstat(f.fileno()).st_size
     except OSError as exc:
         raise os_error(exc, "cannot open the source", path=path) from exc
@@ -57,10 +62,14 @@ def detect(path) -> str:
         return "apr"
     if _st.is_safetensors(head, size):
         return "safetensors"
-    if head.lstrip()[:1] == b"{":  # JSON: only an index makes sense; ShardedSource checks it is one
-        return "safetensors-sharded"
+    if (head[:4] == _pt.ZIP_MAGIC and _pt.is_pytorch_zip(path)) or _pt.is_legacy(head):
+        return "pytorch"
+    if _onnx.is_onnx(head):
+        return "onnx"
+    if head.lstrip()[:1] == b"{":  # JSON: only an index makes sense; the sharded sources check it is one
+        return "pytorch" if _pt.is_bin_index(path) else "safetensors-sharded"
     raise FormatError(f"unrecognised source format (first bytes {head[:8]!r}): not .apr, safetensors, "
-                      "a safetensors index or GGUF", path=path)
+                      "a safetensors index, GGUF, a torch.save checkpoint or ONNX", path=path)
 
 
 def open_source(path, *, tokenizer: bool = True):
@@ -70,6 +79,10 @@ def open_source(path, *, tokenizer: bool = True):
         source = _apr.AprSource(path)
     elif kind == "gguf":
         source = _gguf.GGUFSource(path)
+    elif kind == "pytorch":
+        source = _pt.open_source(path)
+    elif kind == "onnx":
+        source = _onnx.OnnxSource(path)
     else:
         source = _safetensors_source(path, tokenizer)
     source.format = kind
@@ -177,11 +190,19 @@ def _open_writer(kind, destination, specs, metadata, *, compression, max_shard_s
     return _st.SafetensorsWriter(dest, specs, metadata, durable=durable)
 
 
-def _plan(source, rename, precision, quantize):
+def _strip(name: str, prefixes) -> str:
+    for prefix in prefixes:
+        if prefix and name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def _plan(source, rename, precision, quantize, strip_prefix=()):
     """(source spec, output spec) pairs of the tensors kept, output names unique."""
     pairs, seen = [], {}
     for spec in source.specs:
-        name = rename(spec.name) if rename is not None else spec.name
+        name = _strip(spec.name, strip_prefix)
+        name = rename(name) if rename is not None else name
         if name is None:
             continue
         if not isinstance(name, str):
@@ -208,19 +229,23 @@ def _check_options(validate, precision, quantize):
 
 
 def convert(source, destination, *, to=None, quantize=None, precision=None, compression=None, rename=None,
-            validate="off", force=False, progress=None, max_shard_size=None, tokenizer=True,
+            strip_prefix=None, validate="off", force=False, progress=None, max_shard_size=None, tokenizer=True,
             durable=True) -> dict:
     """Convert a model between ``.apr``, safetensors (one file or a sharded checkpoint)
     and GGUF, streaming one tensor at a time.
 
     ``source``: a path; its format comes from its bytes (an ``.apr`` of any variant,
-    safetensors, GGUF, a ``model.safetensors.index.json`` or a directory holding one).
+    safetensors, GGUF, a ``model.safetensors.index.json`` or a directory holding one,
+    a ``torch.save`` checkpoint read without running pickle: see ``convert.pytorch``,
+    or an ONNX model's initializers: see ``convert.onnx``).
     ``destination``: a path whose extension (``.apr``, ``.safetensors``, ``.gguf``; a
     directory or an ``.index.json`` for sharded safetensors) or ``to=`` names the format.
     ``max_shard_size`` (bytes, or "5GB"/"2GiB") writes a sharded safetensors checkpoint
     named as transformers names it.  An existing destination is refused
     (DestinationExistsError) unless ``force=True``.
 
+    ``strip_prefix`` (a str or a tuple of them, e.g. "module.") is removed from the
+    front of every tensor name that starts with it (the first that matches), before
     ``rename(name) -> name | None`` renames or (None) drops each tensor.
     ``precision`` ("f32", "f16", "bf16") converts float tensors and dequantizes packed
     ones.  ``quantize`` (a type such as "Q8_0", or ``callable(name, shape) -> type |
@@ -235,9 +260,12 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     """
     precision = _check_options(validate, precision, quantize)
     kind = _destination_format(destination, to, max_shard_size)
+    prefixes = (strip_prefix,) if isinstance(strip_prefix, str) else tuple(strip_prefix or ())
     src = open_source(source, tokenizer=tokenizer)
     try:
-        pairs = _plan(src, rename, precision, quantize)
+        pairs = _plan(src, rename, precision, quantize, prefixes)
+        if kind == "apr" and compression is None and getattr(src, "aliases", None):
+            return _save_shared(src, destination, pairs, force, durable, progress)
         writer = _open_writer(kind, destination, [out for _, out in pairs], src.metadata,
                               compression=compression, max_shard_size=max_shard_size, force=force, durable=durable,
                               q8_headers=_q8_headers(src, pairs) if kind == "gguf" else None)
@@ -246,6 +274,14 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
         src.close()
     return {"source_format": src.format, "format": kind,
             "tensors": len(pairs), "bytes": total}
+
+
+def _save_shared(src, destination, pairs, force, durable, progress) -> dict:
+    """Tied tensors (a PyTorch source's ``aliases``) stored once: see ``pytorch.save_shared``."""
+    if os.path.lexists(os.fspath(destination)) and not force:
+        raise DestinationExistsError("destination exists; pass force=True to replace it", path=destination)
+    total = _pt.save_shared(src, destination, pairs, _transform, progress, durable)
+    return {"source_format": src.format, "format": "apr", "tensors": len(pairs), "bytes": total}
 
 
 def _q8_headers(src, pairs) -> dict:

@@ -50,6 +50,8 @@ with atheris.instrument_imports(include=["aprfast"]):
     import aprfast.tensor_codecs  # noqa: F401
     import aprfast.layouts.chunk_index  # noqa: F401
     import aprfast.layouts.trueno  # noqa: F401
+    import aprfast.convert._pickle_vm  # noqa: F401
+    import aprfast.convert.pytorch  # noqa: F401
 
 import harness  # noqa: E402  (imported after aprfast is instrumented)
 

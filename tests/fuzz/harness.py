@@ -30,6 +30,7 @@ import hashlib
 import io
 import os
 import struct
+import sys
 import tempfile
 import zlib
 
@@ -794,6 +795,25 @@ def target_stream(data: bytes) -> None:
         same("aprfast.load", name, raw_bytes(loaded[name]), got[name])
 
 
+def target_pytorch(data: bytes) -> None:
+    """The PyTorch importer's pickle interpreter and zip reader (fuzz_pytorch.py)."""
+    _fuzz_pytorch().target_pytorch(data)
+
+
+def _fuzz_pytorch():
+    """fuzz_pytorch.py beside this file, whatever name this harness was loaded under."""
+    import importlib.util
+
+    module = sys.modules.get("aprfast_fuzz_pytorch")
+    if module is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        spec = importlib.util.spec_from_file_location("aprfast_fuzz_pytorch", os.path.join(here, "fuzz_pytorch.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["aprfast_fuzz_pytorch"] = module
+    return module
+
+
 TARGETS = {
     "load": target_load,
     "open": target_open,
@@ -802,6 +822,7 @@ TARGETS = {
     "v1_inspect": target_v1_inspect,
     "v1_open": target_v1_open,
     "stream": target_stream,
+    "pytorch": target_pytorch,
 }
 
 

@@ -379,6 +379,7 @@ def write(out_dir: str) -> dict:
         put("v1_inspect", name, control & CONTROL.FIX, data)
         put("inspect", name, control, data)
         put("load", name, 0x01, data)  # v2 readers must refuse a v1 file cleanly
+    counts["pytorch"] = harness._fuzz_pytorch().write_seeds(os.path.join(out_dir, "pytorch"))
     return counts
 
 

@@ -39,7 +39,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-TARGETS = ["load", "open", "inspect", "v1_load", "v1_inspect", "v1_open", "stream"]
+TARGETS = ["load", "open", "inspect", "v1_load", "v1_inspect", "v1_open", "stream", "pytorch"]
 LIMITS = ["-rss_limit_mb=2048", "-timeout=10", "-max_len=16384", "-print_final_stats=1",
           f"-dict={os.path.join(HERE, 'aprfast.dict')}"]
 
