@@ -5,7 +5,8 @@ from __future__ import annotations
 import io
 import os
 
-from . import layouts
+from . import layouts, shards
+from .errors import LayoutError
 from .limits import Limits
 from .reader import AprFile
 from .security import SecurityOptions, refuse_keys
@@ -28,7 +29,7 @@ def _plan(tensors, metadata, layout, alignment, compression=None, compression_le
 def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: int = 64,
               durable: bool = True, compression: str | None = None, compression_level: int | None = None,
               password=None, recipients=None, signing_key=None, digest: str | None = None,
-              encrypt_names: bool = False) -> None:
+              encrypt_names: bool = False, max_shard_size=None) -> None:
     """Write ``tensors`` (name -> array) to ``path`` atomically.
 
     ``layout`` is "aprender" (APR\\0, readable by aprender), "apr2" (the spec's APR2) or
@@ -54,9 +55,37 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
     picks the hash, and given alone writes the digests without a signature.  Sealed
     tensors are held in memory until the file is written; tied weights are stored
     once per name.
+
+    **Sharding** (seed 001 §3.8, :mod:`aprfast.shards`): ``max_shard_size`` (bytes, or a
+    string such as "2GB" / "500MiB") splits the tensors, in the order given, into
+    complete ``.apr`` files of at most that many tensor bytes each (a larger tensor gets
+    a shard of its own), ``{stem}-0000N-of-0000M.apr`` next to ``path``, plus the manifest
+    ``{stem}.apr.index.json``; ``aprfast.open(path)`` then reads them as one model.  When
+    everything fits one shard, ``path`` is written as a plain file.  Not with encryption
+    or signing (the manifest is not authenticated).
     """
+    if max_shard_size is not None:
+        _save_sharded(tensors, path, metadata, max_shard_size, layout, alignment, durable, compression,
+                      compression_level, _security(password, recipients, signing_key, digest, encrypt_names))
+        return
     save_to(path, _plan(tensors, metadata, layout, alignment, compression, compression_level,
                         _security(password, recipients, signing_key, digest, encrypt_names)), durable=durable)
+
+
+def _save_sharded(tensors, path, metadata, max_shard_size, layout, alignment, durable, compression,
+                  compression_level, security) -> None:
+    if any(v not in (None, False) for v in security.values()):
+        raise LayoutError("sharded files cannot be encrypted or signed: the manifest that maps tensors to "
+                          "shards is not authenticated")
+    if not hasattr(tensors, "items"):
+        raise TypeError(f"tensors must be a mapping of name to array, not {type(tensors).__name__}")
+
+    def plan_shard(inputs, shard_metadata):
+        return layouts.plan(inputs, shard_metadata, layout=layout, alignment=alignment, compression=compression,
+                            compression_level=compression_level)
+
+    shards.save_sharded(as_inputs(tensors), path, metadata, max_shard_size, plan_shard=plan_shard,
+                        write_plan=lambda target, plan: save_to(target, plan, durable=durable), durable=durable)
 
 
 def _security(password, recipients, signing_key, digest, encrypt_names):
@@ -93,7 +122,26 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
     trusted key, content key, header/metadata/index authentication); each tensor chunk
     is checked (digest, AES-GCM tag) when read, so reading one tensor costs one
     signature check plus the chunks read.  Its tensors are owned arrays, never views.
+
+    A sharded model (a ``*.apr.index.json`` manifest, a directory holding one, or the
+    ``x.apr`` path a sharded ``save_file`` was given) gives a
+    :class:`aprfast.shards.ShardedFile`: each shard's size is checked at open, each
+    shard opened when a tensor in it is first asked for, its CRC checked by
+    ``verify()`` and loads.
     """
+    manifest = shards.find_manifest(target)
+    if manifest is not None:
+        refuse_keys(dict(password=password, private_key=private_key, trusted_keys=trusted_keys,
+                         require_signature=require_signature, allow_unencrypted=allow_unencrypted), manifest)
+        opened = shards.ShardedFile(manifest, limits=limits, open_options=dict(
+            mode=mode, unknown_dtypes=unknown_dtypes, alignment=alignment))
+        if verify:
+            try:
+                opened.verify()
+            except BaseException:
+                opened.close()
+                raise
+        return opened
     source = open_source(target, mode=mode)
     try:
         is_v1 = layouts.is_v1(source)
@@ -151,7 +199,7 @@ def load(data, *, verify: bool = True, limits: Limits | None = None, unknown_dty
 
 
 def _load_owned(f, verify: bool, threads: int) -> dict:
-    if isinstance(f, AprFile):
+    if isinstance(f, (AprFile, shards.ShardedFile)):
         return f.load_all(verify=verify, threads=threads)
     if verify:
         f.verify()
@@ -160,7 +208,11 @@ def _load_owned(f, verify: bool, threads: int) -> dict:
 
 def inspect(target, *, limits: Limits | None = None) -> dict:
     """Header, metadata and index of a file, reading nothing else (for a v1 container:
-    its header and metadata, without checking the CRC or decrypting anything)."""
+    its header and metadata, without checking the CRC or decrypting anything; for a
+    sharded model: the manifest, and each tensor's entry with its ``shard``)."""
+    manifest = shards.find_manifest(target)
+    if manifest is not None:
+        return shards.inspect(manifest, limits=limits)
     source = open_source(target)  # opened once: AprFile takes it over for v2 files
     try:
         is_v1 = layouts.is_v1(source)

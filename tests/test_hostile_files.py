@@ -664,7 +664,8 @@ def v1_aprn_magic(layout):
 
 @lie()
 def historical_apr1_magic(layout):
-    return Lie(build(layout, small_parts(layout), magic=b"APR1"), FormatError, ["APR1"])
+    # APR1 is read now (layouts/apr1.py): v2 bytes behind its magic are a corrupt APR1
+    return Lie(build(layout, small_parts(layout), magic=b"APR1"), CorruptError, ["APR1"])
 
 
 def make_lie(layout, name) -> Lie:

@@ -27,7 +27,7 @@ from .tokenizer import tokenizer_metadata
 __all__ = ["convert", "detect", "open_source", "DestinationExistsError", "FORMATS"]
 
 FORMATS = ("apr", "safetensors", "gguf")  # destinations; sources add "pytorch" and "onnx"
-_APR_MAGICS = (b"APR\0", b"APR2", b"APRN")
+_APR_MAGICS = (b"APR\0", b"APR2", b"APRN", b"APR1")
 _EXTENSIONS = {".apr": "apr", ".safetensors": "safetensors", ".gguf": "gguf"}
 _PRECISIONS = {"f32": "F32", "float32": "F32", "f16": "F16", "float16": "F16", "bf16": "BF16", "bfloat16": "BF16"}
 _FLOATS = {"F32", "F16", "BF16", "F64"}
@@ -40,7 +40,12 @@ def detect(path) -> str:
     (a torch.save zip, or torch < 1.6's legacy pickle, refused when opened), "onnx"
     (a ModelProto: ``ir_version`` then another model field), or
     "safetensors-sharded" (an index file, or a directory holding one)."""
+    from ..shards import MANIFEST_SUFFIX, find_manifest
+
     path = os.fspath(path)
+    manifest = find_manifest(path)
+    if manifest is not None and manifest.endswith(MANIFEST_SUFFIX):  # a sharded .apr model
+        return "apr"
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, _st.INDEX_NAME)):
             return "safetensors-sharded"

@@ -3,21 +3,24 @@
 * :mod:`.aprender` - ``APR\\0``, the v2 container as aprender writes it.
 * :mod:`.apr2` - ``APR2``, the v2 container as the APR 2.0 spec describes it.
 * :mod:`.v1` - ``APRN``, the v1 model container (read and written through :mod:`aprfast.v1`).
+* :mod:`.apr1` - ``APR1``, aprender's historical JSON-indexed layout (read only).
 """
 
 from __future__ import annotations
 
 from ..errors import FormatError, LayoutError
-from . import apr2, aprender, v1
+from . import apr1, apr2, aprender, v1
 from ._common import find_aliases
 
 __all__ = ["LAYOUTS", "caller_metadata", "detect", "is_v1", "plan"]
 
+#: The layouts aprfast writes (``layout=`` of save_file and plan).
 LAYOUTS = {aprender.NAME: aprender, apr2.NAME: apr2}
-_BY_MAGIC = {aprender.MAGIC: aprender, apr2.MAGIC: apr2}
+# Every layout read as a tensor container; APR1 is read only, so it is not in LAYOUTS.
+_READ = {**LAYOUTS, apr1.NAME: apr1}
+_BY_MAGIC = {aprender.MAGIC: aprender, apr2.MAGIC: apr2, apr1.MAGIC: apr1}
 # Magics of other .apr generations, so a reader can say what it was given.
-_KNOWN_OTHERS = {v1.MAGIC: "a v1 APRN model container: read it with aprfast.v1.load_model()",
-                 b"APR1": "a historical APR1 file, which this build does not read"}
+_KNOWN_OTHERS = {v1.MAGIC: "a v1 APRN model container: read it with aprfast.v1.load_model()"}
 
 
 def detect(source):
@@ -29,7 +32,7 @@ def detect(source):
     if layout is None:
         what = _KNOWN_OTHERS.get(magic)
         detail = f"; it is {what}" if what else ""
-        raise FormatError(f"magic {magic!r} is not a v2 tensor container (APR\\0 or APR2){detail}",
+        raise FormatError(f"magic {magic!r} is not a tensor container (APR\\0, APR2 or APR1){detail}",
                           path=source.path)
     return layout
 
@@ -37,7 +40,7 @@ def detect(source):
 def caller_metadata(parsed) -> dict:
     """A parsed file's metadata as its writer's caller gave it (each layout adds keys of
     its own: aprender's typed defaults, APR2's ``apr_version``)."""
-    return LAYOUTS[parsed.layout].caller_metadata(parsed.metadata)
+    return _READ[parsed.layout].caller_metadata(parsed.metadata)
 
 
 def has_shared_storage(inputs) -> bool:
