@@ -387,8 +387,13 @@ def _save_indexed(payload, path, *, model_type, metadata, compression, quality_s
     if streaming:
         metadata_block = layout.encode_metadata(metadata, license_block=license_block)
         head = dict(model_type=model_type, compression=compression, flags=flags, quality_score=score)
-        parts = _chunked_parts(inputs, head, metadata_block, limit,
-                               (encryption, password, recipient, recipients), signing_key)
+        sealing = (encryption, password, recipient, recipients)
+        if path is not None and (compression is not Compression.NONE or encryption is not None):
+            # chunks that are new bytes (compressed or sealed) go through a spool file,
+            # so memory holds a few chunks, not the payload
+            return _save_chunked_spooled(inputs, head, metadata_block, limit, sealing, signing_key, public_key,
+                                         path, durable)
+        parts = _chunked_parts(inputs, head, metadata_block, limit, sealing, signing_key)
     else:
         metadata_block = layout.encode_metadata(metadata, license_block=license_block,
                                                 align_end_to=trueno.ALIGNMENT)
@@ -481,6 +486,159 @@ def _chunked_parts(inputs, head: dict, metadata_block: bytes, limit: int, encryp
             _final_index(records, chunks, stored, limit, key_block, header, metadata_block, signing_key), *stored]
 
 
+class _Spool:
+    """An unnamed temporary file that chunks are appended to and read back from, so a
+    streaming save holds a few chunks in memory rather than the whole payload."""
+
+    COPY_PIECE = 8 << 20
+
+    def __init__(self):
+        import tempfile
+
+        self.file = tempfile.TemporaryFile(prefix="aprfast-spool-")
+        self.fd = self.file.fileno()
+        self.size = 0
+
+    def append(self, data) -> tuple:
+        """Write ``data`` at the end; its (offset, length)."""
+        at = self.size
+        _write_all(self.fd, data)
+        self.size += len(data)
+        return at, len(data)
+
+    def read(self, at: int, n: int) -> bytearray:
+        out = bytearray(n)
+        view, done = memoryview(out), 0
+        while done < n:
+            got = os.preadv(self.fd, [view[done:]], at + done)
+            if got <= 0:
+                raise AprIOError(f"spool file ended at {at + done} of {at + n}")
+            done += got
+        return out
+
+    def pieces(self):
+        """The whole spool, in order, in pieces of at most COPY_PIECE bytes."""
+        for at in range(0, self.size, self.COPY_PIECE):
+            yield self.read(at, min(self.COPY_PIECE, self.size - at))
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _save_chunked_spooled(inputs, head: dict, metadata_block: bytes, limit: int, encryption, signing_key,
+                          public_key, path, durable) -> None:
+    """The STREAMING file _chunked_parts gives, byte for byte, in bounded memory.
+
+    The header (stored and raw payload sizes) and the index (every chunk's size, CRC32
+    and digest) come before the chunks, and a sealed chunk's AAD holds the header, so:
+    pass 1 compresses every chunk into a spool (sizes known); pass 2 seals each chunk
+    (read back one at a time) into a second spool, CRC and digest on the way; then
+    header, metadata and index are written and the spool is copied after them."""
+    compression = head["compression"]
+    packed_spool, stored_spool = _Spool(), None
+    key = None
+    try:
+        records, pieces = _compress_to_spool(inputs, compression, limit, packed_spool)
+        key, key_block = _file_key(encryption)
+        tag = _tag_size() if key is not None else 0
+        chunks, at = [], 0
+        for _, _, n, raw_size in pieces:
+            chunks.append((at, n + tag, raw_size, 0))
+            at += n + tag
+        digests = [bytes(chunk_index.DIGEST_SIZE)] * len(chunks) if signing_key is not None else None
+        trial = chunk_index.encode(records, chunks, chunk_limit=limit, key_block=key_block, sealed=key is not None,
+                                   digests=digests)
+        header = Header(head["model_type"], len(metadata_block), at, sum(c[2] for c in chunks), compression,
+                        head["flags"], head["quality_score"]).to_bytes()
+        aad_parts = (header, hashlib.sha256(metadata_block).digest(), trial[:chunk_index.HEADER_SIZE])
+        crcs, sums = [], [] if signing_key is not None else None
+        stored_spool = _Spool() if key is not None else packed_spool
+        for i, (owner, ref, n, raw_size) in enumerate(pieces):
+            packed = ref if isinstance(ref, memoryview) else packed_spool.read(ref, n)
+            stored = packed
+            if key is not None:
+                aad = chunk_index.chunk_aad(*aad_parts, records[owner], *chunks[i][:3], i)
+                stored = _seal_chunk(key, i, packed, aad)
+                stored_spool.append(stored)
+            crcs.append(crc32(stored))
+            if sums is not None:
+                sums.append(hashlib.sha256(stored).digest())
+        if key is not None:
+            key[:] = bytes(len(key))
+            key = None
+            packed_spool.close()  # its bytes are all sealed into stored_spool now
+        index = _index_of(records, chunks, crcs, sums, limit, key_block, header, metadata_block, signing_key)
+        _emit_spooled([header, metadata_block, index], stored_spool, signing_key, public_key, path, durable)
+    except OSError as exc:
+        if isinstance(exc, AprError):
+            raise
+        # the spool (in TMPDIR) failed, e.g. ENOSPC: an I/O refusal, not a crash
+        raise AprIOError(f"spooling the chunks to a temporary file failed: {exc.strerror or exc}",
+                         path=path if isinstance(path, (str, os.PathLike)) else None) from exc
+    finally:
+        if key is not None:
+            key[:] = bytes(len(key))  # a bytearray we own: wipe the file key
+        packed_spool.close()
+        if stored_spool is not None:
+            stored_spool.close()
+
+
+def _compress_to_spool(inputs, compression, limit, spool: _Spool):
+    """(tensor records, [(record number, where, stored size, raw size)]) as
+    _compressed_chunks gives them; ``where`` is the spool offset of a compressed chunk,
+    or the caller's bytes (a view, not copied) when nothing is compressed."""
+    from .dtypes import APR2_IDS
+
+    records, pieces = [], []
+    for t in inputs:
+        data = _raw_bytes(t)
+        count = -(-t.nbytes // limit)
+        records.append(chunk_index.tensor_record(t.name, APR2_IDS.id_of(t.dtype), t.shape, count))
+        owner = len(records) - 1
+        for at in range(0, t.nbytes, limit):
+            piece = data[at:at + limit]
+            if compression is Compression.NONE:
+                pieces.append((owner, piece, len(piece), len(piece)))
+            else:
+                where, n = spool.append(codecs.compress(piece, compression))
+                pieces.append((owner, where, n, len(piece)))
+    return records, pieces
+
+
+def _emit_spooled(prefix: list, spool: _Spool, signing_key, public_key, path, durable) -> None:
+    """``prefix`` then the spool's bytes, then (signed) the file signature over them all
+    and the CRC32 of everything: the bytes _emit(_with_crc(parts)) writes."""
+    import mmap
+
+    signature = b""
+    if signing_key is not None:
+        from . import crypto
+
+        # Ed25519 reads the message twice: the spool is mapped (page cache, not heap)
+        mapped = mmap.mmap(spool.fd, spool.size, access=mmap.ACCESS_READ) if spool.size else None
+        try:
+            with memoryview(mapped if mapped is not None else b"") as body:
+                signature = bytes(crypto.sign([*prefix, body], signing_key)) + public_key
+        finally:
+            if mapped is not None:
+                mapped.close()
+
+    def parts():
+        yield from prefix
+        yield from spool.pieces()
+        if signature:
+            yield signature
+
+    def with_crc():
+        crc = 0
+        for part in parts():
+            crc = crc32(part, crc)
+            yield part
+        yield crc.to_bytes(layout.CRC_SIZE, "little")
+
+    _emit(with_crc(), path, durable)
+
+
 def _compressed_chunks(inputs, compression, limit):
     """(tensor records, [(record number, compressed chunk, raw size)]): each tensor's
     bytes split every ``limit`` bytes, each piece compressed on its own."""
@@ -522,8 +680,14 @@ def _chunk_table(pieces, tag: int) -> list:
 
 def _final_index(records, chunks, stored, limit, key_block, header, metadata_block, signing_key) -> bytes:
     """The index with each stored chunk's CRC32 (and, signed, SHA-256 and the index signature)."""
-    final = [(o, s, r, crc32(part)) for (o, s, r, _), part in zip(chunks, stored)]
+    crcs = [crc32(part) for part in stored]
     digests = [hashlib.sha256(part).digest() for part in stored] if signing_key is not None else None
+    return _index_of(records, chunks, crcs, digests, limit, key_block, header, metadata_block, signing_key)
+
+
+def _index_of(records, chunks, crcs, digests, limit, key_block, header, metadata_block, signing_key) -> bytes:
+    """The final index from each stored chunk's CRC32 and (signed) SHA-256."""
+    final = [(o, s, r, crc) for (o, s, r, _), crc in zip(chunks, crcs)]
     body = chunk_index.encode(records, final, chunk_limit=limit, key_block=key_block, sealed=bool(key_block),
                               digests=digests)
     signature = b""

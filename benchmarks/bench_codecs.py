@@ -3,6 +3,7 @@
     python benchmarks/bench_codecs.py                  # 512 MiB model, 5 rounds
     python benchmarks/bench_codecs.py --quick          # 64 MiB model, 3 rounds
     python benchmarks/bench_codecs.py --block-sizes    # also: zstd block sizes 64 KiB..4 MiB
+    python benchmarks/bench_codecs.py --size-mib 32 --rounds 3   # any size (2 MiB per tensor)
 
 Model: 256 float32 tensors of 512x1024 (2 MiB each; 32 with --quick), values standard
 normals x 0.02 rounded to bf16 precision (the low 16 bits of every float are zero, as
@@ -21,12 +22,20 @@ Rows (aprfast | the one-frame way | limit):
   ``zstandard`` of the same tensor bytes as one frame already in memory.  Target for
   LZ4: at least 2x.
 * save: ``save_file(compression=...)`` | compressing the payload as one frame, in memory.
+* ``aprfast.stream()`` of the plain (uncompressed APR2) and the LZ4 file from a pipe fed
+  by ``cat FILE`` | ``cat FILE | cat > /dev/null``: the same pipe drained by a process
+  that does nothing with the bytes.  Target: at least 0.8x its throughput.
+* peak memory of ``stream()`` over a pipe, in a child process (VmHWM above the RSS after
+  its imports, ``/proc/self/clear_refs``), each tensor dropped as the next comes | the
+  largest tensor + 32 MiB (the target's bound).  Memory is not timed; one sample per round.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -102,6 +111,71 @@ def codec_rows(table, directory, tensors, codec, rounds):
     os.remove(path)
 
 
+def stream_rows(table, directory, tensors, rounds):
+    """stream() from a pipe against the pipe drained by cat; then its peak memory."""
+    largest = max(t.nbytes for t in tensors.values())
+    size = f"{sum(t.nbytes for t in tensors.values()) // MiB} MiB"
+    for codec in (None, "lz4"):
+        path = os.path.join(directory, f"stream-{codec or 'plain'}.apr")
+        aprfast.save_file(tensors, path, layout="apr2", compression=codec, durable=False)
+        what = f"{codec} file" if codec else "plain apr2 file"
+        got = interleaved({"aprfast": lambda: _stream_from_cat(path), "cat": lambda: _cat_through_pipe(path)},
+                          rounds)
+        table.add(Row(f"stream() from a pipe, {what}", size, got["aprfast"],
+                      primary={"cat FILE | cat > /dev/null": got["cat"]}))
+        peaks = timing.Samples(_stream_peak_in_child(path) for _ in range(rounds))
+        bound = timing.Samples([largest + 32 * MiB])
+        table.add(Row(f"stream() peak memory above imports, {what}", size, peaks, unit="B",
+                      limits={"largest tensor + 32 MiB (target)": bound}))
+        os.remove(path)
+
+
+def _stream_from_cat(path) -> int:
+    feeder = subprocess.Popen(["cat", path], stdout=subprocess.PIPE, bufsize=0)
+    try:
+        count = sum(1 for _ in aprfast.stream(feeder.stdout))
+    finally:
+        feeder.stdout.close()
+        feeder.wait()
+    return count
+
+
+def _cat_through_pipe(path) -> None:
+    feeder = subprocess.Popen(["cat", path], stdout=subprocess.PIPE)
+    drain = subprocess.Popen(["cat"], stdin=feeder.stdout, stdout=subprocess.DEVNULL)
+    feeder.stdout.close()  # the drain holds the read end
+    drain.wait()
+    feeder.wait()
+
+
+_PEAK_CHILD = """
+import json, sys
+import aprfast
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # resets VmHWM to the current RSS
+base = status("VmRSS")
+count = 0
+for name, tensor in aprfast.stream(sys.stdin.buffer):
+    count += 1
+    del tensor
+print(json.dumps({"peak_above_imports": status("VmHWM") - base, "tensors": count}))
+"""
+
+
+def _stream_peak_in_child(path) -> int:
+    """Peak RSS of stream() over ``cat FILE |`` in a fresh interpreter, above its RSS
+    after importing aprfast."""
+    feeder = subprocess.Popen(["cat", path], stdout=subprocess.PIPE)
+    child = subprocess.run([sys.executable, "-c", _PEAK_CHILD], stdin=feeder.stdout, capture_output=True,
+                           text=True, check=True)
+    feeder.stdout.close()
+    feeder.wait()
+    return json.loads(child.stdout)["peak_above_imports"]
+
+
 def _open_one(path, name):
     with aprfast.open(path) as f:
         return f.get_tensor(name)
@@ -128,12 +202,15 @@ def block_size_rows(directory, tensors, rounds):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="64 MiB model, 3 rounds")
+    parser.add_argument("--size-mib", type=int, default=None,
+                        help="model size in MiB (2 MiB tensors; default 512, 64 with --quick)")
+    parser.add_argument("--no-stream", action="store_true", help="skip the stream()-from-a-pipe rows")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--block-sizes", action="store_true", help="also compare zstd block sizes")
     parser.add_argument("--dir", default=None, help="where to write files (default: a temp dir)")
     parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
     args = parser.parse_args()
-    count = 32 if args.quick else 256
+    count = max(1, args.size_mib // 2) if args.size_mib else (32 if args.quick else 256)
     rounds = 3 if args.quick else args.rounds
     versions = (f"lz4 {timing.version('lz4')}, zstandard {timing.version('zstandard')}, "
                 f"zstd blocks decoded by {'libzstd (C)' if aprfast._blocks.zstd_native() else 'zstandard'}")
@@ -143,6 +220,8 @@ def main():
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
         for codec in ("lz4", "zstd"):
             codec_rows(table, directory, tensors, codec, rounds)
+        if not args.no_stream:
+            stream_rows(table, directory, tensors, rounds)
         if args.block_sizes:
             block_size_rows(directory, dict(list(tensors.items())[:min(count, 32)]), rounds)
     table.notes.append("Blocks: LZ4 64 KiB (the spec), zstd 128 KiB (level 3); each block decodes independently.")

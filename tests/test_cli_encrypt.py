@@ -1,12 +1,18 @@
-"""`apr encrypt` / `apr decrypt` on v1 files: password from the environment or X25519
-key files, the round trip gives the same model (tensors, bytes payloads, metadata,
-header fields), wrong keys fail with E005, outputs are never replaced without --force."""
+"""`apr encrypt` / `apr decrypt` on v1 and v2 files: password from the environment or
+X25519 key files, the round trip gives the same model (tensors, bytes payloads,
+metadata, header fields; a plain v2 file comes back byte for byte), wrong keys fail with
+E005, outputs are never replaced without --force."""
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 import pytest
 
+import aprfast
 from aprfast import v1
 from aprfast.cli import main
 from aprfast.layouts.v1 import Flag
@@ -131,3 +137,128 @@ def test_license_block_survives_the_round_trip(tmp_path, password):
         loaded = v1.load_model(path, password=key)
         assert loaded.license == lic and loaded.flags & Flag.LICENSED
         assert loaded.metadata == v1.load_model(src).metadata
+
+
+# --- v2 (APR2) files ------------------------------------------------------------------
+V2_TENSORS = {"emb": np.arange(400_000, dtype=np.float32).reshape(800, 500),  # 1.5 MiB: two chunks
+              "norm": np.ones(500, np.float16), "step": np.array([3], np.int64)}
+
+
+@pytest.fixture
+def v2_model(tmp_path):
+    path = tmp_path / "m2.apr"
+    aprfast.save_file(V2_TENSORS, path, {"model_name": "m2", "n": "1"})
+    return path
+
+
+def assert_v2_same(path, want=V2_TENSORS, **keys):
+    with aprfast.open(path, **keys) as f:
+        assert f.metadata == {"model_name": "m2", "n": "1"} and sorted(f.keys()) == sorted(want)
+        for name, array in want.items():
+            got = f.get_tensor(name)
+            assert got.dtype == array.dtype and got.shape == array.shape
+            np.testing.assert_array_equal(got, array)
+        return f.security
+
+
+def test_v2_password_round_trip_gives_the_same_bytes(v2_model, password, tmp_path, capsys):
+    enc, dec = tmp_path / "enc.apr", tmp_path / "dec.apr"
+    assert main(["encrypt", str(v2_model), "-o", str(enc), "--password-env", password]) == 0
+    assert "encrypted (password)" in capsys.readouterr().out
+    assert enc.read_bytes()[:4] == b"APR2"
+    state = assert_v2_same(enc, password="correct horse")
+    assert state["encrypted"] and state["encryption"] == "password" and not state["signed"]
+    with pytest.raises(aprfast.errors.DecryptError):
+        aprfast.open(enc).get_tensor("emb")
+    raw = V2_TENSORS["emb"].tobytes()
+    assert raw[1000:1064] not in enc.read_bytes()  # the tensor bytes are not stored in the clear
+    assert main(["decrypt", str(enc), "-o", str(dec), "--password-env", password, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["was"] == "password" and doc["container"] == "v2"
+    assert dec.read_bytes() == v2_model.read_bytes()  # same layout, order and metadata as save_file's
+
+
+def test_v2_wrong_password_is_e005_and_writes_nothing(v2_model, password, tmp_path, capsys):
+    enc, dec = tmp_path / "enc.apr", tmp_path / "dec.apr"
+    assert main(["encrypt", str(v2_model), "-o", str(enc), "--password-env", password]) == 0
+    assert main(["decrypt", str(enc), "-o", str(dec), "--password-env", "APR_WRONG_PW"]) == 4
+    assert "[E005]" in capsys.readouterr().err and not dec.exists()
+    assert main(["encrypt", str(enc), "-o", str(dec), "--password-env", password]) == 1
+    assert "encrypted already" in capsys.readouterr().err and not dec.exists()
+
+
+def test_v2_recipients_and_names(v2_model, tmp_path, capsys):
+    for name in ("alice", "bob", "eve"):
+        assert main(["keygen", str(tmp_path / name), "--type", "x25519"]) == 0
+    enc = tmp_path / "enc.apr"
+    assert main(["encrypt", str(v2_model), "-o", str(enc), "--recipient", str(tmp_path / "alice.pub"),
+                 "--recipient", str(tmp_path / "bob.pub"), "--encrypt-names"]) == 0
+    assert "multi-recipient" in capsys.readouterr().out
+    assert b"emb" not in enc.read_bytes() and b"model_name" not in enc.read_bytes()
+    for who in ("alice", "bob"):
+        out = tmp_path / f"{who}.apr"
+        assert main(["decrypt", str(enc), "-o", str(out), "--key-file", str(tmp_path / who)]) == 0
+        assert out.read_bytes() == v2_model.read_bytes()
+    assert main(["decrypt", str(enc), "-o", str(tmp_path / "eve.apr"), "--key-file", str(tmp_path / "eve")]) == 4
+    assert not (tmp_path / "eve.apr").exists()
+
+
+def test_v2_compressed_file_keeps_its_codec_and_signature_is_required(tmp_path, password, capsys):
+    src, enc, dec = tmp_path / "z.apr", tmp_path / "enc.apr", tmp_path / "dec.apr"
+    aprfast.save_file(V2_TENSORS, src, {"model_name": "m2", "n": "1"}, compression="zstd")
+    assert main(["keygen", str(tmp_path / "signer")]) == 0
+    assert main(["encrypt", str(src), "-o", str(enc), "--password-env", password,
+                 "--signing-key", str(tmp_path / "signer")]) == 0
+    assert ", signed" in capsys.readouterr().out
+    with aprfast.open(enc, password="correct horse") as f:
+        assert f.info("emb").flags & 0x0F == 2  # zstd (tensor_codecs.ZSTD)
+        assert f.info("emb").nbytes < V2_TENSORS["emb"].nbytes
+    assert main(["keygen", str(tmp_path / "other")]) == 0
+    assert main(["decrypt", str(enc), "-o", str(dec), "--password-env", password,
+                 "--trusted-key", str(tmp_path / "other.pub")]) == 4  # signed by someone else
+    assert "[E006]" in capsys.readouterr().err and not dec.exists()
+    assert main(["decrypt", str(enc), "-o", str(dec), "--password-env", password,
+                 "--trusted-key", str(tmp_path / "signer.pub")]) == 0
+    assert "was signed" in capsys.readouterr().err  # the plaintext is not
+    assert_v2_same(dec)
+    assert dec.read_bytes() == src.read_bytes()
+
+
+_DECRYPT_PEAK = """
+import json, sys
+import numpy as np
+import aprfast
+from aprfast import crypto, protection
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+d = sys.argv[1]
+secret, public = crypto.generate_x25519_key()
+rng = np.random.default_rng(0)
+model = {f"t{i:02d}": rng.standard_normal(1 << 20).astype(np.float32) for i in range(16)}  # 16 x 4 MiB
+aprfast.save_file(model, d + "/enc.apr", recipients=[public], durable=False)
+del model
+aprfast.save_file({"w": np.ones(4, np.float32)}, d + "/w.apr", recipients=[public])
+protection.decrypt_file(d + "/w.apr", d + "/w2.apr", private_key=secret)  # code paths loaded
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM := current RSS
+base = status("VmRSS")
+protection.decrypt_file(d + "/enc.apr", d + "/dec.apr", private_key=secret)
+print(json.dumps({"grown": status("VmHWM") - base}))
+"""
+
+
+@pytest.mark.peak_memory
+def test_v2_decrypt_holds_one_tensor_at_a_time(tmp_path):
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(aprfast.__file__)))
+    # glibc returns large frees to the system at once, so RSS shows what is really held
+    env = dict(os.environ, PYTHONPATH=package_parent, MALLOC_MMAP_THRESHOLD_=str(128 << 10))
+    done = subprocess.run([sys.executable, "-c", _DECRYPT_PEAK, str(tmp_path)], env=env, cwd=tempfile.gettempdir(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    grown = json.loads(done.stdout)["grown"]
+    assert grown < 16 << 20, f"decrypting a 64 MiB file grew the peak RSS by {grown / 2**20:.1f} MiB"
+    with aprfast.open(tmp_path / "dec.apr") as f:
+        assert len(f) == 16 and f.security is None

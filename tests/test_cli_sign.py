@@ -1,7 +1,8 @@
-"""`apr keygen`, `apr sign`, `apr verify` on v1 files: key files (private mode 0600),
-signing in place or to -o (encrypted files without their key), verification that
-catches tampering and untrusted signers (exit 5), keys only from files and the
-environment, and v2 files refused until v2 signing exists."""
+"""`apr keygen`, `apr sign`, `apr verify` on v1 and v2 files: key files (private mode
+0600), signing in place or to -o (encrypted v1 files without their key, encrypted v2
+files re-sealed with it), verification that catches tampering and untrusted signers
+(exit 5) and checks an encrypted v2 file's chunk digests without its key, keys only
+from files and the environment."""
 
 import json
 import os
@@ -112,18 +113,187 @@ def test_wrong_key_kind_is_a_format_error(model, tmp_path):
     assert main(["sign", str(model), "--signing-key", str(tmp_path / "x")]) == 4
 
 
-def test_v2_files_and_streaming_files_are_refused_for_now(tmp_path, keys, capsys):
+def test_streaming_v1_files_are_not_signed_in_place(tmp_path, keys):
     signer, _ = keys
-    v2 = tmp_path / "v2.apr"
-    aprfast.save_file({"w": np.ones(3, np.float32)}, v2)
-    assert main(["sign", str(v2), "--signing-key", str(signer)]) == 1
-    assert "v2 encryption and signing API" in capsys.readouterr().err
-    assert main(["verify", str(v2)]) == 1
     stream = tmp_path / "s.apr"
     v1.save_model({"w": np.ones(3, np.float32)}, stream, streaming=True)
     before = stream.read_bytes()
     assert main(["sign", str(stream), "--signing-key", str(signer)]) == 1
     assert stream.read_bytes() == before
+
+
+# --- v2 (APR2) files ------------------------------------------------------------------
+V2_TENSORS = {"big": np.arange(600_000, dtype=np.float32).reshape(1000, 600),  # 2.3 MiB: three 1 MiB chunks
+              "bias": np.linspace(-1, 1, 7).astype(np.float16), "empty": np.zeros((0, 4), np.float32)}
+
+
+def public_of(path):
+    return load_key(f"{path}.pub", kind="ed25519-public")[1]
+
+
+def assert_v2_tensors(path, **keys):
+    with aprfast.open(path, **keys) as f:
+        assert sorted(f.keys()) == sorted(V2_TENSORS) and f.metadata == {"model_name": "m2"}
+        for name, want in V2_TENSORS.items():
+            np.testing.assert_array_equal(f.get_tensor(name), want)
+            assert f.get_tensor(name).dtype == want.dtype
+
+
+@pytest.fixture
+def v2_model(tmp_path):
+    path = tmp_path / "m2.apr"
+    aprfast.save_file(V2_TENSORS, path, {"model_name": "m2"})
+    return path
+
+
+def test_v2_sign_in_place_then_verify(v2_model, keys, capsys):
+    signer, other = keys
+    assert main(["verify", str(v2_model)]) == 5  # not signed yet
+    assert "not signed" in capsys.readouterr().err
+    assert main(["sign", str(v2_model), "--signing-key", str(signer)]) == 0
+    assert f"signed by {public_of(signer).hex()}" in capsys.readouterr().out
+    assert main(["verify", str(v2_model), "--trusted-key", f"{signer}.pub", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["valid"] is True and doc["container"] == "v2" and doc["trusted"] is True
+    assert doc["signer"] == public_of(signer).hex() and doc["digest"] == "sha256"
+    assert doc["chunks"] == 4 and doc["encrypted"] is False  # 3 chunks of 'big', 1 of 'bias'
+    with aprfast.open(v2_model, trusted_keys=[public_of(signer)]) as f:
+        assert f.security["signature"] == "trusted"
+    assert_v2_tensors(v2_model)
+    assert main(["verify", str(v2_model), "--trusted-key", f"{other}.pub"]) == 5
+    assert "[E006]" in capsys.readouterr().err
+    before = v2_model.read_bytes()
+    assert main(["sign", str(v2_model), "--signing-key", str(other)]) == 1  # signed already
+    assert "--resign" in capsys.readouterr().err and v2_model.read_bytes() == before
+    assert main(["sign", str(v2_model), "--signing-key", str(other), "--resign"]) == 0
+    assert main(["verify", str(v2_model), "--trusted-key", f"{other}.pub"]) == 0
+
+
+def flip(path, offset):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def fix_footer(path):
+    """Recompute the footer CRC (an attacker's edit the footer alone would not catch)."""
+    import struct
+    import zlib
+
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, len(data) - 16, zlib.crc32(data[:-16]))  # footer: crc32, magic, total
+    path.write_bytes(bytes(data))
+
+
+def test_v2_verify_catches_a_flipped_tensor_byte(v2_model, keys, tmp_path, capsys):
+    signer, _ = keys
+    signed = tmp_path / "signed.apr"
+    assert main(["sign", str(v2_model), "--signing-key", str(signer), "-o", str(signed)]) == 0
+    with aprfast.open(signed) as f:
+        at = f.info("big").offset + (2 << 20) + 5  # inside the third chunk
+    flip(signed, at)
+    assert main(["verify", str(signed)]) == 5
+    assert "[E004]" in capsys.readouterr().err  # footer CRC first
+
+
+def test_v2_encrypted_and_signed_verifies_without_its_key(v2_model, keys, tmp_path, password_env, capsys):
+    signer, _ = keys
+    enc = tmp_path / "enc.apr"
+    assert main(["encrypt", str(v2_model), "-o", str(enc), "--password-env", password_env,
+                 "--signing-key", str(signer)]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(enc), "--trusted-key", f"{signer}.pub", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["encrypted"] is True and doc["chunks"] == 4 and doc["tags_checked"] is False
+    assert main(["verify", str(enc), "--password-env", password_env, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tags_checked"] is True
+    assert_v2_tensors(enc, password="hunter2", trusted_keys=[public_of(signer)])
+
+
+def test_v2_verify_names_the_tampered_chunk_when_the_footer_is_fixed(v2_model, keys, tmp_path, password_env,
+                                                                     capsys):
+    signer, _ = keys
+    enc = tmp_path / "enc.apr"
+    assert main(["encrypt", str(v2_model), "-o", str(enc), "--password-env", password_env,
+                 "--signing-key", str(signer)]) == 0
+    with aprfast.open(enc, password="hunter2") as f:
+        at = f.info("big").offset + (1 << 20) + 3  # chunk 1 of 3
+    flip(enc, at)
+    fix_footer(enc)
+    capsys.readouterr()
+    assert main(["verify", str(enc)]) == 5
+    err = capsys.readouterr().err
+    assert "[E006]" in err and "'big': chunk 1 of 3" in err and "digest" in err
+
+
+def test_v2_encrypted_file_is_signed_with_its_key(v2_model, keys, tmp_path, password_env, capsys):
+    signer, _ = keys
+    enc = tmp_path / "enc.apr"
+    assert main(["encrypt", str(v2_model), "-o", str(enc), "--password-env", password_env]) == 0
+    before = enc.read_bytes()
+    assert main(["sign", str(enc), "--signing-key", str(signer)]) == 4  # DecryptError (E005): needs the key
+    assert "needs the key" in capsys.readouterr().err and enc.read_bytes() == before
+    assert main(["sign", str(enc), "--signing-key", str(signer), "--password-env", password_env]) == 0
+    with aprfast.open(enc, password="hunter2", trusted_keys=[public_of(signer)]) as f:
+        assert f.security["encrypted"] and f.security["signature"] == "trusted"
+    assert_v2_tensors(enc, password="hunter2")
+
+
+def test_v2_names_encrypted_needs_the_key_to_verify_chunks(v2_model, keys, tmp_path, password_env, capsys):
+    signer, _ = keys
+    enc = tmp_path / "enc.apr"
+    assert main(["encrypt", str(v2_model), "-o", str(enc), "--password-env", password_env, "--encrypt-names",
+                 "--signing-key", str(signer)]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(enc), "--trusted-key", f"{signer}.pub"]) == 5
+    err = capsys.readouterr().err
+    assert "[E005]" in err and "signature are valid" in err and "--password-env" in err
+    assert main(["verify", str(enc), "--trusted-key", f"{signer}.pub", "--password-env", password_env]) == 0
+    assert "4 chunk(s): sha256 digests and AES-GCM tags valid" in capsys.readouterr().out
+
+
+def test_v2_unsigned_manifest_is_checked_chunk_by_chunk(tmp_path):
+    from aprfast.errors import ChecksumError
+    from aprfast.protection import verify_file
+
+    path = tmp_path / "d.apr"
+    aprfast.save_file(V2_TENSORS, path, {"model_name": "m2"}, digest="sha256")
+    with pytest.raises(aprfast.errors.SignatureError, match="not signed"):
+        verify_file(path)
+    result = verify_file(path, require_signature=False)
+    assert result["digest"] == "sha256" and result["chunks"] == 4 and not result["signed"]
+    with aprfast.open(path) as f:
+        at = f.info("big").offset + 10  # chunk 0 of 3
+    flip(path, at)
+    fix_footer(path)
+    with pytest.raises(ChecksumError, match="'big': chunk 0 of 3 does not match its sha256 digest"):
+        verify_file(path, require_signature=False)
+
+
+def test_v2_multi_recipient_file_is_not_resigned(v2_model, keys, tmp_path, capsys):
+    from aprfast.crypto import generate_x25519_key
+
+    signer, _ = keys
+    alice, alice_public = generate_x25519_key()
+    _, bob_public = generate_x25519_key()
+    enc = tmp_path / "enc.apr"
+    aprfast.save_file(V2_TENSORS, enc, {"model_name": "m2"}, recipients=[alice_public, bob_public])
+    (tmp_path / "alice").write_bytes(alice)
+    before = enc.read_bytes()
+    assert main(["sign", str(enc), "--signing-key", str(signer), "--key-file", str(tmp_path / "alice")]) == 1
+    assert "several recipients" in capsys.readouterr().err and enc.read_bytes() == before
+
+
+def test_key_options_are_refused_for_v1_files(model, keys, password_env, capsys):
+    signer, _ = keys
+    assert main(["sign", str(model), "--signing-key", str(signer), "--password-env", password_env]) == 1
+    assert "without its key" in capsys.readouterr().err
+
+
+@pytest.fixture
+def password_env(monkeypatch):
+    monkeypatch.setenv("APR_TEST_PW", "hunter2")
+    return "APR_TEST_PW"
 
 
 def test_missing_and_junk_files(tmp_path, keys):

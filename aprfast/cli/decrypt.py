@@ -1,4 +1,4 @@
-"""``apr decrypt IN -o OUT``: write the plaintext of an encrypted v1 model, with the
+"""``apr decrypt IN -o OUT``: write the plaintext of an encrypted v1 or v2 model, with the
 password from the environment (``--password-env VAR``) or an X25519 private key file
 (``--key-file PATH``); ``--trusted-key`` requires its signature first.  Over
 :func:`aprfast.protection.decrypt_file`."""
@@ -13,8 +13,8 @@ from ._common import (EXIT_OK, UsageError, add_key_options, add_signing_key_opti
 
 
 def add_parser(commands) -> None:
-    p = commands.add_parser("decrypt", help="decrypt a v1 model (password from the environment, or a key file)")
-    p.add_argument("file", help="an encrypted v1 .apr file")
+    p = commands.add_parser("decrypt", help="decrypt a model (password from the environment, or a key file)")
+    p.add_argument("file", help="an encrypted v1 or v2 .apr file")
     p.add_argument("-o", "--output", required=True, help="the plaintext file to write")
     add_key_options(p)
     add_signing_key_option(p, "Ed25519 private key file to sign the decrypted file with")

@@ -1,4 +1,5 @@
-"""``apr encrypt IN -o OUT``: encrypt a v1 model's payload with a password from the
+"""``apr encrypt IN -o OUT``: encrypt a model (v1: its payload; v2: every tensor in
+1 MiB chunks, ``--encrypt-names`` for metadata and index too) with a password from the
 environment (``--password-env VAR``, Argon2id) or to recipients' X25519 public key
 files (``--recipient PATH``, repeatable); over :func:`aprfast.protection.encrypt_file`.
 Encrypting changes the signed bytes: ``--signing-key`` signs the result, else the
@@ -13,13 +14,15 @@ from ._common import EXIT_OK, UsageError, add_signing_key_option, password_from,
 
 
 def add_parser(commands) -> None:
-    p = commands.add_parser("encrypt", help="encrypt a v1 model (password from the environment, or recipients)")
-    p.add_argument("file", help="a v1 .apr file")
+    p = commands.add_parser("encrypt", help="encrypt a model (password from the environment, or recipients)")
+    p.add_argument("file", help="a v1 or v2 .apr file")
     p.add_argument("-o", "--output", required=True, help="the encrypted file to write")
     p.add_argument("--password-env", metavar="VAR", help="read the password from environment variable VAR")
     p.add_argument("--recipient", metavar="PATH", action="append",
                    help="X25519 public key file of a recipient (repeatable)")
     add_signing_key_option(p, "Ed25519 private key file to sign the encrypted file with")
+    p.add_argument("--encrypt-names", action="store_true",
+                   help="v2 only: encrypt the metadata and tensor index as well (nothing listable without the key)")
     p.add_argument("-f", "--force", action="store_true", help="replace an existing OUTPUT")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(run=run)
@@ -35,7 +38,7 @@ def run(args) -> int:
 
         recipients = [load_key(path, kind="x25519-public")[1] for path in args.recipient]
     result = encrypt_file(args.file, args.output, password=password, recipients=recipients,
-                          signing_key=signing_key_from(args), force=args.force)
+                          signing_key=signing_key_from(args), encrypt_names=args.encrypt_names, force=args.force)
     if args.json:
         print_json(result)
     else:
