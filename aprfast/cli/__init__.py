@@ -4,6 +4,10 @@ function a program can call directly.
 Exit codes (seed 001 Appendix A): 0 success, 1 general error, 2 invalid arguments,
 3 file not found, 4 format error (any AprError while reading), 5 validation failed.
 Results go to stdout (``--json`` for machines), diagnostics to stderr.
+
+Every command reads the configuration file and environment of :mod:`aprfast.config`
+(``APR_CONFIG``, ``APR_CACHE``, ``APR_LOG_LEVEL``, ``APR_COLOR``): the file gives option
+defaults, the command line wins; a bad configuration is an invalid argument (exit 2).
 """
 
 from __future__ import annotations
@@ -12,25 +16,49 @@ import argparse
 import sys
 
 from .. import __version__
+from .. import config as apr_config
 from ..convert._common import DestinationExistsError
 from ..errors import AprError, AprFileNotFoundError, AprIOError
-from . import (convert, debug, decrypt, diff, encrypt, explain, export, import_, inspect, keygen, lint, merge, sign,
-               tensors, validate, verify)
+from . import (convert, debug, decrypt, diff, encrypt, explain, export, import_, inspect, keygen, lint, merge,
+               quantize, sign, tensors, trace, validate, verify)
+from . import config as config_command
 from ._common import (EXIT_ERROR, EXIT_FORMAT, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, EXIT_VALIDATION,
                       UsageError)
 
 __all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_NOT_FOUND", "EXIT_FORMAT", "EXIT_VALIDATION"]
 
 #: The subcommand modules, in `apr --help` order; each has add_parser(subparsers).
-COMMANDS = (inspect, debug, validate, tensors, lint, diff, convert, import_, export, merge, sign, verify, encrypt,
-            decrypt, keygen, explain)
+COMMANDS = (inspect, debug, validate, tensors, lint, diff, convert, import_, export, quantize, merge, trace, sign,
+            verify, encrypt, decrypt, keygen, explain, config_command)
 
 
 def main(argv=None) -> int:
-    parser = _parser()
+    try:
+        settings = apr_config.load_settings()
+        level = apr_config.log_level(settings)
+    except apr_config.ConfigError as exc:
+        print(f"apr: configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    with apr_config.logging_to_stderr(level):
+        return _main(argv, settings)
+
+
+def _main(argv, settings) -> int:
+    try:
+        parser = _parser(settings)
+    except apr_config.ConfigError as exc:
+        print(f"apr: configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        args.settings = settings
+        args.color_mode = apr_config.color_mode(settings, args.color_choice)
+        args.color = apr_config.color_enabled(args.color_mode, sys.stdout)
+    except apr_config.ConfigError as exc:
+        print(f"apr: configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
         return args.run(args)
@@ -61,17 +89,64 @@ def main(argv=None) -> int:
         return EXIT_ERROR
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(settings=None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="apr", allow_abbrev=False,
                                      description="Inspect and work with .apr model files.",
                                      epilog="exit codes: 0 success, 1 error, 2 invalid arguments, "
                                             "3 file not found, 4 format error, 5 validation failed")
     parser.add_argument("--version", action="version", version=f"aprfast {__version__}")
+    parser.add_argument("--color", dest="color_choice", choices=apr_config.COLOR_MODES, default=None,
+                        help="colour in the output (default: APR_COLOR, the config file, else auto)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         module.add_parser(commands)
+    if settings is not None:
+        for name, sub in commands.choices.items():
+            apply_config(sub, name, settings)
     # No prefix matching: `--password SECRET` must be refused, not read as --password-env
     # (a secret typed on the command line is visible in ps; it has to fail loudly).
     for sub in commands.choices.values():
         sub.allow_abbrev = False
     return parser
+
+
+def apply_config(sub, command: str, settings) -> None:
+    """Defaults for ``sub``'s options from the configuration file, each checked as the
+    command line would check it (a wrong type is a ConfigError, exit 2)."""
+    actions = {a.dest: a for a in sub._actions if a.option_strings}
+    for dest, value in settings.for_command(command).items():
+        action = actions.get(dest)
+        if action is None:
+            if dest != "json" and command in settings.commands:
+                apr_config.log.warning("%s: [%s] %s is not an option of apr %s; ignored",
+                                       settings.path, command, dest, command)
+            continue
+        sub.set_defaults(**{dest: _config_value(action, value, f"{settings.path}: [{command}] {dest}")})
+    for dest, value in settings.defaults.items():  # [defaults] keys naming an option: every command that has it
+        if dest in actions and dest not in apr_config.GLOBAL_KEYS:
+            sub.set_defaults(**{dest: _config_value(actions[dest], value, f"{settings.path}: [defaults] {dest}")})
+
+
+def _config_value(action, value, where):
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        if not isinstance(value, bool):
+            raise apr_config.ConfigError(f"{where} must be true or false, not {value!r}")
+        return value
+    if isinstance(value, (dict, bool)) or (isinstance(value, list) and not isinstance(action, argparse._AppendAction)):
+        raise apr_config.ConfigError(f"{where}: {value!r} is not a value for {action.option_strings[-1]}")
+    if isinstance(action, argparse._AppendAction):
+        return [_one_value(action, v, where) for v in (value if isinstance(value, list) else [value])]
+    return _one_value(action, value, where)
+
+
+def _one_value(action, value, where):
+    if action.type is None and not isinstance(value, str):
+        raise apr_config.ConfigError(f"{where} must be a string, not {value!r}")
+    if action.type is not None:
+        try:
+            value = action.type(str(value))
+        except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+            raise apr_config.ConfigError(f"{where}: {exc}") from None
+    if action.choices is not None and value not in action.choices:
+        raise apr_config.ConfigError(f"{where}: {value!r}; choose one of {', '.join(map(str, action.choices))}")
+    return value

@@ -168,3 +168,14 @@ class _RichProgress:
     def __exit__(self, *exc_info):
         self._bar.stop()
         return False
+
+
+_STATUS_COLOURS = {"PASS": "32", "WARN": "33", "FAIL": "31", "N/A": "2"}
+
+
+def paint(status: str, enabled: bool) -> str:
+    """``[STATUS]``, in colour (green, yellow, red, dim) when ``enabled``: the caller
+    decides from ``args.color`` (``--color``, ``APR_COLOR``, the config file, a terminal)."""
+    tag = f"[{status}]"
+    code = _STATUS_COLOURS.get(status)
+    return f"\x1b[{code}m{tag}\x1b[0m" if enabled and code else tag

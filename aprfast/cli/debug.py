@@ -59,7 +59,7 @@ def run(args) -> int:
         return EXIT_OK
     checks = debug_checks(args.file, args)
     if args.drama and not args.json:
-        print(drama(args.file, checks, color=_use_color()))
+        print(drama(args.file, checks, color=getattr(args, "color", False)))
     else:
         _emit(args, {"file": args.file, **checks}, format_checks(args.file, checks))
     if checks["header"]["status"] == "FAIL":
@@ -206,15 +206,6 @@ def _or_unknown(value, spec="") -> str:
 
 
 # --- drama ---------------------------------------------------------------------------
-def _use_color() -> bool:
-    setting = os.environ.get("APR_COLOR", "auto").lower()
-    if setting in ("always", "1", "true", "yes"):
-        return True
-    if setting in ("never", "0", "false", "no"):
-        return False
-    return sys.stdout.isatty()
-
-
 def drama(path, checks, *, color: bool = False) -> str:
     """The checks of :func:`debug_checks` as seed 001 §4.3's play."""
     def act(title):

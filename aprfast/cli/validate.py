@@ -2,7 +2,12 @@
 
 ``--checksum`` (the file's CRC32 and, for signed v1 files, the signature), ``--nan-check``
 (no NaN or Inf in any tensor), ``--zero-check`` (no weight entirely zero; an all-zero bias only warns); none given
-means all three.  :func:`validate_file` is the same as a function."""
+means all three.  ``--shapes`` compares metadata sizes (``n_vocab``, ``hidden_size``, ``n_mels``, context lengths)
+with the tensors' dimensions.  :func:`validate_file` is the same as a function.
+
+``--quality`` prints the 100-point assessment of seed 001 §11 (:func:`aprfast.quality.quality_report`, which
+scores the checksum, NaN/Inf, zero and shape items itself, so the other checks are not run again) and exits 5
+when the score is below ``--min-score``."""
 
 from __future__ import annotations
 
@@ -10,9 +15,12 @@ import sys
 
 from ..errors import ChecksumError, DecryptError, SignatureError
 from ..stats import tensor_stats
-from ._common import EXIT_OK, EXIT_VALIDATION, add_key_options, non_negative_int, open_model, print_json
+from ._common import (EXIT_OK, EXIT_VALIDATION, UsageError, add_key_options, add_progress_option, keys_from,
+                      non_negative_int, open_model, paint, print_json, progress_for)
 
-CHECKS = ("checksum", "nan-check", "zero-check")
+CHECKS = ("checksum", "nan-check", "zero-check", "shapes")
+#: What `apr validate FILE` runs with no check named (--shapes is asked for explicitly).
+DEFAULT_CHECKS = ("checksum", "nan-check", "zero-check")
 
 
 def add_parser(commands) -> None:
@@ -21,21 +29,32 @@ def add_parser(commands) -> None:
     p.add_argument("--checksum", action="store_true", help="verify the CRC32 (and signature) over the whole file")
     p.add_argument("--nan-check", action="store_true", help="fail if any tensor holds NaN or Inf")
     p.add_argument("--zero-check", action="store_true", help="fail if any tensor is entirely zero")
+    p.add_argument("--shapes", action="store_true",
+                   help="fail if metadata sizes (n_vocab, hidden_size, n_mels, n_ctx...) disagree with tensor dims")
+    p.add_argument("--quality", action="store_true", help="print the 100-point quality assessment (seed 001 §11)")
+    p.add_argument("--min-score", type=non_negative_int, default=None, metavar="N",
+                   help="with --quality: exit 5 when the score is below N")
     p.add_argument("--threads", type=non_negative_int, default=0, help="threads for the statistics (0: every core)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_progress_option(p)
     add_key_options(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    wanted = [name for name, flag in zip(CHECKS, (args.checksum, args.nan_check, args.zero_check)) if flag]
+    if args.min_score is not None and not args.quality:
+        raise UsageError("--min-score needs --quality")
+    if args.quality:
+        return run_quality(args)
+    wanted = [name for name, flag in zip(CHECKS, (args.checksum, args.nan_check, args.zero_check, args.shapes))
+              if flag]
     with open_model(args.file, args) as f:
-        report = validate_file(f, checks=wanted or CHECKS, threads=args.threads)
+        report = validate_file(f, checks=wanted or DEFAULT_CHECKS, threads=args.threads)
     report["file"] = args.file
     if args.json:
         print_json(report)
     else:
-        print(format_report(report))
+        print(format_report(report, color=getattr(args, "color", False)))
     for check in report["checks"]:
         if check["status"] == "FAIL":
             code = f"[{check['code']}] " if check.get("code") else ""
@@ -43,7 +62,41 @@ def run(args) -> int:
     return EXIT_OK if report["passed"] else EXIT_VALIDATION
 
 
-def validate_file(f, *, checks=CHECKS, threads: int = 0) -> dict:
+def run_quality(args) -> int:
+    from ..quality import quality_report
+
+    with progress_for(args, "scoring") as progress:
+        report = quality_report(args.file, threads=args.threads, progress=progress, **keys_from(args))
+    minimum = args.min_score or 0
+    report["min_score"] = minimum
+    report["ok"] = report["score"] >= minimum and "error" not in report
+    if args.json:
+        print_json(report)
+    else:
+        print(format_quality(report, color=getattr(args, "color", False)))
+    if not report["ok"]:
+        why = report["error"]["message"] if "error" in report else f"below --min-score {minimum}"
+        print(f"apr validate: quality score {report['score']}/100: {why}", file=sys.stderr)
+    return EXIT_OK if report["ok"] else EXIT_VALIDATION
+
+
+def format_quality(report, color: bool = False) -> str:
+    """The §4.4 table: one line per category, the failures, the total."""
+    lines = [f"=== 100-Point Quality Assessment: {report['file']} ===", ""]
+    for key, cat in report["categories"].items():
+        lines.append(f"{key}. {cat['name'] + ':':<32} {cat['passed']:>2}/{cat['applicable']:<2} applicable (of 25)")
+    failed = [i for i in report["items"] if i["status"] == "FAIL"]
+    if failed:
+        lines.append("")
+        lines += [f"  {paint('FAIL', color)} #{i['item']} {i['claim']}: {i['detail']}" for i in failed]
+    lines += ["", f"{report['not_applicable']} item(s) not applicable (need a runtime, a reference, or are "
+                  "properties of the tool): left out of the score",
+              f"TOTAL: {report['score']}/100 ({report['grade']}) - {report['passed']} of {report['applicable']} "
+              "applicable items passed"]
+    return "\n".join(lines)
+
+
+def validate_file(f, *, checks=DEFAULT_CHECKS, threads: int = 0) -> dict:
     """Run ``checks`` on an open file (``aprfast.open``'s result).  Returns
     ``{"passed": bool, "checks": [{"name", "status" PASS/FAIL, "code", "detail", ...}]}``."""
     unknown = set(checks) - set(CHECKS)
@@ -62,6 +115,8 @@ def validate_file(f, *, checks=CHECKS, threads: int = 0) -> dict:
                             else "no NaN or Inf in any tensor"})
         if "zero-check" in checks:
             results.append(_zero_result(all_zero, skipped))
+    if "shapes" in checks:
+        results.append(_shapes_result(f))
     return {"passed": all(r["status"] != "FAIL" for r in results), "checks": results}
 
 
@@ -78,6 +133,21 @@ def _zero_result(all_zero, skipped) -> dict:
         status, detail = "PASS", "no tensor is entirely zero"
     return {"name": "zero-check", "status": status, "code": None, "tensors": all_zero, "skipped": skipped,
             "detail": detail}
+
+
+def _shapes_result(f) -> dict:
+    from ..quality import shape_checks
+
+    rows = shape_checks(f.metadata or {}, [f.info(n) for n in f.keys()])
+    bad = [r for r in rows if r["status"] == "FAIL"]
+    if bad:
+        detail = "; ".join(f"{r['key']}={r['value']} but {r['tensor']} dim {r['dim']} is {r['actual']}" for r in bad)
+    elif rows:
+        detail = f"{len(rows)} metadata size(s) match the tensors: " + ", ".join(sorted({r["key"] for r in rows}))
+    else:
+        detail = "no metadata size names a tensor dimension (nothing to compare)"
+    return {"name": "shapes", "status": "FAIL" if bad else "PASS", "code": None, "detail": detail,
+            "comparisons": rows}
 
 
 def _checksum(f) -> dict:
@@ -105,11 +175,11 @@ def _scan(f, threads):
     return bad, zeros, skipped
 
 
-def format_report(report) -> str:
+def format_report(report, color: bool = False) -> str:
     lines = [f"{report.get('file', '<file>')}:"]
     for check in report["checks"]:
         code = f" [{check['code']}]" if check.get("code") else ""
-        lines.append(f"  [{check['status']}] {check['name']}{code}: {check['detail']}")
+        lines.append(f"  {paint(check['status'], color)} {check['name']}{code}: {check['detail']}")
         if check.get("skipped"):
             lines.append(f"         not checked (no statistics for their dtype): {', '.join(check['skipped'])}")
     failed = sum(c["status"] == "FAIL" for c in report["checks"])  # WARN passes
