@@ -6,6 +6,9 @@ at a time, ``inspect`` reads only the header, metadata and index.  Quantization 
 explicit: ``quantize``/``dequantize``/``quantize_tensors`` run only when called.
 """
 
+# First: aprfast._crc, ... become the compiled modules or their pure twins.  ``backend``
+# is "c" or "python" (APRFAST_BACKEND; see aprfast._backend).
+from ._backend import BACKEND as backend
 from ._crc import crc32, crc32_combine
 from ._version import __version__
 from .api import inspect, load, load_file, open, save, save_file
@@ -39,7 +42,7 @@ from .tensors import QuantizedTensor, RawTensor, TensorInfo
 from .writer import Writer
 
 __all__ = [
-    "__version__",
+    "__version__", "backend",
     "save_file", "save", "load_file", "load", "open", "inspect", "Writer", "safe_open", "stream",
     "convert",
     "quantize", "dequantize", "quantize_tensors", "register_quantizer", "QuantizationReport",

@@ -48,3 +48,46 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "peak_memory" in item.keywords:
             item.add_marker(skip)
+
+
+# --- the pure-Python backend (APRFAST_BACKEND=python, aprfast._pure) ------------------
+#: Fixtures whose tests are about the compiled implementation only.
+_COMPILED_ONLY_FIXTURES = {
+    "fresh_cache": "the cache of freed buffers belongs to the compiled allocator (csrc/buffers.c)",
+}
+#: Tests (by name) about the compiled implementation only.
+_COMPILED_ONLY_TESTS = {
+    "test_the_environment_sets_the_cap": "the cache of freed buffers belongs to the compiled allocator",
+    # a 1 s bound for walking a million distinct keys, which the pure walker takes seconds for
+    "test_hostile_json_is_refused_before_anything_is_built[many keys with empty arrays]":
+        "a time bound of the compiled metadata scanner",
+    "test_hostile_msgpack_is_refused_before_anything_is_built[many keys with empty arrays]":
+        "a time bound of the compiled metadata scanner",
+}
+
+
+class _PureBackendSkips:
+    """Under the pure backend, skip (with the reason) the tests that measure the compiled
+    kernels' memory or speed, or exercise what only they have; every other test runs."""
+
+    @staticmethod
+    def pytest_collection_modifyitems(config, items):
+        import aprfast
+
+        if aprfast.backend != "python":
+            return
+        for item in items:
+            reason = None
+            if "peak_memory" in item.keywords:
+                reason = "peak-RSS and time bounds measure the compiled kernels (the pure twins favour reading)"
+            for fixture, why in _COMPILED_ONLY_FIXTURES.items():
+                if fixture in getattr(item, "fixturenames", ()):
+                    reason = why
+            name = item.name.split("[", 1)[0]
+            reason = _COMPILED_ONLY_TESTS.get(item.name, _COMPILED_ONLY_TESTS.get(name, reason))
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=f"pure backend: {reason}"))
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_PureBackendSkips(), "aprfast-pure-backend-skips")

@@ -297,7 +297,10 @@ def test_the_environment_sets_the_cap():
     env = dict(os.environ, PYTHONPATH=package_parent, APRFAST_BUFFER_CACHE="12345")
     out = subprocess.run([sys.executable, "-c", "from aprfast import _memory; "
                           "print(_memory.buffer_cache_stats()['limit'])"],
-                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+                         env=env, capture_output=True, text=True, timeout=60, check=True,
+                         # not the checkout's root: its aprfast/ (no compiled modules when the
+                         # tests run against an installed wheel) would shadow PYTHONPATH
+                         cwd=package_parent).stdout
     assert out.strip() == "12345"
 
 

@@ -1,0 +1,224 @@
+"""Aligned buffers and bulk I/O, the pure twin of ``aprfast._memory``.
+
+Python 3.11 cannot give a class of its own the buffer protocol, so
+:class:`AlignedBuffer` is a one-dimensional uint8 ndarray over exactly the aligned bytes
+of a larger block: a bytearray below 128 KiB, an anonymous mapping above (page aligned,
+and from 32 MiB on 2 MiB aligned and advised for huge pages, as csrc/buffers.c does).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import sys
+
+import numpy as np
+
+from ._crc import crc32
+from ._views import check_int, check_uint, default_threads as _default_threads, typed_view
+
+#: Buffers of this many bytes and more are mapped, 2 MiB aligned (csrc/buffers.h).
+MAP_THRESHOLD = 32 << 20
+HUGE_PAGE = 2 << 20
+#: From here on a buffer is an anonymous mapping of its own, as glibc's malloc makes it
+#: (and, as the compiled allocator's memory, outside what tracemalloc counts).
+_OWN_MAPPING = 128 << 10
+_PAGE = mmap.PAGESIZE
+_MAX_ALIGNMENT = 4096
+
+LZ4_MAX_RATIO = 255
+LZ4_SLACK = 24
+
+
+class AlignedBuffer(np.ndarray):
+    """A writable byte buffer whose first byte is aligned to ``alignment``."""
+
+    def __new__(cls, size, alignment=64):
+        size = check_uint(size, 64, "size_t")
+        alignment = check_uint(alignment, 64, "size_t")
+        if alignment == 0 or (alignment & (alignment - 1)) or alignment > _MAX_ALIGNMENT:
+            raise ValueError(f"alignment must be a power of two up to 4096, not {alignment}")
+        if size > sys.maxsize:
+            raise MemoryError(f"cannot allocate {size} bytes: more than a buffer can address")
+        mapped = size >= MAP_THRESHOLD
+        step = HUGE_PAGE if mapped else alignment if size < _OWN_MAPPING else _PAGE
+        try:
+            block = _mapped_block(size + step, mapped) if size >= _OWN_MAPPING else bytearray(size + step)
+            address = ctypes.addressof(ctypes.c_ubyte.from_buffer(block)) if size + step else 0
+        except (MemoryError, OverflowError, OSError) as exc:
+            raise MemoryError(f"cannot allocate {size} bytes aligned to {alignment} ({exc})") from None
+        # The aligned bytes as an object of their own, so that NumPy, which collapses a
+        # chain of views to the object at its bottom, finds exactly these bytes there.
+        region = (ctypes.c_ubyte * size).from_buffer(block, -address % step)
+        self = np.frombuffer(region, np.uint8).view(cls)
+        self.alignment = alignment
+        self._mapped = mapped
+        return self
+
+    def __array_finalize__(self, obj):
+        # Slices and views of a buffer are plain byte views: no alignment promise.
+        self.alignment = 1
+        self._mapped = False
+
+    def __reduce__(self):
+        raise TypeError("an AlignedBuffer is not picklable")
+
+    @property
+    def address(self) -> int:
+        """The start address (for alignment checks)."""
+        return self.ctypes.data
+
+    @property
+    def huge_page_backed(self) -> bool:
+        """True when the buffer was mapped on a 2 MiB boundary (huge pages advised)."""
+        return self._mapped
+
+
+#: Freed buffers of at least this many bytes are kept for reuse by the compiled
+#: allocator (csrc/buffers.h); here Python's allocator and the OS do the reusing.
+BUFFER_CACHE_MIN = 256 << 10
+
+
+def buffer_cache_stats() -> dict:
+    """The cache of freed buffers: this backend keeps none."""
+    return {"blocks": 0, "bytes": 0, "limit": 0, "hits": 0, "misses": 0}
+
+
+def release_buffer_cache(limit=None) -> None:
+    """Nothing is cached here; ``limit`` is checked as the compiled module checks it."""
+    if limit is not None and limit < 0:
+        raise ValueError("the buffer cache limit is a number of bytes >= 0")
+
+
+def _mapped_block(size: int, huge: bool) -> mmap.mmap:
+    """``size`` bytes of anonymous memory (page aligned), advised for huge pages if ``huge``."""
+    area = mmap.mmap(-1, size)
+    if huge and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            area.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # advice only: kernels without transparent huge pages refuse it
+            pass
+    return area
+
+
+def pread_into(fd, offset, dst, threads=0, crc=None):
+    """Fill ``dst`` from ``fd`` at ``offset``; return the running CRC if ``crc`` is given.
+
+    Raises EOFError if the file ends first and OSError for read errors."""
+    fd = check_int(fd, 32, "int")
+    offset = check_uint(offset, 64, "unsigned PY_LONG_LONG")
+    out = typed_view(dst, np.uint8, writable=True)
+    value = None if crc is None else check_uint(crc, 32, "uint32_t")
+    n = out.shape[0]
+    if n == 0:
+        return value
+    view = memoryview(out)
+    done = 0
+    while done < n:
+        got = _pread_some(fd, view[done:], offset + done)
+        if got == 0:
+            raise EOFError(f"file ended before {n} bytes at offset {offset} were read")
+        done += got
+    return None if value is None else crc32(view, value)
+
+
+def _pread_some(fd: int, into: memoryview, at: int) -> int:
+    while True:
+        try:
+            if hasattr(os, "preadv"):
+                return os.preadv(fd, [into], at)
+            data = os.pread(fd, len(into), at)
+            into[:len(data)] = data
+            return len(data)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries already
+            continue
+
+
+def copy_into(dst, src, threads=0) -> None:
+    """Copy ``src`` into ``dst`` (same length)."""
+    out = typed_view(dst, np.uint8, writable=True)
+    source = typed_view(src, np.uint8)
+    if out.shape[0] != source.shape[0]:
+        raise ValueError(f"copy_into: destination holds {out.shape[0]} bytes, source has {source.shape[0]}")
+    out[:] = source
+
+
+def copy_to_bytes(src, threads=0) -> bytes:
+    """``bytes(src)``."""
+    return typed_view(src, np.uint8).tobytes()
+
+
+def preallocate(fd, size) -> int:
+    """Reserve ``size`` bytes for ``fd``; 0 or an errno value (ENOSYS where the OS has no call)."""
+    fd = check_int(fd, 32, "int")
+    size = check_uint(size, 64, "unsigned PY_LONG_LONG")
+    if not hasattr(os, "posix_fallocate"):
+        return errno.ENOSYS
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        return exc.errno or errno.EIO
+    return 0
+
+
+def default_threads() -> int:
+    """Threads used when ``threads=0``: the online cores."""
+    return _default_threads()
+
+
+def append_padded(out, data, pad) -> int:
+    """Append the bytes of buffer ``data`` and ``pad`` zero bytes to ``out``; return len(data)'s bytes."""
+    if not isinstance(out, bytearray):
+        raise TypeError(f"Argument 'out' has incorrect type (expected bytearray, got {type(out).__name__})")
+    view = memoryview(data)
+    if not view.c_contiguous:
+        raise ValueError("append_padded needs a C-contiguous buffer")
+    if pad < 0:
+        raise SystemError("negative size passed to PyByteArray_Resize")
+    out += view.cast("B") if view.nbytes and view.format != "B" else view
+    out += bytes(pad)
+    return view.nbytes
+
+
+_LZ4_ERRORS = {-1: "the block ends inside a sequence", -2: "the block describes more bytes than declared",
+               -3: "a match refers to before the start of the output",
+               -4: "the block ends before the declared size is reached"}
+
+
+def lz4_block_decode_into(src, dst):
+    """Decode one raw LZ4 block into exactly all of ``dst``; None on success, else a
+    message saying what was wrong and at which input byte."""
+    from ._lz4block import decode
+
+    source = typed_view(src, np.uint8)
+    out = typed_view(dst, np.uint8, writable=True)
+    n, m = source.shape[0], out.shape[0]
+    if n == 0:
+        return None if m == 0 else "the block is empty"
+    rc, where = decode(memoryview(source), memoryview(out))
+    if rc == 0:
+        return None
+    return f"{_LZ4_ERRORS.get(rc, rc)} (at input byte {where} of {n})"
+
+
+def uninitialised_bytearray(n) -> bytearray:
+    """A bytearray of ``n`` bytes for a decoder to fill (zeroed here: Python cannot skip it)."""
+    n = check_int(n, 64, "Py_ssize_t")
+    if n < 0:
+        raise SystemError("Negative size passed to PyByteArray_FromStringAndSize")
+    return bytearray(n)
+
+
+def resize_bytearray(out, n) -> None:
+    """Grow or shrink ``out`` in place to ``n`` bytes."""
+    if not isinstance(out, bytearray):
+        raise TypeError(f"Argument 'out' has incorrect type (expected bytearray, got {type(out).__name__})")
+    n = check_int(n, 64, "Py_ssize_t")
+    if n < 0:
+        raise ValueError("Can only resize to positive sizes")
+    if n < len(out):
+        del out[n:]
+    else:
+        out.extend(bytes(n - len(out)))
