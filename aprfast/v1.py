@@ -1018,9 +1018,11 @@ def _check_chunk_sizes(index, compression, path) -> None:
     buffer for a whole tensor (allocated before its chunks are decoded) stays
     proportional to the bytes present: stored = raw when uncompressed, LZ4 inflates at
     most 255-fold, zstd 32,768-fold (aprfast.codecs)."""
-    from . import _memory, crypto
+    from . import _memory
 
-    tag = crypto.TAG_SIZE if index.sealed else 0
+    # (crypto only for a sealed index: importing it loads OpenSSL and libsodium, several
+    # MiB that an unencrypted stream must not pay)
+    tag = _tag_size() if index.sealed else 0
     for i, c in enumerate(index.chunks):
         packed = c.stored_size - tag
         if compression is Compression.NONE:

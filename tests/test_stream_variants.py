@@ -675,3 +675,22 @@ def test_stream_round_trips_every_variant(case, step):
     assert s.verified
     assert_same_as_open(data, keys, pairs)
     assert {n: raw_bytes(t) for n, t in pairs} == {n: raw_bytes(np.asarray(t)) for n, t in tensors.items()}
+
+
+def test_an_unencrypted_v1_stream_never_loads_the_crypto_libraries(tmp_path):
+    # Importing aprfast.crypto loads OpenSSL and libsodium (about 8 MiB resident): the
+    # chunk-size check of a plain STREAMING file once did, and the pipe's peak above grew.
+    path = tmp_path / "plain.apr"
+    v1.save_model({"w": np.arange(1000, dtype=np.float32)}, path, compression="zstd", streaming=True)
+    import aprfast as package
+
+    script = ("import sys, aprfast\n"
+              "for name, t in aprfast.stream(sys.stdin.buffer): pass\n"
+              "with aprfast.open(sys.argv[1]) as f: f.get_tensor('w')\n"
+              "print(sorted(m for m in sys.modules if m in ('aprfast.crypto', 'nacl', 'cryptography', 'argon2')))\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(package.__file__))))
+    with open(path, "rb") as fh:
+        out = subprocess.run([sys.executable, "-c", script, str(path)], stdin=fh, capture_output=True, text=True,
+                             env=env, cwd=tempfile.gettempdir(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
