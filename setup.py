@@ -14,7 +14,8 @@ The build is parallel and does no work twice (issue 14):
   the hash, `pip install .` then `pip install ".[test]"` compiles once.
 
 APRFAST_BUILD_JOBS sets how many jobs run at once (default: the CPUs this process may
-use); `setup.py build_ext -j N` does too.
+use); `setup.py build_ext -j N` does too.  APRFAST_PURE=1 builds the pure wheel
+(py3-none-any: no compiled module, the pure-Python backend).
 """
 
 import glob
@@ -210,5 +211,14 @@ class ParallelBuildExt(build_ext):
             return dict(pool.map(compile_one, kernels))
 
 
+def pure_build() -> bool:
+    """APRFAST_PURE=1 builds the py3-none-any wheel: no extension, so aprfast runs on its
+    pure-Python twins (aprfast._pure) wherever Python and NumPy run."""
+    return os.environ.get("APRFAST_PURE", "").strip() in ("1", "true", "yes")
+
+
 if __name__ == "__main__":
-    setup(ext_modules=EXTENSIONS, cmdclass={"build_ext": ParallelBuildExt})
+    if pure_build():
+        setup(ext_modules=[])
+    else:
+        setup(ext_modules=EXTENSIONS, cmdclass={"build_ext": ParallelBuildExt})

@@ -14,6 +14,7 @@ from ._version import __version__
 from .api import inspect, load, load_file, open, save, save_file
 from .convert import convert
 from .dtypes import DType
+from ._optional import MissingDependencyError
 from .errors import (
     AprError,
     AprFileNotFoundError,
@@ -49,6 +50,7 @@ __all__ = [
     "to_float16", "to_bfloat16", "to_float32",
     "AprFile", "TensorSlice", "QuantizedSlice", "TensorInfo", "RawTensor", "QuantizedTensor", "DType", "Limits",
     "crc32", "crc32_combine", "aligned_empty",
+    "MissingDependencyError",
     "AprError", "FormatError", "CorruptError", "VersionError", "ChecksumError", "DecryptError",
     "SignatureError", "AprIOError", "AprFileNotFoundError", "AprPermissionError", "LimitError",
     "TensorNotFoundError", "UnknownDTypeError",

@@ -61,13 +61,19 @@ def _abs_bits(x):
 
 def _order_key(x):
     """An int32 key that orders like the float for every non-NaN x (-0 < +0)."""
-    b = _bits(x)
-    return (b ^ ((b >> 31) * np.uint32(0x7FFFFFFF))).view(np.int32)
+    return _flip_negatives(_bits(x)).view(np.int32)
 
 
 def _from_order_key(k):
-    b = np.asarray(k, np.int32).view(np.uint32)
-    return (b ^ ((b >> 31) * np.uint32(0x7FFFFFFF))).view(F32)
+    return _flip_negatives(np.asarray(k, np.int32).view(np.uint32)).view(F32)
+
+
+def _flip_negatives(b):
+    """b ^ 0x7FFFFFFF where the sign bit is set, as uint32 (array or 0-d).  Every operand
+    is a uint32: under NumPy 1.x's value-based casting a Python int would make a 0-d
+    result int64, whose view as a 4-byte type fails."""
+    b = np.asarray(b, np.uint32)
+    return np.asarray(b ^ ((b >> np.uint32(31)) * np.uint32(0x7FFFFFFF)), np.uint32)
 
 
 def _trunc_or_zero(t):
