@@ -24,7 +24,12 @@ EXTRAS = {
     "cryptography": ("keyfiles", "PEM/OpenSSH key files"),
     "blake3": ("blake3", "BLAKE3 digests"),
     "onnx": ("onnx", "ONNX import"),
+    "cbor2": ("burnpack", "Burnpack (Burn) conversion"),
     "rich": ("cli", "progress bars"),
+    "fsspec": ("remote", "remote files (fsspec URLs such as s3://)"),
+    "s3fs": ("remote", "s3:// files"),
+    "huggingface_hub": ("hf", "hf:// models"),
+    "textual": ("tui", "the terminal UI (apr tui)"),
 }
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import io
 import os
 
-from . import layouts, shards
+from . import layouts, remote, shards
+from ._pickling import reopenable
 from .errors import LayoutError
 from .limits import Limits
 from .reader import AprFile
@@ -29,13 +30,15 @@ def _plan(tensors, metadata, layout, alignment, compression=None, compression_le
 def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: int = 64,
               durable: bool = True, compression: str | None = None, compression_level: int | None = None,
               password=None, recipients=None, signing_key=None, digest: str | None = None,
-              encrypt_names: bool = False, max_shard_size=None) -> None:
+              encrypt_names: bool = False, max_shard_size=None, storage_options=None) -> None:
     """Write ``tensors`` (name -> array) to ``path`` atomically.
 
     ``layout`` is "aprender" (APR\\0, readable by aprender), "apr2" (the spec's APR2) or
     "auto": aprender's layout whenever it can hold everything asked for, else apr2.
     ``durable=False`` skips the fsyncs (the rename is still atomic).  ``path`` may also
-    be a writable file object, including a pipe.
+    be a writable file object, including a pipe, or a URL (``s3://...``, any fsspec
+    URL; ``storage_options`` go to fsspec): the bytes stream into an upload (s3fs: a
+    multipart upload) published only once complete, so a failed save leaves no object.
 
     ``compression`` ("lz4" or "zstd") stores each tensor as independent blocks (LZ4:
     64 KiB, zstd: 128 KiB) that readers decode independently; it needs the apr2 layout
@@ -65,11 +68,15 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
     or signing (the manifest is not authenticated).
     """
     if max_shard_size is not None:
+        if _is_url(path):
+            raise LayoutError("sharded saves go to a local directory; a URL target takes one file (upload the "
+                              "shards and their manifest afterwards)")
         _save_sharded(tensors, path, metadata, max_shard_size, layout, alignment, durable, compression,
                       compression_level, _security(password, recipients, signing_key, digest, encrypt_names))
         return
     save_to(path, _plan(tensors, metadata, layout, alignment, compression, compression_level,
-                        _security(password, recipients, signing_key, digest, encrypt_names)), durable=durable)
+                        _security(password, recipients, signing_key, digest, encrypt_names)), durable=durable,
+            storage_options=storage_options)
 
 
 def _save_sharded(tensors, path, metadata, max_shard_size, layout, alignment, durable, compression,
@@ -104,10 +111,17 @@ def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64, c
     return out.getvalue()
 
 
+@reopenable  # handles pickle by reopening with these arguments (aprfast._pickling)
 def open(target, *, mode: str | None = None, limits: Limits | None = None, unknown_dtypes: str = "error",
          verify: bool = False, alignment: int = 64, password=None, private_key=None, trusted_keys=None,
-         require_signature: bool | None = None, allow_unencrypted: bool = False):  # noqa: A001 - mirrors safe_open
-    """Open any ``.apr`` file (path, file object or bytes-like) for lazy tensor access.
+         require_signature: bool | None = None, allow_unencrypted: bool = False,
+         storage_options=None):  # noqa: A001 - mirrors safe_open
+    """Open any ``.apr`` file (path, URL, file object or bytes-like) for lazy tensor access.
+
+    A URL (``http(s)://``, or any fsspec URL such as ``s3://`` with the ``remote``
+    extra) is read with ranged requests (:mod:`aprfast.remote`): one request to open
+    when the prefix fits 64 KiB, one per tensor after that; ``storage_options`` go to
+    fsspec (or ``headers``/``timeout``/``connections`` for the native HTTP reader).
 
     v2 files of either layout give an :class:`AprFile`; v1 (``APRN``) tensor files give
     an :class:`aprfast.v1reader.V1File` with the same methods (plain files zero-copy,
@@ -129,7 +143,7 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
     shard opened when a tensor in it is first asked for, its CRC checked by
     ``verify()`` and loads.
     """
-    manifest = shards.find_manifest(target)
+    manifest = None if _is_url(target) else shards.find_manifest(target)
     if manifest is not None:
         refuse_keys(dict(password=password, private_key=private_key, trusted_keys=trusted_keys,
                          require_signature=require_signature, allow_unencrypted=allow_unencrypted), manifest)
@@ -142,7 +156,7 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
                 opened.close()
                 raise
         return opened
-    source = open_source(target, mode=mode)
+    source = open_source(target, mode=mode, storage_options=storage_options)
     try:
         is_v1 = layouts.is_v1(source)
         if is_v1:
@@ -170,7 +184,7 @@ def _refuse_keys_for_v2(password, private_key, trusted_keys, require_signature, 
 
 
 def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Limits | None = None,
-              unknown_dtypes: str = "error", threads: int = 0, **keys) -> dict:
+              unknown_dtypes: str = "error", threads: int = 0, storage_options=None, **keys) -> dict:
     """Every tensor of ``path`` (any ``.apr`` variant), by name.
 
     With ``mmap`` (the default) arrays are read-only views of the mapped file, valid
@@ -180,7 +194,15 @@ def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Li
     ``password``, ``private_key``, ``trusted_keys``, ``require_signature``,
     ``allow_unencrypted``, as for :func:`open`.  Tensors of an encrypted or signed
     APR2 file are owned arrays whatever ``mmap`` says (each checked as it is read).
+
+    A URL is always loaded as with ``mmap=False``: the data section in parallel ranged
+    requests straight into the aligned buffer, CRC checked on the way unless
+    ``verify=False`` (``storage_options`` as for :func:`open`).
     """
+    if _is_url(path):
+        with open(path, mode="pread", limits=limits, unknown_dtypes=unknown_dtypes, storage_options=storage_options,
+                  **keys) as f:
+            return _load_owned(f, verify is not False, threads)
     if mmap:
         with open(path, mode="mmap", limits=limits, unknown_dtypes=unknown_dtypes, verify=bool(verify), **keys) as f:
             return f.tensors()
@@ -206,14 +228,19 @@ def _load_owned(f, verify: bool, threads: int) -> dict:
     return f.tensors(copy=True)
 
 
-def inspect(target, *, limits: Limits | None = None) -> dict:
+def _is_url(target) -> bool:
+    return isinstance(target, str) and "://" in target and remote.is_url(target)
+
+
+def inspect(target, *, limits: Limits | None = None, storage_options=None) -> dict:
     """Header, metadata and index of a file, reading nothing else (for a v1 container:
     its header and metadata, without checking the CRC or decrypting anything; for a
-    sharded model: the manifest, and each tensor's entry with its ``shard``)."""
-    manifest = shards.find_manifest(target)
+    sharded model: the manifest, and each tensor's entry with its ``shard``).  A URL
+    costs one request when its prefix fits 64 KiB (:mod:`aprfast.remote`)."""
+    manifest = None if _is_url(target) else shards.find_manifest(target)
     if manifest is not None:
         return shards.inspect(manifest, limits=limits)
-    source = open_source(target)  # opened once: AprFile takes it over for v2 files
+    source = open_source(target, storage_options=storage_options)  # opened once: AprFile takes it over for v2
     try:
         is_v1 = layouts.is_v1(source)
     except BaseException:

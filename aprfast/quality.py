@@ -23,7 +23,8 @@ import time
 import numpy as np
 
 from .errors import AprError, AprIOError, ChecksumError, DecryptError, SignatureError
-from .stats import check_expected, expectation_for, tensor_stats
+from .expectations import check_expected, expectation_for
+from .stats import tensor_stats
 
 __all__ = ["quality_report", "shape_checks", "grade", "CATEGORIES"]
 
@@ -433,7 +434,7 @@ def _d87_names(x):
 def _d95_architecture(x):
     from .cli.explain import detect_architecture
 
-    found = detect_architecture(x.names)
+    found = detect_architecture(x.names, x.metadata)
     if found:
         return PASS, f"{found['architecture']} (from tensor names)"
     stated = next((x.metadata[k] for k in ("architecture", "model_type") if x.metadata.get(k)), None)

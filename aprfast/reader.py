@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from . import _memory, layouts, quantization, tensor_codecs
+from . import _memory, _pickling, layouts, quantization, tensor_codecs
 from ._crc import crc32
 from .dtypes import numpy_dtype
 from .errors import ChecksumError, LayoutError
@@ -249,6 +249,10 @@ class AprFile:
     def __exit__(self, *exc):
         self.close()
         return False
+
+    def __reduce__(self):
+        # pickles as the path/URL and arguments that opened it: the other side reopens it
+        return _pickling.reduce_handle(self)
 
     def __repr__(self):
         state = "closed" if self.closed else f"{len(self)} tensors"
@@ -501,9 +505,16 @@ def _read_box_pread(source, offset, shape, item, box, dtype, max_runs) -> np.nda
         source.readinto(offset + lo0 * row * item, rows.reshape(-1).view(np.uint8))
         return rows[(slice(None),) + tuple(slice(lo, hi) for lo, hi in box[1:])]
     flat = out.reshape(runs, run_elems)
+    pieces = []
     for r, index in enumerate(np.ndindex(*outer) if outer else [()]):
         start = sum((box[d][0] + index[d]) * int(strides[d]) for d in range(last)) + box[last][0] * int(strides[last])
-        source.readinto(offset + start * item, flat[r].view(np.uint8))
+        pieces.append((offset + start * item, flat[r].view(np.uint8)))
+    many = getattr(source, "readinto_many", None)
+    if many is not None:  # a remote source: nearby runs merged into one request, requests in parallel
+        many(pieces)
+        return out
+    for position, piece in pieces:
+        source.readinto(position, piece)
     return out
 
 

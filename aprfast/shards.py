@@ -32,7 +32,7 @@ import re
 import secrets
 import threading
 
-from . import _metascan
+from . import _metascan, _pickling
 from ._crc import crc32
 from .errors import (AprError, AprIOError, ChecksumError, CorruptError, FormatError, LayoutError,
                      LimitError, TensorNotFoundError, os_error)
@@ -545,6 +545,10 @@ class ShardedFile:
     def __exit__(self, *exc):
         self.close()
         return False
+
+    def __reduce__(self):
+        # pickles as the path and arguments that opened it: the other side reopens it
+        return _pickling.reduce_handle(self)
 
     def __repr__(self):
         state = "closed" if self._closed else f"{len(self)} tensors in {len(self._shards)} shards"

@@ -269,17 +269,24 @@ class StreamSource(Source):
         return data
 
 
-def open_source(target, *, mode: str | None = None) -> Source:
-    """A Source for a path, a file object, or an in-memory buffer.
+def open_source(target, *, mode: str | None = None, storage_options=None) -> Source:
+    """A Source for a path, a URL, a file object, or an in-memory buffer.
 
     ``mode`` is "mmap" (the default for files: zero-copy read-only views), "private"
     (zero-copy views that are writable, copy-on-write: writes stay in this process),
     "pread" (tensors are always read into owned memory), or None for the default.
+    A ``scheme://`` string is a remote object (:mod:`aprfast.remote`, ranged reads,
+    never mapped: "mmap" reads like "pread"); ``storage_options`` go to it.
     """
     if mode not in (None, "mmap", "private", "pread"):
         raise ValueError(f"mode must be 'mmap', 'private' or 'pread', not {mode!r}")
     if isinstance(target, Source) and mode is None:
         return target  # already open (e.g. inspect looked at the magic first)
+    if isinstance(target, str) and "://" in target:
+        from . import remote
+
+        if remote.is_url(target):
+            return remote.open_url(target, storage_options, mode=mode)
     if isinstance(target, (bytes, bytearray, memoryview, np.ndarray)):
         return BufferSource(target)
     if isinstance(target, (str, os.PathLike)):

@@ -1,5 +1,5 @@
-"""Tensor statistics: one pass in C over any tensor aprfast reads, and the checks of
-seed 001 §10.9 (expected ranges per tensor role).
+"""Tensor statistics: one pass in C over any tensor aprfast reads.  The checks of seed
+001 §10.9 (expected ranges per tensor role) are :mod:`aprfast.expectations`.
 
 :func:`tensor_stats` computes count, min, max, mean, std (population, over the finite
 values), NaN / +Inf / -Inf / zero counts, sparsity and, with ``bins``, a histogram, for
@@ -18,7 +18,6 @@ one pass.  Values outside the range, NaN and Inf are not counted in any bin.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 from dataclasses import dataclass
 
@@ -233,8 +232,9 @@ def _chunked(array: np.ndarray, threads, kind=None) -> _Source:
     flat_kind = kind or "F32"
 
     def pieces():
-        if array.ndim == 0:
-            yield np.ascontiguousarray(array.reshape(1))
+        if array.ndim == 0:  # converted like every other chunk (a 0-d float8 is 1 byte, not 4)
+            part = np.ascontiguousarray(array.reshape(1))
+            yield part if kind else part.astype(np.float32)
             return
         rows = max(1, _CHUNK // max(1, element_count(array.shape[1:])))
         for i in range(0, array.shape[0], rows):
@@ -277,7 +277,10 @@ def _raw_source(tensor: RawTensor, threads) -> _Source:
         if dtype.name in _stats.KINDS:  # e.g. BF16 without ml_dtypes
             return _plain(dtype.name, tensor.data, threads)
         from .dtypes import numpy_dtype
-        return _array_source(tensor.data.view(numpy_dtype(dtype)), threads)
+        view = numpy_dtype(dtype)
+        if dtype.name in _FLOAT8 and view.kind == "u":  # float8 without ml_dtypes: decoded, not read as ints
+            return _float8_source(dtype.name, tensor.data.reshape(-1).view(np.uint8), threads)
+        return _array_source(tensor.data.view(view), threads)
     qtype = _quant.TYPES.get(dtype.name)
     if qtype is None:
         return _decoded_source(tensor, threads)
@@ -307,6 +310,55 @@ def _decoded_source(tensor: RawTensor, threads) -> _Source:
         from .quantization import dequantize
         values = dequantize(tensor, threads=threads)
     return _array_source(np.ascontiguousarray(values, np.float32), threads)
+
+
+# float8 without ml_dtypes: each format's 256 values, decoded from their bits once.
+#: name -> (exponent bits, mantissa bits, bias, NaN/Inf rule): "ieee" (all-ones exponent:
+#: Inf with mantissa 0, else NaN), "fn" (only S.1111.111 is NaN, no Inf), "fnuz" (only
+#: 0x80 is NaN, no Inf, no -0), "e8m0" (unsigned 2**(e-127), 0xFF NaN).
+_FLOAT8 = {"F8_E4M3": (4, 3, 7, "fn"), "F8_E5M2": (5, 2, 15, "ieee"), "F8_E4M3FNUZ": (4, 3, 8, "fnuz"),
+           "F8_E5M2FNUZ": (5, 2, 16, "fnuz"), "F8_E8M0": (8, 0, 127, "e8m0")}
+_FLOAT8_TABLES: dict = {}
+
+
+def _float8_table(name: str) -> np.ndarray:
+    table = _FLOAT8_TABLES.get(name)
+    if table is None:
+        table = _FLOAT8_TABLES[name] = np.array([_float8_value(name, b) for b in range(256)], np.float32)
+    return table
+
+
+def _float8_value(name: str, byte: int) -> float:
+    ebits, mbits, bias, rule = _FLOAT8[name]
+    if rule == "e8m0":
+        return math.nan if byte == 0xFF else 2.0 ** (byte - bias)
+    if rule == "fnuz" and byte == 0x80:
+        return math.nan
+    sign = -1.0 if byte & 0x80 else 1.0
+    exp, man = (byte >> mbits) & ((1 << ebits) - 1), byte & ((1 << mbits) - 1)
+    if exp == (1 << ebits) - 1:
+        if rule == "ieee":
+            return sign * math.inf if man == 0 else math.nan
+        if rule == "fn" and man == (1 << mbits) - 1:
+            return math.nan
+    if exp == 0:
+        return sign * man * 2.0 ** (1 - bias - mbits)
+    return sign * (1 + man / (1 << mbits)) * 2.0 ** (exp - bias)
+
+
+def _float8_source(name: str, data: np.ndarray, threads) -> _Source:
+    """A float8 tensor's bytes decoded through its table a chunk at a time, each chunk
+    summarised in C, the partials merged (as _chunked does)."""
+    table = _float8_table(name)
+
+    def run(want, counts, spec):
+        total = None
+        for i in range(0, data.size, _CHUNK):
+            part = table[data[i:i + _CHUNK]]
+            acc = _stats.compute("F32", _bytes(part), want, counts, *_lohi(spec), threads=threads)
+            total = acc if total is None else _merge(total, acc)
+        return total or _stats.compute("F32", np.zeros(0, np.uint8), want)
+    return _Source(run, "F32")
 
 
 _F4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
@@ -391,6 +443,8 @@ def _numpy_values(value):
             bits = value.data.view(np.uint16).astype(np.uint32) << 16
             return bits.view(np.float32), "F32"
         from .dtypes import numpy_dtype
+        if dtype.name in _FLOAT8 and numpy_dtype(dtype).kind == "u":  # float8 without ml_dtypes
+            return _float8_table(dtype.name)[value.data.reshape(-1).view(np.uint8)], "F32"
         value = value.data.view(numpy_dtype(dtype))
     array = np.asarray(value)
     kind = _NUMPY_KINDS.get(array.dtype.newbyteorder("=") if array.dtype.byteorder != "|" else array.dtype)
@@ -404,77 +458,8 @@ def _numpy_values(value):
     return array, kind
 
 
-# --- expected ranges (seed 001 §10.9) ----------------------------------------------------
-@dataclass(frozen=True)
-class Expectation:
-    """What §10.9 expects of tensors whose name matches ``pattern`` (fnmatch)."""
-
-    role: str
-    pattern: str
-    mean_range: tuple | None = None
-    std_range: tuple | None = None
-    std_max: float | None = None
-
-
-#: First match wins.  LayerNorm ranges are the seed's "acceptable range" (outside: FAIL);
-#: linear and embedding std ranges are its "expected std" (outside: WARN), and the QA
-#: checklist's embedding std < 0.2 (#30) bounds the embedding std hard (FAIL above it).
-EXPECTATIONS = (
-    Expectation("layernorm weight", "*layer_norm*.weight", mean_range=(0.5, 3.0)),
-    Expectation("layernorm weight", "*layernorm*.weight", mean_range=(0.5, 3.0)),
-    Expectation("layernorm weight", "*ln*.weight", mean_range=(0.5, 3.0)),
-    Expectation("layernorm weight", "*norm.weight", mean_range=(0.5, 3.0)),
-    Expectation("layernorm bias", "*layer_norm*.bias", mean_range=(-0.5, 0.5)),
-    Expectation("layernorm bias", "*layernorm*.bias", mean_range=(-0.5, 0.5)),
-    Expectation("layernorm bias", "*ln*.bias", mean_range=(-0.5, 0.5)),
-    Expectation("layernorm bias", "*norm.bias", mean_range=(-0.5, 0.5)),
-    Expectation("attention weight", "*[qkv]_proj.weight", std_range=(0.02, 0.10)),
-    Expectation("attention weight", "*out_proj.weight", std_range=(0.02, 0.10)),
-    Expectation("linear weight", "*fc[12].weight", std_range=(0.02, 0.05)),
-    Expectation("token embedding", "*token_embedding*", std_range=(0.02, 0.05), std_max=0.2),
-    Expectation("token embedding", "*embed_tokens*", std_range=(0.02, 0.05), std_max=0.2),
-    Expectation("positional embedding", "*positional_embedding*", std_range=(0.01, 0.02), std_max=0.2),
-    Expectation("positional embedding", "*embed_positions*", std_range=(0.01, 0.02), std_max=0.2),
-)
-
-#: |mean| above this for attention/linear weights and embeddings ("mean ~0.0") warns.
-NEAR_ZERO_MEAN = 0.1
-
-
-def expectation_for(name: str) -> Expectation | None:
-    """The §10.9 rule for a tensor name, or None when the seed expects nothing of it."""
-    for rule in EXPECTATIONS:
-        if fnmatch.fnmatchcase(name, rule.pattern):
-            return rule
-    return None
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """``status`` is PASS, WARN, FAIL or "-" (no rule); ``reasons`` say why."""
-
-    status: str
-    role: str | None
-    reasons: tuple = ()
-
-
-def check_expected(name: str, stats: TensorStats) -> Verdict:
-    """PASS / WARN / FAIL for one tensor against §10.9.  NaN or Inf anywhere is FAIL."""
-    rule = expectation_for(name)
-    fails, warns = [], []
-    if stats.nan_count or stats.inf_count:
-        fails.append(f"{stats.nan_count} NaN, {stats.inf_count} Inf")
-    if rule is not None and stats.mean is not None:
-        if rule.mean_range is not None and not rule.mean_range[0] <= stats.mean <= rule.mean_range[1]:
-            fails.append(f"mean {stats.mean:.4g} outside [{rule.mean_range[0]}, {rule.mean_range[1]}]")
-        if rule.std_max is not None and stats.std > rule.std_max:
-            fails.append(f"std {stats.std:.4g} above {rule.std_max}")
-        elif rule.std_range is not None and not rule.std_range[0] <= stats.std <= rule.std_range[1]:
-            warns.append(f"std {stats.std:.4g} outside the expected {rule.std_range[0]}-{rule.std_range[1]}")
-        if rule.std_range is not None and abs(stats.mean) > NEAR_ZERO_MEAN:
-            warns.append(f"mean {stats.mean:.4g}, expected ~0.0")
-    if fails:
-        return Verdict("FAIL", rule and rule.role, tuple(fails + warns))
-    if warns:
-        return Verdict("WARN", rule and rule.role, tuple(warns))
-    return Verdict("PASS" if rule is not None else "-", rule and rule.role, ())
+# The §10.9 rule table moved to aprfast.expectations (one implementation for `apr tensors
+# --stats`, `apr validate --stats`, the quality score and convert's inline validation);
+# these names stay importable from here.
+from .expectations import (EXPECTATIONS, NEAR_ZERO_MEAN, Expectation, Verdict,  # noqa: E402,F401
+                           check_expected, expectation_for)

@@ -31,6 +31,7 @@ import stat
 import numpy as np
 
 from . import _memory, layouts, tensor_codecs
+from . import remote as _remote
 from ._crc import crc32, crc32_combine
 from .errors import AprError, AprIOError, ChecksumError, CorruptError, LimitError, SignatureError
 from .layouts import v1 as v1_layout
@@ -75,8 +76,11 @@ def _next_aliases(order, k, offsets, sizes) -> bool:
 
 def stream(fileobj, *, limits: Limits | None = None, unknown_dtypes: str = "error", verify: bool = True,
            password=None, private_key=None, trusted_keys=None, require_signature: bool | None = None,
-           allow_unencrypted: bool = False) -> "TensorStream":
+           allow_unencrypted: bool = False, storage_options=None) -> "TensorStream":
     """Read an .apr file front to back, yielding ``(name, tensor)`` in file order.
+
+    A URL (``http(s)://`` or any fsspec URL; ``storage_options`` go to fsspec) is read
+    with one plain GET from its start (:func:`aprfast.remote.open_stream`).
 
     ``fileobj`` is anything with ``readinto`` or ``read`` (``sys.stdin.buffer``, a pipe,
     ``socket.makefile("rb")``, an HTTP response), a socket (``recv_into``), or for
@@ -117,7 +121,7 @@ def stream(fileobj, *, limits: Limits | None = None, unknown_dtypes: str = "erro
     """
     return TensorStream(fileobj, limits=limits, unknown_dtypes=unknown_dtypes, verify=verify, password=password,
                         private_key=private_key, trusted_keys=trusted_keys, require_signature=require_signature,
-                        allow_unencrypted=allow_unencrypted)
+                        allow_unencrypted=allow_unencrypted, storage_options=storage_options)
 
 
 def _widen_pipe(target) -> None:
@@ -137,12 +141,16 @@ def _widen_pipe(target) -> None:
 class _Input:
     """Forward-only reads from a file object, a socket or memory, counting bytes."""
 
-    def __init__(self, target):
+    def __init__(self, target, storage_options=None):
         self.pos = 0
         self.size = None  # the whole input's size, when it is known up front
         self.path = None
         self.owned = None
-        if isinstance(target, (str, os.PathLike)):
+        if isinstance(target, str) and "://" in target and _remote.is_url(target):
+            self.owned = _remote.open_stream(target, storage_options)  # closed by close()
+            self.path = target
+            self._readinto = self.owned.readinto
+        elif isinstance(target, (str, os.PathLike)):
             self._open_path(os.fspath(target))
         elif isinstance(target, (bytes, bytearray, memoryview, np.ndarray)):
             view = memoryview(target)
@@ -269,14 +277,15 @@ class TensorStream:
     """
 
     def __init__(self, fileobj, *, limits=None, unknown_dtypes="error", verify=True, password=None,
-                 private_key=None, trusted_keys=None, require_signature=None, allow_unencrypted=False):
+                 private_key=None, trusted_keys=None, require_signature=None, allow_unencrypted=False,
+                 storage_options=None):
         if unknown_dtypes not in ("error", "raw"):
             raise ValueError(f"unknown_dtypes must be 'error' or 'raw', not {unknown_dtypes!r}")
         if password is not None and private_key is not None:
             raise ValueError("give password= or private_key=, not both")
         self._skip = False
         self._error = None
-        self._input = _Input(fileobj)
+        self._input = _Input(fileobj, storage_options)
         keys = dict(password=password, private_key=private_key, trusted_keys=trusted_keys,
                     require_signature=require_signature, allow_unencrypted=allow_unencrypted)
         try:

@@ -29,7 +29,7 @@ import mmap
 
 import numpy as np
 
-from . import v1
+from . import _pickling, v1
 from ._crc import crc32
 from .codecs import MAX_UNCOMPRESSED_SIZE, Compression
 from .errors import (AprError, AprIOError, ChecksumError, CorruptError, FormatError, LayoutError,
@@ -379,6 +379,10 @@ class V1File:
     def __exit__(self, *exc):
         self.close()
         return False
+
+    def __reduce__(self):
+        # pickles as the path/URL and arguments that opened it: the other side reopens it
+        return _pickling.reduce_handle(self)
 
     def __repr__(self):
         state = "closed" if self.closed else f"{len(self)} tensors"

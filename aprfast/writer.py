@@ -435,14 +435,42 @@ def _write_footer(plan, sink: _Sink) -> None:
     sink.flush()
 
 
-def save_to(target, plan, *, durable: bool = True) -> None:
-    """Write a complete plan to a path (atomically) or a writable file object."""
-    _emit_to(target, lambda sink: write_plan(plan, sink), durable, plan.total_size)
+def save_to(target, plan, *, durable: bool = True, storage_options=None) -> None:
+    """Write a complete plan to a path (atomically), a URL (an upload published only
+    when complete) or a writable file object."""
+    _emit_to(target, lambda sink: write_plan(plan, sink), durable, plan.total_size, storage_options)
 
 
-def _emit_to(target, emit, durable: bool, size: int) -> None:
-    """Run ``emit(sink)`` into a path (atomically: temp file, fsync, rename) or a file
-    object; an OS refusal (disk full, file too large, broken pipe) is AprIOError."""
+def _is_url(target) -> bool:
+    if not (isinstance(target, str) and "://" in target):
+        return False
+    from . import remote
+
+    return remote.is_url(target)
+
+
+def _open_upload(target, storage_options):
+    """A :class:`aprfast.remote.RemoteTarget` for a URL: bytes stream into an upload that
+    only ``commit()`` publishes and ``abort()`` discards."""
+    from . import remote
+
+    return remote.RemoteTarget(target, storage_options)
+
+
+def _emit_to(target, emit, durable: bool, size: int, storage_options=None) -> None:
+    """Run ``emit(sink)`` into a path (atomically: temp file, fsync, rename), a URL
+    (an upload committed at the end, discarded on failure) or a file object; an OS
+    refusal (disk full, file too large, broken pipe) is AprIOError."""
+    if _is_url(target):
+        upload = _open_upload(target, storage_options)
+        try:
+            emit(_Sink(fileobj=upload.file))
+        except BaseException as exc:
+            upload.abort()
+            _raise_io_error(exc, target)
+            raise
+        upload.commit()
+        return
     if isinstance(target, (str, os.PathLike)):
         atomic = AtomicFile(target, durable=durable)
         try:
@@ -575,10 +603,16 @@ class Writer:
     A file object target gets each tensor as soon as ``add`` returns, so a reader at the
     other end of a pipe (``aprfast.stream``) can consume it while the writer works.
     ``close()`` refuses (and writes no file at a path) if a declared tensor is missing.
+
+    A URL target (``s3://...``, any fsspec URL; ``storage_options`` go to fsspec) is an
+    upload published only by a successful ``close()``: with a plan, the bytes stream
+    into it as tensors are added (no local copy); without one, they are spooled locally
+    first.  An abort or a failure leaves no object at the URL.
     """
 
     def __init__(self, target, metadata=None, *, plan=None, layout: str = "auto", alignment: int = 64,
-                 durable: bool = True, compression: str | None = None, compression_level: int | None = None):
+                 durable: bool = True, compression: str | None = None, compression_level: int | None = None,
+                 storage_options=None):
         if not isinstance(target, (str, os.PathLike)):
             _require_writable(target)
         # Compression (apr2 only) needs every tensor's bytes before the index: spooled, never planned.
@@ -587,6 +621,7 @@ class Writer:
                               "(stored sizes are known only once each tensor is compressed)")
         self._compression, self._compression_level = compression, compression_level
         self._target = target
+        self._storage_options = storage_options
         self._metadata = dict(metadata or {})
         self._layout = layout
         self._alignment = alignment
@@ -599,7 +634,8 @@ class Writer:
             self._start_planned(plan)
             self._state = "open"
             return
-        spool_dir = os.path.dirname(os.path.abspath(target)) if isinstance(target, (str, os.PathLike)) else None
+        local = isinstance(target, (str, os.PathLike)) and not _is_url(target)
+        spool_dir = os.path.dirname(os.path.abspath(target)) if local else None
         try:
             # Beside the target (same filesystem, so copy_file_range can reflink), and
             # nameless: a killed Writer leaves nothing behind (see AtomicFile).
@@ -670,12 +706,13 @@ class Writer:
                  for t in self._items]
         plan = layouts.plan(items, self._metadata, layout=self._layout, alignment=self._alignment,
                             compression=self._compression, compression_level=self._compression_level)
-        _emit_to(self._target, lambda sink: write_plan(plan, sink), self._durable, plan.total_size)
+        _emit_to(self._target, lambda sink: write_plan(plan, sink), self._durable, plan.total_size,
+                 self._storage_options)
 
     def _emit(self, plan) -> None:
         spool_fd = self._spool.fileno()
         _emit_to(self._target, lambda sink: write_plan(plan, sink, spool_fd=spool_fd), self._durable,
-                 plan.total_size)
+                 plan.total_size, self._storage_options)
 
     # --- planned: header and index first, each tensor straight out ----------------
     def _start_planned(self, plan) -> None:
@@ -685,7 +722,10 @@ class Writer:
         self._declared = {t.name: i for i, t in enumerate(self._plan.tensors)}
         self._next = 0
         self._atomic = None
-        if isinstance(self._target, (str, os.PathLike)):
+        if _is_url(self._target):  # an upload: published by close(), discarded by abort()
+            self._atomic = _open_upload(self._target, self._storage_options)
+            self._sink = _Sink(fileobj=self._atomic.file)
+        elif isinstance(self._target, (str, os.PathLike)):
             self._atomic = AtomicFile(self._target, durable=self._durable)
             self._sink = _Sink(fd=self._atomic.fd)
         else:
@@ -693,7 +733,7 @@ class Writer:
         self._guarded(self._start_output)
 
     def _start_output(self) -> None:
-        if self._atomic is not None and not self._durable:
+        if isinstance(self._atomic, AtomicFile) and not self._durable:
             _reserve(self._atomic.fd, self._plan.total_size)
         self._sink.write(self._plan.prefix, len(self._plan.prefix))
         self._push()

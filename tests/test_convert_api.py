@@ -103,13 +103,13 @@ def test_quantize_applies_to_2d_float_weights_whose_rows_fit(tmp_path, model):
         aprfast.convert(tmp_path / "m.safetensors", tmp_path / "q3.apr", quantize="Q9_9")
 
 
-def test_validate_is_a_placeholder(tmp_path, model):
-    for mode in ("strict", "relaxed"):
-        with pytest.raises(NotImplementedError, match="issue #12"):
-            aprfast.convert(tmp_path / "m.safetensors", tmp_path / "v.apr", validate=mode)
-    with pytest.raises(ValueError):
+def test_validate_modes_are_checked_before_anything_is_written(tmp_path, model):
+    # the modes themselves: tests/test_convert_validation.py
+    with pytest.raises(ValueError, match="validate='yes'"):
         aprfast.convert(tmp_path / "m.safetensors", tmp_path / "v.apr", validate="yes")
     assert not (tmp_path / "v.apr").exists()
+    result = aprfast.convert(tmp_path / "m.safetensors", tmp_path / "v.apr")
+    assert result["validation"]["mode"] == "strict" and result["validation"]["checked"] == len(model)
 
 
 def test_progress_reports_source_bytes(tmp_path, model):
@@ -147,9 +147,12 @@ def test_a_failure_mid_stream_leaves_no_destination(tmp_path, model):
             raise RuntimeError("stop")
     with pytest.raises(RuntimeError):
         aprfast.convert(tmp_path / "m.safetensors", tmp_path / "shards", max_shard_size=1, progress=third)
-    assert os.listdir(tmp_path / "shards") == []
-    os.rmdir(tmp_path / "shards")
-    assert sorted(os.listdir(tmp_path)) == ["m.safetensors"]
+    assert sorted(os.listdir(tmp_path)) == ["m.safetensors"]  # the directory it made is gone too
+    (tmp_path / "mine").mkdir()  # a directory that was there before stays, empty
+    calls.clear()
+    with pytest.raises(RuntimeError):
+        aprfast.convert(tmp_path / "m.safetensors", tmp_path / "mine", max_shard_size=1, progress=third)
+    assert os.listdir(tmp_path / "mine") == []
 
 
 def test_apr_to_apr_keeps_quantized_blocks(tmp_path, rng):

@@ -496,7 +496,8 @@ def test_every_dtype_and_shape_round_trips_bit_for_bit(tmp_path, dtype_name):
     gen = torch.Generator().manual_seed(7)
     tensors = {f"t{i}": random_tensor(dtype_name, shape, gen) for i, shape in enumerate(SHAPES)}
     torch.save(tensors, tmp_path / "m.pt")
-    result = aprfast.convert(tmp_path / "m.pt", tmp_path / "m.apr")
+    # random float8 bit patterns hold NaN: what is tested is the bytes, not the values
+    result = aprfast.convert(tmp_path / "m.pt", tmp_path / "m.apr", validate="off")
     assert result["source_format"] == "pytorch" and result["tensors"] == len(SHAPES)
     assert_same(tmp_path / "m.apr", tensors)
     with aprfast.open(tmp_path / "m.apr") as f:

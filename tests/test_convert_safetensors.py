@@ -107,8 +107,9 @@ def test_roundtrip_property(tmp_path_factory, entries, seed):
         data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
         tensors[f"n{i}"] = (dtype, shape, bytes(b & 1 for b in data) if dtype == "BOOL" else data)
     st_write(d / "a.safetensors", tensors)
-    aprfast.convert(d / "a.safetensors", d / "a.apr")
-    aprfast.convert(d / "a.apr", d / "b.safetensors")
+    # random bit patterns hold NaN and Inf: what is tested is the bytes, not the values
+    aprfast.convert(d / "a.safetensors", d / "a.apr", validate="off")
+    aprfast.convert(d / "a.apr", d / "b.safetensors", validate="off")
     assert st_read(d / "b.safetensors") == tensors
 
 

@@ -20,7 +20,8 @@ from .. import config as apr_config
 from ..convert._common import DestinationExistsError
 from ..errors import AprError, AprFileNotFoundError, AprIOError
 from . import (convert, debug, decrypt, diff, encrypt, explain, export, import_, inspect, keygen, lint, merge,
-               quantize, sign, tensors, trace, validate, verify)
+               quantize, sign, tensors, trace, tui, validate, verify)
+from . import cache, download
 from . import config as config_command
 from ._common import (EXIT_ERROR, EXIT_FORMAT, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, EXIT_VALIDATION,
                       UsageError)
@@ -29,7 +30,7 @@ __all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_NOT_FOUND", "EXI
 
 #: The subcommand modules, in `apr --help` order; each has add_parser(subparsers).
 COMMANDS = (inspect, debug, validate, tensors, lint, diff, convert, import_, export, quantize, merge, trace, sign,
-            verify, encrypt, decrypt, keygen, explain, config_command)
+            verify, encrypt, decrypt, keygen, explain, tui, config_command, download, cache)
 
 
 def main(argv=None) -> int:

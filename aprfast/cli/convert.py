@@ -6,9 +6,12 @@ destination, or the source, fixed to ``.apr``.
 The destination comes as a second argument or ``-o/--output`` (both spellings are in
 the seed) and is never overwritten unless ``--force`` is given (QA #97: exit 1, the
 file untouched).  ``--quantize`` takes a type name (``q8_0``, ``q4_k``, ...) or the
-seed's ``int8``/``int4`` (GGML's Q8_0/Q4_0 blocks).  Not built yet: ``--prune`` and
-``--lowrank`` (issue 13 item 8); ``--validate`` is passed to the API, which refuses
-strict/relaxed until its inline validation exists.
+seed's ``int8``/``int4`` (GGML's Q8_0/Q4_0 blocks).  ``--arch`` maps tensor names to
+the canonical ``.apr`` names (seed 001 §10.8).  ``--validate`` (default strict, the
+API's) checks every tensor as it is written (seed 001 §10.9-10.10): a failure exits 5
+(seed 001 Appendix A) with the tensor and the numbers, nothing written; ``--force``
+or ``--validate relaxed`` writes it anyway with a warning.  Not built yet: ``--prune``
+and ``--lowrank`` (issue 13 item 8).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from __future__ import annotations
 import os
 import sys
 
-from ._common import EXIT_ERROR, EXIT_OK, UsageError, add_progress_option, print_json, progress_for
+from ._common import (EXIT_ERROR, EXIT_OK, EXIT_VALIDATION, UsageError, add_progress_option, print_json,
+                      progress_for)
 
 #: The seed's names for the integer quantizations (§13.2 `--quantize int8`).
 QUANTIZE_ALIASES = {"int8": "Q8_0", "int4": "Q4_0"}
@@ -25,7 +29,7 @@ QUANTIZE_ALIASES = {"int8": "Q8_0", "int4": "Q4_0"}
 def add_parser(commands) -> None:
     p = commands.add_parser("convert", help="convert between .apr, safetensors and GGUF; quantize, change precision")
     add_conversion_arguments(p, source_help="a .apr, .safetensors (file, index or directory) or .gguf file")
-    p.add_argument("--to", choices=("apr", "safetensors", "gguf"),
+    p.add_argument("--to", choices=("apr", "safetensors", "gguf", "burnpack"),
                    help="destination format (default: from the destination's extension)")
     p.set_defaults(run=run)
 
@@ -39,12 +43,16 @@ def add_conversion_arguments(p, *, source_help: str) -> None:
     p.add_argument("--precision", choices=("f32", "f16", "bf16"), help="convert float tensors to this precision")
     p.add_argument("--compress", choices=("lz4", "zstd"), help="compress the tensors (.apr destinations)")
     p.add_argument("--validate", choices=("strict", "relaxed", "off"),
-                   help="inline statistical validation (default: the conversion API's)")
+                   help="check each tensor's statistics as it is written (seed 001 §10.9); strict (default) "
+                        "exits 5 on a failure, relaxed warns, off skips")
+    p.add_argument("--arch", choices=("whisper", "llama", "bert", "auto"),
+                   help="map Hugging Face / GGUF / ONNX tensor names to the canonical .apr names (auto: detect)")
     p.add_argument("--max-shard-size", metavar="SIZE", help="write a sharded safetensors checkpoint (e.g. 5GB)")
     p.add_argument("--no-tokenizer", action="store_true", help="do not embed a sibling tokenizer.json")
     p.add_argument("--prefix", action="append", metavar="PREFIX",
                    help="strip this prefix from tensor names (repeatable), e.g. module.")
-    p.add_argument("-f", "--force", action="store_true", help="replace an existing destination")
+    p.add_argument("-f", "--force", action="store_true",
+                   help="replace an existing destination; write tensors that fail validation (with a warning)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     add_progress_option(p)
 
@@ -78,6 +86,8 @@ def conversion_options(args) -> dict:
         options["compression"] = args.compress
     if args.validate:
         options["validate"] = args.validate
+    if args.arch:
+        options["arch"] = args.arch
     if args.max_shard_size:
         options["max_shard_size"] = args.max_shard_size
     if args.prefix:
@@ -101,28 +111,73 @@ def _quant_name(text: str) -> str:
 
 
 def convert_and_report(source, destination, options, to, verb, as_json) -> int:
-    from ..convert import DestinationExistsError, convert
+    import warnings
+
+    from ..convert import DestinationExistsError, TensorValidationError, convert
 
     if not os.path.lexists(source):
         raise FileNotFoundError(f"{source}: no such file or directory")
     try:
-        result = convert(source, destination, to=to, **options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = convert(source, destination, to=to, **options)
     except DestinationExistsError:
         print(f"apr {verb}: {destination} exists; pass --force to replace it", file=sys.stderr)
         return EXIT_ERROR
+    except TensorValidationError as exc:
+        print(f"apr {verb}: validation failed: {exc}", file=sys.stderr)
+        return EXIT_VALIDATION
     except (NotImplementedError, ValueError) as exc:
         from ..errors import AprError
 
         if isinstance(exc, AprError):
             raise
         raise UsageError(str(exc)) from None
+    for w in caught:  # the mapper's and validator's warnings, once each, on stderr
+        print(f"apr {verb}: warning: {w.message}", file=sys.stderr)
     result.update({"source": str(source), "destination": str(destination), "size": _size(destination)})
     if as_json:
         print_json(result)
     else:
         print(f"{source} ({result['source_format']}) -> {destination} ({result['format']}): "
               f"{result['tensors']} tensors, {result['bytes']:,} source bytes, {result['size']:,} bytes written")
+        print(_summary(result))
     return EXIT_OK
+
+
+_SHOWN = 10
+
+
+def _summary(result) -> str:
+    """The name mapping and validation lines under the conversion line."""
+    lines = []
+    names = result.get("names")
+    if names is not None:
+        if names["arch"]:
+            how = "detected" if names["detected"] else "chosen"
+            namings = ", ".join(f"{k} {v}" for k, v in names["namings"].items())
+            lines.append(f"names: {names['arch']} ({how}), {names['renamed']} renamed ({namings}), "
+                         f"{len(names['unknown'])} unknown kept")
+        else:
+            lines.append(f"names: unchanged ({names['reason']})")
+    v = result["validation"]
+    if v["mode"] == "off":
+        lines.append("validation: off")
+    else:
+        parts = [f"{v['checked']} tensors checked"]
+        if v["failed"]:
+            parts.append(f"{len(v['failed'])} failed, written anyway")
+        if v["warned"]:
+            parts.append(f"{len(v['warned'])} outside the expected ranges (warnings)")
+        if not v["failed"] and not v["warned"]:
+            parts.append("none failed")
+        if v["skipped"]:
+            parts.append(f"{len(v['skipped'])} without statistics (not checked)")
+        lines.append(f"validation ({v['mode']}): {', '.join(parts)}")
+        lines += [f"  WARN {w['name']}: {'; '.join(w['reasons'])}" for w in v["warned"][:_SHOWN]]
+        if len(v["warned"]) > _SHOWN:
+            lines.append(f"  ... and {len(v['warned']) - _SHOWN} more (--json lists every one)")
+    return "\n".join(lines)
 
 
 def _size(path) -> int:

@@ -10,8 +10,10 @@ import os
 import re
 import sys
 
+from ..convert import names as _names
 from ..errors import CODES
-from ..stats import check_expected, expectation_for, tensor_stats
+from ..expectations import check_expected, expectation_for
+from ..stats import tensor_stats
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, add_key_options, fmt, open_model, print_json
 
 #: Meaning, common causes and what to do, per code (seed 001 §7 and §4.12).
@@ -42,14 +44,8 @@ ERRORS = {
              ["Validate the file's origin", "Raise aprfast.Limits if the file is trusted"]),
 }
 
-#: Architectures recognised from tensor names: (name, purpose, patterns that must all match).
-ARCHITECTURES = (
-    ("Whisper", "Automatic Speech Recognition (encoder-decoder transformer over Mel spectrograms)",
-     (r"encoder\.conv1\.", r"decoder\.")),
-    ("LLaMA", "Causal language model (decoder-only transformer)", (r"layers\.\d+\.self_attn\.q_proj", r"mlp\.")),
-    ("BERT", "Masked language model (encoder-only transformer)", (r"encoder\.layer\.\d+\.attention",)),
-    ("GPT-2", "Causal language model (decoder-only transformer)", (r"\bh\.\d+\.attn\.c_attn",)),
-)
+#: Architectures recognised (id -> display name, purpose): the converter's detector's.
+ARCHITECTURES = _names.ARCHITECTURES
 
 
 def add_parser(commands) -> None:
@@ -155,18 +151,21 @@ def _guess_role(name) -> str:
     return "unknown"
 
 
-def detect_architecture(names) -> dict | None:
-    """The first architecture whose name patterns all occur, or None."""
-    joined = "\n".join(names)
-    for arch, purpose, patterns in ARCHITECTURES:
-        if all(re.search(p, joined) for p in patterns):
-            return {"architecture": arch, "purpose": purpose}
-    return None
+def detect_architecture(names, metadata=None) -> dict | None:
+    """``{"architecture", "purpose", "id"}`` of the model, or None: the detector
+    ``aprfast.convert(arch="auto")`` uses (GGUF's ``general.architecture``, else the
+    tensor names, in any of the namings it maps)."""
+    found = _names.detect_arch(names, metadata)
+    if found is None:
+        return None
+    display, purpose = ARCHITECTURES[found]
+    return {"architecture": display, "purpose": purpose, "id": found}
 
 
 def _architecture(path, args) -> int:
     with open_model(path, args) as f:
         names = f.keys()
+        metadata = f.metadata or {}
         params = 0
         for name in names:
             shape = f.info(name).shape
@@ -174,7 +173,7 @@ def _architecture(path, args) -> int:
             for d in shape:
                 count *= d
             params += count
-    found = detect_architecture(names)
+    found = detect_architecture(names, metadata)
     report = {"file": path, "tensors": len(names), "parameters": params,
               **(found or {"architecture": None, "purpose": None})}
     if args.json:

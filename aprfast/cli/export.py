@@ -11,7 +11,7 @@ from ._common import UsageError
 def add_parser(commands) -> None:
     p = commands.add_parser("export", help="export a .apr model to .safetensors or .gguf")
     convert.add_conversion_arguments(p, source_help="a .apr file")
-    p.add_argument("--format", dest="to", choices=("safetensors", "gguf"),
+    p.add_argument("--format", dest="to", choices=("safetensors", "gguf", "burnpack"),
                    help="destination format (default: from the destination's extension)")
     p.set_defaults(run=run)
 

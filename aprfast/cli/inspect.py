@@ -14,6 +14,7 @@ import json
 import sys
 
 from ..api import inspect as inspect_file
+from ..convert.mle import format_inspect as format_mle, inspect_mle, is_mle
 from ..dtypes import element_count
 from ..errors import ChecksumError, SignatureError
 from ..quality import VOCAB_KEYS, VOCAB_SIZE_KEYS
@@ -43,6 +44,13 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
+    if args.file != "-" and is_mle(args.file):  # a peer format: its own report (convert.mle)
+        report = inspect_mle(args.file)
+        if args.json:
+            print_json(report)
+        else:
+            print(format_mle(args.file, report))
+        return EXIT_OK
     report, name = read_report(args)
     if args.verify:
         report["verified"] = ({"ok": True, "detail": "CRC32 checked while reading standard input"}

@@ -7,7 +7,8 @@ from __future__ import annotations
 import fnmatch
 import sys
 
-from ..stats import check_expected, tensor_stats
+from ..expectations import check_value
+from ..stats import tensor_stats
 from ._common import (EXIT_ERROR, EXIT_OK, EXIT_VALIDATION, add_key_options, fmt, non_negative_int, open_model,
                       print_json, shape_text)
 
@@ -59,11 +60,9 @@ def list_tensors(f, *, pattern=None, stats=False, threads=0) -> list:
 
 
 def _stats_row(name, tensor, threads) -> dict:
-    try:
-        s = tensor_stats(tensor, threads=threads)
-    except TypeError as exc:
-        return {"stats": None, "status": "-", "reasons": [str(exc)]}
-    verdict = check_expected(name, s)
+    s, verdict = check_value(name, tensor, threads=threads)
+    if s is None:
+        return {"stats": None, "status": "-", "reasons": list(verdict.reasons)}
     return {"stats": s.as_dict(), "status": verdict.status, "role": verdict.role, "reasons": list(verdict.reasons)}
 
 

@@ -2,8 +2,10 @@
 
 ``--checksum`` (the file's CRC32 and, for signed v1 files, the signature), ``--nan-check``
 (no NaN or Inf in any tensor), ``--zero-check`` (no weight entirely zero; an all-zero bias only warns); none given
-means all three.  ``--shapes`` compares metadata sizes (``n_vocab``, ``hidden_size``, ``n_mels``, context lengths)
-with the tensors' dimensions.  :func:`validate_file` is the same as a function.
+means all three.  ``--stats`` checks every tensor against seed 001 §10.9's expected statistics
+(:mod:`aprfast.expectations`, the rules ``apr tensors --stats`` and ``aprfast.convert``'s inline validation
+use; FAIL on NaN/Inf or a LayerNorm mean outside its range, WARN outside the expected std).  ``--shapes``
+compares metadata sizes (``n_vocab``, ``hidden_size``, ``n_mels``, context lengths) with the tensors' dimensions.  :func:`validate_file` is the same as a function.
 
 ``--quality`` prints the 100-point assessment of seed 001 §11 (:func:`aprfast.quality.quality_report`, which
 scores the checksum, NaN/Inf, zero and shape items itself, so the other checks are not run again) and exits 5
@@ -13,13 +15,15 @@ from __future__ import annotations
 
 import sys
 
+from ..convert.mle import format_validate as format_mle, is_mle, validate_mle
 from ..errors import ChecksumError, DecryptError, SignatureError
+from ..expectations import check_expected
 from ..stats import tensor_stats
 from ._common import (EXIT_OK, EXIT_VALIDATION, UsageError, add_key_options, add_progress_option, keys_from,
                       non_negative_int, open_model, paint, print_json, progress_for)
 
-CHECKS = ("checksum", "nan-check", "zero-check", "shapes")
-#: What `apr validate FILE` runs with no check named (--shapes is asked for explicitly).
+CHECKS = ("checksum", "nan-check", "zero-check", "shapes", "stats")
+#: What `apr validate FILE` runs with no check named (--shapes and --stats are asked for explicitly).
 DEFAULT_CHECKS = ("checksum", "nan-check", "zero-check")
 
 
@@ -31,6 +35,8 @@ def add_parser(commands) -> None:
     p.add_argument("--zero-check", action="store_true", help="fail if any tensor is entirely zero")
     p.add_argument("--shapes", action="store_true",
                    help="fail if metadata sizes (n_vocab, hidden_size, n_mels, n_ctx...) disagree with tensor dims")
+    p.add_argument("--stats", action="store_true",
+                   help="fail if a tensor's statistics contradict its role (seed 001 §10.9: NaN/Inf, LayerNorm mean)")
     p.add_argument("--quality", action="store_true", help="print the 100-point quality assessment (seed 001 §11)")
     p.add_argument("--min-score", type=non_negative_int, default=None, metavar="N",
                    help="with --quality: exit 5 when the score is below N")
@@ -46,8 +52,15 @@ def run(args) -> int:
         raise UsageError("--min-score needs --quality")
     if args.quality:
         return run_quality(args)
-    wanted = [name for name, flag in zip(CHECKS, (args.checksum, args.nan_check, args.zero_check, args.shapes))
-              if flag]
+    if is_mle(args.file):  # a peer format: header, section CRCs and signature (convert.mle)
+        report = validate_mle(args.file)
+        if args.json:
+            print_json(report)
+        else:
+            print(format_mle(report))
+        return EXIT_OK if report["ok"] else EXIT_VALIDATION
+    flags = (args.checksum, args.nan_check, args.zero_check, args.shapes, args.stats)
+    wanted = [name for name, flag in zip(CHECKS, flags) if flag]
     with open_model(args.file, args) as f:
         report = validate_file(f, checks=wanted or DEFAULT_CHECKS, threads=args.threads)
     report["file"] = args.file
@@ -105,8 +118,8 @@ def validate_file(f, *, checks=DEFAULT_CHECKS, threads: int = 0) -> dict:
     results = []
     if "checksum" in checks:
         results.append(_checksum(f))
-    if "nan-check" in checks or "zero-check" in checks:
-        bad_values, all_zero, skipped = _scan(f, threads)
+    if "nan-check" in checks or "zero-check" in checks or "stats" in checks:
+        bad_values, all_zero, skipped, verdicts = _scan(f, threads)
         if "nan-check" in checks:
             detail = ", ".join(f"{n} ({s.nan_count} NaN, {s.inf_count} Inf)" for n, s in bad_values)
             results.append({"name": "nan-check", "status": "FAIL" if bad_values else "PASS",
@@ -115,6 +128,8 @@ def validate_file(f, *, checks=DEFAULT_CHECKS, threads: int = 0) -> dict:
                             else "no NaN or Inf in any tensor"})
         if "zero-check" in checks:
             results.append(_zero_result(all_zero, skipped))
+        if "stats" in checks:
+            results.append(_stats_result(verdicts, skipped))
     if "shapes" in checks:
         results.append(_shapes_result(f))
     return {"passed": all(r["status"] != "FAIL" for r in results), "checks": results}
@@ -150,6 +165,25 @@ def _shapes_result(f) -> dict:
             "comparisons": rows}
 
 
+def _stats_result(verdicts, skipped) -> dict:
+    failed = [(n, v) for n, v in verdicts if v.status == "FAIL"]
+    warned = [(n, v) for n, v in verdicts if v.status == "WARN"]
+    checked = sum(v.status != "-" for _, v in verdicts)
+    if failed:
+        status = "FAIL"
+        detail = f"{len(failed)} tensor(s) outside the expected statistics: " + \
+            "; ".join(f"{n} ({', '.join(v.reasons)})" for n, v in failed)
+    elif warned:
+        status = "WARN"
+        detail = f"{len(warned)} tensor(s) outside the expected ranges (allowed): " + \
+            "; ".join(f"{n} ({', '.join(v.reasons)})" for n, v in warned)
+    else:
+        status, detail = "PASS", f"{checked} tensor(s) with an expectation, all within it"
+    return {"name": "stats", "status": status, "code": None, "skipped": skipped, "detail": detail,
+            "tensors": {n: {"status": v.status, "role": v.role, "reasons": list(v.reasons)} for n, v in verdicts
+                        if v.status in ("FAIL", "WARN")}}
+
+
 def _checksum(f) -> dict:
     try:
         f.verify()
@@ -160,8 +194,9 @@ def _checksum(f) -> dict:
 
 
 def _scan(f, threads):
-    """(tensors with NaN/Inf as (name, stats), names of all-zero tensors, names skipped)."""
-    bad, zeros, skipped = [], [], []
+    """(tensors with NaN/Inf as (name, stats), names of all-zero tensors, names skipped,
+    (name, §10.9 verdict) of every tensor with statistics)."""
+    bad, zeros, skipped, verdicts = [], [], [], []
     for name in f.keys():
         try:
             stats = tensor_stats(f.get_tensor(name), threads=threads)
@@ -172,7 +207,8 @@ def _scan(f, threads):
             bad.append((name, stats))
         if stats.count and stats.zero_count == stats.count:
             zeros.append(name)
-    return bad, zeros, skipped
+        verdicts.append((name, check_expected(name, stats)))
+    return bad, zeros, skipped, verdicts
 
 
 def format_report(report, color: bool = False) -> str:

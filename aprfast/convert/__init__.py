@@ -5,33 +5,40 @@ is read, ``read(spec, scratch)``, and ``raw_range(spec)`` where the stored bytes
 copied file to file; see ``_common``) and a *writer* (declared specs up front, then
 ``add(name, value)`` or ``add_range(name, fd, offset)`` in that order,
 ``close()``/``abort()``).  :func:`convert` joins one to the other through a per-tensor
-transform (rename, precision, quantize), so peak memory is the largest tensor (twice,
+transform (names: ``names``; precision, quantize) and checks each value before it is
+written (``validation``), so peak memory is the largest tensor (twice,
 while it is converted) plus a constant, whatever the model's size.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
 from .. import dtypes as _dtypes
 from ..errors import FormatError, LayoutError, os_error
 from ..precision import to_bfloat16, to_float16, to_float32
-from ..quantization import dequantize as _dequantize, quant_type, quantize as _quantize
+from ..quantization import _selector, dequantize as _dequantize, quant_type, quantize as _quantize
 from ..tensors import RawTensor
-from . import apr as _apr, gguf as _gguf, onnx as _onnx, pytorch as _pt, safetensors as _st
+from . import apr as _apr, burnpack as _bpk, gguf as _gguf, mle as _mle, onnx as _onnx, pytorch as _pt
+from . import safetensors as _st
 from ._common import DestinationExistsError, Scratch, Spec
+from .names import NameMapping, NameMappingWarning, detect_arch, map_names
 from .tokenizer import tokenizer_metadata
+from .validation import InlineValidator, TensorValidationError, ValidationWarning, check_mode
 
-__all__ = ["convert", "detect", "open_source", "DestinationExistsError", "FORMATS"]
+__all__ = ["convert", "detect", "open_source", "DestinationExistsError", "TensorValidationError",
+           "ValidationWarning", "NameMappingWarning", "FORMATS"]
 
-FORMATS = ("apr", "safetensors", "gguf")  # destinations; sources add "pytorch" and "onnx"
+FORMATS = ("apr", "safetensors", "gguf", "burnpack")  # destinations; sources add "pytorch", "onnx" and "mle"
 _APR_MAGICS = (b"APR\0", b"APR2", b"APRN", b"APR1")
-_EXTENSIONS = {".apr": "apr", ".safetensors": "safetensors", ".gguf": "gguf"}
+_EXTENSIONS = {".apr": "apr", ".safetensors": "safetensors", ".gguf": "gguf", _bpk.EXTENSION: "burnpack"}
 _PRECISIONS = {"f32": "F32", "float32": "F32", "f16": "F16", "float16": "F16", "bf16": "BF16", "bfloat16": "BF16"}
 _FLOATS = {"F32", "F16", "BF16", "F64"}
-_VALIDATE_ISSUE = "issue #12 part 9 (inline statistical validation) is not built yet"
+#: Where the output's metadata records the name mapping applied (``arch=``).
+NAME_MAPPING_KEY = "aprfast.name_mapping"
 
 
 # --- sources -------------------------------------------------------------------------
@@ -63,6 +70,10 @@ def detect(path) -> str:
         raise os_error(exc, "cannot open the source", path=path) from exc
     if head[:4] == _gguf.MAGIC:
         return "gguf"
+    if head[:4] == _bpk.MAGIC:
+        return "burnpack"
+    if head[:4] == _mle.MAGIC:
+        return "mle"
     if head[:4] in _APR_MAGICS:
         return "apr"
     if _st.is_safetensors(head, size):
@@ -74,7 +85,7 @@ def detect(path) -> str:
     if head.lstrip()[:1] == b"{":  # JSON: only an index makes sense; the sharded sources check it is one
         return "pytorch" if _pt.is_bin_index(path) else "safetensors-sharded"
     raise FormatError(f"unrecognised source format (first bytes {head[:8]!r}): not .apr, safetensors, "
-                      "a safetensors index, GGUF, a torch.save checkpoint or ONNX", path=path)
+                      "a safetensors index, GGUF, a torch.save checkpoint, ONNX, Burnpack or MLE", path=path)
 
 
 def open_source(path, *, tokenizer: bool = True):
@@ -88,6 +99,10 @@ def open_source(path, *, tokenizer: bool = True):
         source = _pt.open_source(path)
     elif kind == "onnx":
         source = _onnx.OnnxSource(path)
+    elif kind == "burnpack":
+        source = _bpk.BurnpackSource(path)
+    elif kind == "mle":
+        source = _mle.MLESource(path)
     else:
         source = _safetensors_source(path, tokenizer)
     source.format = kind
@@ -107,12 +122,14 @@ def _safetensors_source(path, tokenizer: bool):
 
 
 # --- the per-tensor transform --------------------------------------------------------
-def _quant_dtype(quantize, spec: Spec):
-    """The packed dtype ``spec`` is quantized to, or None to keep it: 2-D float weights
-    whose rows fit the type's blocks (GGML blocks never span rows)."""
+def _quant_dtype(quantize, spec: Spec, name: str):
+    """The packed dtype ``spec`` (written as ``name``) is quantized to, or None to keep
+    it: 2-D float weights whose rows fit the type's blocks (GGML blocks never span
+    rows).  ``quantize`` is a type name or a selector ``(name, shape) -> QuantType |
+    None`` (see :func:`_quant_selector`)."""
     if quantize is None or spec.dtype.name not in _FLOATS or len(spec.shape) != 2:
         return None
-    choice = quantize(spec.name, spec.shape) if callable(quantize) else quantize
+    choice = quantize(name, spec.shape) if callable(quantize) else quantize
     if choice is None:
         return None
     dtype = quant_type(choice).dtype
@@ -122,7 +139,7 @@ def _quant_dtype(quantize, spec: Spec):
 
 
 def _out_spec(spec: Spec, name: str, precision, quantize) -> Spec:
-    qdtype = _quant_dtype(quantize, spec)
+    qdtype = _quant_dtype(quantize, spec, name)
     if qdtype is not None:
         return Spec(name, qdtype, spec.shape)
     if precision is not None and (spec.dtype.name in _FLOATS or spec.dtype.packed):
@@ -168,8 +185,8 @@ def _destination_format(destination, to, max_shard_size) -> str:
         if kind is None and max_shard_size is not None:  # a new directory of shards
             kind = "safetensors"
         if kind is None:
-            raise ValueError(f"cannot tell the destination format from {dest!r}: use a .apr, .safetensors or "
-                             ".gguf name, or pass to=")
+            raise ValueError(f"cannot tell the destination format from {dest!r}: use a .apr, .safetensors, "
+                             ".gguf or .bpk name, or pass to=")
     if max_shard_size is not None and kind != "safetensors":
         raise ValueError(f"max_shard_size= is for safetensors destinations, not {kind}")
     return kind
@@ -192,6 +209,8 @@ def _open_writer(kind, destination, specs, metadata, *, compression, max_shard_s
         return _apr.apr_writer(dest, specs, metadata, compression=compression, durable=durable)
     if kind == "gguf":
         return _gguf.GGUFWriter(dest, specs, metadata, durable=durable, q8_headers=q8_headers)
+    if kind == "burnpack":
+        return _bpk.BurnpackWriter(dest, specs, metadata, durable=durable)
     return _st.SafetensorsWriter(dest, specs, metadata, durable=durable)
 
 
@@ -202,40 +221,92 @@ def _strip(name: str, prefixes) -> str:
     return name
 
 
-def _plan(source, rename, precision, quantize, strip_prefix=()):
-    """(source spec, output spec) pairs of the tensors kept, output names unique."""
+def _plan(source, rename, precision, quantize, strip_prefix=(), mapping: NameMapping | None = None):
+    """(source spec, output spec) pairs of the tensors kept, output names unique.  Each
+    name: ``strip_prefix``, then the ``arch`` mapping, then ``rename``."""
     pairs, seen = [], {}
     for spec in source.specs:
-        name = _strip(spec.name, strip_prefix)
-        name = rename(name) if rename is not None else name
+        stripped = _strip(spec.name, strip_prefix)
+        mapped = mapping.names[stripped] if mapping is not None and mapping.arch else stripped
+        name = _renamed(rename, mapped, spec.name)
         if name is None:
             continue
-        if not isinstance(name, str):
-            raise LayoutError(f"rename({spec.name!r}) returned {name!r}; names are str (or None to drop)")
         if name in seen:
-            raise LayoutError(f"rename maps both {seen[name]!r} and {spec.name!r} to {name!r}")
+            raise LayoutError(f"two source tensors, {seen[name]!r} and {spec.name!r}, both become {name!r}"
+                              f"{_how(mapping, rename)}; drop or rename one of them (rename=)")
         seen[name] = spec.name
         pairs.append((spec, _out_spec(spec, name, precision, quantize)))
     return pairs
 
 
+def _renamed(rename, name: str, source_name: str):
+    """``rename`` (a callable, or a dict whose missing names are kept) applied to ``name``."""
+    if rename is None:
+        return name
+    out = rename.get(name, name) if hasattr(rename, "get") else rename(name)
+    if out is not None and not isinstance(out, str):
+        raise LayoutError(f"rename({name!r}) (source {source_name!r}) returned {out!r}; names are str (or None "
+                          "to drop)")
+    return out
+
+
+def _how(mapping, rename) -> str:
+    steps = ([f"the {mapping.arch} name mapper"] if mapping is not None and mapping.arch else []) + \
+        (["rename"] if rename is not None else [])
+    return f" (after {' and '.join(steps)})" if steps else ""
+
+
+def _map_names(src, arch, prefixes) -> NameMapping | None:
+    """The ``arch`` mapping of the source's (prefix-stripped) names, with warnings for
+    the names it does not know and an architecture other than the names show."""
+    if arch is None:
+        return None
+    if arch != "auto" and not isinstance(arch, str):
+        raise ValueError(f"arch={arch!r}: one of 'whisper', 'llama', 'bert', 'auto' or None")
+    names = [_strip(spec.name, prefixes) for spec in src.specs]
+    mapping = map_names(names, arch, src.metadata)
+    if mapping.arch is None:
+        return mapping
+    if not mapping.detected:
+        shown = detect_arch(names, src.metadata)
+        if shown is not None and shown != mapping.arch:
+            warnings.warn(f"arch={mapping.arch!r} but the source looks like {shown!r} (tensor names / "
+                          "general.architecture)", NameMappingWarning, stacklevel=3)
+    if mapping.unknown:
+        shown = ", ".join(repr(n) for n in mapping.unknown[:5]) + (", ..." if len(mapping.unknown) > 5 else "")
+        warnings.warn(f"the {mapping.arch} name mapper does not know {len(mapping.unknown)} tensor name(s), kept "
+                      f"as they are: {shown}", NameMappingWarning, stacklevel=3)
+    return mapping
+
+
 def _check_options(validate, precision, quantize):
-    if validate != "off":
-        if validate in ("strict", "relaxed"):
-            raise NotImplementedError(f"validate={validate!r}: {_VALIDATE_ISSUE}; pass validate='off'")
-        raise ValueError(f"validate={validate!r}: one of 'strict', 'relaxed', 'off'")
+    check_mode(validate)
     if precision is not None:
         if str(precision).lower() not in _PRECISIONS:
             raise ValueError(f"precision={precision!r}: one of 'f32', 'f16', 'bf16'")
         precision = _PRECISIONS[str(precision).lower()]
-    if quantize is not None and not callable(quantize):
+    return precision, _quant_selector(quantize)
+
+
+def _quant_selector(quantize):
+    """``quantize=`` as a type name, a callable, or per-layer rules (a dict or list of
+    ``(glob, type | None)``, first match wins, unmatched tensors kept: the rules of
+    :func:`aprfast.quantize_tensors`).  Every type named is checked before any write."""
+    if quantize is None or callable(quantize):
+        return quantize
+    if isinstance(quantize, str):
         quant_type(quantize).require_quantizer()  # unknown or dequantize-only types refused before any write
-    return precision
+        return quantize
+    if isinstance(quantize, (dict, list, tuple)):
+        select = _selector(None, quantize)
+        return lambda name, shape: select(name, shape)[0]
+    raise TypeError(f"quantize= takes a type name, a dict/list of (glob, type) rules or a callable, "
+                    f"not {type(quantize).__name__}")
 
 
-def convert(source, destination, *, to=None, quantize=None, precision=None, compression=None, rename=None,
-            strip_prefix=None, validate="off", force=False, progress=None, max_shard_size=None, tokenizer=True,
-            durable=True) -> dict:
+def convert(source, destination, *, to=None, quantize=None, precision=None, compression=None, arch=None,
+            rename=None, strip_prefix=None, validate="strict", force=False, progress=None, max_shard_size=None,
+            tokenizer=True, durable=True) -> dict:
     """Convert a model between ``.apr``, safetensors (one file or a sharded checkpoint)
     and GGUF, streaming one tensor at a time.
 
@@ -249,44 +320,67 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     named as transformers names it.  An existing destination is refused
     (DestinationExistsError) unless ``force=True``.
 
-    ``strip_prefix`` (a str or a tuple of them, e.g. "module.") is removed from the
-    front of every tensor name that starts with it (the first that matches), before
-    ``rename(name) -> name | None`` renames or (None) drops each tensor.
+    Names, in this order: ``strip_prefix`` (a str or a tuple of them, e.g. "module.")
+    is removed from the front of every name that starts with it (the first that
+    matches); ``arch`` ("whisper", "llama", "bert", or "auto": detected from GGUF's
+    ``general.architecture`` or the names; see ``convert.names``) maps Hugging Face,
+    GGUF and ONNX names to the canonical ``.apr`` names of seed 001 §10.8, names the
+    mapper does not know kept (NameMappingWarning) and the mapping recorded in the
+    output's metadata under ``aprfast.name_mapping``; ``rename`` (``callable(name) ->
+    name | None``, or a dict; None drops a tensor) renames what the mapper gave.  Two
+    tensors ending with one name are a LayoutError naming both.
     ``precision`` ("f32", "f16", "bf16") converts float tensors and dequantizes packed
-    ones.  ``quantize`` (a type such as "Q8_0", or ``callable(name, shape) -> type |
-    None``) quantizes 2-D float tensors whose rows fit the type's blocks; others are
-    kept.  ``compression`` ("lz4"/"zstd", .apr only) uses a spooled Writer (see
-    ``convert.apr.apr_writer``: memory then grows with the compressed model).
-    ``validate`` must be "off" until the statistics engine exists (issue #12 part 9).
+    ones.  ``quantize`` (a type such as "Q8_0"; per-layer rules ``{glob: type | None}``,
+    first match wins, unmatched kept; or ``callable(name, shape) -> type | None``;
+    names are the output names) quantizes 2-D float tensors whose rows fit the type's
+    blocks; others are kept.  ``compression`` ("lz4"/"zstd", .apr only) uses a spooled
+    Writer (see ``convert.apr.apr_writer``: memory then grows with the compressed model).
+    ``validate`` (seed 001 §10.9-10.10, ``convert.validation``): "strict" checks every
+    tensor written against its expected statistics and aborts at the first failure
+    (TensorValidationError, nothing written) unless ``force=True``; "relaxed" warns
+    (ValidationWarning) and writes; "off" computes nothing.
     ``progress(done_bytes, total_bytes)`` is called after each tensor (source bytes).
     ``tokenizer``: embed a sibling ``tokenizer.json`` of a safetensors source.
 
-    Returns ``{"source_format", "format", "tensors", "bytes"}``.
+    Returns ``{"source_format", "format", "tensors", "bytes", "arch", "names",
+    "validation"}``: ``names`` the mapping (None without ``arch``), ``validation`` the
+    report (tensors checked, failed but written, warned, skipped).
     """
-    precision = _check_options(validate, precision, quantize)
+    precision, quantize = _check_options(validate, precision, quantize)
     kind = _destination_format(destination, to, max_shard_size)
     prefixes = (strip_prefix,) if isinstance(strip_prefix, str) else tuple(strip_prefix or ())
+    validator = InlineValidator(validate, force=force, destination=destination)
     src = open_source(source, tokenizer=tokenizer)
     try:
-        pairs = _plan(src, rename, precision, quantize, prefixes)
+        mapping = _map_names(src, arch, prefixes)
+        pairs = _plan(src, rename, precision, quantize, prefixes, mapping)
+        if mapping is not None and mapping.arch:
+            src.metadata = dict(src.metadata, **{NAME_MAPPING_KEY: mapping.metadata()})
         if kind == "apr" and compression is None and getattr(src, "aliases", None):
-            return _save_shared(src, destination, pairs, force, durable, progress)
-        writer = _open_writer(kind, destination, [out for _, out in pairs], src.metadata,
-                              compression=compression, max_shard_size=max_shard_size, force=force, durable=durable,
-                              q8_headers=_q8_headers(src, pairs) if kind == "gguf" else None)
-        total = _stream(src, writer, pairs, progress)
+            total = _save_shared(src, destination, pairs, force, durable, progress, validator)
+        else:
+            writer = _open_writer(kind, destination, [out for _, out in pairs], src.metadata,
+                                  compression=compression, max_shard_size=max_shard_size, force=force,
+                                  durable=durable, q8_headers=_q8_headers(src, pairs) if kind == "gguf" else None)
+            total = _stream(src, writer, pairs, progress, validator)
     finally:
         src.close()
-    return {"source_format": src.format, "format": kind,
-            "tensors": len(pairs), "bytes": total}
+    names = None
+    if mapping is not None:
+        names = dict(mapping.metadata(), reason=mapping.reason)
+    return {"source_format": src.format, "format": kind, "tensors": len(pairs), "bytes": total,
+            "arch": mapping.arch if mapping is not None else None, "names": names, "validation": validator.report()}
 
 
-def _save_shared(src, destination, pairs, force, durable, progress) -> dict:
-    """Tied tensors (a PyTorch source's ``aliases``) stored once: see ``pytorch.save_shared``."""
+def _save_shared(src, destination, pairs, force, durable, progress, validator) -> int:
+    """Tied tensors (a PyTorch source's ``aliases``) stored once: see ``pytorch.save_shared``.
+    Each value is checked as it is computed, before anything is written."""
     if os.path.lexists(os.fspath(destination)) and not force:
         raise DestinationExistsError("destination exists; pass force=True to replace it", path=destination)
-    total = _pt.save_shared(src, destination, pairs, _transform, progress, durable)
-    return {"source_format": src.format, "format": "apr", "tensors": len(pairs), "bytes": total}
+
+    def transform(value, spec, out):
+        return validator.check(out.name, _transform(value, spec, out))
+    return _pt.save_shared(src, destination, pairs, transform, progress, durable)
 
 
 def _q8_headers(src, pairs) -> dict:
@@ -296,10 +390,11 @@ def _q8_headers(src, pairs) -> dict:
             if out.dtype.name == "Q8_TENSOR" and out.nbytes}
 
 
-def _copy_unchanged(src, writer, spec: Spec, out: Spec) -> bool:
+def _copy_unchanged(src, writer, spec: Spec, out: Spec, validator) -> bool:
     """Copy a tensor the transform leaves alone file to file in the kernel, when both
-    sides allow it (the .apr Writer does not: it needs every byte for its CRC)."""
-    if out.dtype is not spec.dtype or not hasattr(writer, "add_range"):
+    sides allow it (the .apr Writer does not: it needs every byte for its CRC) and no
+    validation needs its values."""
+    if out.dtype is not spec.dtype or not hasattr(writer, "add_range") or validator.active:
         return False
     where = src.raw_range(spec) if hasattr(src, "raw_range") else None
     if where is None:
@@ -308,15 +403,17 @@ def _copy_unchanged(src, writer, spec: Spec, out: Spec) -> bool:
     return True
 
 
-def _stream(src, writer, pairs, progress) -> int:
+def _stream(src, writer, pairs, progress, validator) -> int:
     total = sum(s.nbytes for s, _ in pairs)
     done, scratch = 0, Scratch()
     try:
         for spec, out in pairs:
-            if not _copy_unchanged(src, writer, spec, out):
+            if not _copy_unchanged(src, writer, spec, out, validator):
                 # one tensor in memory at a time, read into the same buffer each time:
-                # writer.add has consumed the value before the next read overwrites it
-                writer.add(out.name, _transform(src.read(spec, scratch), spec, out))
+                # writer.add has consumed the value before the next read overwrites it;
+                # the validator sees the value before any of its bytes are written
+                value = validator.check(out.name, _transform(src.read(spec, scratch), spec, out))
+                writer.add(out.name, value)
             done += spec.nbytes
             if progress is not None:
                 progress(done, total)

@@ -408,6 +408,7 @@ class ShardedWriter:
         self._names = ["model.safetensors"] if n == 1 else [shard_name(i + 1, n) for i in range(n)]
         self._metadata, self._durable = metadata or {}, durable
         self._check_free(force)
+        self._created = not os.path.isdir(self.directory)  # removed again by abort() when left empty
         os.makedirs(self.directory, exist_ok=True)
         self._done, self._current, self._shard = [], None, -1
         self._total = sum(s.nbytes for g in self._groups for s in g)
@@ -478,3 +479,8 @@ class ShardedWriter:
             except FileNotFoundError:
                 pass
         self._done = []
+        if self._created:
+            try:
+                os.rmdir(self.directory)
+            except OSError:  # something else was put there meanwhile: not ours to remove
+                pass

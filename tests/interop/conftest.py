@@ -28,7 +28,6 @@ from pathlib import Path
 import pytest
 
 HARNESS_DIR = Path(__file__).resolve().parent / "harness"
-MANIFEST = HARNESS_DIR / "Cargo.toml"
 # A cold build takes about 40 s; fetching the crates first can take longer.
 BUILD_TIMEOUT_S = 1800
 RUN_TIMEOUT_S = 60
@@ -62,19 +61,18 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-@pytest.fixture(scope="session")
-def harness_bin() -> Path:
-    """Path of the built ``apr-interop`` binary (built once per session)."""
+def _build(harness_dir: Path, binary_name: str, target: Path) -> Path:
+    """``cargo build --release --locked`` of the harness in ``harness_dir`` into ``target``;
+    the binary's path, or a skip/failure by the policy of :func:`_unavailable`."""
     cargo = _find_cargo()
     if cargo is None:
         _unavailable("cargo was not found (not on PATH, not in $CARGO_HOME/bin or ~/.cargo/bin)")
-    target = Path(os.environ.get("APRFAST_INTEROP_TARGET") or HARNESS_DIR / "target").resolve()
-    cmd = [cargo, "build", "--release", "--locked", "--manifest-path", str(MANIFEST),
+    target = target.resolve()
+    cmd = [cargo, "build", "--release", "--locked", "--manifest-path", str(harness_dir / "Cargo.toml"),
            "--target-dir", str(target)]
     started = time.monotonic()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
-                              cwd=HARNESS_DIR)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, cwd=harness_dir)
     except subprocess.TimeoutExpired:
         _unavailable(f"`{' '.join(cmd)}` did not finish within {BUILD_TIMEOUT_S} s")
     except OSError as exc:
@@ -82,13 +80,28 @@ def harness_bin() -> Path:
     if proc.returncode != 0:
         _unavailable(f"`{' '.join(cmd)}` failed with exit status {proc.returncode} "
                      f"(no crates.io access?):\n{_tail(proc.stderr)}")
-    binary = target / "release" / ("apr-interop.exe" if sys.platform == "win32" else "apr-interop")
+    binary = target / "release" / (binary_name + (".exe" if sys.platform == "win32" else ""))
     if not binary.is_file():
         _unavailable(f"cargo reported success but {binary} does not exist")
     build_seconds = time.monotonic() - started
     if build_seconds > 5:
-        print(f"\n[interop] built apr-interop in {build_seconds:.1f} s", file=sys.stderr)
+        print(f"\n[interop] built {binary_name} in {build_seconds:.1f} s", file=sys.stderr)
     return binary
+
+
+def _target_dir(harness_dir: Path, shared_subdir: str | None) -> Path:
+    """``$APRFAST_INTEROP_TARGET`` (its ``shared_subdir`` for the second and third
+    harness) when set, else the harness's own ``target/``."""
+    shared = os.environ.get("APRFAST_INTEROP_TARGET")
+    if shared:
+        return Path(shared) / shared_subdir if shared_subdir else Path(shared)
+    return harness_dir / "target"
+
+
+@pytest.fixture(scope="session")
+def harness_bin() -> Path:
+    """Path of the built ``apr-interop`` binary (built once per session)."""
+    return _build(HARNESS_DIR, "apr-interop", _target_dir(HARNESS_DIR, None))
 
 
 class Harness:
@@ -175,38 +188,30 @@ CRYPTO_HARNESS_DIR = Path(__file__).resolve().parent / "harness-crypto"
 CRYPTO_BINARY_NAME = "apr-crypto-interop"
 
 
-def _crypto_target_dir() -> Path:
-    shared = os.environ.get("APRFAST_INTEROP_TARGET")
-    if shared:
-        return (Path(shared) / "harness-crypto").resolve()
-    return (CRYPTO_HARNESS_DIR / "target").resolve()
-
-
 @pytest.fixture(scope="session")
 def crypto_harness_bin() -> Path:
     """Path of the built ``apr-crypto-interop`` binary (built once per session)."""
-    cargo = _find_cargo()
-    if cargo is None:
-        _unavailable("cargo was not found (not on PATH, not in $CARGO_HOME/bin or ~/.cargo/bin)")
-    target = _crypto_target_dir()
-    cmd = [cargo, "build", "--release", "--locked", "--manifest-path",
-           str(CRYPTO_HARNESS_DIR / "Cargo.toml"), "--target-dir", str(target)]
-    started = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
-                              cwd=CRYPTO_HARNESS_DIR)
-    except subprocess.TimeoutExpired:
-        _unavailable(f"`{' '.join(cmd)}` did not finish within {BUILD_TIMEOUT_S} s")
-    except OSError as exc:
-        _unavailable(f"cannot run {cargo}: {exc}")
-    if proc.returncode != 0:
-        _unavailable(f"`{' '.join(cmd)}` failed with exit status {proc.returncode} "
-                     f"(no crates.io access?):\n{_tail(proc.stderr)}")
-    suffix = ".exe" if sys.platform == "win32" else ""
-    binary = target / "release" / f"{CRYPTO_BINARY_NAME}{suffix}"
-    if not binary.is_file():
-        _unavailable(f"cargo reported success but {binary} does not exist")
-    build_seconds = time.monotonic() - started
-    if build_seconds > 5:
-        print(f"\n[interop] built {CRYPTO_BINARY_NAME} in {build_seconds:.1f} s", file=sys.stderr)
-    return binary
+    return _build(CRYPTO_HARNESS_DIR, CRYPTO_BINARY_NAME, _target_dir(CRYPTO_HARNESS_DIR, "harness-crypto"))
+
+
+# --- the third harness: Burn's Burnpack format ---------------------------------------------
+#
+# ``burnpack-interop`` in ``tests/interop/harness-burnpack`` (see its README.md) drives the
+# crates.io crate ``burn-pack`` (Burn's Burnpack reader and writer).  A cold build is about
+# 2 CPU-minutes: 4-5.5 min of wall time here, on 2 cores shared with other builds.  Same skip/fail policy as
+# ``harness_bin``.  Its target directory is ``$APRFAST_INTEROP_TARGET/harness-burnpack`` when
+# that variable is set, else ``tests/interop/harness-burnpack/target``.
+
+BURNPACK_HARNESS_DIR = Path(__file__).resolve().parent / "harness-burnpack"
+BURNPACK_BINARY_NAME = "burnpack-interop"
+
+
+@pytest.fixture(scope="session")
+def burnpack_bin() -> Path:
+    """Path of the built ``burnpack-interop`` binary (built once per session)."""
+    return _build(BURNPACK_HARNESS_DIR, BURNPACK_BINARY_NAME, _target_dir(BURNPACK_HARNESS_DIR, "harness-burnpack"))
+
+
+@pytest.fixture
+def burnpack(burnpack_bin, tmp_path) -> Harness:
+    return Harness(burnpack_bin, tmp_path)

@@ -1,0 +1,118 @@
+"""What seed 001 §10.9 expects of a tensor's statistics, by its name: the one rule table
+behind ``apr tensors --stats``, ``apr validate --stats``, ``apr explain --tensor``, the
+quality score (items 26-30) and the inline validation of ``aprfast.convert``.
+
+A rule matches names with ``fnmatch`` (case-sensitive), first match wins.  The verdict of
+:func:`check_expected` is FAIL for what the seed says must not be written (NaN or Inf
+anywhere, §13.6; a LayerNorm weight mean outside [0.5, 3.0] or bias mean outside
+[-0.5, 0.5], §10.9's "Acceptable Range"), WARN for what it only expects (attention,
+linear and embedding std ranges, "mean ~0.0", QA #30's embedding std < 0.2), PASS when
+a rule matched and held, and "-" when no rule names the tensor.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+__all__ = ["Expectation", "EXPECTATIONS", "NEAR_ZERO_MEAN", "expectation_for", "Verdict", "check_expected",
+           "check_value"]
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What §10.9 expects of tensors whose name matches ``pattern`` (fnmatch)."""
+
+    role: str
+    pattern: str
+    mean_range: tuple | None = None
+    std_range: tuple | None = None
+    std_max: float | None = None
+
+
+_LN_WEIGHT, _LN_BIAS = (0.5, 3.0), (-0.5, 0.5)
+
+#: First match wins.  LayerNorm ranges are the seed's "acceptable range" (outside: FAIL);
+#: linear and embedding std ranges are its "expected std" (outside: WARN), and the QA
+#: checklist's embedding std < 0.2 (#30, "should warn") warns above it.  The canonical
+#: names of aprfast.convert.names are covered, and so are Hugging Face's BERT
+#: ``LayerNorm`` and llama.cpp's ``*_norm`` / ``token_embd`` names.
+EXPECTATIONS = (
+    Expectation("layernorm weight", "*layer_norm*.weight", mean_range=_LN_WEIGHT),
+    Expectation("layernorm weight", "*layernorm*.weight", mean_range=_LN_WEIGHT),
+    Expectation("layernorm weight", "*LayerNorm.weight", mean_range=_LN_WEIGHT),
+    Expectation("layernorm weight", "*ln*.weight", mean_range=_LN_WEIGHT),
+    Expectation("layernorm weight", "*norm.weight", mean_range=_LN_WEIGHT),
+    Expectation("layernorm bias", "*layer_norm*.bias", mean_range=_LN_BIAS),
+    Expectation("layernorm bias", "*layernorm*.bias", mean_range=_LN_BIAS),
+    Expectation("layernorm bias", "*LayerNorm.bias", mean_range=_LN_BIAS),
+    Expectation("layernorm bias", "*ln*.bias", mean_range=_LN_BIAS),
+    Expectation("layernorm bias", "*norm.bias", mean_range=_LN_BIAS),
+    Expectation("attention weight", "*[qkv]_proj.weight", std_range=(0.02, 0.10)),
+    Expectation("attention weight", "*out_proj.weight", std_range=(0.02, 0.10)),
+    Expectation("linear weight", "*fc[12].weight", std_range=(0.02, 0.05)),
+    Expectation("token embedding", "*token_embedding*", std_range=(0.02, 0.05), std_max=0.2),
+    Expectation("token embedding", "*embed_tokens*", std_range=(0.02, 0.05), std_max=0.2),
+    Expectation("token embedding", "*word_embeddings*", std_range=(0.02, 0.05), std_max=0.2),
+    Expectation("token embedding", "token_embd.weight", std_range=(0.02, 0.05), std_max=0.2),
+    Expectation("positional embedding", "*positional_embedding*", std_range=(0.01, 0.02), std_max=0.2),
+    Expectation("positional embedding", "*embed_positions*", std_range=(0.01, 0.02), std_max=0.2),
+)
+
+#: |mean| above this for attention/linear weights and embeddings ("mean ~0.0") warns.
+NEAR_ZERO_MEAN = 0.1
+
+
+def expectation_for(name: str) -> Expectation | None:
+    """The §10.9 rule for a tensor name, or None when the seed expects nothing of it."""
+    for rule in EXPECTATIONS:
+        if fnmatch.fnmatchcase(name, rule.pattern):
+            return rule
+    return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``status`` is PASS, WARN, FAIL or "-" (no rule); ``reasons`` say why (failures
+    first, each with the numbers)."""
+
+    status: str
+    role: str | None
+    reasons: tuple = ()
+
+
+def check_expected(name: str, stats) -> Verdict:
+    """PASS / WARN / FAIL for one tensor's :class:`aprfast.stats.TensorStats` against
+    §10.9.  NaN or Inf anywhere is FAIL, whatever the name."""
+    rule = expectation_for(name)
+    fails, warns = [], []
+    if stats.nan_count or stats.inf_count:
+        fails.append(f"{stats.nan_count} NaN, {stats.inf_count} Inf in {stats.count} values")
+    if rule is not None and stats.mean is not None:
+        if rule.mean_range is not None and not rule.mean_range[0] <= stats.mean <= rule.mean_range[1]:
+            fails.append(f"mean {stats.mean:.4g} outside [{rule.mean_range[0]}, {rule.mean_range[1]}]")
+        if rule.std_max is not None and stats.std > rule.std_max:
+            warns.append(f"std {stats.std:.4g} above {rule.std_max}")
+        elif rule.std_range is not None and not rule.std_range[0] <= stats.std <= rule.std_range[1]:
+            warns.append(f"std {stats.std:.4g} outside the expected {rule.std_range[0]}-{rule.std_range[1]}")
+        if rule.std_range is not None and abs(stats.mean) > NEAR_ZERO_MEAN:
+            warns.append(f"mean {stats.mean:.4g}, expected ~0.0")
+    role = rule.role if rule is not None else None
+    if fails:
+        return Verdict("FAIL", role, tuple(fails + warns))
+    if warns:
+        return Verdict("WARN", role, tuple(warns))
+    return Verdict("PASS" if rule is not None else "-", role, ())
+
+
+def check_value(name: str, value, *, threads: int = 0):
+    """``(stats, verdict)`` of one tensor value (an array, RawTensor or QuantizedTensor)
+    in one pass of :func:`aprfast.stats.tensor_stats`; ``stats`` is None (verdict "-",
+    the reason given) for dtypes without statistics (complex, unknown ids)."""
+    from .stats import tensor_stats  # stats re-exports this module's names: import late
+
+    try:
+        stats = tensor_stats(value, threads=threads)
+    except TypeError as exc:
+        return None, Verdict("-", None, (str(exc),))
+    return stats, check_expected(name, stats)

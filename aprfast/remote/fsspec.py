@@ -1,0 +1,152 @@
+"""Any fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``, ``file://``, ...) as a
+:class:`RangedSource`: the object's length and version come from one ``info`` call,
+ranges are read through fsspec file objects opened without a read cache (one per
+thread, so parallel reads run on parallel requests).
+
+The version (ETag, else the modification time) is compared for every file object
+opened; s3fs also sends it as ``If-Match`` with every ranged GET, so a changed object
+fails as :class:`RemoteChangedError` instead of mixing two versions.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .._optional import require
+from ..errors import AprFileNotFoundError, AprIOError, AprPermissionError
+from ._ranged import HEAD_BYTES, TAIL_BYTES, RangedSource, RemoteChangedError, TransientError
+
+__all__ = ["FsspecSource", "filesystem"]
+
+
+def filesystem(url: str, storage_options=None):
+    """(filesystem, path) for ``url`` through fsspec (MissingDependencyError without it)."""
+    fsspec = require("fsspec")
+    try:
+        return fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    except ImportError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"fsspec cannot open {url!r}: {exc}") from None
+
+
+def _version(info: dict):
+    for key in ("ETag", "etag", "e_tag", "md5", "generation", "version_id", "VersionId"):
+        if info.get(key):
+            return (key, str(info[key]))
+    for key in ("LastModified", "last_modified", "mtime", "modified", "updated", "created"):
+        if info.get(key) is not None:
+            return (key, str(info[key]))
+    return None
+
+
+def _io_error(exc: BaseException, url: str, what: str) -> AprIOError:
+    if isinstance(exc, FileNotFoundError):
+        return AprFileNotFoundError(f"{what}: no such object", path=url)
+    if isinstance(exc, PermissionError):
+        return AprPermissionError(f"{what}: access refused ({exc})", path=url)
+    return AprIOError(f"{what}: {type(exc).__name__}: {exc}", path=url)
+
+
+class FsspecSource(RangedSource):
+    """One object of an fsspec filesystem."""
+
+    def __init__(self, url: str, *, storage_options=None, connections: int = 8, fs=None, path=None):
+        if fs is None:
+            fs, path = filesystem(url, storage_options)
+        self.url, self.fs, self._path = url, fs, path
+        self._local = threading.local()
+        self._files = []
+        self._files_lock = threading.Lock()
+        try:
+            # The first file object's own details are the object's info (one request, not
+            # two); a backend whose file objects carry none is asked with info().
+            first = self._open_file()
+            details = getattr(first, "details", None)
+            info = details if isinstance(details, dict) and "size" in details else fs.info(path)
+        except Exception as exc:  # noqa: BLE001 - every backend has its own errors
+            raise _io_error(exc, url, "cannot open") from exc
+        size = info.get("size")
+        if info.get("type", "file") != "file" or not isinstance(size, int) or size < 0:
+            first.close()
+            if info.get("type", "file") != "file":
+                raise AprIOError(f"not a file but a {info.get('type')}", path=url)
+            raise AprIOError(f"the filesystem reports a size of {size!r}", path=url)
+        self.version = _version(info)
+        self._size = size
+        self._local.file = first
+        self._files.append(first)
+        head = bytearray(min(size, HEAD_BYTES))
+        super().__init__(size, b"", path=url, connections=connections)
+        try:
+            if head:
+                self._fetch_retrying(0, memoryview(head))
+            tail_start = max(len(head), size - TAIL_BYTES)
+            tail = bytearray(size - tail_start)
+            if tail:
+                self._fetch_retrying(tail_start, memoryview(tail))
+        except BaseException:
+            self.close()
+            raise
+        self._head = memoryview(bytes(head)).toreadonly()
+        self._set_tail(tail_start, tail)
+
+    def _file(self):
+        f = getattr(self._local, "file", None)
+        if f is None:
+            f = self._open_file()
+            details = getattr(f, "details", None)
+            if isinstance(details, dict) and self.version is not None:
+                now = _version(details)
+                if now is not None and now[0] == self.version[0] and now != self.version:
+                    f.close()
+                    raise RemoteChangedError(f"the object changed since it was opened ({self.version[0]} "
+                                             f"{self.version[1]!r} -> {now[1]!r}); open it again", path=self.url)
+            size = getattr(f, "size", None)
+            if isinstance(size, int) and size != self._size:
+                f.close()
+                raise RemoteChangedError(f"the object is now {size} bytes long; it was {self._size} when opened",
+                                         path=self.url)
+            self._local.file = f
+            with self._files_lock:
+                self._files.append(f)
+        return f
+
+    def _open_file(self):
+        try:
+            return self.fs.open(self._path, "rb", cache_type="none")
+        except TypeError:  # a backend without that option
+            return self.fs.open(self._path, "rb")
+
+    def _fetch_into(self, offset: int, out: memoryview) -> int:
+        n = out.nbytes
+        try:
+            f = self._file()
+            f.seek(offset)
+            data = f.read(n)
+        except (RemoteChangedError, AprIOError):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            name = type(exc).__name__
+            if name == "FileExpired":  # fsspec.exceptions.FileExpired: If-Match failed
+                raise RemoteChangedError(f"the object changed since it was opened: {exc}; open it again",
+                                         path=self.url) from None
+            if isinstance(exc, (FileNotFoundError, PermissionError)):
+                raise _io_error(exc, self.url, f"reading {n} bytes at offset {offset}") from exc
+            self._local.file = None  # a fresh file object for the retry
+            raise TransientError(f"{name}: {exc}") from None
+        got = min(len(data), n)
+        if len(data) > n:
+            raise AprIOError(f"asked for {n} bytes at offset {offset}, got {len(data)}", path=self.url)
+        out[:got] = memoryview(data)[:got]
+        return got
+
+    def _free(self) -> None:
+        super()._free()
+        with self._files_lock:
+            files, self._files = self._files, []
+        for f in files:
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001 - closing a read handle: nothing to lose
+                pass
