@@ -16,6 +16,7 @@ from .convert import convert
 from .dtypes import DType
 from .errors import (
     AprError,
+    AprFileInUseError,
     AprFileNotFoundError,
     AprIOError,
     AprPermissionError,
@@ -50,7 +51,8 @@ __all__ = [
     "AprFile", "TensorSlice", "QuantizedSlice", "TensorInfo", "RawTensor", "QuantizedTensor", "DType", "Limits",
     "crc32", "crc32_combine", "aligned_empty",
     "AprError", "FormatError", "CorruptError", "VersionError", "ChecksumError", "DecryptError",
-    "SignatureError", "AprIOError", "AprFileNotFoundError", "AprPermissionError", "LimitError",
+    "SignatureError", "AprIOError", "AprFileNotFoundError", "AprPermissionError", "AprFileInUseError",
+    "LimitError",
     "TensorNotFoundError", "UnknownDTypeError",
     "LayoutError", "ModelTypeMismatchError", "LicenseError",
 ]
