@@ -37,7 +37,9 @@ static int errno_of(DWORD error)
     case ERROR_NOT_ENOUGH_MEMORY:
     case ERROR_OUTOFMEMORY: return ENOMEM;
     case ERROR_INVALID_FUNCTION:
+    case ERROR_CALL_NOT_IMPLEMENTED: /* Wine's FileAllocationInfo */
     case ERROR_NOT_SUPPORTED: return ENOSYS;
+    case ERROR_INVALID_PARAMETER: return EINVAL;
     default: return EIO;
     }
 }
