@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
+# cython: language_level=3, boundscheck=False, wraparound=False, freethreading_compatible=True
 """Aligned buffers and bulk I/O for tensor data, GIL released.
 
 ``AlignedBuffer`` owns memory whose start is aligned to a power of two (64 bytes by
