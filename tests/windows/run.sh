@@ -6,7 +6,7 @@ set -eu
 cd "$(dirname "$0")/../.."
 CC=${CC:-x86_64-w64-mingw32-gcc}
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+trap 'rm -rf "$out" 2>/dev/null || true' EXIT
 for src in csrc/*.c; do
     "$CC" -O2 -std=c99 -Wall -Wextra -Werror -Icsrc -c "$src" -o "$out/$(basename "$src" .c).o"
 done
@@ -16,7 +16,11 @@ echo "compiled for Windows: $(ls csrc/*.c | wc -l) files"
 WINE=$(command -v wine64 || command -v wine || { test -x /usr/lib/wine/wine64 && echo /usr/lib/wine/wine64; } || true)
 if [ -n "$WINE" ]; then
     cd "$out"
-    WINEDEBUG=-all WINEPREFIX="$out/prefix" "$WINE" ./pio_check.exe
+    status=0
+    WINEDEBUG=-all WINEPREFIX="$out/prefix" "$WINE" ./pio_check.exe || status=$?
+    # Let Wine's server finish writing its prefix before the trap removes it.
+    WINEPREFIX="$out/prefix" "$(dirname "$WINE")/wineserver" -w 2>/dev/null || true
+    exit "$status"
 else
     echo "no wine: built $out/pio_check.exe, not run"
 fi
