@@ -17,6 +17,7 @@ from .dtypes import DType
 from ._optional import MissingDependencyError
 from .errors import (
     AprError,
+    AprFileInUseError,
     AprFileNotFoundError,
     AprIOError,
     AprPermissionError,
@@ -53,7 +54,8 @@ __all__ = [
     "crc32", "crc32_combine", "aligned_empty",
     "MissingDependencyError",
     "AprError", "FormatError", "CorruptError", "VersionError", "ChecksumError", "DecryptError",
-    "SignatureError", "AprIOError", "AprFileNotFoundError", "AprPermissionError", "LimitError",
+    "SignatureError", "AprIOError", "AprFileNotFoundError", "AprPermissionError", "AprFileInUseError",
+    "LimitError",
     "TensorNotFoundError", "UnknownDTypeError",
     "LayoutError", "ModelTypeMismatchError", "LicenseError",
 ]

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
+# cython: language_level=3, boundscheck=False, wraparound=False, freethreading_compatible=True
 """Decode many compressed-tensor blocks at once in C, GIL released, over threads
 (csrc/blockdec.c): raw copies, LZ4 blocks, and zstd frames through the system's
 libzstd when it can be loaded (:func:`zstd_native`)."""

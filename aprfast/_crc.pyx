@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
+# cython: language_level=3, boundscheck=False, wraparound=False, freethreading_compatible=True
 """CRC-32 (IEEE, as zlib.crc32) over any contiguous buffer, GIL released.
 
 The kernel in csrc/crc32.c picks PCLMULQDQ, VPCLMULQDQ/AVX-512, ARMv8 CRC or a

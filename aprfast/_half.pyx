@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, freethreading_compatible=True
 """float32 <-> float16 / bfloat16 conversion into caller-provided arrays, GIL released.
 
 The kernels in csrc/half.c pick F16C/AVX2, AVX-512 (with or without AVX512-BF16),

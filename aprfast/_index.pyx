@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, freethreading_compatible=True
 """Binary tensor-index parsing and validation for both v2 layouts.
 
 Both layouts store entries as ``u16 name_len | name | u8 dtype | u8 ndim |
@@ -15,6 +15,7 @@ import numpy as np
 from collections.abc import Mapping, Sequence
 
 from cpython.unicode cimport PyUnicode_DecodeUTF8
+cimport cython
 from libc.stdint cimport int8_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
@@ -545,12 +546,15 @@ cdef class _NameIter:
         return self.entries.count - self.i
 
     def __next__(self):
-        if self.i >= self.entries.count:
-            raise StopIteration
-        name = name_at(self.entries._p, self.s)
-        self.s = next_entry(self.entries._p, self.s, self.entries._tail)
-        self.i += 1
-        return name
+        # One iterator shared by threads without the GIL: the count and the offset move
+        # together, or a second thread could read the entry after the last one.
+        with cython.critical_section(self):
+            if self.i >= self.entries.count:
+                raise StopIteration
+            name = name_at(self.entries._p, self.s)
+            self.s = next_entry(self.entries._p, self.s, self.entries._tail)
+            self.i += 1
+            return name
 
 
 cdef class Positions:

@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, freethreading_compatible=True
 """Writer inputs: values reduced to what a layout stores (name, dtype, shape, bytes).
 
 Saving 10,000 small tensors is dominated by per-tensor Python work, so the common

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
+# cython: language_level=3, boundscheck=False, wraparound=False, freethreading_compatible=True
 """Aligned buffers and bulk I/O for tensor data, GIL released.
 
 ``AlignedBuffer`` owns memory whose start is aligned to a power of two (64 bytes by
@@ -37,9 +37,15 @@ cdef extern from "buffers.h" nogil:
 
 cdef extern from "pio.h" nogil:
     int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc)
+    int apr_pread_some(int fd, uint8_t *dst, uint64_t offset, size_t len, size_t *got)
     void apr_copy(uint8_t *dst, const uint8_t *src, size_t len, int nthreads)
     int apr_default_threads()
     int apr_preallocate(int fd, uint64_t size)
+
+cdef extern from "fallbacks.h" nogil:
+    void apr_set_fallbacks(unsigned int flags)
+    unsigned int apr_fallbacks()
+    unsigned int APR_FALLBACK_PREAD, APR_FALLBACK_FALLOCATE, APR_FALLBACK_MADVISE
 
 cdef extern from "lz4block.h" nogil:
     int apr_lz4_block_decode(const uint8_t *src, size_t srclen, uint8_t *dst, size_t dstlen, size_t *where)
@@ -150,6 +156,22 @@ def pread_into(int fd, unsigned long long offset, uint8_t[::1] dst, int threads=
     return None if crc is None else value
 
 
+def pread_some(int fd, unsigned long long offset, uint8_t[::1] dst):
+    """One positional read into the start of ``dst`` (at most 1 MiB): the bytes read,
+    0 at the end of the file.  The call ``pread_into`` makes (pread; ReadFile with an
+    offset on Windows; lseek + read under a lock with the "pread" fallback forced), for
+    callers that take short reads, as ``os.pread`` gives them."""
+    cdef size_t n = dst.shape[0], got = 0
+    cdef int rc
+    if n == 0:
+        return 0
+    with nogil:
+        rc = apr_pread_some(fd, &dst[0], offset, n, &got)
+    if rc:
+        raise OSError(rc, os.strerror(rc))
+    return got
+
+
 def copy_into(uint8_t[::1] dst, const uint8_t[::1] src, int threads=0):
     """memcpy ``src`` into ``dst`` (same length), split over threads when large."""
     cdef size_t n = src.shape[0]
@@ -187,6 +209,28 @@ def preallocate(int fd, unsigned long long size):
     with nogil:
         rc = apr_preallocate(fd, size)
     return rc
+
+
+#: The C paths a fallback can be forced on (aprfast._platform; docs/PORTABILITY.md).
+FALLBACKS = {"pread": APR_FALLBACK_PREAD, "fallocate": APR_FALLBACK_FALLOCATE, "madvise": APR_FALLBACK_MADVISE}
+
+
+def set_fallbacks(names):
+    """Make the C code take the fallback path of each named call ("pread": lseek + read
+    under a lock, "fallocate": no preallocation, "madvise": no memory advice), as on a
+    platform without it; an empty set restores the normal paths."""
+    cdef unsigned int flags = 0
+    for name in names:
+        if name not in FALLBACKS:
+            raise ValueError(f"no C fallback named {name!r}; known: {', '.join(sorted(FALLBACKS))}")
+        flags |= FALLBACKS[name]
+    apr_set_fallbacks(flags)
+
+
+def fallbacks():
+    """The names of the C fallbacks in force."""
+    cdef unsigned int flags = apr_fallbacks()
+    return frozenset(name for name, bit in FALLBACKS.items() if flags & bit)
 
 
 def default_threads():

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
+# cython: language_level=3, boundscheck=False, wraparound=False, freethreading_compatible=True
 """Guards in front of the metadata decoders: look before building anything.
 
 Decoding a metadata block with ``json.loads`` or ``msgpack.unpackb`` can build far

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
+# cython: language_level=3, boundscheck=False, wraparound=False, freethreading_compatible=True
 """Quantize and dequantize tensors block by block, GIL released.
 
 GGML types (Q8_0, Q4_0, Q4_1 both ways; Q5_0, Q5_1, Q4_K, Q6_K dequantize

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
+# cython: language_level=3, boundscheck=False, wraparound=False, freethreading_compatible=True
 """Tensor statistics kernels' glue (csrc/stats.c), GIL released.
 
 ``compute`` and ``compute_quant`` take raw little-endian bytes and return a dict of

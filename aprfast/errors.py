@@ -17,6 +17,7 @@ __all__ = [
     "DecryptError",
     "SignatureError",
     "AprIOError",
+    "AprFileInUseError",
     "LimitError",
     "TensorNotFoundError",
     "UnknownDTypeError",
@@ -115,6 +116,11 @@ class AprFileNotFoundError(AprIOError, FileNotFoundError):
 
 class AprPermissionError(AprIOError, PermissionError):
     """E007 for a path the process may not open: also a ``PermissionError``."""
+
+
+class AprFileInUseError(AprPermissionError):
+    """E007: a save cannot replace its destination because a handle has it open or
+    memory-mapped (Windows refuses such a rename; POSIX systems allow it)."""
 
 
 def os_error(exc: OSError, message: str, *, path=None) -> AprIOError:

@@ -32,7 +32,7 @@ import re
 import secrets
 import threading
 
-from . import _metascan, _pickling
+from . import _metascan, _pickling, _platform
 from ._crc import crc32
 from .errors import (AprError, AprIOError, ChecksumError, CorruptError, FormatError, LayoutError,
                      LimitError, TensorNotFoundError, os_error)
@@ -183,10 +183,10 @@ def save_sharded(inputs, path, metadata, max_shard_size, *, plan_shard, write_pl
         _write_small(manifest_temp, blob, durable)
         for temp, name in zip(temps, names):
             final = os.path.join(directory, name)
-            os.replace(temp, final)
+            _platform.replace(temp, final)
             placed.append(final)
         final_manifest = manifest_path_for(path)
-        os.replace(manifest_temp, final_manifest)
+        _platform.replace(manifest_temp, final_manifest)
     except BaseException as exc:
         for leftover in temps + placed:
             _remove_quietly(leftover)
@@ -194,7 +194,7 @@ def save_sharded(inputs, path, metadata, max_shard_size, *, plan_shard, write_pl
             raise os_error(exc, "cannot write the shards", path=path) from exc
         raise
     if durable:
-        _fsync_directory(directory)
+        _platform.fsync_directory(directory)
     return final_manifest
 
 
@@ -232,19 +232,6 @@ def _remove_quietly(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-def _fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # --- the manifest ----------------------------------------------------------------------

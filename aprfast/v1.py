@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from . import codecs
+from . import _platform, codecs
 from ._crc import crc32
 from ._version import __version__
 from .codecs import MAX_UNCOMPRESSED_SIZE, Compression
@@ -510,7 +510,7 @@ class _Spool:
         out = bytearray(n)
         view, done = memoryview(out), 0
         while done < n:
-            got = os.preadv(self.fd, [view[done:]], at + done)
+            got = _platform.preadv(self.fd, view[done:], at + done)
             if got <= 0:
                 raise AprIOError(f"spool file ended at {at + done} of {at + n}")
             done += got
@@ -1221,7 +1221,7 @@ def _private_payload(src, regions):
     except (OSError, ValueError):
         return None
     shared = getattr(src, "_map", None)
-    if shared is not None and hasattr(mmap, "MADV_DONTNEED"):
+    if shared is not None and hasattr(mmap, "MADV_DONTNEED") and _platform.uses("madvise"):
         try:
             shared.madvise(mmap.MADV_DONTNEED)  # drops page-table entries only; the data stays in the file
         except OSError:

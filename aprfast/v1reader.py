@@ -29,7 +29,7 @@ import mmap
 
 import numpy as np
 
-from . import _pickling, v1
+from . import _pickling, _platform, v1
 from ._crc import crc32
 from .codecs import MAX_UNCOMPRESSED_SIZE, Compression
 from .errors import (AprError, AprIOError, ChecksumError, CorruptError, FormatError, LayoutError,
@@ -317,8 +317,8 @@ class V1File:
         mapping = getattr(self._source, "_map", None)
         ranges = [self._range(name) for name in names]
         advice = getattr(mmap, "MADV_WILLNEED", None)
-        if mapping is None or advice is None or not hasattr(mapping, "madvise"):
-            return
+        if mapping is None or advice is None or not hasattr(mapping, "madvise") or not _platform.uses("madvise"):
+            return  # Windows: no madvise in Python's mmap (docs/PORTABILITY.md)
         for start, size in ranges:
             if size:
                 page = start - start % mmap.PAGESIZE

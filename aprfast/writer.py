@@ -24,7 +24,7 @@ import tempfile
 
 import numpy as np
 
-from . import dtypes, layouts
+from . import _platform, dtypes, layouts
 from ._crc import crc32, crc32_combine
 from ._memory import append_padded, preallocate
 from .dtypes import DType, check_shape
@@ -85,11 +85,14 @@ class AtomicFile:
                 if fcntl is None:  # Windows renames only closed files
                     os.close(self.fd)
                     self.fd = -1
-                os.replace(self.temp_path, self.path)
+                _platform.replace(self.temp_path, self.path)
             self.temp_path = None
             self._close()  # releases the lock only now: a swept name is never this file
             if self.durable:
-                _fsync_directory(self.directory)
+                _platform.fsync_directory(self.directory)
+        except AprError:
+            self.abort()
+            raise
         except OSError as exc:
             self.abort()
             raise AprIOError(f"cannot commit the written file: {exc.strerror or exc}", path=self.path) from exc
@@ -119,7 +122,7 @@ class AtomicFile:
                 if _link_fd(self.fd, temp):
                     break
             self.temp_path = temp
-            os.replace(temp, self.path)
+            _platform.replace(temp, self.path)
         except OSError as exc:
             if self.temp_path is not None or exc.errno not in _LINK_REFUSED:
                 raise
@@ -140,7 +143,7 @@ class AtomicFile:
             os.close(unnamed)
         if self.durable:
             os.fsync(fd)
-        os.replace(temp, self.path)
+        _platform.replace(temp, self.path)
 
 
 # --- temporary files that never outlive their writer -----------------------------
@@ -165,8 +168,9 @@ def _temp_path(directory: str, base: str) -> str:
 
 
 def _open_unnamed(directory: str, mode: int) -> int:
-    """An O_TMPFILE descriptor in ``directory``, or -1 where there is none."""
-    if not _proc_links_work:
+    """An O_TMPFILE descriptor in ``directory``, or -1 where there is none (or its
+    fallback is forced: aprfast._platform)."""
+    if not _proc_links_work or not _platform.uses("o_tmpfile"):
         return -1
     try:
         fd = os.open(directory, _O_TMPFILE | os.O_RDWR, mode)
@@ -302,19 +306,6 @@ def _same_file(a, b) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # some platforms can't open directories; the rename is still atomic
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class _Sink:
     """Writes byte pieces to a descriptor or file object, keeping the running CRC32 of
     everything written.  Small pieces are gathered so many tiny tensors cost a few
@@ -361,7 +352,7 @@ class _Sink:
 
     def _copy_through_memory(self, spool_fd, offset, n):
         while n:
-            chunk = os.pread(spool_fd, min(n, 8 << 20), offset)
+            chunk = _platform.pread(spool_fd, min(n, 8 << 20), offset)
             if not chunk:
                 raise AprIOError("spool file ended early")
             self._write_all(memoryview(chunk))
@@ -388,9 +379,9 @@ def _as_bytes(piece) -> memoryview:
 
 def _kernel_copy(src_fd, dst_fd, offset, n) -> bool:
     """True if the kernel copied the range; False if it can't (then nothing was copied)."""
-    copy = getattr(os, "copy_file_range", None)
-    if copy is None:
+    if not _platform.uses("copy_file_range"):
         return False
+    copy = os.copy_file_range
     copied = 0
     try:
         while copied < n:

@@ -6,7 +6,12 @@
 #include "lz4block.h"
 #include "parallel.h"
 
-#if !defined(_WIN32)
+#if defined(_WIN32)
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#include <windows.h>
+#else
 #include <dlfcn.h>
 #endif
 
@@ -27,15 +32,28 @@ static struct {
     int ok;
 } zstd;
 
-#if !defined(_WIN32)
+#if defined(_WIN32)
+/* A zstd DLL on the search path (rare on Windows: then the zstandard package decodes). */
+static INIT_ONCE zstd_once = INIT_ONCE_STATIC_INIT;
+static const char *zstd_names[] = {"libzstd.dll", "zstd.dll"};
+#define lib_open(name) ((void *)LoadLibraryA(name))
+static void *dlsym(void *lib, const char *symbol)
+{
+    union { FARPROC f; void *p; } u;
+    u.f = GetProcAddress((HMODULE)lib, symbol);
+    return u.p;
+}
+#else
 static pthread_once_t zstd_once = PTHREAD_ONCE_INIT;
+static const char *zstd_names[] = {"libzstd.so.1", "libzstd.so", "libzstd.1.dylib", "libzstd.dylib"};
+#define lib_open(name) dlopen(name, RTLD_NOW | RTLD_LOCAL)
+#endif
 
 static void zstd_load(void)
 {
-    static const char *names[] = {"libzstd.so.1", "libzstd.so", "libzstd.1.dylib", "libzstd.dylib"};
     void *lib = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof *names && !lib; i++)
-        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    for (size_t i = 0; i < sizeof zstd_names / sizeof *zstd_names && !lib; i++)
+        lib = lib_open(zstd_names[i]);
     if (!lib)
         return;
     /* Through a union: ISO C has no cast from void * to a function pointer. */
@@ -56,16 +74,26 @@ static void zstd_load(void)
     zstd.frame_size = s.f;
     zstd.ok = 1;
 }
+
+#if defined(_WIN32)
+static BOOL CALLBACK zstd_load_once(PINIT_ONCE once, PVOID param, PVOID *context)
+{
+    (void)once;
+    (void)param;
+    (void)context;
+    zstd_load();
+    return TRUE;
+}
 #endif
 
 int apr_zstd_available(void)
 {
-#if !defined(_WIN32)
-    pthread_once(&zstd_once, zstd_load);
-    return zstd.ok;
+#if defined(_WIN32)
+    InitOnceExecuteOnce(&zstd_once, zstd_load_once, NULL, NULL);
 #else
-    return 0;
+    pthread_once(&zstd_once, zstd_load);
 #endif
+    return zstd.ok;
 }
 
 const char *apr_zstd_error_name(size_t code)

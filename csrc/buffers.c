@@ -2,12 +2,15 @@
 #define _GNU_SOURCE
 #endif
 #include "buffers.h"
+#include "fallbacks.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #ifdef _WIN32
+#define WIN32_LEAN_AND_MEAN
+#include <windows.h>
 #include <malloc.h>
 #else
 #include <pthread.h>
@@ -41,7 +44,30 @@ static int heap_alloc(apr_block *block, size_t size, size_t alignment)
     return 0;
 }
 
-#if !defined(_WIN32)
+#if defined(_WIN32)
+/* Reserve size + 2 MiB and commit the 2 MiB-aligned part.  A reservation is released
+ * whole (VirtualFree of its base), so the slack stays reserved, never committed: it
+ * costs address space only.  No large pages: they need SeLockMemoryPrivilege. */
+static int mapped_alloc(apr_block *block, size_t size)
+{
+    if (size > SIZE_MAX - 2 * HUGE_PAGE)
+        return ENOMEM;
+    size_t want = round_up(size, HUGE_PAGE);
+    uint8_t *raw = VirtualAlloc(NULL, want + HUGE_PAGE, MEM_RESERVE, PAGE_NOACCESS);
+    if (!raw)
+        return ENOMEM;
+    uint8_t *start = (uint8_t *)round_up((uintptr_t)raw, HUGE_PAGE);
+    if (!VirtualAlloc(start, want, MEM_COMMIT, PAGE_READWRITE)) {
+        VirtualFree(raw, 0, MEM_RELEASE);
+        return ENOMEM;
+    }
+    block->ptr = start;
+    block->base = raw;
+    block->mapped = want;
+    block->capacity = want;
+    return 0;
+}
+#else
 /* Map size + 2 MiB and unmap the slack on both sides, leaving a region that starts on
  * a huge-page boundary: transparent huge pages only back 2 MiB-aligned ranges. */
 static int mapped_alloc(apr_block *block, size_t size)
@@ -61,7 +87,8 @@ static int mapped_alloc(apr_block *block, size_t size)
     if (tail)
         munmap(start + want, tail);
 #ifdef MADV_HUGEPAGE
-    madvise(start, want, MADV_HUGEPAGE); /* advisory: failure just means 4 KiB pages */
+    if (!(apr_fallbacks() & APR_FALLBACK_MADVISE))
+        madvise(start, want, MADV_HUGEPAGE); /* advisory: failure just means 4 KiB pages */
 #endif
     block->ptr = start;
     block->base = start;
@@ -79,26 +106,50 @@ static void release(apr_block *block)
     else
         free(block->base);
 #else
-    _aligned_free(block->base);
+    if (block->mapped)
+        VirtualFree(block->base, 0, MEM_RELEASE);
+    else
+        _aligned_free(block->base);
 #endif
 }
 
 /* --- the cache of freed blocks ------------------------------------------------------
- * A FIFO of slots under one mutex (frees come from any thread, and the GIL may be
- * absent).  Lookups scan at most APR_CACHE_SLOTS entries: trivial beside the page
- * faults they save. */
-#if !defined(_WIN32)
+ * A FIFO of slots under one lock (frees come from any thread, and the GIL may be
+ * absent: every access to the cache's state below holds it).  Lookups scan at most
+ * APR_CACHE_SLOTS entries: trivial beside the page faults they save. */
+#if defined(_WIN32)
+static SRWLOCK cache_lock = SRWLOCK_INIT;
+#define cache_lock_take() AcquireSRWLockExclusive(&cache_lock)
+#define cache_lock_give() ReleaseSRWLockExclusive(&cache_lock)
+#else
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+#define cache_lock_take() pthread_mutex_lock(&cache_lock)
+#define cache_lock_give() pthread_mutex_unlock(&cache_lock)
+#endif
 static apr_block cache_slot[APR_CACHE_SLOTS];
 static size_t cache_count, cache_bytes;
 static long long cache_limit = -1; /* -1: not read from the environment yet */
 static uint64_t cache_hits, cache_misses;
-static int cache_atfork_done;
 
+#if !defined(_WIN32)
+static int cache_atfork_done;
 /* A child forked while another thread held the lock would never see it released. */
 static void cache_prepare(void) { pthread_mutex_lock(&cache_lock); }
 static void cache_parent(void) { pthread_mutex_unlock(&cache_lock); }
 static void cache_child(void) { pthread_mutex_unlock(&cache_lock); }
+#endif
+
+static long long physical_memory(void)
+{
+#if defined(_WIN32)
+    MEMORYSTATUSEX status;
+    status.dwLength = sizeof status;
+    return GlobalMemoryStatusEx(&status) ? (long long)status.ullTotalPhys : 0;
+#else
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return (pages > 0 && page > 0) ? (long long)pages * page : 0;
+#endif
+}
 
 static long long default_limit(void)
 {
@@ -109,8 +160,7 @@ static long long default_limit(void)
         if (end && *end == '\0' && v >= 0)
             return v;
     }
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    long long physical = (pages > 0 && page > 0) ? (long long)pages * page : 0;
+    long long physical = physical_memory();
     long long cap = (long long)2 << 30;
     return physical > 0 && physical / 8 < cap ? physical / 8 : cap;
 }
@@ -120,10 +170,12 @@ static void cache_limit_init(void)
 {
     if (cache_limit < 0)
         cache_limit = default_limit();
+#if !defined(_WIN32)
     if (!cache_atfork_done) {
         pthread_atfork(cache_prepare, cache_parent, cache_child);
         cache_atfork_done = 1;
     }
+#endif
 }
 
 /* Must hold cache_lock: remove slot i, keeping FIFO order. */
@@ -144,7 +196,7 @@ static int cache_get(apr_block *out, size_t size, size_t alignment)
         return 0;
     size_t slack = size / 8 > ((size_t)64 << 10) ? size / 8 : ((size_t)64 << 10);
     int found = 0;
-    pthread_mutex_lock(&cache_lock);
+    cache_lock_take();
     size_t best = cache_count;
     for (size_t i = 0; i < cache_count; i++) {
         apr_block *b = &cache_slot[i];
@@ -169,16 +221,23 @@ static int cache_get(apr_block *out, size_t size, size_t alignment)
             evict = 1;
         }
     }
-    pthread_mutex_unlock(&cache_lock);
+    cache_lock_give();
     if (evict)
         release(&stale);
     return found;
 }
 
-/* Lazily free a block's whole pages: kept mapped, reclaimable by the kernel. */
+/* Lazily free a block's whole pages: kept mapped, reclaimable by the kernel.
+ * POSIX: MADV_FREE.  Windows: MEM_RESET, which only applies to VirtualAlloc'ed
+ * memory, so heap blocks stay resident there (bounded by the cache's cap). */
 static void lazy_free(apr_block *b)
 {
-#ifdef MADV_FREE
+    if (apr_fallbacks() & APR_FALLBACK_MADVISE)
+        return;
+#if defined(_WIN32)
+    if (b->mapped)
+        VirtualAlloc(b->ptr, b->capacity, MEM_RESET, PAGE_READWRITE); /* advisory */
+#elif defined(MADV_FREE)
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t lo = ((uintptr_t)b->ptr + page - 1) & ~(page - 1);
     uintptr_t hi = ((uintptr_t)b->ptr + b->capacity) & ~(page - 1);
@@ -197,7 +256,7 @@ static int cache_put(apr_block *block)
     apr_block evicted[8];
     size_t n_evicted = 0;
     int kept = 0;
-    pthread_mutex_lock(&cache_lock);
+    cache_lock_take();
     cache_limit_init();
     if ((long long)block->capacity <= cache_limit) {
         /* Oldest first out until it fits (at most a few per call; the rest next time). */
@@ -213,7 +272,7 @@ static int cache_put(apr_block *block)
             kept = 1;
         }
     }
-    pthread_mutex_unlock(&cache_lock);
+    cache_lock_give();
     for (size_t i = 0; i < n_evicted; i++)
         release(&evicted[i]);
     if (kept)
@@ -223,14 +282,14 @@ static int cache_put(apr_block *block)
 
 void apr_cache_stats_get(apr_cache_stats *out)
 {
-    pthread_mutex_lock(&cache_lock);
+    cache_lock_take();
     cache_limit_init();
     out->blocks = cache_count;
     out->bytes = cache_bytes;
     out->limit = (size_t)cache_limit;
     out->hits = cache_hits;
     out->misses = cache_misses;
-    pthread_mutex_unlock(&cache_lock);
+    cache_lock_give();
 }
 
 void apr_cache_release(long long limit)
@@ -238,7 +297,7 @@ void apr_cache_release(long long limit)
     for (;;) {
         apr_block b;
         int have = 0;
-        pthread_mutex_lock(&cache_lock);
+        cache_lock_take();
         cache_limit_init();
         if (limit >= 0)
             cache_limit = limit;
@@ -247,18 +306,12 @@ void apr_cache_release(long long limit)
             b = cache_take(cache_count - 1);
             have = 1;
         }
-        pthread_mutex_unlock(&cache_lock);
+        cache_lock_give();
         if (!have)
             return;
         release(&b);
     }
 }
-#else
-static int cache_get(apr_block *out, size_t size, size_t alignment) { (void)out; (void)size; (void)alignment; return 0; }
-static int cache_put(apr_block *block) { (void)block; return 0; }
-void apr_cache_stats_get(apr_cache_stats *out) { memset(out, 0, sizeof *out); }
-void apr_cache_release(long long limit) { (void)limit; }
-#endif
 
 int apr_block_alloc(apr_block *block, size_t size, size_t alignment)
 {
@@ -267,10 +320,8 @@ int apr_block_alloc(apr_block *block, size_t size, size_t alignment)
         return EINVAL;
     if (cache_get(block, size, alignment))
         return 0;
-#if !defined(_WIN32)
     if (size >= APR_MAP_THRESHOLD)
         return mapped_alloc(block, size);
-#endif
     return heap_alloc(block, size, alignment);
 }
 

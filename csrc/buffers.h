@@ -2,7 +2,9 @@
  *
  * Large buffers come from anonymous mmap trimmed to a 2 MiB boundary and marked
  * MADV_HUGEPAGE, so a 512 MiB load takes ~256 page faults instead of ~131072.
- * Small buffers use posix_memalign.  No Python API here. */
+ * Small buffers use posix_memalign.  Windows: VirtualAlloc (2 MiB aligned, no large
+ * pages) and _aligned_malloc; cached pages get MEM_RESET instead of MADV_FREE (mapped
+ * blocks only).  No Python API here. */
 #ifndef APRFAST_BUFFERS_H
 #define APRFAST_BUFFERS_H
 

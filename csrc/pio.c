@@ -8,8 +8,13 @@
 #include <errno.h>
 #include <string.h>
 
-#ifndef _WIN32
+#ifdef _WIN32
+#define WIN32_LEAN_AND_MEAN
+#include <windows.h>
+#include <io.h>
+#else
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 #endif
 
@@ -19,12 +24,43 @@
 #define CHUNK ((size_t)1 << 20)
 #define MAX_THREADS APR_PARALLEL_MAX_THREADS
 
+#ifdef _WIN32
+/* The errno value closest to a Win32 error code, for the messages Python builds. */
+static int errno_of(DWORD error)
+{
+    switch (error) {
+    case ERROR_HANDLE_EOF: return -1;
+    case ERROR_DISK_FULL:
+    case ERROR_HANDLE_DISK_FULL: return ENOSPC;
+    case ERROR_ACCESS_DENIED: return EACCES;
+    case ERROR_INVALID_HANDLE: return EBADF;
+    case ERROR_NOT_ENOUGH_MEMORY:
+    case ERROR_OUTOFMEMORY: return ENOMEM;
+    case ERROR_INVALID_FUNCTION:
+    case ERROR_CALL_NOT_IMPLEMENTED: /* Wine's FileAllocationInfo */
+    case ERROR_NOT_SUPPORTED: return ENOSYS;
+    case ERROR_INVALID_PARAMETER: return EINVAL;
+    default: return EIO;
+    }
+}
+#endif
+
 int apr_preallocate(int fd, uint64_t size)
 {
+    if (apr_fallbacks() & APR_FALLBACK_FALLOCATE)
+        return ENOSYS;
 #if defined(__linux__)
     /* Writing into blocks allocated in one go is several times faster than letting
      * the filesystem allocate page by page (ext4 delayed allocation). */
     return fallocate(fd, 0, 0, (off_t)size) == 0 ? 0 : errno;
+#elif defined(_WIN32)
+    /* NTFS reserves the clusters without changing the file's size (as fallocate does). */
+    HANDLE h = (HANDLE)_get_osfhandle(fd);
+    FILE_ALLOCATION_INFO info;
+    if (h == INVALID_HANDLE_VALUE)
+        return EBADF;
+    info.AllocationSize.QuadPart = (LONGLONG)size;
+    return SetFileInformationByHandle(h, FileAllocationInfo, &info, sizeof info) ? 0 : errno_of(GetLastError());
 #else
     (void)fd;
     (void)size;
@@ -61,21 +97,90 @@ typedef struct {
     int status;
 } piece;
 
+#ifdef _WIN32
+/* One positional read: ReadFile with the offset in an OVERLAPPED works on a handle
+ * opened for synchronous I/O (what os.open and open() give) and is safe from several
+ * threads; it also moves the handle's file position, which aprfast never relies on.
+ * Returns the bytes read (0 at the end of the file), or -1 with *err set. */
+static long long read_at(int fd, uint8_t *dst, size_t step, uint64_t offset, int *err)
+{
+    HANDLE h = (HANDLE)_get_osfhandle(fd);
+    OVERLAPPED at;
+    DWORD got = 0;
+    if (h == INVALID_HANDLE_VALUE) {
+        *err = EBADF;
+        return -1;
+    }
+    memset(&at, 0, sizeof at);
+    at.Offset = (DWORD)(offset & 0xffffffffu);
+    at.OffsetHigh = (DWORD)(offset >> 32);
+    if (!ReadFile(h, dst, (DWORD)step, &got, &at)) {
+        DWORD error = GetLastError();
+        if (error == ERROR_HANDLE_EOF)
+            return 0;
+        *err = errno_of(error);
+        return -1;
+    }
+    return (long long)got;
+}
+#else
+/* The forced fallback (APR_FALLBACK_PREAD): what a platform with neither pread nor
+ * positional ReadFile does.  One process-wide lock, since a descriptor shares its
+ * position with every dup of it; the position is put back after each read, so a
+ * caller's file object does not move. */
+static pthread_mutex_t seek_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static long long seek_read_at(int fd, uint8_t *dst, size_t step, uint64_t offset, int *err)
+{
+    ssize_t got = -1;
+    pthread_mutex_lock(&seek_lock);
+    off_t position = lseek(fd, 0, SEEK_CUR);
+    if (position >= 0 && lseek(fd, (off_t)offset, SEEK_SET) >= 0) {
+        do
+            got = read(fd, dst, step);
+        while (got < 0 && errno == EINTR);
+        *err = got < 0 ? errno : 0;
+        lseek(fd, position, SEEK_SET);
+    } else {
+        *err = errno;
+    }
+    pthread_mutex_unlock(&seek_lock);
+    return got;
+}
+
+static long long read_at(int fd, uint8_t *dst, size_t step, uint64_t offset, int *err)
+{
+    if (apr_fallbacks() & APR_FALLBACK_PREAD)
+        return seek_read_at(fd, dst, step, offset, err);
+    for (;;) {
+        ssize_t got = pread(fd, dst, step, (off_t)offset);
+        if (got >= 0)
+            return got;
+        if (errno != EINTR) {
+            *err = errno;
+            return -1;
+        }
+    }
+}
+#endif
+
+int apr_pread_some(int fd, uint8_t *dst, uint64_t offset, size_t len, size_t *got)
+{
+    int err = 0;
+    long long n = read_at(fd, dst, len < CHUNK ? len : CHUNK, offset, &err);
+    *got = n > 0 ? (size_t)n : 0;
+    return n < 0 ? err : 0;
+}
+
 static int pread_piece(piece *p)
 {
-#ifdef _WIN32
-    (void)p;
-    return ENOSYS;
-#else
     size_t done = 0;
     while (done < p->len) {
         size_t step = p->len - done < CHUNK ? p->len - done : CHUNK;
-        ssize_t got = pread(p->fd, p->dst + done, step, (off_t)(p->offset + done));
-        if (got < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno;
-        }
+        int err = 0;
+        long long got = read_at(p->fd, p->dst + done, step, p->offset + done, &err);
+        if (got < 0)
+            return err;
         if (got == 0)
             return -1;
         if (p->want_crc)
@@ -83,7 +188,6 @@ static int pread_piece(piece *p)
         done += (size_t)got;
     }
     return 0;
-#endif
 }
 
 static void pread_worker(void *arg)

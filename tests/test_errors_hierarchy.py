@@ -11,6 +11,7 @@ from aprfast import errors
 from aprfast.errors import (
     CODES,
     AprError,
+    AprFileInUseError,
     AprIOError,
     ChecksumError,
     CorruptError,
@@ -35,6 +36,7 @@ DOCUMENTED = {
     DecryptError: ("E005", (ValueError,)),
     SignatureError: ("E006", (ValueError,)),
     AprIOError: ("E007", (OSError,)),
+    AprFileInUseError: ("E007", (OSError, PermissionError, AprIOError)),
     LimitError: ("E008", (ValueError,)),
     TensorNotFoundError: ("E001", (KeyError,)),
     UnknownDTypeError: ("E001", (ValueError, FormatError)),

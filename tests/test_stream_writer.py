@@ -245,9 +245,15 @@ def test_a_broken_pipe_is_an_io_error_and_closes_the_writer(no_spool):
 def test_no_spool_and_no_temporary_files_anywhere(tmp_path, no_spool):
     tmp_before = set(os.listdir(tempfile.gettempdir()))
     path = tmp_path / "m.apr"
+    probe = writer_module._open_unnamed(str(tmp_path), 0o600)  # -1 without O_TMPFILE (or its fallback forced)
+    if probe >= 0:
+        os.close(probe)
     with aprfast.Writer(path, plan=[("a", "F32", (1000,)), ("b", "F32", (1000,))]) as w:
         w.add("a", np.ones(1000, np.float32))
-        assert os.listdir(tmp_path) == []  # the file is unnamed until commit (O_TMPFILE)
+        if probe >= 0:
+            assert os.listdir(tmp_path) == []  # the file is unnamed until commit (O_TMPFILE)
+        else:
+            assert len(os.listdir(tmp_path)) == 1  # one named temporary file, renamed at commit
         w.add("b", np.ones(1000, np.float32))
     assert os.listdir(tmp_path) == ["m.apr"]
     assert {n for n in set(os.listdir(tempfile.gettempdir())) - tmp_before if "aprfast" in n or "spool" in n} == set()

@@ -13,6 +13,7 @@ import errno
 import mmap
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -95,7 +96,7 @@ def release_buffer_cache(limit=None) -> None:
 def _mapped_block(size: int, huge: bool) -> mmap.mmap:
     """``size`` bytes of anonymous memory (page aligned), advised for huge pages if ``huge``."""
     area = mmap.mmap(-1, size)
-    if huge and hasattr(mmap, "MADV_HUGEPAGE"):
+    if huge and hasattr(mmap, "MADV_HUGEPAGE") and "madvise" not in _forced:
         try:
             area.madvise(mmap.MADV_HUGEPAGE)
         except OSError:  # advice only: kernels without transparent huge pages refuse it
@@ -125,6 +126,8 @@ def pread_into(fd, offset, dst, threads=0, crc=None):
 
 
 def _pread_some(fd: int, into: memoryview, at: int) -> int:
+    if "pread" in _forced or not hasattr(os, "pread"):
+        return _seek_read(fd, into[:_CHUNK], at)
     while True:
         try:
             if hasattr(os, "preadv"):
@@ -134,6 +137,35 @@ def _pread_some(fd: int, into: memoryview, at: int) -> int:
             return len(data)
         except InterruptedError:  # pragma: no cover - PEP 475 retries already
             continue
+
+
+# Without pread (Windows, or the fallback forced): one lock for every descriptor, since
+# a descriptor shares its position with each dup of it; the position is put back.
+_seek_lock = threading.Lock()
+_CHUNK = 1 << 20
+
+
+def _seek_read(fd: int, into: memoryview, at: int) -> int:
+    with _seek_lock:
+        position = os.lseek(fd, 0, os.SEEK_CUR)
+        try:
+            os.lseek(fd, at, os.SEEK_SET)
+            data = os.read(fd, len(into))
+        finally:
+            os.lseek(fd, position, os.SEEK_SET)
+    into[:len(data)] = data
+    return len(data)
+
+
+def pread_some(fd, offset, dst) -> int:
+    """One positional read into the start of ``dst`` (at most 1 MiB): the bytes read,
+    0 at the end of the file."""
+    fd = check_int(fd, 32, "int")
+    offset = check_uint(offset, 64, "unsigned PY_LONG_LONG")
+    out = typed_view(dst, np.uint8, writable=True)
+    if out.shape[0] == 0:
+        return 0
+    return _pread_some(fd, memoryview(out)[:_CHUNK], offset)
 
 
 def copy_into(dst, src, threads=0) -> None:
@@ -154,13 +186,35 @@ def preallocate(fd, size) -> int:
     """Reserve ``size`` bytes for ``fd``; 0 or an errno value (ENOSYS where the OS has no call)."""
     fd = check_int(fd, 32, "int")
     size = check_uint(size, 64, "unsigned PY_LONG_LONG")
-    if not hasattr(os, "posix_fallocate"):
+    if not hasattr(os, "posix_fallocate") or "fallocate" in _forced:
         return errno.ENOSYS
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
         return exc.errno or errno.EIO
     return 0
+
+
+#: The paths a fallback can be forced on (aprfast._platform; docs/PORTABILITY.md).
+FALLBACKS = {"pread": 1, "fallocate": 2, "madvise": 4}
+_forced: frozenset = frozenset()
+
+
+def set_fallbacks(names) -> None:
+    """Take the fallback path of each named call ("pread": lseek + read under a lock,
+    "fallocate": no preallocation, "madvise": no memory advice), as on a platform
+    without it; an empty set restores the normal paths."""
+    global _forced
+    names = list(names)
+    for name in names:
+        if name not in FALLBACKS:
+            raise ValueError(f"no C fallback named {name!r}; known: {', '.join(sorted(FALLBACKS))}")
+    _forced = frozenset(names)
+
+
+def fallbacks() -> frozenset:
+    """The names of the fallbacks in force."""
+    return _forced
 
 
 def default_threads() -> int:

@@ -3,7 +3,7 @@
 aprfast has no inference runtime, so it traces what it owns: opening the file (header,
 metadata, index; for a sealed file the signature and key), then for each tensor
 
-* ``read``: the stored bytes fetched from the file (``os.pread`` of the index extent),
+* ``read``: the stored bytes fetched from the file (a positional read of the index extent),
 * ``decode``: ``get_tensor`` turning them into an array - a zero-copy view for a plain
   tensor, decompression, decryption and chunk checks when the file has them (``steps``
   names which),
@@ -26,6 +26,7 @@ import math
 import os
 import time
 
+from .. import _platform
 from ..stats import tensor_stats
 from ._common import (EXIT_OK, EXIT_VALIDATION, UsageError, add_key_options, fmt, non_negative_int, open_model,
                       print_json, shape_text)
@@ -145,7 +146,7 @@ def _pread(path, offset, size) -> int:
     try:
         done = 0
         while done < size:
-            got = len(os.pread(fd, min(size - done, _CHUNK), offset + done))
+            got = len(_platform.pread(fd, min(size - done, _CHUNK), offset + done))
             if not got:
                 raise CorruptError(f"file ends inside a tensor: {size} bytes at offset {offset}", path=path)
             done += got

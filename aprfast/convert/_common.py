@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _platform
 from .. import dtypes as _dtypes
 from ..dtypes import DType
 from ..errors import AprIOError, CorruptError, LayoutError, LimitError, os_error
@@ -45,7 +46,7 @@ def read_exact(fd: int, offset: int, size: int, what: str, path) -> bytes:
     """``size`` bytes at ``offset`` or CorruptError naming ``what`` (a short read is a
     truncated file, never silently fewer bytes)."""
     try:
-        data = os.pread(fd, size, offset)
+        data = _platform.pread(fd, size, offset)
     except OSError as exc:
         raise os_error(exc, f"cannot read {what}", path=path) from exc
     if len(data) != size:
@@ -66,7 +67,7 @@ def read_array(fd: int, offset: int, size: int, what: str, path, scratch=None) -
     done = 0
     while done < size:
         try:
-            n = os.preadv(fd, [view[done:]], offset + done)
+            n = _platform.preadv(fd, view[done:], offset + done)
         except OSError as exc:
             raise os_error(exc, f"cannot read {what}", path=path) from exc
         if n == 0:
@@ -94,7 +95,7 @@ def copy_range(src_fd: int, offset: int, nbytes: int, dst_fd: int, what: str, pa
     through Python: ``copy_file_range`` (the kernel copies, or reflinks), else bounded
     pread/write chunks.  A source that ends early is a CorruptError, not a short file."""
     done = 0
-    use_kernel = hasattr(os, "copy_file_range")
+    use_kernel = _platform.uses("copy_file_range")
     while done < nbytes:
         n = min(nbytes - done, 1 << 30)
         if use_kernel:
@@ -104,7 +105,7 @@ def copy_range(src_fd: int, offset: int, nbytes: int, dst_fd: int, what: str, pa
                 use_kernel = False
                 continue
         else:
-            data = os.pread(src_fd, min(n, _COPY_CHUNK), offset + done)
+            data = _platform.pread(src_fd, min(n, _COPY_CHUNK), offset + done)
             n = len(data)
             view = memoryview(data)
             while view:

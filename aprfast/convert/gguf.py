@@ -21,6 +21,7 @@ import struct
 
 import numpy as np
 
+from .. import _platform
 from .. import dtypes as _dtypes
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, VersionError, os_error
 from ..limits import MAX_METADATA_SIZE, MAX_TENSOR_COUNT
@@ -92,7 +93,7 @@ class _Cursor:
         start = self.pos - self._buf_at
         if start < 0 or start + n > len(self._buf):
             try:
-                self._buf = os.pread(self.fd, max(n, self.WINDOW), self.pos)
+                self._buf = _platform.pread(self.fd, max(n, self.WINDOW), self.pos)
             except OSError as exc:
                 raise os_error(exc, f"cannot read {what}", path=self.path) from exc
             self._buf_at, start = self.pos, 0

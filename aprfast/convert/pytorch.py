@@ -32,6 +32,7 @@ import zipfile
 
 import numpy as np
 
+from .. import _platform
 from .. import dtypes as _dtypes
 from .._crc import crc32
 from ..errors import (AprError, ChecksumError, CorruptError, FormatError, LimitError, UnknownDTypeError, VersionError,
@@ -397,7 +398,7 @@ class _Archive:
         if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
             raise FormatError(f"storage record {info.filename} is compressed (method {info.compress_type}); "
                               "torch.save stores them uncompressed, which is what aprfast maps", path=self.path)
-        header = os.pread(self.fd, 30, info.header_offset)
+        header = _platform.pread(self.fd, 30, info.header_offset)
         if len(header) != 30 or header[:4] != ZIP_MAGIC:
             raise CorruptError(f"record {info.filename}: no local file header at offset {info.header_offset}",
                                path=self.path)
@@ -528,7 +529,7 @@ class PyTorchSource:
 
     def _parse(self) -> None:
         size = os.fstat(self._fd).st_size
-        head = os.pread(self._fd, len(LEGACY_MAGIC), 0)
+        head = _platform.pread(self._fd, len(LEGACY_MAGIC), 0)
         if is_legacy(head):
             raise VersionError("a torch < 1.6 (pre-zip, legacy) checkpoint: aprfast reads the zip format "
                                "torch.save has written since 1.6; load and re-save it with a current torch",
