@@ -213,16 +213,16 @@ def _bitwise_equal(va, vb, dtype_a, dtype_b) -> bool:
     return ra is not None and rb is not None and ra.shape == rb.shape and np.array_equal(ra, rb)
 
 
-def _compare_values(fa: np.ndarray, fb: np.ndarray, threads: int) -> dict:
+def _compare_values(fa: np.ndarray, fb: np.ndarray, threads: int, chunk: int = _CHUNK) -> dict:
     """Chunk by chunk in float64: identical elements, largest finite |a-b|, non-finite
     mismatches (from the statistics engine run over the difference), and the dot
-    products for the cosine and the L2 distance."""
+    products for the cosine, the L2 distance and ``a``'s L2 norm (convert's quality gate)."""
     identical = nonfinite = 0
     max_abs = 0.0
     dot_ab = dot_aa = dot_bb = dot_dd = 0.0
-    for start in range(0, fa.size, _CHUNK):
-        a = fa[start:start + _CHUNK].astype(np.float64)
-        b = fb[start:start + _CHUNK].astype(np.float64)
+    for start in range(0, fa.size, chunk):
+        a = fa[start:start + chunk].astype(np.float64)
+        b = fb[start:start + chunk].astype(np.float64)
         same = (a == b) | (np.isnan(a) & np.isnan(b))  # the same infinity or both NaN count as equal
         with np.errstate(invalid="ignore", over="ignore"):
             delta = np.where(same, 0.0, a - b)
@@ -239,7 +239,7 @@ def _compare_values(fa: np.ndarray, fb: np.ndarray, threads: int) -> dict:
         dot_bb += float(np.dot(b, b))
         dot_dd += float(np.dot(delta, delta))
     return {"identical": identical, "nonfinite": nonfinite, "max_abs": max_abs,
-            "cosine": _cosine(dot_ab, dot_aa, dot_bb), "l2": math.sqrt(dot_dd)}
+            "cosine": _cosine(dot_ab, dot_aa, dot_bb), "l2": math.sqrt(dot_dd), "norm_a": math.sqrt(dot_aa)}
 
 
 def _cosine(ab: float, aa: float, bb: float) -> float:

@@ -10,8 +10,13 @@ seed's ``int8``/``int4`` (GGML's Q8_0/Q4_0 blocks).  ``--arch`` maps tensor name
 the canonical ``.apr`` names (seed 001 §10.8).  ``--validate`` (default strict, the
 API's) checks every tensor as it is written (seed 001 §10.9-10.10): a failure exits 5
 (seed 001 Appendix A) with the tensor and the numbers, nothing written; ``--force``
-or ``--validate relaxed`` writes it anyway with a warning.  Not built yet: ``--prune``
-and ``--lowrank`` (issue 13 item 8).
+or ``--validate relaxed`` writes it anyway with a warning.  ``--prune S``
+(``--prune-structure row``) and ``--lowrank R`` (or the seed's ``--lowrank svd --rank
+R``), both limited to ``--target GLOB`` when given, reduce size
+(``aprfast.convert.optimize``); every lossy option passes the quality gate of seed 001
+§4.8.4 (``--max-drift``, default 0.1 relative L2; ``aprfast.convert.gate``): a tensor
+drifting more exits 5 with its numbers, nothing written, unless ``--force``.  The drift
+of each changed tensor is printed.
 """
 
 from __future__ import annotations
@@ -45,6 +50,19 @@ def add_conversion_arguments(p, *, source_help: str) -> None:
     p.add_argument("--validate", choices=("strict", "relaxed", "off"),
                    help="check each tensor's statistics as it is written (seed 001 §10.9); strict (default) "
                         "exits 5 on a failure, relaxed warns, off skips")
+    p.add_argument("--prune", metavar="SPARSITY", type=float,
+                   help="magnitude pruning: zero this fraction (0-1) of each selected tensor's smallest weights")
+    p.add_argument("--prune-structure", choices=("unstructured", "row"), default="unstructured",
+                   help="--prune elements (unstructured, default) or whole rows of smallest L2 norm (row)")
+    p.add_argument("--lowrank", metavar="RANK",
+                   help="store 2-D weights as two SVD factors of this rank (or 'svd' with --rank)")
+    p.add_argument("--rank", type=int, metavar="N", help="the rank of --lowrank svd")
+    p.add_argument("--target", action="append", metavar="GLOB",
+                   help="tensors --prune/--lowrank change (repeatable; default: 2-D+ float weights, no norms, "
+                        "biases or embeddings)")
+    p.add_argument("--max-drift", metavar="X",
+                   help="quality gate of lossy conversions: largest relative L2 drift of a tensor "
+                        "(default 0.1; 'off': report only); --force writes anyway")
     p.add_argument("--arch", choices=("whisper", "llama", "bert", "auto"),
                    help="map Hugging Face / GGUF / ONNX tensor names to the canonical .apr names (auto: detect)")
     p.add_argument("--max-shard-size", metavar="SIZE", help="write a sharded safetensors checkpoint (e.g. 5GB)")
@@ -52,7 +70,8 @@ def add_conversion_arguments(p, *, source_help: str) -> None:
     p.add_argument("--prefix", action="append", metavar="PREFIX",
                    help="strip this prefix from tensor names (repeatable), e.g. module.")
     p.add_argument("-f", "--force", action="store_true",
-                   help="replace an existing destination; write tensors that fail validation (with a warning)")
+                   help="replace an existing destination; write tensors that fail validation or the quality gate "
+                        "(with a warning)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     add_progress_option(p)
 
@@ -92,6 +111,49 @@ def conversion_options(args) -> dict:
         options["max_shard_size"] = args.max_shard_size
     if args.prefix:
         options["strip_prefix"] = tuple(args.prefix)
+    options.update(_optimize_options(args))
+    return options
+
+
+def _optimize_options(args) -> dict:
+    """``prune=``, ``lowrank=`` and ``max_drift=`` from the flags."""
+    options = {}
+    select = tuple(args.target) if args.target else None
+    if args.prune is not None:
+        if not 0.0 <= args.prune <= 1.0:
+            raise UsageError(f"--prune {args.prune:g}: a fraction between 0 and 1")
+        options["prune"] = {"sparsity": args.prune, "structure": args.prune_structure, "select": select}
+    elif args.prune_structure != "unstructured":
+        raise UsageError("--prune-structure needs --prune SPARSITY")
+    if args.lowrank is not None:
+        text = args.lowrank.lower()
+        if text == "svd":
+            if args.rank is None:
+                raise UsageError("--lowrank svd needs --rank N")
+            rank = args.rank
+        elif text.isdigit():
+            if args.rank is not None and args.rank != int(text):
+                raise UsageError(f"--lowrank {text} and --rank {args.rank} disagree")
+            rank = int(text)
+        else:
+            raise UsageError(f"--lowrank {args.lowrank}: a rank (e.g. 64) or 'svd' with --rank N")
+        if rank < 1:
+            raise UsageError(f"--lowrank rank {rank}: a positive integer")
+        options["lowrank"] = {"rank": rank, "select": select}
+    elif args.rank is not None:
+        raise UsageError("--rank needs --lowrank svd")
+    if args.target and args.prune is None and args.lowrank is None:
+        raise UsageError("--target selects tensors for --prune or --lowrank; give one of them")
+    if args.max_drift is not None:
+        if args.max_drift.lower() in ("off", "none"):
+            options["max_drift"] = None
+        else:
+            try:
+                options["max_drift"] = float(args.max_drift)
+            except ValueError:
+                raise UsageError(f"--max-drift {args.max_drift}: a number (relative L2) or 'off'") from None
+            if not options["max_drift"] >= 0:
+                raise UsageError(f"--max-drift {args.max_drift}: a number >= 0")
     return options
 
 
@@ -113,7 +175,7 @@ def _quant_name(text: str) -> str:
 def convert_and_report(source, destination, options, to, verb, as_json) -> int:
     import warnings
 
-    from ..convert import DestinationExistsError, TensorValidationError, convert
+    from ..convert import DestinationExistsError, QualityGateError, TensorValidationError, convert
 
     if not os.path.lexists(source):
         raise FileNotFoundError(f"{source}: no such file or directory")
@@ -124,6 +186,10 @@ def convert_and_report(source, destination, options, to, verb, as_json) -> int:
     except DestinationExistsError:
         print(f"apr {verb}: {destination} exists; pass --force to replace it", file=sys.stderr)
         return EXIT_ERROR
+    except QualityGateError as exc:
+        print(f"apr {verb}: quality gate failed: {exc}", file=sys.stderr)
+        print(f"apr {verb}: --max-drift X raises the limit; --force writes it anyway", file=sys.stderr)
+        return EXIT_VALIDATION
     except TensorValidationError as exc:
         print(f"apr {verb}: validation failed: {exc}", file=sys.stderr)
         return EXIT_VALIDATION
@@ -177,7 +243,46 @@ def _summary(result) -> str:
         lines += [f"  WARN {w['name']}: {'; '.join(w['reasons'])}" for w in v["warned"][:_SHOWN]]
         if len(v["warned"]) > _SHOWN:
             lines.append(f"  ... and {len(v['warned']) - _SHOWN} more (--json lists every one)")
+    lines += _optimize_lines(result.get("optimize") or {})
+    lines += _quality_lines(result.get("quality"))
     return "\n".join(lines)
+
+
+def _optimize_lines(report) -> list:
+    lines = []
+    p = report.get("prune")
+    if p is not None:
+        zeros = sum(t["zeros"] for t in p["tensors"])
+        lines.append(f"prune: magnitude {p['structure']} {p['sparsity']:g}, {len(p['tensors'])} tensors, "
+                     f"{zeros:,} zeros")
+        lines += [f"  skip {s['name']}: {s['reason']}" for s in p["skipped"]]
+    lr = report.get("lowrank")
+    if lr is not None:
+        lines.append(f"lowrank: rank {lr['rank']}, {len(lr['tensors'])} tensors factored (W = W.lowrank_a @ "
+                     f"W.lowrank_b)")
+        lines += [f"  skip {s['name']}: {s['reason']}" for s in lr["skipped"]]
+    return lines
+
+
+def _quality_lines(q) -> list:
+    """Seed 001 §4.8.4's layer-by-layer drift, every tensor measured."""
+    if q is None:
+        return []
+    limit = "no limit" if q["max_drift"] is None else f"max {q['max_drift']:g}"
+    worst = q["worst"]
+    head = f"quality gate ({limit}): {q['measured']} tensors measured"
+    if worst is not None:
+        head += f", worst relative L2 {worst['relative_l2']:.4g} ({worst['name']})"
+    if q["failed"]:
+        head += f", {len(q['failed'])} over the limit, written anyway (--force)"
+    lines = [head]
+    width = max((len(t["name"]) for t in q["tensors"]), default=0)
+    for t in q["tensors"]:
+        over = q["max_drift"] is not None and t["relative_l2"] > q["max_drift"]
+        mark = "FAIL" if over else "PASS"
+        lines.append(f"  {mark} {t['name']:<{width}}  {t['op']:<9} relative L2 {t['relative_l2']:<10.4g} "
+                     f"max |delta| {t['max_abs_delta']:.4g}")
+    return lines
 
 
 def _size(path) -> int:

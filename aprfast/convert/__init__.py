@@ -5,8 +5,9 @@ is read, ``read(spec, scratch)``, and ``raw_range(spec)`` where the stored bytes
 copied file to file; see ``_common``) and a *writer* (declared specs up front, then
 ``add(name, value)`` or ``add_range(name, fd, offset)`` in that order,
 ``close()``/``abort()``).  :func:`convert` joins one to the other through a per-tensor
-transform (names: ``names``; precision, quantize) and checks each value before it is
-written (``validation``), so peak memory is the largest tensor (twice,
+transform (names: ``names``; pruning and low-rank: ``optimize``; precision, quantize)
+and checks each value before it is written (``validation``; the drift of lossy ones:
+``gate``), so peak memory is the largest tensor (twice,
 while it is converted) plus a constant, whatever the model's size.
 """
 
@@ -25,12 +26,14 @@ from ..tensors import RawTensor
 from . import apr as _apr, burnpack as _bpk, gguf as _gguf, mle as _mle, onnx as _onnx, pytorch as _pt
 from . import safetensors as _st
 from ._common import DestinationExistsError, Scratch, Spec
+from .gate import DEFAULT_MAX_DRIFT, QualityGate, QualityGateError, QualityGateWarning, lossy as _lossy
 from .names import NameMapping, NameMappingWarning, detect_arch, map_names
+from .optimize import Optimizer
 from .tokenizer import tokenizer_metadata
 from .validation import InlineValidator, TensorValidationError, ValidationWarning, check_mode
 
 __all__ = ["convert", "detect", "open_source", "DestinationExistsError", "TensorValidationError",
-           "ValidationWarning", "NameMappingWarning", "FORMATS"]
+           "ValidationWarning", "NameMappingWarning", "QualityGateError", "QualityGateWarning", "FORMATS"]
 
 FORMATS = ("apr", "safetensors", "gguf", "burnpack")  # destinations; sources add "pytorch", "onnx" and "mle"
 _APR_MAGICS = (b"APR\0", b"APR2", b"APRN", b"APR1")
@@ -170,6 +173,40 @@ def _transform(value, src: Spec, out: Spec):
     return result if result.dtype != np.uint16 else RawTensor(out.dtype, out.shape, result)
 
 
+_FLOAT_DTYPES = {np.dtype(np.float16): "F16", np.dtype(np.float32): "F32", np.dtype(np.float64): "F64"}
+
+
+def _convert_tensor(value, spec: Spec, outs, optimizer, gate, validator) -> list:
+    """The value(s) written for one source tensor (``outs``: one spec, or a factored
+    tensor's two): pruned or factored (``optimize``), then precision/quantize, each
+    checked (``validator``: NaN/Inf and §10.9 first), then the drift of a lossy change
+    measured (``gate``) while the source is in memory."""
+    op, name = optimizer.op(spec.name) if optimizer is not None else (None, None)
+    if op is None:
+        (out,) = outs
+        result = validator.check(out.name, _transform(value, spec, out))
+        if gate is not None and gate.active and _lossy(spec.dtype, out.dtype):
+            from ..diff import numeric_values
+
+            gate.measure(out.name, numeric_values(value), numeric_values(result),
+                         "quantize" if out.dtype.packed else "precision")
+        return [result]
+    source = _float_values(value)
+    if source.dtype not in _FLOAT_DTYPES:  # bfloat16 (ml_dtypes): exact in f32, written back as BF16
+        source = to_float32(source)
+    parts = optimizer.apply(op, name, source)
+    results = [validator.check(o.name, _transform(p, Spec(o.name, _dtypes.by_name(_FLOAT_DTYPES[p.dtype]),
+                                                          p.shape), o))
+               for p, o in zip(parts, outs)]
+    if gate is not None and gate.active:
+        from ..diff import numeric_values
+
+        decoded = [numeric_values(r).reshape(o.shape) for r, o in zip(results, outs)]
+        output = decoded[0] if op == "prune" else np.matmul(*decoded)
+        gate.measure(name, source, output, op)
+    return results
+
+
 # --- destinations --------------------------------------------------------------------
 def _destination_format(destination, to, max_shard_size) -> str:
     if to is not None:
@@ -221,9 +258,11 @@ def _strip(name: str, prefixes) -> str:
     return name
 
 
-def _plan(source, rename, precision, quantize, strip_prefix=(), mapping: NameMapping | None = None):
+def _plan(source, rename, precision, quantize, strip_prefix=(), mapping: NameMapping | None = None,
+          optimizer: Optimizer | None = None):
     """(source spec, output spec) pairs of the tensors kept, output names unique.  Each
-    name: ``strip_prefix``, then the ``arch`` mapping, then ``rename``."""
+    name: ``strip_prefix``, then the ``arch`` mapping, then ``rename``.  A tensor
+    ``lowrank=`` factors gives two consecutive pairs of one source spec (its factors)."""
     pairs, seen = [], {}
     for spec in source.specs:
         stripped = _strip(spec.name, strip_prefix)
@@ -235,6 +274,17 @@ def _plan(source, rename, precision, quantize, strip_prefix=(), mapping: NameMap
             raise LayoutError(f"two source tensors, {seen[name]!r} and {spec.name!r}, both become {name!r}"
                               f"{_how(mapping, rename)}; drop or rename one of them (rename=)")
         seen[name] = spec.name
+        if optimizer is not None and optimizer.decide(spec.name, name, spec.dtype.name, spec.shape) == "lowrank":
+            record = optimizer.factored[name]
+            (m, n), r = record["shape"], record["rank"]
+            for factor_name, shape in ((record["a"], (m, r)), (record["b"], (r, n))):
+                if factor_name in seen:
+                    raise LayoutError(f"the low-rank factor {factor_name!r} of {spec.name!r} clashes with the "
+                                      f"source tensor {seen[factor_name]!r}")
+                seen[factor_name] = spec.name
+                pairs.append((spec, _out_spec(Spec(factor_name, spec.dtype, shape), factor_name, precision,
+                                              quantize)))
+            continue
         pairs.append((spec, _out_spec(spec, name, precision, quantize)))
     return pairs
 
@@ -306,7 +356,7 @@ def _quant_selector(quantize):
 
 def convert(source, destination, *, to=None, quantize=None, precision=None, compression=None, arch=None,
             rename=None, strip_prefix=None, validate="strict", force=False, progress=None, max_shard_size=None,
-            tokenizer=True, durable=True) -> dict:
+            tokenizer=True, durable=True, prune=None, lowrank=None, max_drift=DEFAULT_MAX_DRIFT) -> dict:
     """Convert a model between ``.apr``, safetensors (one file or a sharded checkpoint)
     and GGUF, streaming one tensor at a time.
 
@@ -341,45 +391,63 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     (ValidationWarning) and writes; "off" computes nothing.
     ``progress(done_bytes, total_bytes)`` is called after each tensor (source bytes).
     ``tokenizer``: embed a sibling ``tokenizer.json`` of a safetensors source.
+    ``prune`` (a sparsity, or ``{"sparsity", "structure": "unstructured" | "row",
+    "method": "magnitude", "select"}``) zeroes the smallest-magnitude elements or rows;
+    ``lowrank`` (a rank, or ``{"rank", "select"}``) stores a 2-D ``W`` as the factors
+    ``W.lowrank_a @ W.lowrank_b`` recorded under ``aprfast.lowrank`` in the metadata
+    (``convert.optimize``: default selection, ties, skips; ``optimize.reconstruct``).
+    The quality gate (seed 001 §4.8.4, ``convert.gate``) measures every tensor a lossy
+    option changes (relative L2 ``||W - W'|| / ||W||``, max ``|W - W'|``) and stops at
+    the first above ``max_drift`` (default 0.1; None: no limit) with QualityGateError
+    (E002, nothing written) unless ``force=True`` (QualityGateWarning).
 
     Returns ``{"source_format", "format", "tensors", "bytes", "arch", "names",
-    "validation"}``: ``names`` the mapping (None without ``arch``), ``validation`` the
-    report (tensors checked, failed but written, warned, skipped).
+    "validation", "optimize", "quality"}``: ``names`` the mapping (None without
+    ``arch``), ``validation`` the report (tensors checked, failed but written, warned,
+    skipped), ``optimize`` what pruning/low-rank did and skipped, ``quality`` the
+    gate's per-tensor drift (None for a lossless conversion).
     """
     precision, quantize = _check_options(validate, precision, quantize)
     kind = _destination_format(destination, to, max_shard_size)
     prefixes = (strip_prefix,) if isinstance(strip_prefix, str) else tuple(strip_prefix or ())
     validator = InlineValidator(validate, force=force, destination=destination)
+    optimizer = Optimizer(prune, lowrank)
+    gate = QualityGate(max_drift, force=force, destination=destination,
+                       active=optimizer.active or precision is not None or quantize is not None)
     src = open_source(source, tokenizer=tokenizer)
     try:
         mapping = _map_names(src, arch, prefixes)
-        pairs = _plan(src, rename, precision, quantize, prefixes, mapping)
+        pairs = _plan(src, rename, precision, quantize, prefixes, mapping, optimizer)
         if mapping is not None and mapping.arch:
             src.metadata = dict(src.metadata, **{NAME_MAPPING_KEY: mapping.metadata()})
-        if kind == "apr" and compression is None and getattr(src, "aliases", None):
-            total = _save_shared(src, destination, pairs, force, durable, progress, validator)
+        recorded = optimizer.metadata()  # aprfast.lowrank / aprfast.prune
+        if recorded:
+            src.metadata = dict(src.metadata, **recorded)
+        if kind == "apr" and compression is None and getattr(src, "aliases", None) and not optimizer.factored:
+            total = _save_shared(src, destination, pairs, force, durable, progress, validator, optimizer, gate)
         else:
             writer = _open_writer(kind, destination, [out for _, out in pairs], src.metadata,
                                   compression=compression, max_shard_size=max_shard_size, force=force,
                                   durable=durable, q8_headers=_q8_headers(src, pairs) if kind == "gguf" else None)
-            total = _stream(src, writer, pairs, progress, validator)
+            total = _stream(src, writer, pairs, progress, validator, optimizer, gate)
     finally:
         src.close()
     names = None
     if mapping is not None:
         names = dict(mapping.metadata(), reason=mapping.reason)
     return {"source_format": src.format, "format": kind, "tensors": len(pairs), "bytes": total,
-            "arch": mapping.arch if mapping is not None else None, "names": names, "validation": validator.report()}
+            "arch": mapping.arch if mapping is not None else None, "names": names, "validation": validator.report(),
+            "optimize": optimizer.report(), "quality": gate.report()}
 
 
-def _save_shared(src, destination, pairs, force, durable, progress, validator) -> int:
+def _save_shared(src, destination, pairs, force, durable, progress, validator, optimizer=None, gate=None) -> int:
     """Tied tensors (a PyTorch source's ``aliases``) stored once: see ``pytorch.save_shared``.
     Each value is checked as it is computed, before anything is written."""
     if os.path.lexists(os.fspath(destination)) and not force:
         raise DestinationExistsError("destination exists; pass force=True to replace it", path=destination)
 
     def transform(value, spec, out):
-        return validator.check(out.name, _transform(value, spec, out))
+        return _convert_tensor(value, spec, [out], optimizer, gate, validator)[0]
     return _pt.save_shared(src, destination, pairs, transform, progress, durable)
 
 
@@ -403,17 +471,32 @@ def _copy_unchanged(src, writer, spec: Spec, out: Spec, validator) -> bool:
     return True
 
 
-def _stream(src, writer, pairs, progress, validator) -> int:
-    total = sum(s.nbytes for s, _ in pairs)
+def _grouped(pairs):
+    """(source spec, [output specs]) of consecutive pairs of one source (a factored
+    tensor's two factors)."""
+    groups = []
+    for spec, out in pairs:
+        if groups and groups[-1][0] is spec:
+            groups[-1][1].append(out)
+        else:
+            groups.append((spec, [out]))
+    return groups
+
+
+def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None) -> int:
+    groups = _grouped(pairs)
+    total = sum(spec.nbytes for spec, _ in groups)
     done, scratch = 0, Scratch()
     try:
-        for spec, out in pairs:
-            if not _copy_unchanged(src, writer, spec, out, validator):
+        for spec, outs in groups:
+            changed = optimizer is not None and optimizer.op(spec.name)[0] is not None
+            if changed or not _copy_unchanged(src, writer, spec, outs[0], validator):
                 # one tensor in memory at a time, read into the same buffer each time:
                 # writer.add has consumed the value before the next read overwrites it;
                 # the validator sees the value before any of its bytes are written
-                value = validator.check(out.name, _transform(src.read(spec, scratch), spec, out))
-                writer.add(out.name, value)
+                values = _convert_tensor(src.read(spec, scratch), spec, outs, optimizer, gate, validator)
+                for out, value in zip(outs, values):
+                    writer.add(out.name, value)
             done += spec.nbytes
             if progress is not None:
                 progress(done, total)
