@@ -51,8 +51,15 @@ class PicklingRefusedError(AprError, pickle.PicklingError):
     code = "E007"
 
 
+#: The decorated ``aprfast.open``, which unpickling calls (set by :func:`reopenable`, so
+#: this module, below the API, never imports it).
+_opener = None
+
+
 def reopenable(open_function):
-    """Decorate ``aprfast.open``: each handle it returns remembers how it was opened."""
+    """Decorate ``aprfast.open``: each handle it returns remembers how it was opened, and
+    unpickled handles are opened again through it."""
+    global _opener
 
     @functools.wraps(open_function)
     def opened(target, **options):
@@ -63,6 +70,7 @@ def reopenable(open_function):
             pass
         return handle
 
+    _opener = opened
     return opened
 
 
@@ -130,9 +138,7 @@ def _identity(handle):
 
 
 def _reopen(target, options, keys_allowed, identity):
-    from .api import open as open_apr
-
-    handle = open_apr(target, **options)
+    handle = _opener(target, **options)
     try:
         if identity is not None:
             now = _identity(handle)

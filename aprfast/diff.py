@@ -27,15 +27,13 @@ import numpy as np
 
 from .dtypes import element_count
 from .errors import FormatError, LayoutError
-from .stats import tensor_stats
+from .drift import compare_values, numeric_values
 from .tensors import RawTensor
 
-__all__ = ["diff_models", "DiffReport", "TensorDiff", "load_mapping", "numeric_values", "DEFAULT_TOLERANCE"]
+__all__ = ["diff_models", "DiffReport", "TensorDiff", "load_mapping", "DEFAULT_TOLERANCE"]
 
 #: MATCH when no element differs by more than this (seed 001 §4.5: "delta < 1e-6").
 DEFAULT_TOLERANCE = 1e-6
-#: Elements compared per step: bounds the float64 temporaries to a few MiB per side.
-_CHUNK = 1 << 20
 #: Metadata key whose list of tokens is compared as a vocabulary (convert/tokenizer.py).
 VOCAB_KEY = "tokenizer.vocabulary"
 #: A mapping file is a small JSON object; anything bigger is the wrong file.
@@ -170,32 +168,7 @@ class _Side:
                 handle.close()
 
 
-# --- values --------------------------------------------------------------------------
-def numeric_values(value) -> np.ndarray:
-    """A 1-D array of the tensor's numeric values in a dtype NumPy can widen to float64
-    (packed blocks dequantized to float32; bf16 bits widened).  TypeError when the
-    tensor holds no numbers (unknown dtype)."""
-    if isinstance(value, RawTensor):
-        dtype = value.dtype
-        if dtype is None:
-            raise TypeError(f"unknown dtype id {value.dtype_id}")
-        if dtype.packed:
-            from .quantization import dequantize
-
-            return dequantize(value).reshape(-1)
-        if dtype.name == "BF16":
-            from .precision import to_float32
-
-            return to_float32(value).reshape(-1)
-        from .dtypes import numpy_dtype
-
-        value = value.data.view(numpy_dtype(dtype))
-    array = np.asarray(value)
-    if array.dtype.kind == "c" or (array.dtype.kind == "V" and array.dtype.itemsize != 2):
-        raise TypeError(f"values of dtype {array.dtype} are not compared")
-    return array.reshape(-1)
-
-
+# --- values ---------------------------------------------------------------------------
 def _raw_bytes(value):
     """The stored bytes of a tensor value (for the bit-for-bit fast path), or None."""
     if isinstance(value, RawTensor):
@@ -211,43 +184,6 @@ def _bitwise_equal(va, vb, dtype_a, dtype_b) -> bool:
         return False
     ra, rb = _raw_bytes(va), _raw_bytes(vb)
     return ra is not None and rb is not None and ra.shape == rb.shape and np.array_equal(ra, rb)
-
-
-def _compare_values(fa: np.ndarray, fb: np.ndarray, threads: int, chunk: int = _CHUNK) -> dict:
-    """Chunk by chunk in float64: identical elements, largest finite |a-b|, non-finite
-    mismatches (from the statistics engine run over the difference), and the dot
-    products for the cosine, the L2 distance and ``a``'s L2 norm (convert's quality gate)."""
-    identical = nonfinite = 0
-    max_abs = 0.0
-    dot_ab = dot_aa = dot_bb = dot_dd = 0.0
-    for start in range(0, fa.size, chunk):
-        a = fa[start:start + chunk].astype(np.float64)
-        b = fb[start:start + chunk].astype(np.float64)
-        same = (a == b) | (np.isnan(a) & np.isnan(b))  # the same infinity or both NaN count as equal
-        with np.errstate(invalid="ignore", over="ignore"):
-            delta = np.where(same, 0.0, a - b)
-        s = tensor_stats(delta, threads=threads)
-        identical += s.zero_count
-        nonfinite += s.nan_count + s.inf_count
-        if s.finite_count:
-            max_abs = max(max_abs, abs(s.min), abs(s.max))
-        finite = np.isfinite(a) & np.isfinite(b)
-        if not finite.all():
-            a, b, delta = a[finite], b[finite], delta[finite]
-        dot_ab += float(np.dot(a, b))
-        dot_aa += float(np.dot(a, a))
-        dot_bb += float(np.dot(b, b))
-        dot_dd += float(np.dot(delta, delta))
-    return {"identical": identical, "nonfinite": nonfinite, "max_abs": max_abs,
-            "cosine": _cosine(dot_ab, dot_aa, dot_bb), "l2": math.sqrt(dot_dd), "norm_a": math.sqrt(dot_aa)}
-
-
-def _cosine(ab: float, aa: float, bb: float) -> float:
-    if aa == 0.0 and bb == 0.0:
-        return 1.0  # two zero tensors point the same (no) way
-    if aa == 0.0 or bb == 0.0:
-        return 0.0
-    return max(-1.0, min(1.0, ab / (math.sqrt(aa) * math.sqrt(bb))))
 
 
 def _diff_pair(name, other, side_a, side_b, tolerance, threads) -> TensorDiff:
@@ -266,7 +202,7 @@ def _diff_pair(name, other, side_a, side_b, tolerance, threads) -> TensorDiff:
         t.status, t.detail = "DRIFT", f"stored bytes differ ({exc})"
         return t
     del va, vb  # the decoded copies are all that is needed from here on
-    r = _compare_values(fa, fb, threads)
+    r = compare_values(fa, fb, threads)
     t.identical, t.nonfinite_mismatch, t.max_abs_delta = r["identical"], r["nonfinite"], r["max_abs"]
     t.cosine, t.l2_distance = r["cosine"], r["l2"]
     if t.nonfinite_mismatch or t.max_abs_delta > tolerance:

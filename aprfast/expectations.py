@@ -15,6 +15,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
+from .stats import tensor_stats
+
 __all__ = ["Expectation", "EXPECTATIONS", "NEAR_ZERO_MEAN", "expectation_for", "Verdict", "check_expected",
            "check_value"]
 
@@ -109,8 +111,6 @@ def check_value(name: str, value, *, threads: int = 0):
     """``(stats, verdict)`` of one tensor value (an array, RawTensor or QuantizedTensor)
     in one pass of :func:`aprfast.stats.tensor_stats`; ``stats`` is None (verdict "-",
     the reason given) for dtypes without statistics (complex, unknown ids)."""
-    from .stats import tensor_stats  # stats re-exports this module's names: import late
-
     try:
         stats = tensor_stats(value, threads=threads)
     except TypeError as exc:

@@ -40,7 +40,7 @@ import os
 
 import numpy as np
 
-from .diff import numeric_values
+from .drift import numeric_values
 from .dtypes import by_name
 from .errors import LayoutError
 from .tensors import RawTensor

@@ -269,6 +269,18 @@ class StreamSource(Source):
         return data
 
 
+#: (is_url, open_url) of aprfast.remote, which registers itself when imported (aprfast
+#: imports it): remote sources are built on Source, so this module cannot import them.
+_url_opener = None
+
+
+def register_url_opener(is_url, open_url) -> None:
+    """Route ``scheme://`` strings that ``is_url`` accepts to ``open_url(url,
+    storage_options, mode=)`` (aprfast.remote does, at import)."""
+    global _url_opener
+    _url_opener = (is_url, open_url)
+
+
 def open_source(target, *, mode: str | None = None, storage_options=None) -> Source:
     """A Source for a path, a URL, a file object, or an in-memory buffer.
 
@@ -282,11 +294,8 @@ def open_source(target, *, mode: str | None = None, storage_options=None) -> Sou
         raise ValueError(f"mode must be 'mmap', 'private' or 'pread', not {mode!r}")
     if isinstance(target, Source) and mode is None:
         return target  # already open (e.g. inspect looked at the magic first)
-    if isinstance(target, str) and "://" in target:
-        from . import remote
-
-        if remote.is_url(target):
-            return remote.open_url(target, storage_options, mode=mode)
+    if isinstance(target, str) and "://" in target and _url_opener is not None and _url_opener[0](target):
+        return _url_opener[1](target, storage_options, mode=mode)
     if isinstance(target, (bytes, bytearray, memoryview, np.ndarray)):
         return BufferSource(target)
     if isinstance(target, (str, os.PathLike)):

@@ -27,8 +27,7 @@ from . import _stats
 from .dtypes import DType, bfloat16, element_count
 from .tensors import RawTensor
 
-__all__ = ["TensorStats", "tensor_stats", "tensor_stats_numpy", "histogram_spec", "Expectation",
-           "EXPECTATIONS", "expectation_for", "check_expected", "Verdict"]
+__all__ = ["TensorStats", "tensor_stats", "tensor_stats_numpy", "histogram_spec"]
 
 #: Most bins a histogram may ask for (a counter array per thread is allocated).
 MAX_BINS = 1 << 20
@@ -457,9 +456,3 @@ def _numpy_values(value):
         return array.astype(np.uint8), "U8"
     return array, kind
 
-
-# The §10.9 rule table moved to aprfast.expectations (one implementation for `apr tensors
-# --stats`, `apr validate --stats`, the quality score and convert's inline validation);
-# these names stay importable from here.
-from .expectations import (EXPECTATIONS, NEAR_ZERO_MEAN, Expectation, Verdict,  # noqa: E402,F401
-                           check_expected, expectation_for)

@@ -19,7 +19,8 @@ import pytest
 import aprfast
 from aprfast.cli import main
 from aprfast.cli._common import fmt
-from aprfast.stats import check_expected, tensor_stats
+from aprfast.expectations import check_expected
+from aprfast.stats import tensor_stats
 from aprfast.tui import render
 
 NAMES = ["decoder.layer_norm.weight", "encoder.conv1.weight", "encoder.layer_norm.weight",

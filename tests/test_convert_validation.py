@@ -206,12 +206,6 @@ def test_convert_tensors_stats_and_validate_stats_agree(tmp_path, rng, capsys):
     assert "[PASS] stats: 5 tensor(s) with an expectation, all within it" in capsys.readouterr().out  # not conv1
 
 
-def test_the_stats_module_still_exports_the_rules():
-    from aprfast import expectations, stats
-
-    assert stats.check_expected is expectations.check_expected and stats.EXPECTATIONS is expectations.EXPECTATIONS
-
-
 # --- the command line -----------------------------------------------------------------------
 def test_cli_exit_5_on_validation_failure_with_nothing_written(tmp_path, rng, capsys):
     src = write(tmp_path, whisper_like(rng, ln_mean=11.0))

@@ -13,8 +13,8 @@ from hypothesis.extra import numpy as hnp
 import aprfast
 from aprfast import _stats
 from aprfast.dtypes import bfloat16
-from aprfast.stats import (EXPECTATIONS, TensorStats, check_expected, expectation_for, histogram_spec,
-                           tensor_stats, tensor_stats_numpy)
+from aprfast.expectations import EXPECTATIONS, check_expected, expectation_for
+from aprfast.stats import TensorStats, histogram_spec, tensor_stats, tensor_stats_numpy
 from aprfast.tensors import QuantizedTensor, RawTensor
 
 FLOATS = [np.float32, np.float64, np.float16]

@@ -26,6 +26,7 @@ from ..tensors import RawTensor
 from . import apr as _apr, burnpack as _bpk, gguf as _gguf, mle as _mle, onnx as _onnx, pytorch as _pt
 from . import safetensors as _st
 from ._common import DestinationExistsError, Scratch, Spec
+from ..drift import numeric_values
 from .gate import DEFAULT_MAX_DRIFT, QualityGate, QualityGateError, QualityGateWarning, lossy as _lossy
 from .names import NameMapping, NameMappingWarning, detect_arch, map_names
 from .optimize import Optimizer
@@ -186,8 +187,6 @@ def _convert_tensor(value, spec: Spec, outs, optimizer, gate, validator) -> list
         (out,) = outs
         result = validator.check(out.name, _transform(value, spec, out))
         if gate is not None and gate.active and _lossy(spec.dtype, out.dtype):
-            from ..diff import numeric_values
-
             gate.measure(out.name, numeric_values(value), numeric_values(result),
                          "quantize" if out.dtype.packed else "precision")
         return [result]
@@ -199,8 +198,6 @@ def _convert_tensor(value, spec: Spec, outs, optimizer, gate, validator) -> list
                                                           p.shape), o))
                for p, o in zip(parts, outs)]
     if gate is not None and gate.active:
-        from ..diff import numeric_values
-
         decoded = [numeric_values(r).reshape(o.shape) for r, o in zip(results, outs)]
         output = decoded[0] if op == "prune" else np.matmul(*decoded)
         gate.measure(name, source, output, op)

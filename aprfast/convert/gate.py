@@ -22,6 +22,7 @@ import warnings
 
 import numpy as np
 
+from ..drift import compare_values
 from .validation import TensorValidationError, ValidationWarning
 
 __all__ = ["DEFAULT_MAX_DRIFT", "QualityGate", "QualityGateError", "QualityGateWarning"]
@@ -80,9 +81,7 @@ class QualityGate:
     def measure(self, name: str, source: np.ndarray, output: np.ndarray, op: str) -> dict:
         """Record ``name``'s drift (``source``/``output``: float arrays of one shape);
         raise QualityGateError over the limit unless forced."""
-        from ..diff import _compare_values
-
-        r = _compare_values(np.asarray(source).reshape(-1), np.asarray(output).reshape(-1), 0, _CHUNK)
+        r = compare_values(np.asarray(source).reshape(-1), np.asarray(output).reshape(-1), 0, _CHUNK)
         if r["nonfinite"]:
             drift = math.inf
         elif r["norm_a"] == 0.0:

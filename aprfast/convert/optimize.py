@@ -36,6 +36,8 @@ import fnmatch
 
 import numpy as np
 
+from ..drift import numeric_values
+
 __all__ = ["DEFAULT_EXCLUDE", "LOWRANK_KEY", "PRUNE_KEY", "SUFFIX_A", "SUFFIX_B", "Optimizer", "prune_values",
            "factor", "reconstruct"]
 
@@ -135,8 +137,6 @@ def _decoded(value) -> np.ndarray:
     """A factor as read (quantized blocks and bf16 bits decoded)."""
     if isinstance(value, np.ndarray):
         return value
-    from ..diff import numeric_values
-
     return numeric_values(value).reshape(value.shape)
 
 

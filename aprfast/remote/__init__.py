@@ -172,3 +172,9 @@ def _discard(f) -> None:
         f.closed = True  # its buffer is gone: a later close() (at garbage collection) must not upload
     except (AttributeError, TypeError):
         pass
+
+
+# sources.open_source (below this package) sends URLs here.
+from ..sources import register_url_opener  # noqa: E402
+
+register_url_opener(is_url, open_url)

@@ -25,7 +25,8 @@ from textual.worker import get_current_worker  # noqa: E402
 
 from ..api import open as open_apr  # noqa: E402
 from ..cli._common import fmt  # noqa: E402
-from ..stats import check_expected, expectation_for, tensor_stats  # noqa: E402
+from ..expectations import check_expected, expectation_for  # noqa: E402
+from ..stats import tensor_stats  # noqa: E402
 from . import render  # noqa: E402
 from .views import ComparePane, HelpScreen, ModuleTree, TensorTable, TextPane  # noqa: E402
 
