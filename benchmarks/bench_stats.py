@@ -14,7 +14,10 @@ Rows, each aprfast against that whole NumPy sequence (NumPy runs on one thread):
 * ``tensor_stats(x, bins=64, range=...)`` - the range known, one pass;
 * ``tensor_stats(x)`` - no histogram, against NumPy's set without ``histogram``;
 
-each with one thread and with every core.  The data is standard-normal float32 with no
+each with one thread and with every core; and the second target of issue 13: the 100-point
+quality assessment (``apr validate --quality``: ``aprfast.quality.quality_report``) of a
+model at most twice the time of one owned ``load_file(mmap=False)`` of it (``--model-mib``,
+512 by default, 64 with ``--quick``; both into a fresh path's file, interleaved).  The data is standard-normal float32 with no
 NaN (NumPy's ``min``/``mean`` would give NaN otherwise, a different answer).  The
 answers are compared before timing: counts and histogram exactly, moments to 1e-6.
 """
@@ -24,9 +27,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 
 import numpy as np
 
+import aprfast
+from aprfast.quality import quality_report
 from aprfast.stats import tensor_stats
 
 from timing import Row, Table, interleaved
@@ -73,16 +79,42 @@ def bench(table, n, rounds):
                        f"histogram({BINS}); NumPy runs on one thread whatever the row says.")
 
 
+def bench_quality(table, model_bytes, rounds):
+    """quality_report of a model of LayerNorm, bias and linear tensors against one owned load."""
+    rng = np.random.default_rng(1)
+    per = 4 * MiB
+    tensors = {}
+    for i in range(max(1, model_bytes // per)):
+        tensors[f"encoder.layers.{i}.fc1.weight"] = (rng.standard_normal(per // 4, dtype=np.float32) * 0.03
+                                                     ).reshape(1024, -1)
+        tensors[f"encoder.layers.{i}.layer_norm.weight"] = np.ones(1024, np.float32)
+        tensors[f"encoder.layers.{i}.layer_norm.bias"] = np.zeros(1024, np.float32)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("APRFAST_BENCH_DIR")) as d:
+        path = os.path.join(d, "model.apr")
+        aprfast.save_file(tensors, path, metadata={"model_type": "whisper"}, durable=False)
+        del tensors
+        report = quality_report(path)
+        size = f"{os.path.getsize(path) / MiB:.0f} MiB model"
+        r = interleaved({"quality": lambda: quality_report(path),
+                         "load_file(mmap=False)": lambda: aprfast.load_file(path, mmap=False)}, rounds, slow=5.0)
+        table.add(Row("apr validate --quality (quality_report), all cores", size, r["quality"],
+                      {"load_file(mmap=False)": r["load_file(mmap=False)"]}))
+        table.notes.append(f"quality row: score {report.get('score')} of {report.get('max_score', 100)}; target: "
+                           "the assessment at most 2x one load (ratio >= 0.5)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="32 MiB, 5 rounds")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
+    parser.add_argument("--model-mib", type=int, default=None, help="model size of the quality row (default 512)")
     args = parser.parse_args()
     n = (32 if args.quick else 256) * MiB // 4
     rounds = 5 if args.quick else args.rounds
     table = Table("tensor statistics", "NumPy", versions=f"numpy {np.__version__}")
     bench(table, n, rounds)
+    bench_quality(table, (args.model_mib or (64 if args.quick else 512)) * MiB, rounds)
     table.finish(args.md_out)
 
 
