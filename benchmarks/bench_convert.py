@@ -2,6 +2,7 @@
 
     python benchmarks/bench_convert.py            # a 512 MiB model, 5 rounds
     python benchmarks/bench_convert.py --quick    # 32 MiB, 3 rounds
+    python benchmarks/bench_convert.py --quick --sharded-gib 2   # and a 2 GiB sharded checkpoint
 
 Rows (issue #12's targets):
 
@@ -12,16 +13,24 @@ Rows (issue #12's targets):
   round trip, which writes the model twice, starts at a 2x handicap); the model half
   float32, half Q8_0 blocks.
 * peak RSS above the imports, in a fresh process per sample, for the first row's tools
-  (the streaming converter should stay near the largest tensor, 1/16 of the model).
+  (the streaming converter, validating as by default, should stay near the largest
+  tensor, 1/16 of the model; issue #12's bound: the largest tensor plus 64 MiB).
+* ``--sharded-gib N`` (2 in the full run): a TinyLlama-like float16 checkpoint of N GiB in
+  four ``model-0000K-of-00004.safetensors`` shards with ``model.safetensors.index.json``,
+  converted to .apr (validation on) in a fresh process: its whole peak RSS, interpreter
+  and imports included (issue #12's bound: 256 MiB), and its time.
 
 Every destination is removed before each call (setup, untimed); outputs are checked
-once against the source before timing.
+once against the source before timing, and the inputs written back to disk (``os.sync``)
+before the first timed row.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -85,6 +94,52 @@ def gguf_by_hand(src, dst):
     w.close()
 
 
+HIDDEN = 2048
+
+
+def make_sharded(directory, total, n_shards=4):
+    """A sharded checkpoint of about ``total`` bytes, written a 1 MiB piece at a time
+    (never a shard in memory): a 32000 x 2048 embedding (125 MiB, the largest tensor),
+    8192 x 2048 MLP weights (32 MiB) and a final norm, float16.  Returns the largest
+    tensor's size."""
+    os.makedirs(directory, exist_ok=True)
+    specs = [("model.embed_tokens.weight", (32000, HIDDEN))]
+    size, i = 32000 * HIDDEN * 2, 0
+    while size + 8192 * HIDDEN * 2 <= total:
+        specs.append((f"model.layers.{i // 2}.mlp.{'up' if i % 2 == 0 else 'down'}_proj.weight", (8192, HIDDEN)))
+        size += 8192 * HIDDEN * 2
+        i += 1
+    specs.append(("model.norm.weight", (HIDDEN,)))
+    per = -(-len(specs) // n_shards)
+    groups = [specs[k:k + per] for k in range(0, len(specs), per)]
+    piece = (np.random.default_rng(2).standard_normal(MiB // 2, dtype=np.float32) * 0.02).astype(np.float16)
+    piece = piece.view(np.uint8)
+    weight_map, written = {}, 0
+    for k, group in enumerate(groups):
+        name = f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for tensor, shape in group:
+            n = int(np.prod(shape)) * 2
+            header[tensor] = {"dtype": "F16", "shape": list(shape), "data_offsets": [offset, offset + n]}
+            offset += n
+            weight_map[tensor] = name
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        with open(os.path.join(directory, name), "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text)
+            for tensor, shape in group:
+                n = int(np.prod(shape)) * 2
+                if tensor.endswith("norm.weight"):
+                    f.write(np.ones(shape, np.float16).tobytes())
+                    continue
+                for start in range(0, n, MiB):
+                    f.write(piece[:min(MiB, n - start)])
+        written += offset
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": written}, "weight_map": weight_map}, f, indent=2)
+    return max(int(np.prod(shape)) * 2 for _, shape in specs)
+
+
 def remover(*paths):
     def setup():
         for p in paths:
@@ -134,12 +189,47 @@ def peak_rss(tool, src, dst, rounds):
     return samples
 
 
+# The whole peak (VmHWM, kB), interpreter and imports included, and the conversion's time.
+_SHARDED_CHILD = """
+import sys, time, aprfast
+start = time.perf_counter()
+aprfast.convert(sys.argv[1], sys.argv[2], durable=False)
+elapsed = time.perf_counter() - start
+with open("/proc/self/status") as f:
+    print(next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")), elapsed)
+"""
+
+
+def sharded_rows(table, d, gib, rounds):
+    ckpt = f"{d}/ckpt"
+    largest = make_sharded(ckpt, int(gib * 1024) * MiB)
+    size = timing.fmt_bytes(sum(os.path.getsize(os.path.join(ckpt, n)) for n in os.listdir(ckpt)))
+    peaks, times = Samples(), Samples()
+    for _ in range(rounds):
+        remover(f"{d}/sharded.apr")()
+        out = subprocess.run([sys.executable, "-c", _SHARDED_CHILD, ckpt, f"{d}/sharded.apr"], capture_output=True,
+                             text=True, check=True)
+        kib, seconds = out.stdout.split()
+        peaks.append(int(kib) * 1024)
+        times.append(float(seconds))
+    remover(f"{d}/sharded.apr")()
+    table.add(Row(f"sharded safetensors ({gib:g} GiB, 4 shards) -> .apr, validated, fresh process", size, times))
+    table.add(Row(f"sharded safetensors ({gib:g} GiB) -> .apr, whole peak RSS (imports included; bound 256 MiB)",
+                  size, peaks, unit="MiB",
+                  note="✅ under 256 MiB" if peaks.hi < 256 * MiB else "❌ over 256 MiB"))
+    table.notes.append(f"sharded checkpoint: largest tensor {timing.fmt_bytes(largest)} (a 32000 x 2048 float16 "
+                       "embedding), 32 MiB MLP weights")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="32 MiB, 3 rounds")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
+    parser.add_argument("--sharded-gib", type=float, default=None,
+                        help="size of the sharded-checkpoint row in GiB (default: 2, or 0 = none with --quick)")
     args = parser.parse_args()
+    sharded_gib = args.sharded_gib if args.sharded_gib is not None else (0 if args.quick else 2)
     total = (32 if args.quick else 512) * MiB
     rounds = 3 if args.quick else args.rounds
     versions = f"safetensors {timing.version('safetensors')}, gguf {timing.version('gguf')}"
@@ -149,6 +239,8 @@ def main():
         make_gguf(f"{d}/m.gguf", total)
         check_outputs(d, tensors)
         del tensors
+        if hasattr(os, "sync"):
+            os.sync()  # the inputs just written go to disk now, not during the timed rows
         size = timing.fmt_bytes(os.path.getsize(f"{d}/m.safetensors"))
         # Like for like: the by-hand peers check nothing, so the main rows convert with
         # validate="off"; one row adds convert's default (strict §10.9 statistics per tensor).
@@ -183,12 +275,16 @@ def main():
         table.add(Row("GGUF -> .apr -> GGUF (two conversions, two full writes)", gsize, gg["both"],
                       {by_hand: gg[by_hand]}))
 
-        table.add(Row("safetensors -> .apr, fresh process, peak RSS above imports", size,
-                      peak_rss("convert", f"{d}/m.safetensors", f"{d}/r.apr", rounds),
+        peaks = peak_rss("convert", f"{d}/m.safetensors", f"{d}/r.apr", rounds)
+        bound = total // N_TENSORS + 64 * MiB  # issue #12: the largest tensor plus 64 MiB
+        table.add(Row("safetensors -> .apr, validated, fresh process, peak RSS above imports", size, peaks,
                       {"load_file + save_file": peak_rss("by_hand", f"{d}/m.safetensors", f"{d}/r.apr", rounds)},
-                      unit="MiB"))
+                      unit="MiB", note=f"{'✅ under' if peaks.hi < bound else '❌ over'} largest tensor + 64 MiB "
+                                       f"({timing.fmt_bytes(bound)})"))
         table.notes.append(f"largest tensor: {timing.fmt_bytes(total // N_TENSORS)} (the model is {N_TENSORS} "
                            "equal tensors); files in a temporary directory (APRFAST_BENCH_DIR to choose one)")
+        if sharded_gib:
+            sharded_rows(table, d, sharded_gib, rounds)
     table.finish(args.md_out)
 
 

@@ -9,7 +9,7 @@ from ..api import open as _open
 from ..errors import LayoutError
 from ..reader import AprFile
 from ..writer import Writer
-from ._common import Spec
+from ._common import MAP_MIN, Spec, value_of
 
 __all__ = ["AprSource", "apr_writer"]
 
@@ -28,7 +28,17 @@ class AprSource:
             self._file.close()
             raise
 
-    def read(self, spec: Spec, scratch=None):  # views of the map: nothing to reuse
+    def read(self, spec: Spec, scratch=None):
+        """A view of the file's map (nothing to copy).  With ``scratch`` (the streaming
+        converter), a big plainly stored tensor is mapped on its own instead, page tables
+        filled at once (``_common.map_range``) and released at the scratch's next use, so
+        the resident set holds the tensor being converted, not every page read so far."""
+        if scratch is not None and spec.nbytes >= MAP_MIN:
+            where = self.raw_range(spec)
+            if where is not None:
+                raw = scratch.map(where[0], where[1], spec.nbytes)
+                if raw is not None:
+                    return value_of(spec.dtype, spec.shape, raw)
         return self._file.get_tensor(spec.name)
 
     def raw_range(self, spec: Spec):

@@ -26,7 +26,7 @@ from .. import dtypes as _dtypes
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, VersionError, os_error
 from ..limits import MAX_METADATA_SIZE, MAX_TENSOR_COUNT
 from ..writer import AtomicFile
-from ._common import DeclaredWriter, Spec, TensorFileSource, check_shape_bytes, copy_range
+from ._common import DeclaredWriter, Spec, TensorFileSource, check_shape_bytes, copy_range, reserve
 from .safetensors import _write_all, tensor_bytes
 
 __all__ = ["GGUFSource", "GGUFWriter", "GGML_TYPES", "MAX_METADATA_VALUES", "apr_metadata", "gguf_metadata",
@@ -482,6 +482,7 @@ class GGUFWriter(DeclaredWriter):
         prefix = self._prefix(triples)
         self._atomic = AtomicFile(path, durable=durable)
         try:
+            reserve(self._atomic.fd, len(prefix) + self._data_size, durable, path)
             _write_all(self._atomic.fd, prefix)
         except BaseException:
             self.abort()
@@ -526,6 +527,7 @@ class GGUFWriter(DeclaredWriter):
             pad = -size % self._alignment
             self._pads.append(pad)
             offset += size + pad
+        self._data_size = offset
         head = b"".join(parts)
         return head + b"\0" * (-len(head) % self._alignment)
 

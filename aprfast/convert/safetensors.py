@@ -25,7 +25,8 @@ from .. import dtypes as _dtypes
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, os_error
 from ..tensors import RawTensor
 from ..writer import AtomicFile
-from ._common import DeclaredWriter, DestinationExistsError, Spec, TensorFileSource, check_shape_bytes, copy_range, read_exact
+from ._common import (DeclaredWriter, DestinationExistsError, Spec, TensorFileSource, check_shape_bytes, copy_range,
+                      read_exact, reserve, write_all as _write_all)
 
 __all__ = ["SafetensorsSource", "ShardedSource", "SafetensorsWriter", "ShardedWriter", "open_source",
            "is_safetensors", "ST_DTYPES", "INDEX_NAME", "parse_size", "metadata_to_strings",
@@ -306,12 +307,6 @@ def header_bytes(specs, metadata: dict) -> bytes:
     return struct.pack("<Q", len(text)) + text
 
 
-def _write_all(fd: int, data) -> None:
-    view = memoryview(data).cast("B")
-    while view:
-        view = view[os.write(fd, view):]
-
-
 def tensor_bytes(spec: Spec, value) -> memoryview:
     """The little-endian bytes of ``value``, checked against the declared spec."""
     if isinstance(value, RawTensor):
@@ -338,7 +333,9 @@ class SafetensorsWriter(DeclaredWriter):
         self._next = 0
         self._atomic = AtomicFile(path, durable=durable)
         try:
-            _write_all(self._atomic.fd, header_bytes(self.specs, metadata_to_strings(metadata or {})))
+            header = header_bytes(self.specs, metadata_to_strings(metadata or {}))
+            reserve(self._atomic.fd, len(header) + sum(spec.nbytes for spec in self.specs), durable, path)
+            _write_all(self._atomic.fd, header)
         except BaseException:
             self.abort()
             raise
