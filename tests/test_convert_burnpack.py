@@ -16,6 +16,7 @@ from aprfast.convert._common import Spec  # noqa: E402
 from aprfast.dtypes import by_name  # noqa: E402
 from aprfast.errors import (AprError, CorruptError, FormatError, LayoutError, LimitError,  # noqa: E402
                             UnknownDTypeError, VersionError)
+from refusals import assert_source_refuses
 
 # Written by burn-pack 0.23.0-pre.1 (tests/interop/harness-burnpack, `write`) for
 #   w: F32 [2, 2] = 1 2 3 4, param_id 42;  b: Bool [3] = 1 0 1 (in that order);
@@ -145,15 +146,7 @@ def one(dtype="F32", shape=(2,), offsets=(0, 8), **extra):
 
 
 def refused(tmp_path, data, error=AprError, match=None):
-    path = tmp_path / "h.bpk"
-    path.write_bytes(data)
-    with pytest.raises(error, match=match):
-        src = bp.BurnpackSource(path)
-        try:
-            for spec in src.specs:
-                src.read(spec)
-        finally:
-            src.close()
+    assert_source_refuses(bp.BurnpackSource, tmp_path / "h.bpk", data, error, match)
 
 
 def test_every_truncation_is_refused(tmp_path):

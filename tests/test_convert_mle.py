@@ -16,6 +16,7 @@ from aprfast.cli import main as apr
 from aprfast.convert import detect, mle
 from aprfast.errors import (AprError, ChecksumError, CorruptError, FormatError, LimitError, SignatureError,
                             VersionError)
+from refusals import assert_source_refuses
 
 FIELDS = "<4sIII10Q4I2I"
 
@@ -132,15 +133,7 @@ def test_cli_inspect_and_validate(tmp_path, capsys):
 
 # --- hostile files ---------------------------------------------------------------------------
 def refused(tmp_path, data, error=AprError, match=None):
-    path = tmp_path / "h.mle"
-    path.write_bytes(data)
-    with pytest.raises(error, match=match):
-        src = mle.MLESource(path)
-        try:
-            for spec in src.specs:
-                src.read(spec)
-        finally:
-            src.close()
+    assert_source_refuses(mle.MLESource, tmp_path / "h.mle", data, error, match)
 
 
 def test_every_truncation_is_refused(tmp_path):
