@@ -263,6 +263,10 @@ def writer_inputs(draw):
         shape = tuple(draw(st.lists(st.integers(0, 5), max_size=4)))
         count = int(np.prod(shape))
         raw = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).bytes(count * dtype.itemsize)
+        # bytearray: each array owns its memory.  CPython shares one-byte bytes objects, so two
+        # frombuffer views of equal one-byte draws would be one storage, which save_file
+        # stores once (tied weights, tests/test_shared_storage.py) and the Writer does not.
+        raw = bytearray(raw)
         array = np.frombuffer(raw, np.uint8).astype(bool) if dtype == np.bool_ else np.frombuffer(raw, dtype)
         tensors[name] = array.reshape(shape)
     order = draw(st.permutations(names))
