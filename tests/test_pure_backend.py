@@ -12,6 +12,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import json
+import os
 import struct
 import sys
 import zlib
@@ -609,6 +610,15 @@ sys.meta_path.insert(0, Broken())
 """
 
 
+def _compiled_modules_installed() -> bool:
+    import glob
+    import importlib.machinery
+
+    here = os.path.dirname(os.path.abspath(aprfast.__file__))
+    return all(any(glob.glob(os.path.join(here, m + suffix)) for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+               for m in _backend.MODULES)
+
+
 def test_a_missing_compiled_module_falls_back_to_the_twins_unless_c_is_forced(run_child):
     out = _child(run_child, None, _BREAK_QUANT)
     assert out.returncode == 0, out.stderr
@@ -617,7 +627,8 @@ def test_a_missing_compiled_module_falls_back_to_the_twins_unless_c_is_forced(ru
     forced = _child(run_child, "c", _BREAK_QUANT)
     assert forced.returncode != 0
     assert "APRFAST_BACKEND=c but a compiled aprfast module is missing" in forced.stderr
-    assert "simulated: no compiled _quant" in forced.stderr
+    if _compiled_modules_installed():  # (the pure wheel has none: _crc is missing first)
+        assert "simulated: no compiled _quant" in forced.stderr
 
 
 def test_an_unknown_backend_name_is_refused(run_child):
