@@ -9,6 +9,7 @@ test at the end of each section states aprfast's behaviour; the README lists the
 """
 
 import errno
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -422,6 +423,11 @@ def test_torch_cpu_device(tmp_path, torch, pt):
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="torch is not installed")
 def test_a_cuda_device_without_cuda_fails_alike(tmp_path, torch, pt):
+    if os.environ.get("APRFAST_SANITIZED"):
+        # torch's CUDA hooks raise a C++ exception without a GPU, and C++ exceptions abort in
+        # the preloaded ASan runtime's __cxa_throw interceptor (as jaxlib's do): torch's, not
+        # aprfast's; the normal run tests this
+        pytest.skip("torch's C++ exceptions abort under the preloaded ASan runtime (tested in the normal run)")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA; test_torch_adapter loads onto it")
     tensors = {"w": torch.randn(3, 3)}
