@@ -16,6 +16,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+if os.environ.get("APRFAST_SANITIZED"):
+    # Under tests/sanitize.sh libasan is preloaded, and every C++ exception torch throws (an
+    # index out of range, CUDA without a GPU) aborts in its __cxa_throw interceptor: this
+    # module compares safetensors' and aprfast's errors through torch, so it runs in the
+    # normal suite; aprfast's C kernels are under the sanitizer in every other module.
+    pytest.skip("torch's C++ exceptions abort under the preloaded ASan runtime", allow_module_level=True)
+
 import aprfast
 import aprfast.numpy as apr_numpy
 
