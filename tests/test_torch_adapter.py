@@ -3,6 +3,12 @@
 import numpy as np
 import pytest
 
+if __import__("os").environ.get("APRFAST_SANITIZED"):
+    # Under tests/sanitize.sh libasan is preloaded, and every C++ exception torch throws (an
+    # index out of range in a slicing check) aborts in its __cxa_throw interceptor: these
+    # tests run in the normal suite; the kernels they reach are sanitized in other modules.
+    pytest.skip("torch's C++ exceptions abort under the preloaded ASan runtime", allow_module_level=True)
+
 torch = pytest.importorskip("torch")
 aprfast_torch = pytest.importorskip("aprfast.torch")
 
