@@ -26,6 +26,7 @@ cdef extern from "buffers.h" nogil:
     ctypedef struct apr_cache_stats:
         size_t blocks
         size_t bytes
+        size_t resident
         size_t limit
         uint64_t hits
         uint64_t misses
@@ -34,6 +35,7 @@ cdef extern from "buffers.h" nogil:
     void apr_cache_stats_get(apr_cache_stats *out)
     void apr_cache_release(long long limit)
     size_t APR_CACHE_MIN
+    size_t APR_CACHE_RESIDENT
 
 cdef extern from "pio.h" nogil:
     int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc)
@@ -117,13 +119,16 @@ cdef class AlignedBuffer:
 
 #: Freed AlignedBuffers of at least this many bytes are kept for reuse (buffers.h).
 BUFFER_CACHE_MIN = APR_CACHE_MIN
+BUFFER_CACHE_RESIDENT = APR_CACHE_RESIDENT
 
 
 def buffer_cache_stats():
-    """The cache of freed buffers: blocks and bytes held, the cap, hits and misses."""
+    """The cache of freed buffers: blocks and bytes held, the bytes of those kept resident
+    (not given MADV_FREE), the cap, hits and misses."""
     cdef apr_cache_stats st
     apr_cache_stats_get(&st)
-    return {"blocks": st.blocks, "bytes": st.bytes, "limit": st.limit, "hits": st.hits, "misses": st.misses}
+    return {"blocks": st.blocks, "bytes": st.bytes, "resident": st.resident, "limit": st.limit,
+            "hits": st.hits, "misses": st.misses}
 
 
 def release_buffer_cache(limit=None):

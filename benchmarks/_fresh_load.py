@@ -71,7 +71,9 @@ def loader(tool, path):
 
         def readinto():
             # the floor for an owned load: fresh memory (huge pages advised) and one read
-            buf = mmap.mmap(-1, max(os.path.getsize(path), 1))
+            # private, as an allocator maps (Python's default anonymous map is shared,
+            # shmem-backed, and about 1.3x slower to fault in here)
+            buf = mmap.mmap(-1, max(os.path.getsize(path), 1), flags=mmap.MAP_PRIVATE)
             if hasattr(mmap, "MADV_HUGEPAGE"):
                 buf.madvise(mmap.MADV_HUGEPAGE)
             with open(path, "rb", buffering=0) as f:

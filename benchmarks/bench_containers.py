@@ -108,8 +108,9 @@ def gguf_save(tensors, path):
 
 def fresh_buffer(nbytes: int) -> mmap.mmap:
     """Fresh anonymous memory, huge pages advised where the platform has them (what an
-    owned load of ``nbytes`` must fill)."""
-    buf = mmap.mmap(-1, max(nbytes, 1))
+    owned load of ``nbytes`` must fill).  Private, as an allocator maps it: Python's
+    default anonymous map is shared (shmem), about 1.3x slower to fault in here."""
+    buf = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         buf.madvise(mmap.MADV_HUGEPAGE)
     return buf

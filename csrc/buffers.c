@@ -127,7 +127,7 @@ static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 #define cache_lock_give() pthread_mutex_unlock(&cache_lock)
 #endif
 static apr_block cache_slot[APR_CACHE_SLOTS];
-static size_t cache_count, cache_bytes;
+static size_t cache_count, cache_bytes, cache_resident; /* resident: bytes of blocks not advised */
 static long long cache_limit = -1; /* -1: not read from the environment yet */
 static uint64_t cache_hits, cache_misses;
 
@@ -185,6 +185,9 @@ static apr_block cache_take(size_t i)
     memmove(&cache_slot[i], &cache_slot[i + 1], (cache_count - i - 1) * sizeof(apr_block));
     cache_count--;
     cache_bytes -= b.capacity;
+    if (!b.advised)
+        cache_resident -= b.capacity;
+    b.advised = 0;
     return b;
 }
 
@@ -256,8 +259,19 @@ static int cache_put(apr_block *block)
     apr_block evicted[8];
     size_t n_evicted = 0;
     int kept = 0;
+    /* Decide on the advice first and give it before the block is published below (see
+     * buffers.h).  The resident total may change in between: it is a soft bound. */
     cache_lock_take();
     cache_limit_init();
+    int advise = block->mapped != 0 || cache_resident + block->capacity > APR_CACHE_RESIDENT;
+    int worth = (long long)block->capacity <= cache_limit;
+    cache_lock_give();
+    if (!worth)
+        return 0;
+    if (advise)
+        lazy_free(block);
+    block->advised = advise;
+    cache_lock_take();
     if ((long long)block->capacity <= cache_limit) {
         /* Oldest first out until it fits (at most a few per call; the rest next time). */
         while (cache_count && (cache_count == APR_CACHE_SLOTS ||
@@ -269,14 +283,14 @@ static int cache_put(apr_block *block)
         if (cache_count < APR_CACHE_SLOTS && (long long)(cache_bytes + block->capacity) <= cache_limit) {
             cache_slot[cache_count++] = *block;
             cache_bytes += block->capacity;
+            if (!block->advised)
+                cache_resident += block->capacity;
             kept = 1;
         }
     }
     cache_lock_give();
     for (size_t i = 0; i < n_evicted; i++)
         release(&evicted[i]);
-    if (kept)
-        lazy_free(block);
     return kept;
 }
 
@@ -286,6 +300,7 @@ void apr_cache_stats_get(apr_cache_stats *out)
     cache_limit_init();
     out->blocks = cache_count;
     out->bytes = cache_bytes;
+    out->resident = cache_resident;
     out->limit = (size_t)cache_limit;
     out->hits = cache_hits;
     out->misses = cache_misses;

@@ -80,11 +80,12 @@ class AlignedBuffer(np.ndarray):
 #: Freed buffers of at least this many bytes are kept for reuse by the compiled
 #: allocator (csrc/buffers.h); here Python's allocator and the OS do the reusing.
 BUFFER_CACHE_MIN = 256 << 10
+BUFFER_CACHE_RESIDENT = 256 << 20
 
 
 def buffer_cache_stats() -> dict:
     """The cache of freed buffers: this backend keeps none."""
-    return {"blocks": 0, "bytes": 0, "limit": 0, "hits": 0, "misses": 0}
+    return {"blocks": 0, "bytes": 0, "resident": 0, "limit": 0, "hits": 0, "misses": 0}
 
 
 def release_buffer_cache(limit=None) -> None:
@@ -95,7 +96,10 @@ def release_buffer_cache(limit=None) -> None:
 
 def _mapped_block(size: int, huge: bool) -> mmap.mmap:
     """``size`` bytes of anonymous memory (page aligned), advised for huge pages if ``huge``."""
-    area = mmap.mmap(-1, size)
+    # Private, as the compiled allocator maps: Python's default for an anonymous map is
+    # MAP_SHARED, which is backed by shmem (slower to fault in, and THP works differently)
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    area = mmap.mmap(-1, size) if private is None else mmap.mmap(-1, size, flags=private)
     if huge and hasattr(mmap, "MADV_HUGEPAGE") and "madvise" not in _forced:
         try:
             area.madvise(mmap.MADV_HUGEPAGE)
