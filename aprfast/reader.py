@@ -8,7 +8,6 @@ bytes they need.  All methods are safe to call from several threads at once.
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 
@@ -53,6 +52,8 @@ class AprFile:
         self.alignment = alignment
         self._makers = {}
         self._views = {}  # name -> a zero-copy view handed out before (get_tensor's fast path)
+        self._copies = {}  # name -> (offset, size, shape, maker) of a plain mapped tensor copied before
+        self._slices = {}  # name -> the TensorSlice get_slice made before
         self._whole = None
         self._tables = {}
         self._source = open_source(target, mode=mode)
@@ -143,6 +144,11 @@ class AprFile:
             seen = self._views.get(name)
             if seen is not None and not self._source.closed:
                 return seen.view()  # a new array object over the same bytes: 4x cheaper than building one
+        elif not dequantize:
+            plan = self._copies.get(name)
+            if plan is not None:  # a plain tensor of a mapped file: one lookup, one C copy
+                offset, size, shape, make = plan
+                return make(shape, _memory.copy_range(self._mapped(), offset, size, self.alignment), 0, size)
         type_id, offset, size, shape = self._file.row(name)
         make = self._makers.get(type_id) or self._maker(type_id)
         codec = self._file.codec(name)
@@ -150,10 +156,12 @@ class AprFile:
             raw = tensor_codecs.read_range(self, name, 0, codec[1])
             tensor = make(shape, raw.base, 0, codec[1])
         elif copy or not self._source.zero_copy:
-            owned = _memory.AlignedBuffer(size, self.alignment)
             if self._source.zero_copy:  # a memcpy from the map: no system call
-                _memory.copy_into(owned, self._mapped()[offset:offset + size])
+                owned = _memory.copy_range(self._mapped(), offset, size, self.alignment)
+                if len(self._copies) < _MAX_REMEMBERED_VIEWS:
+                    self._copies[name] = (offset, size, shape, make)
             else:
+                owned = _memory.AlignedBuffer(size, self.alignment)
                 self._source.readinto(offset, owned)
             tensor = make(shape, owned, 0, size)
         else:
@@ -209,10 +217,16 @@ class AprFile:
         the blocks holding the axis-0 rows the key touches are read and decoded.  For
         an encrypted or signed APR2 file only the 1 MiB chunks the key touches are read,
         checked and decrypted."""
+        made = self._slices.get(name)
+        if made is not None:  # stateless apart from its cached view: shared, built once
+            return made
         info = self._file.info(name)
         if info.dtype is not None and info.dtype.packed:
             return QuantizedSlice(self, info, dequantize)
-        return TensorSlice(self, info)
+        made = TensorSlice(self, info)
+        if len(self._slices) < _MAX_REMEMBERED_VIEWS:
+            self._slices[name] = made
+        return made
 
     def tensors(self, copy: bool = False) -> dict:
         """Every tensor, by name (compressed ones owned, see get_tensor)."""
@@ -237,6 +251,7 @@ class AprFile:
 
     def close(self) -> None:
         self._whole = None  # views handed out keep the map alive; this handle need not
+        self._views, self._copies, self._slices = {}, {}, {}
         self._source.close()
 
     @property
@@ -343,7 +358,6 @@ class TensorSlice:
         self.shape = info.shape
         self.dtype = numpy_dtype(info.dtype)
         self._whole = None
-        self._lock = threading.Lock()
         self._compressed = bool(file._file.codec(info.name))
 
     def get_shape(self) -> list:

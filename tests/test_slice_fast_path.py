@@ -57,3 +57,26 @@ def test_a_slice_object_of_a_closed_file_raises(path):
     f.close()
     with pytest.raises(aprfast.errors.AprIOError, match="closed"):
         sl[0:2]
+
+
+def test_repeated_slices_and_copies_share_their_plan_and_stop_at_close(path):
+    # get_slice handles and copy plans are remembered per name (issue 9's per-call
+    # overhead); each result is still a fresh owned array, and a closed file refuses
+    f = aprfast.open(path)
+    first = f.get_slice("t")
+    assert f.get_slice("t") is first
+    a, b = first[1:3], f.get_slice("t")[1:3]
+    assert a is not b and not np.shares_memory(a, b)
+    np.testing.assert_array_equal(a, ARRAY[1:3])
+    c1, c2 = f.get_tensor("t", copy=True), f.get_tensor("t", copy=True)
+    assert not np.shares_memory(c1, c2) and c1.flags.writeable and c1.ctypes.data % 64 == 0
+    c1[:] = -1  # an owned copy: writing it changes neither the file nor the next copy
+    np.testing.assert_array_equal(f.get_tensor("t", copy=True), ARRAY)
+    f.close()
+    with pytest.raises(Exception):
+        first[0]
+    with pytest.raises(Exception):
+        f.get_tensor("t", copy=True)
+    with pytest.raises(Exception):
+        f.get_slice("t")[0]
+    np.testing.assert_array_equal(a, ARRAY[1:3])  # results outlive the handle

@@ -181,6 +181,16 @@ def copy_into(dst, src, threads=0) -> None:
     out[:] = source
 
 
+def copy_range(src, offset, size, alignment=64, threads=0):
+    """A new AlignedBuffer holding bytes ``[offset, offset + size)`` of ``src``."""
+    source = typed_view(src, np.uint8)
+    if offset < 0 or size < 0 or offset > source.shape[0] or size > source.shape[0] - offset:
+        raise ValueError(f"copy_range: bytes {offset}..{offset + size} lie outside a buffer of {source.shape[0]}")
+    out = AlignedBuffer(size, alignment)
+    typed_view(out, np.uint8, writable=True)[:] = source[offset:offset + size]
+    return out
+
+
 def copy_to_bytes(src, threads=0) -> bytes:
     """``bytes(src)``."""
     return typed_view(src, np.uint8).tobytes()
