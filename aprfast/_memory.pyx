@@ -34,6 +34,7 @@ cdef extern from "buffers.h" nogil:
     void apr_block_free(apr_block *block)
     void apr_cache_stats_get(apr_cache_stats *out)
     void apr_cache_release(long long limit)
+    int apr_huge_pages_state()
     size_t APR_CACHE_MIN
     size_t APR_CACHE_RESIDENT
 
@@ -113,7 +114,8 @@ cdef class AlignedBuffer:
 
     @property
     def huge_page_backed(self):
-        """True when the buffer was mapped on a 2 MiB boundary (huge pages advised)."""
+        """True when the buffer was mapped on a 2 MiB boundary (huge pages advised unless
+        fresh huge pages proved slow in this process: see huge_pages_state)."""
         return self.block.mapped != 0
 
 
@@ -129,6 +131,12 @@ def buffer_cache_stats():
     apr_cache_stats_get(&st)
     return {"blocks": st.blocks, "bytes": st.bytes, "resident": st.resident, "limit": st.limit,
             "hits": st.hits, "misses": st.misses}
+
+
+def huge_pages_state():
+    """Whether large buffers get huge pages in this process: "untried", "huge", or
+    "small" when a fresh huge page proved slow (buffers.c says why)."""
+    return {-1: "untried", 0: "huge", 1: "small"}[apr_huge_pages_state()]
 
 
 def release_buffer_cache(limit=None):

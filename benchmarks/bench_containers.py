@@ -91,6 +91,13 @@ MiB = 1 << 20
 MODELS = ("large", "small", "tiny")
 
 
+def huge_model(scale: float) -> dict:
+    """512 float32 tensors of 2048x1024 (4 GiB; --quick: 1/8), for the eager-load rows only."""
+    rng = np.random.default_rng(1)
+    rows = max(8, int(2048 * scale))
+    return {f"blocks.{i:03d}.weight": rng.random((rows, 1024), dtype=np.float32) for i in range(512)}
+
+
 def size_text(nbytes: int) -> str:
     return f"{nbytes / MiB:.1f} MiB" if nbytes >= MiB else f"{nbytes / 1024:.0f} KiB"
 
@@ -123,6 +130,17 @@ def touch_fresh_pages(nbytes: int) -> mmap.mmap:
     buf = fresh_buffer(nbytes)
     np.frombuffer(buf, np.uint8)[::4096] = 1
     return buf
+
+
+FLOOR_SAVE = "write() of the payload bytes"
+
+
+def write_fresh(path, data):
+    """One write() of ``data`` to a new file (the floor of any save of those bytes)."""
+    with open(path, "xb", buffering=0) as f:
+        view = memoryview(data)
+        while view:
+            view = view[f.write(view):]
 
 
 def fsync_path(path):
@@ -187,10 +205,18 @@ class Bench:
         if gguf is not None:
             fns["GGUFWriter"] = lambda: gguf_save(tensors, dest["gguf"])
             paths["GGUFWriter"] = dest["gguf"]
+        # the floor (not a peer): the payload's bytes, already in one buffer, written by
+        # one write() to a fresh path; every format writes at least these bytes
+        payload = b"".join(v.tobytes() for v in tensors.values())
+        dest["raw"] = self.path(name, "out.raw")
+        fns[FLOOR_SAVE] = lambda: write_fresh(dest["raw"], payload)
+        paths[FLOOR_SAVE] = dest["raw"]
         setup = {k: unlinker(p) for k, p in paths.items()}
         r = self.time(fns, setup=setup)
+        floor = {FLOOR_SAVE: r.pop(FLOOR_SAVE)}
         t.add(Row(f"{name}: save to a fresh path, no fsync", size, r.pop("aprfast"),
-                  {"save_file": r.pop("safetensors")}, r))
+                  {"save_file": r.pop("safetensors")}, r, floor))
+        del fns[FLOOR_SAVE], paths[FLOOR_SAVE], payload
 
         durable = {"aprfast": lambda: aprfast.save_file(tensors, dest["apr"])}
         for k, fn in fns.items():
@@ -402,6 +428,48 @@ class Bench:
                                    limits, unit=unit, note=note))
 
 
+    def eager_only(self, name, tensors, size):
+        """The eager-load rows alone (in a loop and in fresh processes), for a model too
+        big to give every row: aprfast, safetensors, torch.load and the readinto floor."""
+        files = {"apr": self.path(name, "apr"), "st": self.path(name, "safetensors"), "pt": self.path(name, "pt")}
+        aprfast.save_file(tensors, files["apr"], durable=False)
+        st_numpy.save_file(tensors, files["st"])
+        if torch is not None:
+            torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, files["pt"])
+        os.sync()
+        total = sum(v.nbytes for v in tensors.values())
+
+        def readinto():
+            buf = fresh_buffer(total)
+            with open(files["st"], "rb", buffering=0) as f:
+                f.readinto(buf)
+            return buf
+
+        tools = {"aprfast": lambda: aprfast.load_file(files["apr"], mmap=False),
+                 "safetensors.numpy.load_file": lambda: st_numpy.load_file(files["st"]),
+                 "readinto (the file's bytes)": readinto}
+        if torch is not None:
+            tools["torch.load"] = lambda: torch.load(files["pt"], weights_only=True)
+        r = self.time(tools, rounds=min(self.rounds, 3))
+        primary = {"safetensors.numpy.load_file": r.pop("safetensors.numpy.load_file")}
+        limits = {"fresh huge-page buffer + readinto": r.pop("readinto (the file's bytes)")}
+        self.table.add(Row(f"{name}: eager load, owned arrays", size, r.pop("aprfast"), primary, r, limits))
+        fresh = {"aprfast.load_file(mmap=False)": files["apr"], "safetensors.numpy.load_file": files["st"],
+                 FLOOR: files["apr"]}
+        if torch is not None:
+            fresh["torch.load"] = files["pt"]
+        times, above, _ = fresh_samples(fresh, min(self.fresh_rounds, 3))
+        for label, data, unit in (("time", times, "s"), ("peak RSS above its imports", above, "B")):
+            data = dict(data)
+            ours = data.pop("aprfast.load_file(mmap=False)")
+            prim = {"safetensors.numpy.load_file": data.pop("safetensors.numpy.load_file")}
+            floor = data.pop(FLOOR)
+            self.table.add(Row(f"{name}: fresh process, load into owned copies, {label}", size, ours, prim, data,
+                               {FLOOR: floor} if unit == "s" else None, unit=unit))
+        for p in files.values():
+            unlinker(p)()
+
+
 # The floor of an owned load in a fresh process (a limit, not a peer).
 FLOOR = "fresh huge-page buffer + readinto"
 
@@ -501,7 +569,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds per row (default 7)")
     parser.add_argument("--fresh-rounds", type=int, default=5, help="fresh processes per tool (default 5)")
     parser.add_argument("--no-fresh", action="store_true", help="skip the fresh-process rows")
-    parser.add_argument("--models", default="large,small,tiny,index", help="comma-separated subset")
+    parser.add_argument("--models", default="large,small,tiny,huge,index",
+                        help="comma-separated subset (huge: 4 GiB, eager-load rows only)")
     parser.add_argument("--dir", default=None, help="where to write files (default: a temp dir)")
     parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
     parser.add_argument("--markdown", action="store_true", help=argparse.SUPPRESS)  # old flag: always printed now
@@ -537,6 +606,14 @@ def main():
             del tensors
             gc.collect()
             print(f"--- {name} done at {time.time() - started:.0f} s", flush=True)
+        if "huge" in wanted:  # 4 GiB: the eager-load rows only
+            tensors = huge_model(scale)
+            nbytes = sum(v.nbytes for v in tensors.values())
+            print(f"--- huge: {len(tensors)} tensors, {nbytes / MiB:.1f} MiB (eager loads only)", flush=True)
+            bench.eager_only("huge", tensors, size_text(nbytes))
+            del tensors
+            gc.collect()
+            print(f"--- huge done at {time.time() - started:.0f} s", flush=True)
         if "index" in wanted:
             tensors = model("index", scale)
             print(f"--- index: {len(tensors)} tensors", flush=True)

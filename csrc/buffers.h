@@ -31,6 +31,10 @@ typedef struct {
  * huge pages make that first touch cheaper. */
 #define APR_MAP_THRESHOLD ((size_t)32 << 20)
 
+/* Whether fresh huge pages proved slow in this process (buffers.c): -1 not tried yet
+ * (or no huge pages on this platform), 0 no, 1 yes (4 KiB pages are used instead). */
+int apr_huge_pages_state(void);
+
 /* 0 on success, or an errno value.  alignment must be a power of two <= 4096.
  * The contents are not initialised (a reused block holds old bytes). */
 int apr_block_alloc(apr_block *block, size_t size, size_t alignment);

@@ -18,8 +18,11 @@
 #include <unistd.h>
 #endif
 
-/* Below this size a second thread costs more than it saves. */
+/* Below this size a second thread costs more than it saves when the caller lets the
+ * library choose (threads <= 0); a caller who names a thread count gets it down to
+ * PARALLEL_FLOOR, each thread taking at least that much. */
 #define PARALLEL_MIN ((size_t)8 << 20)
+#define PARALLEL_FLOOR ((size_t)256 << 10)
 /* Checksum in cache-sized steps right after each read, while the bytes are hot. */
 #define CHUNK ((size_t)1 << 20)
 #define MAX_THREADS APR_PARALLEL_MAX_THREADS
@@ -75,15 +78,16 @@ int apr_default_threads(void)
 
 static int clamp_threads(int nthreads, size_t len)
 {
-    if (len < PARALLEL_MIN)
-        return 1;
-    if (nthreads <= 0)
+    if (nthreads <= 0) {
+        if (len < PARALLEL_MIN)
+            return 1;
         nthreads = apr_default_threads();
+    }
     if (nthreads > MAX_THREADS)
         nthreads = MAX_THREADS;
-    if (len < PARALLEL_MIN)
-        return 1;
-    return nthreads;
+    if ((size_t)nthreads > len / PARALLEL_FLOOR)
+        nthreads = (int)(len / PARALLEL_FLOOR);
+    return nthreads < 1 ? 1 : nthreads;
 }
 
 typedef struct {

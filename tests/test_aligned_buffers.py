@@ -47,6 +47,28 @@ def test_buffers_of_32_mib_and_more_are_huge_page_backed(size):
         assert buf.address % HUGE_PAGE == 0
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge-page mapping is a Linux path")
+def test_a_fresh_mapped_block_is_populated_and_decides_its_page_size():
+    # buffers.c times the population of each fresh mapped block (huge pages, 32 MiB at a
+    # time) and falls back to 4 KiB pages where fresh huge pages prove slow
+    import subprocess
+
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(aprfast.__file__)))
+    script = ("from aprfast import _memory; import numpy as np\n"
+              "print(_memory.huge_pages_state())\n"
+              "b = _memory.AlignedBuffer(72 << 20, 64)\n"
+              "a = np.frombuffer(b, np.uint8); a[::4096] = 3\n"
+              "print(_memory.huge_pages_state(), int(a[::4096].sum()) == 3 * len(a[::4096]))")
+    for fallbacks, expected in (("", {"huge", "small"}), ("madvise", {"untried"})):
+        env = dict(os.environ, PYTHONPATH=package_parent, APRFAST_FALLBACKS=fallbacks)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        first, then = out.stdout.split("\n")[:2]
+        assert first == "untried"
+        state, filled = then.split()
+        assert state in expected and filled == "True", out.stdout
+
+
 @pytest.mark.parametrize("alignment", [0, 3, 6, 100, 8192, 1 << 20])
 def test_invalid_alignments_raise_value_error(alignment):
     with pytest.raises(ValueError):

@@ -88,6 +88,11 @@ def buffer_cache_stats() -> dict:
     return {"blocks": 0, "bytes": 0, "resident": 0, "limit": 0, "hits": 0, "misses": 0}
 
 
+def huge_pages_state() -> str:
+    """This backend always advises huge pages for large buffers (and times nothing)."""
+    return "untried"
+
+
 def release_buffer_cache(limit=None) -> None:
     """Nothing is cached here; ``limit`` is checked as the compiled module checks it."""
     if limit is not None and limit < 0:
