@@ -64,18 +64,20 @@ def loader(tool, path):
         if "copy" in tool:
             return lambda: {t.name: np.array(t.data) for t in GGUFReader(path).tensors}
         return lambda: {t.name: t.data for t in GGUFReader(path).tensors}
-    if tool == "fresh huge-page buffer + readinto":
+    if tool in ("fresh huge-page buffer + readinto", "fresh 4 KiB-page buffer + readinto"):
         import mmap
 
         import numpy as np
 
+        advice = "MADV_HUGEPAGE" if tool.startswith("fresh huge") else "MADV_NOHUGEPAGE"
+
         def readinto():
-            # the floor for an owned load: fresh memory (huge pages advised) and one read
-            # private, as an allocator maps (Python's default anonymous map is shared,
-            # shmem-backed, and about 1.3x slower to fault in here)
+            # the floor for an owned load: fresh memory (huge pages advised, or refused)
+            # and one read; private, as an allocator maps (Python's default anonymous map
+            # is shared, shmem-backed, and about 1.3x slower to fault in here)
             buf = mmap.mmap(-1, max(os.path.getsize(path), 1), flags=mmap.MAP_PRIVATE)
-            if hasattr(mmap, "MADV_HUGEPAGE"):
-                buf.madvise(mmap.MADV_HUGEPAGE)
+            if hasattr(mmap, advice):
+                buf.madvise(getattr(mmap, advice))
             with open(path, "rb", buffering=0) as f:
                 f.readinto(buf)
             return {"file": np.frombuffer(buf, np.uint8)}
