@@ -75,8 +75,18 @@ def test_save_file_leaves_target_unchanged_when_writing_fails_midway(tmp_path, m
             raise OSError(28, "No space left on device")
         return real_write(fd, data)
 
+    real_writev = getattr(os, "writev", None)
+
+    def failing_writev(fd, pieces):  # save_file's vectored path (POSIX)
+        calls.append(sum(len(p) for p in pieces))
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real_writev(fd, pieces)
+
     monkeypatch.setattr(os, "write", failing_write)
-    big = np.ones(1 << 20, np.float32)  # 4 MiB: written in its own write after the prefix
+    if real_writev is not None:
+        monkeypatch.setattr(os, "writev", failing_writev)
+    big = np.ones(5 << 20, np.float32)  # 20 MiB each: more than one writev batch
     with pytest.raises(AprIOError):
         aprfast.save_file({"a": big, "b": big}, target)
     monkeypatch.undo()
@@ -689,3 +699,49 @@ def test_arrays_outlive_the_file_that_mapped_them(tmp_path, run_child):
     expected = float(np.arange(1 << 16, dtype=np.float32).sum())
     assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
     assert out.stdout.split() == [repr(expected), repr(expected)]
+
+
+@pytest.mark.skipif(not hasattr(os, "writev"), reason="the vectored save path is POSIX")
+def test_short_writevs_resume_mid_piece_and_give_the_same_bytes(tmp_path, monkeypatch):
+    # save_file writes tensors of 16 KiB and more with writev from the caller's arrays;
+    # a kernel may write fewer bytes than asked, anywhere inside a piece
+    rng = np.random.default_rng(5)
+    tensors = {f"t{i}": rng.standard_normal(n, dtype=np.float32)
+               for i, n in enumerate([5, 4096, 20000, 3, 70000, 1 << 18])}
+    aprfast.save_file(tensors, tmp_path / "whole.apr")
+    real_writev = os.writev
+    sizes = []
+
+    def short_writev(fd, pieces):
+        budget = 7777 + 13 * len(sizes)  # odd amounts: never on a piece boundary
+        taken, cut = [], 0
+        for p in pieces:
+            p = memoryview(p)
+            if cut + len(p) > budget:
+                taken.append(p[:budget - cut])
+                break
+            taken.append(p)
+            cut += len(p)
+        sizes.append(sum(len(p) for p in taken))
+        return real_writev(fd, taken)
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    aprfast.save_file(tensors, tmp_path / "short.apr")
+    monkeypatch.undo()
+    assert len(sizes) > 10
+    assert (tmp_path / "short.apr").read_bytes() == (tmp_path / "whole.apr").read_bytes()
+    got = aprfast.load_file(tmp_path / "short.apr")
+    assert all(np.array_equal(got[k], v) for k, v in tensors.items())
+
+
+def test_a_save_sweeps_a_temp_left_after_its_last_save_there(tmp_path):
+    # the sweep of abandoned temporary files runs when the directory changed since this
+    # process last swept or saved there (one stat otherwise)
+    from aprfast import writer
+
+    aprfast.save_file({"a": np.zeros(3, np.float32)}, tmp_path / "one.apr")
+    orphan = tmp_path / ".two.apr.aprfast-999999-0123456789abcdef.tmp"  # a killed save's
+    orphan.write_bytes(b"partial")
+    aprfast.save_file({"a": np.zeros(3, np.float32)}, tmp_path / "two.apr")
+    assert not orphan.exists()
+    assert writer._SWEPT[str(tmp_path)] == os.stat(tmp_path).st_mtime_ns
