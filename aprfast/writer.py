@@ -445,8 +445,10 @@ def write_plan(plan, sink: _Sink, *, spool_fd=None) -> None:
 #: Tensors from this size go to the kernel from their own memory (an iovec entry costs
 #: more than copying a smaller one into the gathering buffer).
 _VECTOR_MIN = 16 << 10
-#: One writev per this many bytes or _VECTOR_PIECES pieces (under every IOV_MAX).
-_VECTOR_BATCH = 16 << 20
+#: One writev per this many bytes or _VECTOR_PIECES pieces (under every IOV_MAX): small
+#: enough that the bytes the CRC just read are still in the last-level cache when the
+#: kernel copies them.
+_VECTOR_BATCH = 4 << 20
 _VECTOR_PIECES = 512
 
 
