@@ -28,7 +28,7 @@ from . import dtypes as _dtypes
 from .dtypes import APR2_IDS, APRENDER_IDS, DType, bfloat16, element_count
 from .errors import CorruptError, LayoutError, UnknownDTypeError
 from .layouts import _common
-from .precision import to_float32
+from .precision import empty_output, to_float32
 from .tensors import QuantizedTensor, RawTensor
 
 __all__ = [
@@ -138,7 +138,7 @@ class _Kernel(QuantType):
         return self._quantizer is not None
 
     def _quantize(self, values, threads):
-        out = np.empty(self.dtype.nbytes(values.shape), np.uint8)
+        out = empty_output(self.dtype.nbytes(values.shape), np.uint8)
         if values.size:
             getattr(_quant, self._quantizer)(values.reshape(-1), out, threads=threads)
         return QuantizedTensor(self.dtype, values.shape, out)
@@ -150,7 +150,7 @@ class _Kernel(QuantType):
             # Rows padded to whole blocks (aprender pads K-quant rows to 256, GH-202):
             # decode the padded rows, keep the first `row` values of each.
             padded = -(-row // d.block_elems) * d.block_elems
-            rows = np.empty((out.size // row, padded), np.float32)
+            rows = empty_output((out.size // row, padded), np.float32)
             _quant.dequantize(self.name, qt.data, rows.reshape(-1), threads=threads)
             out.reshape(-1, row)[...] = rows[:, :row]
             return
@@ -342,8 +342,8 @@ def _row_problem(kind: QuantType, shape) -> str | None:
 
 
 def _output(out, shape) -> np.ndarray:
-    if out is None:
-        return np.empty(shape, np.float32)
+    if out is None:  # large results reuse cached, already-touched memory (precision.empty_output)
+        return empty_output(shape, np.float32)
     if not isinstance(out, np.ndarray) or out.dtype != np.float32 or not out.dtype.isnative:
         raise LayoutError(f"out must be a float32 NumPy array, not {getattr(out, 'dtype', type(out).__name__)}")
     if not out.flags.c_contiguous or not out.flags.writeable:
