@@ -15,9 +15,10 @@ rounding), through float32 to bfloat16 (ml_dtypes' own path); overflow gives inf
 without a warning, as in the kernels.  ``out`` is reused when
 given: C-contiguous, writable, the right element count and dtype (float16/bfloat16
 or their ``uint16`` bits; float32 for :func:`to_float32`).  ``threads`` caps the
-threads used for large arrays (0 = every online core; arrays under 2 Mi elements are
-converted on the calling thread whatever it says, as a second thread does not pay
-there).
+threads used for large arrays: 0 = the cores idle at the time of the call (every
+online core on an idle machine, one when other processes keep them busy: a thread
+that must wait for a core costs more than it saves); arrays under 2 Mi elements are
+converted on the calling thread whatever it says, as a second thread does not pay there.
 
 Without ``out``, results of 32 MiB and more live in aprfast's aligned buffers (see
 :func:`empty_output`), so a loop of same-size conversions reuses already-touched memory.

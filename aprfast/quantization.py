@@ -10,7 +10,9 @@ Nothing in aprfast quantizes unless one of these is called (seed 002 §6.2.5):
 
 Each type is one small class, as in gguf-py: its name, block geometry and two kernels.
 The built-in kernels are C (``aprfast._quant``), GIL released, split over ``threads``
-(0 = every online core).  docs/FORMAT.md has every type's bytes and rounding rules.
+(0 = the cores idle at the time of the call; tensors under 512 Ki values stay on the
+calling thread).  Large results reuse aprfast's cached aligned memory
+(:func:`aprfast.precision.empty_output`).  docs/FORMAT.md has every type's bytes and rounding rules.
 """
 
 from __future__ import annotations
