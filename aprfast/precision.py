@@ -26,6 +26,8 @@ Without ``out``, results of 32 MiB and more live in aprfast's aligned buffers (s
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import _half, _memory
@@ -39,6 +41,7 @@ __all__ = ["to_float16", "to_bfloat16", "to_float32"]
 _F16 = np.dtype("<f2")
 _U16 = np.dtype("<u2")
 _F32 = np.dtype(np.float32)
+_BITS = np.dtype(np.uint16)  # the native-order object: .view() takes it several times faster than "<u2"
 _BF16 = np.dtype(bfloat16) if bfloat16 is not None else None
 
 #: Outputs of at least this many bytes come from aprfast's buffer cache (csrc/buffers.c),
@@ -56,13 +59,13 @@ def to_float16(array, out=None, *, threads: int = 0) -> np.ndarray:
     """``array`` (float32, float64, float16 or bfloat16) rounded to float16."""
     values = _float_array(array, "to_float16")
     result = _output(out, values.shape, (_F16, _U16), _F16, "to_float16")
-    bits = _flat(result).view(np.uint16)
+    bits = _flat(result).view(_BITS)
     if values.dtype == np.float64:  # NumPy rounds f64 -> f16 once; through f32 would round twice
         with np.errstate(over="ignore"):  # overflow gives inf, as in the kernels
             # NumPy's own cast (astype's), straight into the result: no temporary.
             np.copyto(bits.view(_F16), values.reshape(-1), casting="unsafe")
     elif values.dtype == _F16:
-        bits[...] = values.reshape(-1).view(np.uint16)
+        bits[...] = values.reshape(-1).view(_BITS)
     else:
         _half.f32_to_f16(_flat(_widened(values, threads)), bits, threads=threads)
     return result
@@ -74,9 +77,9 @@ def to_bfloat16(array, out=None, *, threads: int = 0) -> np.ndarray:
     values = _float_array(array, "to_bfloat16")
     wanted = _BF16 if _BF16 is not None else _U16
     result = _output(out, values.shape, tuple(d for d in (_BF16, _U16) if d is not None), wanted, "to_bfloat16")
-    bits = _flat(result).view(np.uint16)
+    bits = _flat(result).view(_BITS)
     if _BF16 is not None and values.dtype == _BF16:
-        bits[...] = values.reshape(-1).view(np.uint16)
+        bits[...] = values.reshape(-1).view(_BITS)
     else:  # float64 goes through float32, exactly as ml_dtypes converts it
         _half.f32_to_bf16(_flat(_widened(values, threads)), bits, threads=threads)
     return result
@@ -99,9 +102,9 @@ def to_float32(array, out=None, *, threads: int = 0, dtype=None) -> np.ndarray:
     result = _output(out, values.shape, (_F32,), _F32, "to_float32")
     flat = _flat(result)
     if kind == "F16":
-        _half.f16_to_f32(_flat(values).view(np.uint16), flat, threads=threads)
+        _half.f16_to_f32(_flat(values).view(_BITS), flat, threads=threads)
     elif kind == "BF16":
-        _half.bf16_to_f32(_flat(values).view(np.uint16), flat, threads=threads)
+        _half.bf16_to_f32(_flat(values).view(_BITS), flat, threads=threads)
     else:
         with np.errstate(over="ignore"):  # float32 copied, float64 rounded once (inf on overflow)
             flat[...] = values.reshape(-1)
@@ -112,7 +115,9 @@ def empty_output(shape, dtype) -> np.ndarray:
     """An uninitialised C-ordered array for a result the caller fills completely: from
     the buffer cache from :data:`CACHED_OUTPUT_MIN` bytes on, else ``np.empty``."""
     dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
+    if not isinstance(shape, tuple):  # np.empty also takes one int, or any sequence
+        shape = tuple(shape) if np.iterable(shape) else (shape,)
+    count = int(math.prod(shape))  # np.prod costs 6 us: most of a small call
     # The pure backend keeps no cache: its AlignedBuffer maps memory afresh each time.
     if count * dtype.itemsize < CACHED_OUTPUT_MIN or BACKEND == "python":
         return np.empty(shape, dtype)
@@ -172,7 +177,7 @@ def _output(out, shape, accepted, default, what: str) -> np.ndarray:
         raise LayoutError(f"{what}: out has dtype {out.dtype}; expected {' or '.join(str(d) for d in accepted)}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise LayoutError(f"{what}: out must be C-contiguous and writable")
-    size = int(np.prod(shape, dtype=np.int64))
+    size = int(math.prod(shape))
     if out.size != size:
         raise LayoutError(f"{what}: out holds {out.size} elements, the input {size}")
     return out if out.shape == tuple(shape) else out.reshape(shape)
