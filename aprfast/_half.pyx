@@ -144,5 +144,6 @@ def best_path():
 
 
 def default_threads():
-    """Threads used for ``threads=0``: the online cores."""
+    """The most threads ``threads=0`` uses: the online cores (fewer while other processes
+    keep cores busy; one below 2 Mi elements)."""
     return apr_half_default_threads()

@@ -228,5 +228,6 @@ def best_path():
 
 
 def default_threads():
-    """Threads used when ``threads=0``: the online cores."""
+    """The most threads ``threads=0`` uses: the online cores (fewer while other processes
+    keep cores busy; one below 512 Ki values)."""
     return apr_quant_default_threads()

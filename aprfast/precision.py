@@ -15,14 +15,23 @@ rounding), through float32 to bfloat16 (ml_dtypes' own path); overflow gives inf
 without a warning, as in the kernels.  ``out`` is reused when
 given: C-contiguous, writable, the right element count and dtype (float16/bfloat16
 or their ``uint16`` bits; float32 for :func:`to_float32`).  ``threads`` caps the
-threads used for large arrays (0 = every online core).
+threads used for large arrays: 0 = the cores idle at the time of the call (every
+online core on an idle machine, one when other processes keep them busy: a thread
+that must wait for a core costs more than it saves); arrays under 2 Mi elements are
+converted on the calling thread whatever it says, as a second thread does not pay there.
+
+Without ``out``, results of 32 MiB and more live in aprfast's aligned buffers (see
+:func:`empty_output`), so a loop of same-size conversions reuses already-touched memory.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from . import _half
+from . import _half, _memory
+from ._backend import BACKEND
 from .dtypes import bfloat16, by_name
 from .errors import LayoutError
 from .tensors import RawTensor
@@ -32,19 +41,31 @@ __all__ = ["to_float16", "to_bfloat16", "to_float32"]
 _F16 = np.dtype("<f2")
 _U16 = np.dtype("<u2")
 _F32 = np.dtype(np.float32)
+_BITS = np.dtype(np.uint16)  # the native-order object: .view() takes it several times faster than "<u2"
 _BF16 = np.dtype(bfloat16) if bfloat16 is not None else None
+
+#: Outputs of at least this many bytes come from aprfast's buffer cache (csrc/buffers.c),
+#: smaller ones from np.empty.  Why: glibc's malloc reuses freed blocks below its mmap
+#: threshold, which stops rising at 32 MiB, so a loop of same-size NumPy allocations
+#: under it gets already-touched memory back, while from 32 MiB on every np.empty maps,
+#: faults in and zeroes fresh pages (about 15 ms of a 17 ms f16 -> f32 conversion to 64
+#: MiB here).  The cache keeps freed huge-page blocks from that size on.  Below it the
+#: cache was measured slower than glibc (1 MiB: 112 against 45 us; 16 MiB: 1.6 against
+#: 0.87 ms), because it gives each freed block of 4 KiB pages back with MADV_FREE.
+CACHED_OUTPUT_MIN = 32 << 20
 
 
 def to_float16(array, out=None, *, threads: int = 0) -> np.ndarray:
     """``array`` (float32, float64, float16 or bfloat16) rounded to float16."""
     values = _float_array(array, "to_float16")
     result = _output(out, values.shape, (_F16, _U16), _F16, "to_float16")
-    bits = _flat(result).view(np.uint16)
+    bits = _flat(result).view(_BITS)
     if values.dtype == np.float64:  # NumPy rounds f64 -> f16 once; through f32 would round twice
         with np.errstate(over="ignore"):  # overflow gives inf, as in the kernels
-            bits[...] = values.reshape(-1).astype(_F16).view(np.uint16)
+            # NumPy's own cast (astype's), straight into the result: no temporary.
+            np.copyto(bits.view(_F16), values.reshape(-1), casting="unsafe")
     elif values.dtype == _F16:
-        bits[...] = values.reshape(-1).view(np.uint16)
+        bits[...] = values.reshape(-1).view(_BITS)
     else:
         _half.f32_to_f16(_flat(_widened(values, threads)), bits, threads=threads)
     return result
@@ -56,9 +77,9 @@ def to_bfloat16(array, out=None, *, threads: int = 0) -> np.ndarray:
     values = _float_array(array, "to_bfloat16")
     wanted = _BF16 if _BF16 is not None else _U16
     result = _output(out, values.shape, tuple(d for d in (_BF16, _U16) if d is not None), wanted, "to_bfloat16")
-    bits = _flat(result).view(np.uint16)
+    bits = _flat(result).view(_BITS)
     if _BF16 is not None and values.dtype == _BF16:
-        bits[...] = values.reshape(-1).view(np.uint16)
+        bits[...] = values.reshape(-1).view(_BITS)
     else:  # float64 goes through float32, exactly as ml_dtypes converts it
         _half.f32_to_bf16(_flat(_widened(values, threads)), bits, threads=threads)
     return result
@@ -81,13 +102,26 @@ def to_float32(array, out=None, *, threads: int = 0, dtype=None) -> np.ndarray:
     result = _output(out, values.shape, (_F32,), _F32, "to_float32")
     flat = _flat(result)
     if kind == "F16":
-        _half.f16_to_f32(_flat(values).view(np.uint16), flat, threads=threads)
+        _half.f16_to_f32(_flat(values).view(_BITS), flat, threads=threads)
     elif kind == "BF16":
-        _half.bf16_to_f32(_flat(values).view(np.uint16), flat, threads=threads)
+        _half.bf16_to_f32(_flat(values).view(_BITS), flat, threads=threads)
     else:
         with np.errstate(over="ignore"):  # float32 copied, float64 rounded once (inf on overflow)
             flat[...] = values.reshape(-1)
     return result
+
+
+def empty_output(shape, dtype) -> np.ndarray:
+    """An uninitialised C-ordered array for a result the caller fills completely: from
+    the buffer cache from :data:`CACHED_OUTPUT_MIN` bytes on, else ``np.empty``."""
+    dtype = np.dtype(dtype)
+    if not isinstance(shape, tuple):  # np.empty also takes one int, or any sequence
+        shape = tuple(shape) if np.iterable(shape) else (shape,)
+    count = int(math.prod(shape))  # np.prod costs 6 us: most of a small call
+    # The pure backend keeps no cache: its AlignedBuffer maps memory afresh each time.
+    if count * dtype.itemsize < CACHED_OUTPUT_MIN or BACKEND == "python":
+        return np.empty(shape, dtype)
+    return np.frombuffer(_memory.AlignedBuffer(count * dtype.itemsize, 64), dtype, count).reshape(shape)
 
 
 def _float_array(array, what: str) -> np.ndarray:
@@ -136,14 +170,14 @@ def _half_kind(dtype: np.dtype, declared) -> str | None:
 
 def _output(out, shape, accepted, default, what: str) -> np.ndarray:
     if out is None:
-        return np.empty(shape, default)
+        return empty_output(shape, default)
     if not isinstance(out, np.ndarray):
         raise LayoutError(f"{what}: out must be a NumPy array, not {type(out).__name__}")
     if out.dtype not in accepted:
         raise LayoutError(f"{what}: out has dtype {out.dtype}; expected {' or '.join(str(d) for d in accepted)}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise LayoutError(f"{what}: out must be C-contiguous and writable")
-    size = int(np.prod(shape, dtype=np.int64))
+    size = int(math.prod(shape))
     if out.size != size:
         raise LayoutError(f"{what}: out holds {out.size} elements, the input {size}")
     return out if out.shape == tuple(shape) else out.reshape(shape)

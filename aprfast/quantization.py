@@ -10,7 +10,9 @@ Nothing in aprfast quantizes unless one of these is called (seed 002 §6.2.5):
 
 Each type is one small class, as in gguf-py: its name, block geometry and two kernels.
 The built-in kernels are C (``aprfast._quant``), GIL released, split over ``threads``
-(0 = every online core).  docs/FORMAT.md has every type's bytes and rounding rules.
+(0 = the cores idle at the time of the call; tensors under 512 Ki values stay on the
+calling thread).  Large results reuse aprfast's cached aligned memory
+(:func:`aprfast.precision.empty_output`).  docs/FORMAT.md has every type's bytes and rounding rules.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from . import dtypes as _dtypes
 from .dtypes import APR2_IDS, APRENDER_IDS, DType, bfloat16, element_count
 from .errors import CorruptError, LayoutError, UnknownDTypeError
 from .layouts import _common
-from .precision import to_float32
+from .precision import empty_output, to_float32
 from .tensors import QuantizedTensor, RawTensor
 
 __all__ = [
@@ -138,7 +140,7 @@ class _Kernel(QuantType):
         return self._quantizer is not None
 
     def _quantize(self, values, threads):
-        out = np.empty(self.dtype.nbytes(values.shape), np.uint8)
+        out = empty_output(self.dtype.nbytes(values.shape), np.uint8)
         if values.size:
             getattr(_quant, self._quantizer)(values.reshape(-1), out, threads=threads)
         return QuantizedTensor(self.dtype, values.shape, out)
@@ -150,7 +152,7 @@ class _Kernel(QuantType):
             # Rows padded to whole blocks (aprender pads K-quant rows to 256, GH-202):
             # decode the padded rows, keep the first `row` values of each.
             padded = -(-row // d.block_elems) * d.block_elems
-            rows = np.empty((out.size // row, padded), np.float32)
+            rows = empty_output((out.size // row, padded), np.float32)
             _quant.dequantize(self.name, qt.data, rows.reshape(-1), threads=threads)
             out.reshape(-1, row)[...] = rows[:, :row]
             return
@@ -342,8 +344,8 @@ def _row_problem(kind: QuantType, shape) -> str | None:
 
 
 def _output(out, shape) -> np.ndarray:
-    if out is None:
-        return np.empty(shape, np.float32)
+    if out is None:  # large results reuse cached, already-touched memory (precision.empty_output)
+        return empty_output(shape, np.float32)
     if not isinstance(out, np.ndarray) or out.dtype != np.float32 or not out.dtype.isnative:
         raise LayoutError(f"out must be a float32 NumPy array, not {getattr(out, 'dtype', type(out).__name__)}")
     if not out.flags.c_contiguous or not out.flags.writeable:

@@ -9,14 +9,16 @@ Like with like, for each of f32->f16, f16->f32, f32->bf16, bf16->f32:
 
 * allocating API vs allocating API: ``aprfast.to_float16(x)`` / ``to_bfloat16`` /
   ``to_float32`` against ``x.astype(np.float16)`` (NumPy), ``x.astype(ml_dtypes.bfloat16)``
-  and ``tensor.to(dtype)`` (torch);
+  and ``tensor.to(dtype)`` (torch), in a loop (aprfast's buffer cache serves repeats, as
+  glibc serves NumPy's below 32 MiB) and into fresh memory (the cache emptied before
+  every aprfast call, untimed);
 * kernel vs kernel into the same kind of preallocated buffer: ``aprfast.to_float16(x,
   out=out)`` against ``np.copyto(out, x, casting="unsafe")`` (NumPy, or ml_dtypes' cast
   for bfloat16; ``astype`` cannot write into an existing array) and torch's
   ``out.copy_(x)``.
 
 Each pairing is run with one thread (aprfast ``threads=1``, ``torch.set_num_threads(1)``)
-and with every core (aprfast ``threads=0``, torch's default); NumPy and ml_dtypes
+and with the default (aprfast ``threads=0``: the cores idle at the call; torch's default); NumPy and ml_dtypes
 always run on one thread, which the row says.  The source is standard-normal float32
 (like weights; NumPy is much slower on values that underflow or overflow float16, which
 would flatter aprfast).  Outputs are checked bit for bit against the peer.
@@ -32,6 +34,7 @@ import numpy as np
 
 import aprfast
 from aprfast import _half
+from aprfast._memory import release_buffer_cache
 
 import timing
 from timing import Row, Table, interleaved
@@ -87,17 +90,22 @@ def bench_against_peers(table, n, rounds):
         expected = src.astype(dtype)
         if not np.array_equal(bits(convert(src)), bits(expected)):
             sys.exit(f"{name}: aprfast and {peer} disagree")
-        for threads, label in ((1, "1 thread"), (0, f"all {cores} cores")):
+        for threads, label in ((1, "1 thread"), (0, f"threads=0 (idle cores, up to {cores})")):
             if torch is not None:
                 torch.set_num_threads(1 if threads == 1 else cores)
             tools = {"aprfast": lambda: convert(src, threads=threads),
+                     "aprfast, cold cache": lambda: convert(src, threads=threads),
                      "astype": lambda: src.astype(dtype)}
             if torch is not None:
                 tools["torch .to()"] = lambda: tsrc.to(getattr(torch, tdtype))
-            r = interleaved(tools, rounds, min_sample=0.02)
+            # The cold-cache variant empties aprfast's buffer cache before each call
+            # (untimed), so its output is fresh memory, as NumPy's is from 32 MiB on.
+            r = interleaved(tools, rounds, min_sample=0.02, setup={"aprfast, cold cache": release_buffer_cache})
             primary = {peer.split()[0] + " astype (1 thread)": r.pop("astype")}
-            table.add(Row(f"{name}, allocating, aprfast {label}", size, r.pop("aprfast"), primary,
-                          {f"torch .to() ({label})": r.pop("torch .to()")} if torch is not None else None))
+            torch_cell = {f"torch .to() ({label})": r.pop("torch .to()")} if torch is not None else None
+            table.add(Row(f"{name}, allocating, aprfast {label}", size, r.pop("aprfast"), primary, torch_cell))
+            table.add(Row(f"{name}, allocating into fresh memory (buffer cache emptied first), aprfast {label}",
+                          size, r.pop("aprfast, cold cache"), primary, torch_cell))
 
             tools = {"aprfast": lambda: convert(src, out=ours_out, threads=threads),
                      "copyto": lambda: np.copyto(np_out, src, casting="unsafe")}
@@ -112,7 +120,14 @@ def bench_against_peers(table, n, rounds):
         if torch is not None:
             torch.set_num_threads(cores)
     table.notes.append("NumPy and ml_dtypes conversions run on one thread whatever the row says; the thread "
-                       "count applies to aprfast and torch.")
+                       "count applies to aprfast and torch (torch gets every core in the threads=0 rows).")
+    table.notes.append("Allocating rows: from 32 MiB on, aprfast's results come from its cache of freed aligned "
+                       "buffers, so a loop of same-size conversions reuses touched memory (glibc does that for "
+                       "NumPy below 32 MiB only). The fresh-memory rows empty that cache before each call: the "
+                       "first call of a process, or sizes that do not repeat, pay the kernel's zeroing of new "
+                       "pages, as every peer does here.")
+    table.notes.append("threads=0 starts only the threads idle cores can run at the time of the call "
+                       "(/proc/loadavg's runnable count) and none below 2 Mi elements.")
 
 
 def thread_scaling(table, n, rounds):

@@ -475,6 +475,70 @@ def test_kernels_compile_warning_free_with_the_host_compilers():
         assert result.returncode == 0, f"{cc}: {result.stderr}"
 
 
+
+THREAD_COUNT_DRIVER = r"""
+#include "half.h"
+#include "quant.h"
+#include "parallel.h"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Every thread the kernels start goes through here (-Wl,--wrap=pthread_create). */
+static int created;
+int __real_pthread_create(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void *), void *arg)
+{
+    created++;
+    return __real_pthread_create(t, a, f, arg);
+}
+
+int main(void)
+{
+    size_t big = (size_t)1 << 22;
+    uint16_t *h = calloc(big, 2);
+    float *f = calloc(big, 4);
+    uint8_t *q = calloc(apr_quant_nbytes(APR_QT_Q4_0, big), 1);
+    int idle = apr_parallel_idle_cpus(64), online = apr_parallel_cpu_count(64);
+    if (!h || !f || !q || idle < 1 || idle > online)
+        return 1;
+    /* Under the size thresholds, threads=0 and even threads=8 stay on the caller. */
+    apr_f16_to_f32(-1, h, f, ((size_t)2 << 20) - 1, 0);
+    apr_f16_to_f32(-1, h, f, 4096, 8);
+    apr_dequantize(APR_QT_Q4_0, q, ((size_t)512 << 10) - 32, f, 0, -1);
+    int small = created;
+    /* Explicit thread counts above them are honoured (the shared counter hands out the work). */
+    apr_f16_to_f32(-1, h, f, big, 2);
+    int half_big = created - small;
+    apr_dequantize(APR_QT_Q4_0, q, big, f, 2, -1);
+    int quant_big = created - small - half_big;
+    printf("%d %d %d %d %d\n", small, half_big, quant_big, idle, online);
+    return 0;
+}
+"""
+
+
+def test_small_work_starts_no_thread_and_idle_cores_are_counted(tmp_path):
+    """threads=0 never starts a thread below the size thresholds (and never reads the
+    load there); explicit counts above them are honoured; the idle-core count is in
+    [1, online cores]."""
+    if not (CSRC / "half.c").exists() or sys.platform != "linux" or not shutil.which("gcc"):
+        pytest.skip("needs the source tree, Linux and gcc")
+    driver = tmp_path / "threads.c"
+    driver.write_text(THREAD_COUNT_DRIVER)
+    exe = tmp_path / "threads"
+    build = subprocess.run(["gcc", "-std=c99", "-D_GNU_SOURCE", "-O1", "-pthread", "-Wl,--wrap=pthread_create",
+                            f"-I{CSRC}", str(driver), str(CSRC / "half.c"), str(CSRC / "quant.c"), "-lm",
+                            "-o", str(exe)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    run_it = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run_it.returncode == 0, run_it.stderr
+    small, half_big, quant_big, idle, online = map(int, run_it.stdout.split())
+    assert small == 0
+    assert 1 <= idle <= online
+    if online >= 2:
+        assert half_big == 1 and quant_big == 1
+
 CROSS_DRIVER = r"""
 #include "half.h"
 #include <stdio.h>

@@ -156,3 +156,61 @@ def test_shapes_are_kept(shape):
     assert aprfast.to_float16(x).shape == shape
     assert aprfast.to_bfloat16(x).shape == shape
     assert aprfast.to_float32(aprfast.to_float16(x)).shape == shape
+
+
+def _every_f32_class(n, seed):
+    """n float32 values mixing normals, subnormals, +-0, +-inf and NaNs with payloads."""
+    bits = np.random.default_rng(seed).integers(0, 1 << 32, n, dtype=np.uint32)
+    bits[::7] &= 0x807fffff  # zero exponent: subnormals and zeros
+    bits[1::11] |= 0x7f800000  # all-ones exponent: infinities and NaNs of every payload
+    return bits.view(np.float32)
+
+
+@pytest.mark.parametrize("threads", [1, 0])
+def test_results_in_reused_cached_memory_are_exact(monkeypatch, threads):
+    # Outputs from CACHED_OUTPUT_MIN on come from the buffer cache, whose blocks hold
+    # whatever the last user left: every byte of a result must still be written.
+    monkeypatch.setattr(precision, "CACHED_OUTPUT_MIN", 1 << 18)
+    x = _every_f32_class(300_001, 4)
+    with np.errstate(all="ignore"):
+        want16, wantb = x.astype(np.float16), x.astype(bfloat16)
+    for _ in range(3):
+        for dtype in (np.float32, np.float16, np.uint16):  # leave garbage behind in the cache
+            precision.empty_output(x.shape, dtype).view(np.uint8)[...] = 0xA5
+        h = aprfast.to_float16(x, threads=threads)
+        b = aprfast.to_bfloat16(x, threads=threads)
+        assert h.flags.c_contiguous and h.flags.writeable and h.shape == x.shape
+        assert np.array_equal(bits16(h), bits16(want16)) and np.array_equal(bits16(b), bits16(wantb))
+        wide = aprfast.to_float32(h, threads=threads)
+        assert wide.dtype == np.float32 and wide.flags.writeable
+        assert np.array_equal(wide.view(np.uint32), want16.astype(np.float32).view(np.uint32))
+        assert np.array_equal(aprfast.to_float32(b, threads=threads).view(np.uint32),
+                              wantb.astype(np.float32).view(np.uint32))
+        del h, b, wide
+
+
+def test_large_results_come_from_the_buffer_cache():
+    # At 32 MiB NumPy (glibc) maps fresh pages per call; aprfast reuses freed ones.
+    n = precision.CACHED_OUTPUT_MIN // 4
+    src = np.random.default_rng(5).standard_normal(n, dtype=np.float32).astype(np.float16)
+    want = src.astype(np.float32)
+    first = aprfast.to_float32(src)
+    assert np.array_equal(first, want) and first.shape == (n,) and first.flags.writeable
+    address = first.ctypes.data
+    del first
+    before = aprfast._memory.buffer_cache_stats()
+    again = aprfast.to_float32(src.reshape(8, -1))
+    assert again.shape == (8, n // 8) and np.array_equal(again.reshape(-1), want)
+    if aprfast.backend == "c":
+        assert aprfast._memory.buffer_cache_stats()["hits"] == before["hits"] + 1
+        assert again.ctypes.data == address and again.ctypes.data % 64 == 0
+    small = aprfast.to_float32(src[:1000])
+    assert small.base is None  # np.empty: glibc already reuses memory below 32 MiB
+
+
+def test_float64_to_float16_rounds_once_into_out():
+    x = np.array([1 + 2**-11 + 2**-40, 7e4, -7e4, np.nan, 2**-25, -(2**-24) * 1.5], np.float64)
+    out = np.zeros(6, np.uint16)
+    with np.errstate(all="ignore"):
+        want = bits16(x.astype(np.float16))
+    assert aprfast.to_float16(x, out) is out and np.array_equal(out, want)

@@ -267,6 +267,29 @@ def test_dequantize_rows_padded_to_whole_blocks(type_name):
     assert same_floats(aprfast.dequantize(qt), aprfast.dequantize(padded)[:, :row])
 
 
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "Q4_K", "APR_Q4"])
+def test_dequantize_into_reused_cached_memory_matches_oracle(monkeypatch, type_name):
+    """Large results come from the buffer cache, whose blocks hold old bytes: every float
+    must still be written (the padded-row path's temporary comes from there too)."""
+    from aprfast import precision
+    monkeypatch.setattr(precision, "CACHED_OUTPUT_MIN", 1 << 18)
+    d = DTYPES[type_name]
+    shape = (64, 2048) if d.blocks_per_row else (64, 2048 + 5)  # 512 KiB of floats: cached
+    qt = aprfast.QuantizedTensor(type_name, shape, np.random.default_rng(6).integers(
+        0, 256, d.nbytes(shape), np.uint8))  # NaN/inf scales too
+    want = oracle_values(qt).reshape(shape)
+    for threads in (1, 0, 1):
+        precision.empty_output(shape, np.float32)[...] = np.float32(1234.5)  # garbage left in the cache
+        got = aprfast.dequantize(qt, threads=threads)
+        assert got.dtype == np.float32 and got.flags.c_contiguous and got.flags.writeable
+        assert same_floats(got, want)
+    if d.blocks_per_row and d.packed:
+        row = shape[1] - d.block_elems // 2 - 3  # rows padded to whole blocks
+        padded = aprfast.QuantizedTensor(type_name, (64, row), qt.data)
+        precision.empty_output(shape, np.float32)[...] = np.float32(-1.0)
+        assert same_floats(aprfast.dequantize(padded), want[:, :row])
+
 def test_dequantize_apr_q4_partial_last_block_and_unsafe_scales():
     x = random_values((3, 11), 2)  # 33 values: one full block, one of a single value
     qt = aprfast.quantize(x, "apr_q4")

@@ -144,5 +144,6 @@ def best_path() -> str:
 
 
 def default_threads() -> int:
-    """Threads the compiled module would use for ``threads=0``: the online cores."""
+    """The most threads the compiled module uses for ``threads=0``: the online cores (fewer
+    while other processes keep cores busy; one below 2 Mi elements)."""
     return _default_threads()
