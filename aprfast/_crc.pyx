@@ -43,15 +43,16 @@ def crc32(data, unsigned int value=0, *, path=None, int threads=0):
 
     ``data`` is any C-contiguous buffer (bytes, bytearray, memoryview, NumPy array).
     ``path`` forces a kernel ("portable", "pclmul", "vpclmul", "armv8"); ``threads``
-    caps the threads used for large buffers (0 = all cores).
+    caps the threads used for large buffers (0 = the cores idle at the call: see
+    csrc/parallel.h).
     """
     cdef int pid = _path_id(path)
     cdef const uint8_t[::1] view = _byte_view(data)
     cdef size_t n = view.shape[0]
     cdef const uint8_t *ptr = &view[0] if n else <const uint8_t *>b""
     cdef uint32_t crc = value
-    if threads <= 0:
-        threads = _CORES
+    if threads < 0:
+        threads = 0  # the default: the C driver takes the cores idle now
     if n < NOGIL_MIN:
         return apr_crc32_parallel(pid, crc, ptr, n, 1)
     with nogil:

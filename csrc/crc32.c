@@ -1236,7 +1236,11 @@ static void run_piece(void *arg)
 
 static int threads_for(int nthreads, size_t len)
 {
-    if (nthreads <= 1 || len < PARALLEL_MIN_BYTES)
+    if (nthreads == 1 || len < PARALLEL_MIN_BYTES)
+        return 1;
+    if (nthreads <= 0) /* the default: only cores that can run now (parallel.h) */
+        nthreads = apr_parallel_idle_cpus(PARALLEL_MAX_THREADS);
+    if (nthreads <= 1)
         return 1;
     if (nthreads > PARALLEL_MAX_THREADS)
         nthreads = PARALLEL_MAX_THREADS;

@@ -81,7 +81,7 @@ static int clamp_threads(int nthreads, size_t len)
     if (nthreads <= 0) {
         if (len < PARALLEL_MIN)
             return 1;
-        nthreads = apr_default_threads();
+        nthreads = apr_parallel_idle_cpus(MAX_THREADS); /* only cores that can run now (parallel.h) */
     }
     if (nthreads > MAX_THREADS)
         nthreads = MAX_THREADS;
