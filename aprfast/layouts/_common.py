@@ -69,7 +69,8 @@ class ParsedFile:
         self.data_start = data_start
         self.data_len = data_len
         self.footer_crc_offset = footer_crc_offset
-        self.stored_crc = stored_crc
+        self._stored_crc = stored_crc
+        self._read_stored_crc = None
         self.limits = limits
         self._infos = {}
         self._codecs = {}
@@ -77,6 +78,28 @@ class ParsedFile:
         #: encrypted) a source holding the decrypted metadata and index.
         self.security = None
         self.names_source = None
+
+    @property
+    def stored_crc(self):
+        """The CRC32 the footer stores (None for a stream whose footer is still ahead)."""
+        crc = self._stored_crc
+        if crc is None:
+            reader = self._read_stored_crc
+            if reader is not None:
+                crc = self._stored_crc = reader()
+        return crc
+
+    @stored_crc.setter
+    def stored_crc(self, value) -> None:
+        self._stored_crc = value
+        self._read_stored_crc = None
+
+    def read_stored_crc_later(self, reader) -> None:
+        """Read the stored CRC (``reader()``) when first asked for: a footer holding
+        nothing else has nothing to check at open, and a large file's footer is one
+        more read (``inspect`` and listing never need it)."""
+        self._stored_crc = None
+        self._read_stored_crc = reader
 
     @cached_property
     def metadata(self) -> dict:
@@ -393,7 +416,7 @@ def decode_json(raw, path=None) -> dict:
 
     text = _metascan.json_text(raw, path)
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = _DECODER.decode(text)
     except (ValueError, RecursionError) as exc:
         raise CorruptError(f"metadata ({len(raw)} bytes) is not valid UTF-8 JSON: {exc}", path=path) from None
     if not isinstance(value, dict):  # the scan already refused it
@@ -404,6 +427,11 @@ def decode_json(raw, path=None) -> dict:
 def _reject_constant(name):
     raise ValueError(f"{name} is not JSON")
 
+
+# One decoder for every block: json.loads(text, parse_constant=...) builds a new
+# JSONDecoder and scanner per call, most of the cost of a small block.  Decoders
+# keep no state between calls (json.loads itself shares one across threads).
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 _RULE_TABLES = {}
