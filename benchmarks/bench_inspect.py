@@ -21,6 +21,8 @@ Rows, all tools of one model timed round-robin in one run (timing.py):
   while parsing.
 * inspect + every entry: the same, then ``list(info["tensors"].items())``, so every
   per-tensor dict exists, as after ``json.loads`` (default layout only).
+* inspect in a fresh process (unless ``--no-fresh``): each sample a new Python process
+  (round-robin across tools) that imports its tool, then times one inspect.
 
 Files are in the page cache; a sample is a loop of calls lasting about 50 ms.
 """
@@ -31,6 +33,7 @@ import argparse
 import gc
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +41,7 @@ import time
 import aprfast
 import timing
 from models import model
-from timing import Row, Table, interleaved
+from timing import Row, Samples, Table, interleaved
 
 try:
     import safetensors.numpy as st_numpy
@@ -91,15 +94,50 @@ def every_entry(path):
     return list(info["tensors"].items())
 
 
+_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, {here!r})
+who, path = sys.argv[1], sys.argv[2]
+if who == "safetensors":
+    def run():
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            return json.loads(f.read(n))
+else:
+    import aprfast
+    run = lambda: aprfast.inspect(path)
+start = time.perf_counter()
+run()
+print(time.perf_counter() - start)
+"""
+
+
+def fresh_samples(tools: dict, rounds: int) -> dict:
+    """One inspect per new Python process (imports done before the clock starts),
+    round-robin across tools: what a command-line inspector pays, every page fresh."""
+    code = _CHILD.format(here=os.path.dirname(os.path.abspath(__file__)))
+    out = {k: Samples() for k in tools}
+    for _ in range(rounds):
+        for tool, (who, path) in tools.items():
+            done = subprocess.run([sys.executable, "-c", code, who, path], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"fresh-process inspect with {tool} failed:\n{done.stderr}")
+            out[tool].append(float(done.stdout.strip().splitlines()[-1]))
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 rounds")
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds per model (default 7)")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
+    parser.add_argument("--fresh-rounds", type=int, default=5, help="fresh processes per tool (default 5)")
+    parser.add_argument("--no-fresh", action="store_true", help="skip the fresh-process rows")
     parser.add_argument("--dir", default=None, help="where to write files (default: a temp dir)")
     parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
     args = parser.parse_args()
     rounds = 3 if args.quick else args.rounds
+    fresh_rounds = 2 if args.quick else args.fresh_rounds
     wanted = args.models.split(",")
     unknown = [m for m in wanted if m not in MODELS]
     if unknown:
@@ -152,10 +190,19 @@ def main():
                               {label: r[key]}))
             table.add(Row(f"{name}: inspect + every entry, aprender layout", size,
                           r["aprfast aprender, every entry"], primary, others))
+            if not args.no_fresh:
+                fresh = {f"aprfast {layout}": ("aprfast", path) for layout, path in apr.items()}
+                fresh["header + json.loads"] = ("safetensors", st)
+                f = fresh_samples(fresh, fresh_rounds)
+                for layout in apr:
+                    table.add(Row(f"{name}: inspect in a fresh process, {layout} layout", size,
+                                  f[f"aprfast {layout}"], {"header + json.loads": f["header + json.loads"]}))
             for path in [*apr.values(), st] + ([gg] if gg else []):
                 os.unlink(path)
     table.notes.append("inspect's tensors is a dict that builds an entry when asked for (the index was checked "
                        "in full while parsing); the every-entry row builds all of them, as json.loads does.")
+    table.notes.append("Fresh-process rows: each sample is a new Python process that imports its tool, then times "
+                       "one inspect of a file in the page cache (every page of memory it fills is new).")
     table.notes.append("A tool whose first call took over 2 s is sampled in 3 rounds only (its cell says n=...).")
     table.finish(args.md_out)
 
