@@ -11,7 +11,7 @@ from .errors import LayoutError
 from .limits import Limits
 from .reader import AprFile
 from .security import SecurityOptions, refuse_keys
-from .sources import open_source
+from .sources import BufferSource, open_source
 from .tensors import as_inputs
 from .writer import save_to
 
@@ -236,7 +236,14 @@ def inspect(target, *, limits: Limits | None = None, storage_options=None) -> di
     """Header, metadata and index of a file, reading nothing else (for a v1 container:
     its header and metadata, without checking the CRC or decrypting anything; for a
     sharded model: the manifest, and each tensor's entry with its ``shard``).  A URL
-    costs one request when its prefix fits 64 KiB (:mod:`aprfast.remote`)."""
+    costs one request when its prefix fits 64 KiB (:mod:`aprfast.remote`).
+
+    A v2 file's ``tensors`` is ``{name: {"dtype", "shape", "offset", "nbytes"}}`` (plus
+    ``raw_size`` and ``flags`` for a compressed tensor) in index order, as a
+    :class:`~aprfast.layouts._common.TensorIndex`: a dict that builds an entry when it
+    is asked for, so inspecting a million tensors costs about the parse of their index.
+    It compares, copies, pickles and JSON-encodes as the plain dict it stands for; the
+    index was checked in full before ``inspect`` returned."""
     manifest = None if _is_url(target) else shards.find_manifest(target)
     if manifest is not None:
         return shards.inspect(manifest, limits=limits)
@@ -253,10 +260,14 @@ def inspect(target, *, limits: Limits | None = None, storage_options=None) -> di
             source.close()
     # an encrypted file whose names are not encrypted lists without its key
     with AprFile(source, limits=limits, unknown_dtypes="raw", keys={"listing": True}) as f:
+        # Every entry was checked while parsing (a hostile index fails here, not on
+        # access); "tensors" builds each entry's dict when asked for, so inspect costs
+        # the parse, not a million dicts.  An index read from a caller's buffer is
+        # copied first: the caller may change or reuse the buffer afterwards.
         return {
             "layout": f.layout,
             "header": f.header,
             "metadata": f.stored_metadata,
-            "tensors": f._file.describe(),
+            "tensors": f._file.tensor_index(detach=isinstance(f._raw_source, BufferSource)),
         }
 

@@ -30,6 +30,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import threading
 
 from . import _metascan, _pickling, _platform
@@ -101,9 +102,13 @@ def find_manifest(target):
         path = os.fsdecode(path)
     if path.endswith(".json"):
         return path
-    if os.path.isdir(path):
+    try:  # one stat answers both "a directory?" and "does it exist?"
+        kind = os.stat(path).st_mode
+    except (OSError, ValueError):
+        kind = None
+    if kind is not None and stat.S_ISDIR(kind):
         return _manifest_in(path)
-    if not path.endswith(".apr") or os.path.exists(path):
+    if not path.endswith(".apr") or kind is not None:
         return None
     candidate = manifest_path_for(path)
     return candidate if os.path.isfile(candidate) else None

@@ -175,6 +175,17 @@ class FileSource(Source):
         self._lock = threading.Lock()
         super().__init__(os.fstat(self._fd).st_size if size is None else size)
 
+    def read(self, offset: int, n: int, what: str = "range"):
+        # Header, metadata and a small index come from the first HEAD bytes, already in
+        # memory: no descriptor is used, so no access needs counting (opening a small
+        # model makes about eight such reads).  A closed source still refuses.
+        head = self._head
+        if head is not None and offset >= 0 and n >= 0 and offset + n <= len(head) and self._map_view is None:
+            if self.closed:
+                raise AprIOError("the file is closed", path=self.path)
+            return head[offset:offset + n]
+        return Source.read(self, offset, n, what)
+
     def _buffer(self):
         view = self._map_view
         if view is None:
@@ -206,7 +217,7 @@ class FileSource(Source):
                 head = self._head = self._read_head()
             if offset + n <= len(head):
                 return head[offset:offset + n]
-        out = bytearray(n)
+        out = _memory.uninitialised_bytearray(n)  # pread fills it all (or raises): no zeroing first
         self._readinto(offset, memoryview(out), 1, None)
         return out
 

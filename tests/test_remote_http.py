@@ -208,11 +208,23 @@ def test_a_server_that_ignores_range_serves_a_small_object_whole(http_server):
 
 def test_a_server_without_multi_range_costs_one_more_request(http_server):
     tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
-    url = http_server.put("m.apr", aprfast.save(tensors))
+    url = http_server.put("m.apr", aprfast.save(tensors, layout="apr2"))
     http_server.faults.no_multi_range = True
     info = aprfast.inspect(url)
     assert len(info["tensors"]) == 2
-    assert http_server.count == 2  # the first bytes, then the footer
+    assert http_server.count == 2  # the first bytes, then the footer (APR2 checks its size at open)
+
+
+def test_inspecting_the_aprender_layout_never_reads_its_footer(http_server):
+    # aprender's footer holds only the CRC, read when verify() asks for it
+    tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
+    url = http_server.put("m.apr", aprfast.save(tensors, layout="aprender"))
+    http_server.faults.no_multi_range = True
+    info = aprfast.inspect(url)
+    assert len(info["tensors"]) == 2
+    assert http_server.count == 1
+    with aprfast.open(url) as f:
+        f.verify()  # the stored CRC is still read and checked
 
 
 def test_range_ignored_after_open_is_refused(http_server):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import operator
+from collections.abc import KeysView, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -16,7 +17,7 @@ from ..errors import AprError, CorruptError, LayoutError, LimitError, TensorNotF
 from ..limits import Limits
 from ..tensors import TensorInfo
 
-__all__ = ["STREAM_END", "align", "ParsedFile", "Plan", "parse_index", "encode_index", "decode_json"]
+__all__ = ["STREAM_END", "align", "ParsedFile", "TensorIndex", "Plan", "parse_index", "encode_index", "decode_json"]
 
 
 #: Where a stream of unknown length is assumed to end when its index is checked: extents
@@ -68,7 +69,8 @@ class ParsedFile:
         self.data_start = data_start
         self.data_len = data_len
         self.footer_crc_offset = footer_crc_offset
-        self.stored_crc = stored_crc
+        self._stored_crc = stored_crc
+        self._read_stored_crc = None
         self.limits = limits
         self._infos = {}
         self._codecs = {}
@@ -76,6 +78,28 @@ class ParsedFile:
         #: encrypted) a source holding the decrypted metadata and index.
         self.security = None
         self.names_source = None
+
+    @property
+    def stored_crc(self):
+        """The CRC32 the footer stores (None for a stream whose footer is still ahead)."""
+        crc = self._stored_crc
+        if crc is None:
+            reader = self._read_stored_crc
+            if reader is not None:
+                crc = self._stored_crc = reader()
+        return crc
+
+    @stored_crc.setter
+    def stored_crc(self, value) -> None:
+        self._stored_crc = value
+        self._read_stored_crc = None
+
+    def read_stored_crc_later(self, reader) -> None:
+        """Read the stored CRC (``reader()``) when first asked for: a footer holding
+        nothing else has nothing to check at open, and a large file's footer is one
+        more read (``inspect`` and listing never need it)."""
+        self._stored_crc = None
+        self._read_stored_crc = reader
 
     @cached_property
     def metadata(self) -> dict:
@@ -120,6 +144,13 @@ class ParsedFile:
         index order (``aprfast.inspect``'s ``tensors``), built in C in one pass."""
         return self.entries.describe(self.data_start, _dtype_names(self.ids))
 
+    def tensor_index(self, *, detach: bool = False) -> TensorIndex:
+        """:meth:`describe` as a :class:`TensorIndex`, whose entries are built when asked
+        for (what ``aprfast.inspect`` returns).  ``detach``: over a private copy of the
+        index bytes, for an index read from a buffer its owner may change later."""
+        entries = self.entries.detached() if detach else self.entries
+        return TensorIndex(entries, self.data_start, _dtype_names(self.ids))
+
     def info(self, name: str) -> TensorInfo:
         found = self._infos.get(name)
         if found is None:
@@ -131,6 +162,229 @@ class ParsedFile:
         type_id, offset, size, shape = self.entries.row(i, self.data_start)
         dtype = self.ids.dtype(type_id) if self.ids.knows(type_id) else None
         return TensorInfo(name, dtype, type_id, shape, offset, size, self.entries.flags(i))
+
+
+#: The one key a lazy :class:`TensorIndex` keeps in its own dict storage, so code that
+#: reads a dict's size from its C struct (the C JSON encoder's ``{}`` fast path) does
+#: not take a non-empty index for an empty one; every Python-level method hides it.
+_HELD = object()
+
+
+class _IndexKeys(KeysView):
+    """``TensorIndex.keys()`` before the table is built: names decoded as iterated,
+    membership by binary search; otherwise a ``dict_keys`` (set operations, len, ==)."""
+
+    __slots__ = ()
+
+    def __reversed__(self):
+        return reversed(list(self))
+
+    def __repr__(self):
+        return f"dict_keys({list(self)!r})"
+
+
+class TensorIndex(dict):
+    """``aprfast.inspect``'s ``tensors``: ``{name: {"dtype", "shape", "offset",
+    "nbytes"[, "raw_size", "flags"]}}`` in index order, over the parsed index.
+
+    A dict whose entries are decoded when asked for: ``len``, ``in``, ``[name]``,
+    ``get`` and iterating the names cost a binary search or a name each; the first
+    ``items()``, ``values()``, ``==``, ``repr``, copy, pickle or JSON encoding builds
+    every entry in one pass in C (what ``inspect`` used to do up front) and keeps the
+    result.  An entry asked for twice is the same dict, so changes to it are kept.
+    Any change to the table itself (``t[k] = v``, ``del``, ``pop``, ``update``, ...)
+    first copies everything into the dict's own storage; from then on it is an
+    ordinary dict.  Copies (``dict(t)``, ``t.copy()``, ``copy.copy``), pickles and
+    ``t | other`` are plain dicts.
+
+    Every check of the index ran when the file was parsed (inside ``inspect``), so
+    nothing here can fail on the file's bytes: the table reads a validated, private
+    copy of the index."""
+
+    __slots__ = ("_entries", "_data_start", "_dtype_names", "_built", "_asked")
+
+    def __init__(self, entries, data_start: int, dtype_names: list):
+        dict.__init__(self)
+        self._entries = entries
+        self._data_start = data_start
+        self._dtype_names = dtype_names
+        self._built = None  # every entry, once something needed them all
+        self._asked = {}  # entries built one at a time, handed out again as the same dicts
+        if len(entries):
+            dict.__setitem__(self, _HELD, None)
+
+    # --- building ------------------------------------------------------------------
+    def _entry(self, i: int) -> dict:
+        """Entry ``i`` as ``_index.Entries.describe`` builds it (same keys, same order)."""
+        entries = self._entries
+        type_id, offset, size, shape = entries.row(i, self._data_start)
+        out = {"dtype": self._dtype_names[type_id], "shape": list(shape), "offset": offset, "nbytes": size}
+        flags = entries.flags(i)
+        if flags:  # compressed: what it inflates to, and how
+            out["raw_size"] = entries.raw_size(i)
+            out["flags"] = flags
+        return out
+
+    def _all(self) -> dict:
+        """Every entry in index order (built once, in C); None once the table is a plain dict."""
+        built = self._built
+        if built is None:
+            entries = self._entries
+            if entries is None:
+                return None
+            built = entries.describe(self._data_start, self._dtype_names)
+            for name, entry in list(self._asked.items()):  # hand out what was handed out before
+                built[name] = entry
+            self._built = built
+            self._asked = {}
+        return built
+
+    def _plain(self) -> dict:
+        """The contents as a dict: the built table, or (after a change) the storage."""
+        built = self._all()
+        return dict.copy(self) if built is None else built
+
+    def _own(self) -> None:
+        """Before a change: move every entry into the dict's own storage, for good."""
+        built = self._all()
+        if built is not None:
+            dict.clear(self)
+            dict.update(self, built)
+            self._entries = self._built = None
+            self._asked = {}
+
+    # --- reading -----------------------------------------------------------------------
+    def __len__(self):
+        entries = self._entries
+        return dict.__len__(self) if entries is None else len(entries)
+
+    def __contains__(self, name):
+        entries = self._entries
+        return dict.__contains__(self, name) if entries is None else entries.find(name) >= 0
+
+    def __getitem__(self, name):
+        built = self._built
+        if built is not None:
+            return built[name]
+        entries = self._entries
+        if entries is None:
+            return dict.__getitem__(self, name)
+        found = self._asked.get(name) if isinstance(name, str) else None
+        if found is None:
+            i = entries.find(name)
+            if i < 0:
+                raise KeyError(name)
+            found = self._asked.setdefault(name, self._entry(i))
+        return found
+
+    def get(self, name, default=None):
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __iter__(self):
+        entries = self._entries
+        if entries is None:
+            return dict.__iter__(self)
+        built = self._built
+        return iter(built) if built is not None else iter(_index.Names(entries))
+
+    def __reversed__(self):
+        entries = self._entries
+        if entries is None:
+            return dict.__reversed__(self)
+        return reversed(self._all())
+
+    def keys(self):
+        if self._entries is None:
+            return dict.keys(self)
+        built = self._built
+        return built.keys() if built is not None else _IndexKeys(self)
+
+    def values(self):
+        return dict.values(self) if self._entries is None else self._all().values()
+
+    def items(self):
+        return dict.items(self) if self._entries is None else self._all().items()
+
+    def __eq__(self, other):
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        if len(other) != len(self):
+            return False
+        if isinstance(other, TensorIndex):
+            other = other._plain()
+        elif type(other) is not dict:
+            other = dict(other.items())
+        return self._plain() == other
+
+    def __ne__(self, other):
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None
+
+    def __repr__(self):
+        return repr(self._plain())
+
+    def __or__(self, other):
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return {**self._plain(), **other}
+
+    def __ror__(self, other):
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return {**other, **self._plain()}
+
+    def copy(self) -> dict:
+        return dict(self._plain())
+
+    __copy__ = copy
+
+    def __deepcopy__(self, memo):
+        import copy
+
+        return copy.deepcopy(self._plain(), memo)
+
+    def __reduce__(self):
+        # pickles as the plain dict it stands for (unpickling needs nothing of aprfast)
+        return (dict, (dict(self._plain()),))
+
+    # --- changing: an ordinary dict from then on -------------------------------------------
+    def __setitem__(self, name, value):
+        self._own()
+        dict.__setitem__(self, name, value)
+
+    def __delitem__(self, name):
+        self._own()
+        dict.__delitem__(self, name)
+
+    def __ior__(self, other):
+        self._own()
+        dict.update(self, other)
+        return self
+
+    def pop(self, *args):
+        self._own()
+        return dict.pop(self, *args)
+
+    def popitem(self):
+        self._own()
+        return dict.popitem(self)
+
+    def setdefault(self, name, default=None):
+        self._own()
+        return dict.setdefault(self, name, default)
+
+    def update(self, *args, **kwargs):
+        self._own()
+        dict.update(self, *args, **kwargs)
+
+    def clear(self):
+        self._own()
+        dict.clear(self)
 
 
 _DTYPE_NAMES = {}
@@ -162,7 +416,7 @@ def decode_json(raw, path=None) -> dict:
 
     text = _metascan.json_text(raw, path)
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = _DECODER.decode(text)
     except (ValueError, RecursionError) as exc:
         raise CorruptError(f"metadata ({len(raw)} bytes) is not valid UTF-8 JSON: {exc}", path=path) from None
     if not isinstance(value, dict):  # the scan already refused it
@@ -172,6 +426,12 @@ def decode_json(raw, path=None) -> dict:
 
 def _reject_constant(name):
     raise ValueError(f"{name} is not JSON")
+
+
+# One decoder for every block: json.loads(text, parse_constant=...) builds a new
+# JSONDecoder and scanner per call, most of the cost of a small block.  Decoders
+# keep no state between calls (json.loads itself shares one across threads).
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 _RULE_TABLES = {}

@@ -252,7 +252,9 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
         raise FormatError(f"file is {source.size} bytes; an aprender v2 file needs at least "
                           f"{HEADER_SIZE + FOOTER_SIZE}", path=path)
     parsed = _parse_sections(source, limits, strict_dtypes, source.size)
-    parsed.stored_crc = read_footer(source.read(parsed.footer_crc_offset, FOOTER_SIZE, "footer"))
+    # The footer is the CRC alone, and the index already put it at the file's end.
+    at = parsed.footer_crc_offset
+    parsed.read_stored_crc_later(lambda: read_footer(source.read(at, FOOTER_SIZE, "footer")))
     return parsed
 
 
