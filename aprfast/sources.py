@@ -128,6 +128,9 @@ class BufferSource(Source):
     """An in-memory file: bytes, bytearray, memoryview or any contiguous buffer."""
 
     zero_copy = True
+    #: The bytes belong to the caller, who may change them after they were checked:
+    #: parsers keep private copies of what they decode later (the tensor index).
+    caller_buffer = True
 
     def __init__(self, data, path=None):
         view = memoryview(data)

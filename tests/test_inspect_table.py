@@ -270,3 +270,18 @@ def test_an_honest_deep_index_reads_back(layout, tmp_path):
     table = aprfast.inspect(path)["tensors"]
     assert len(table) == 5000 and table["t.04999"]["shape"] == [1]
     assert table == _plain(path)
+
+
+def test_open_of_a_callers_bytearray_keeps_its_own_index(tmp_path):
+    # the index entries decode names and shapes on demand: overwriting the caller's
+    # buffer after open must change neither (nor where the decoder reads)
+    import numpy as np
+
+    path = tmp_path / "m.apr"
+    aprfast.save_file({"alpha": np.arange(6, dtype=np.float32), "beta": np.ones((2, 3), np.float32)}, path)
+    data = bytearray(path.read_bytes())
+    f = aprfast.open(data)
+    keys = list(f.keys())
+    data[:len(data) - 64] = b"\xff" * (len(data) - 64)  # the index (and the data) overwritten
+    assert list(f.keys()) == keys == ["alpha", "beta"]
+    assert f.info("beta").shape == (2, 3)

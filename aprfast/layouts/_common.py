@@ -477,6 +477,10 @@ def parse_index(source, *, start, end, count, spec_layout, ids, rules, data_len,
         raise LimitError(f"tensor index of {end - start} bytes exceeds the limit of "
                          f"{limits.max_index_size} (aprfast.limits.MAX_INDEX_SIZE)", path=source.path)
     blob = source.read(start, end - start, "tensor index")
+    if getattr(source, "caller_buffer", False) and not isinstance(getattr(blob, "obj", blob), bytes):
+        # the entries decode names and shapes from these bytes long after the checks:
+        # a caller changing their bytearray then must not steer those reads
+        blob = bytes(blob)
     try:
         return _index.parse_index(blob, count, spec_layout, limits.max_dims, limits.max_name_bytes,
                                   *rules, data_len, strict_dtypes, pad_to)
