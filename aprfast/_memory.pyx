@@ -33,6 +33,7 @@ cdef extern from "buffers.h" nogil:
     void apr_block_free(apr_block *block)
     void apr_cache_stats_get(apr_cache_stats *out)
     void apr_cache_release(long long limit)
+    void apr_advise_huge(void *ptr, size_t len)
     size_t APR_CACHE_MIN
 
 cdef extern from "pio.h" nogil:
@@ -154,6 +155,33 @@ def pread_into(int fd, unsigned long long offset, uint8_t[::1] dst, int threads=
     if rc:
         raise OSError(rc, os.strerror(rc))
     return None if crc is None else value
+
+
+def pread_to_bytes(int fd, unsigned long long offset, Py_ssize_t n, int threads=0, crc=None):
+    """(a new ``bytes`` of the ``n`` bytes of ``fd`` at ``offset``, the running CRC over
+    them if ``crc`` is given, else None).
+
+    The bytes object is filled by ``pread_into``'s parallel reads before anyone else can
+    see it (as CPython's own ``read()`` fills its result), checksummed while each chunk
+    is in cache, and a large one is advised huge pages first: one read of the file
+    straight into the object returned, with no CRC pass or copy after it.  Raises
+    EOFError if the file ends first and OSError for read errors."""
+    if n < 0:
+        raise ValueError(f"pread_to_bytes: cannot read {n} bytes")
+    cdef uint32_t value = 0 if crc is None else crc
+    cdef uint32_t *crc_ptr = NULL if crc is None else &value
+    cdef int rc = 0
+    out = PyBytes_FromStringAndSize(NULL, n)
+    cdef uint8_t *dst = <uint8_t *>PyBytes_AS_STRING(out)
+    if n:
+        with nogil:
+            apr_advise_huge(dst, <size_t>n)
+            rc = apr_pread_exact(fd, dst, offset, <size_t>n, threads, crc_ptr)
+    if rc == -1:
+        raise EOFError(f"file ended before {n} bytes at offset {offset} were read")
+    if rc:
+        raise OSError(rc, os.strerror(rc))
+    return out, (None if crc is None else value)
 
 
 def pread_some(int fd, unsigned long long offset, uint8_t[::1] dst):

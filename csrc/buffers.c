@@ -98,6 +98,21 @@ static int mapped_alloc(apr_block *block, size_t size)
 }
 #endif
 
+void apr_advise_huge(void *ptr, size_t len)
+{
+#if !defined(_WIN32) && defined(MADV_HUGEPAGE)
+    if (len < APR_MAP_THRESHOLD || (apr_fallbacks() & APR_FALLBACK_MADVISE))
+        return;
+    uintptr_t lo = round_up((uintptr_t)ptr, HUGE_PAGE);
+    uintptr_t hi = ((uintptr_t)ptr + len) & ~(uintptr_t)(HUGE_PAGE - 1);
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* advisory: failure just means 4 KiB pages */
+#else
+    (void)ptr;
+    (void)len;
+#endif
+}
+
 static void release(apr_block *block)
 {
 #if !defined(_WIN32)
