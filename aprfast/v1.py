@@ -169,7 +169,9 @@ def save_model(payload, path=None, *, model_type=None, metadata=None, compressio
     align = TENSOR_ALIGNMENT if is_tensors and compression is Compression.NONE and encryption is None else 0
     metadata_block = layout.encode_metadata(metadata, license_block=license_block, align_end_to=align)
 
-    stored = codecs.compress(plain, compression)
+    # Uncompressed, the caller's buffer is stored as it is: codecs.compress would copy
+    # a bytearray, memoryview or array into new bytes (the whole payload, for nothing).
+    stored = plain if compression is Compression.NONE else codecs.compress(plain, compression)
     flags = Flag(0)
     if encryption is not None:
         flags |= Flag.ENCRYPTED
@@ -312,6 +314,8 @@ def _emit(parts, path, durable):
 
         atomic = AtomicFile(path, durable=durable)
         try:
+            if not durable and isinstance(parts, list):
+                _reserve(atomic.fd, sum(memoryview(part).nbytes for part in parts))
             for part in parts:
                 _write_all(atomic.fd, part)
         except BaseException as exc:
@@ -342,6 +346,8 @@ def _emit_sealed(header: Header, metadata_block: bytes, sealing, stored, path, d
         _write_all(atomic.fd, piece)
 
     try:
+        if not durable:
+            _reserve(atomic.fd, layout.HEADER_SIZE + len(metadata_block) + header.payload_size + layout.CRC_SIZE)
         write(header.to_bytes())
         write(metadata_block)
         sealing.seal_to(write, stored)
@@ -352,6 +358,14 @@ def _emit_sealed(header: Header, metadata_block: bytes, sealing, stored, path, d
             raise AprIOError(f"write failed: {exc.strerror or exc}", path=path) from exc
         raise
     atomic.commit()
+
+
+def _reserve(fd: int, size: int) -> None:
+    """The file's blocks in one go before a save that is not fsynced, as the v2 writer
+    does (aprfast.writer._reserve: 2-5x faster writes on ext4; a full disk fails first)."""
+    from .writer import _reserve as reserve
+
+    reserve(fd, size)
 
 
 def _write_all(fd: int, data) -> None:

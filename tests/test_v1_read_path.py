@@ -2,8 +2,11 @@
 path is read once with pread straight into the bytes returned, its CRC32 computed on
 the way (v1._load_read), instead of mapping the file, checksumming the map and copying
 the payload out (issue 9: v1 plain load).  Whatever the bytes, it must answer exactly as
-the full path does: the same payload, or the same error, in the same order of checks."""
+the full path does: the same payload, or the same error, in the same order of checks.
+Also the save side: an uncompressed payload is not copied first, and a save that is
+not fsynced reserves its blocks (v1._reserve) and still leaves nothing when it fails."""
 
+import errno
 import os
 import zlib
 
@@ -11,7 +14,7 @@ import numpy as np
 import pytest
 
 from aprfast import _memory, v1
-from aprfast.errors import AprError, ChecksumError
+from aprfast.errors import AprError, AprIOError, ChecksumError
 from aprfast.layouts import v1 as layout
 
 META = {"created_at": "1", "aprender_version": "0.0"}
@@ -151,3 +154,65 @@ def test_pread_to_bytes_matches_its_pure_twin(tmp_path):
                 mod.pread_to_bytes(fd, -1, 1)
     finally:
         os.close(fd)
+
+
+# --- saving --------------------------------------------------------------------------
+@pytest.mark.parametrize("password", [None, "pw"])
+@pytest.mark.parametrize("durable", [False, True])
+@pytest.mark.parametrize("kind", ["bytes", "bytearray", "ndarray"])
+def test_saved_files_are_the_in_memory_bytes(tmp_path, monkeypatch, password, durable, kind):
+    import functools
+
+    from aprfast import crypto
+
+    monkeypatch.setattr(crypto, "password_sealing",
+                        functools.partial(crypto.password_sealing, salt=bytes(16), nonce=bytes(12)))
+    raw = os.urandom((4 << 20) + 17)
+    value = {"bytes": raw, "bytearray": bytearray(raw), "ndarray": np.frombuffer(raw[:-1], np.int16)}[kind]
+    path = tmp_path / "m.apr"
+    v1.save_model(value, path, model_type="Custom", metadata=META, password=password, durable=durable)
+    expected = v1.save_model(value, None, model_type="Custom", metadata=META, password=password)
+    assert path.read_bytes() == expected
+    assert bytes(v1.load_model(path, password=password).payload) == bytes(memoryview(value).cast("B"))
+
+
+@pytest.mark.parametrize("password", [None, "pw"])
+def test_a_full_disk_at_reservation_leaves_nothing(tmp_path, monkeypatch, password):
+    from aprfast import writer
+
+    monkeypatch.setattr(writer, "preallocate", lambda fd, size: errno.ENOSPC)
+    with pytest.raises(AprIOError, match="No space"):
+        v1.save_model(os.urandom(1 << 20), tmp_path / "m.apr", model_type="Custom", password=password,
+                      durable=False)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("password", [None, "pw"])
+def test_a_failure_mid_save_leaves_nothing(tmp_path, monkeypatch, password):
+    calls = []
+
+    def failing(fd, data):
+        calls.append(len(data))
+        if len(calls) == 3:
+            raise OSError(errno.EIO, "Input/output error")
+        os.write(fd, bytes(data))
+
+    monkeypatch.setattr(v1, "_write_all", failing)
+    with pytest.raises(AprIOError, match="Input/output"):
+        v1.save_model(os.urandom(9 << 20), tmp_path / "m.apr", model_type="Custom", password=password,
+                      durable=False)
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_reservation_is_the_file_size(tmp_path, monkeypatch):
+    from aprfast import writer
+
+    sizes = []
+    real = writer.preallocate
+    monkeypatch.setattr(writer, "preallocate", lambda fd, size: sizes.append(size) or real(fd, size))
+    for password in (None, "pw"):
+        path = tmp_path / f"m{password}.apr"
+        v1.save_model(os.urandom(100_000), path, model_type="Custom", password=password, durable=False)
+        assert sizes[-1] == os.path.getsize(path)
+    v1.save_model(os.urandom(1000), tmp_path / "d.apr", model_type="Custom", durable=True)
+    assert len(sizes) == 2  # durable saves do not reserve (see aprfast.writer._reserve)
