@@ -310,8 +310,13 @@ def lz4_block_decode_into(const uint8_t[::1] src, uint8_t[::1] dst):
 
 def uninitialised_bytearray(Py_ssize_t n):
     """A bytearray of ``n`` bytes whose contents are not written (bytearray(n) zeroes
-    every page first), for buffers a decoder fills completely."""
-    return PyByteArray_FromStringAndSize(NULL, n)
+    every page first), for buffers a decoder fills completely.  A large one is advised
+    huge pages before its first touch (buffers.h apr_advise_huge), as AlignedBuffer's
+    are: the filling then takes one page fault per 2 MiB instead of one per 4 KiB."""
+    out = PyByteArray_FromStringAndSize(NULL, n)
+    if n:
+        apr_advise_huge(PyByteArray_AS_STRING(out), <size_t>n)
+    return out
 
 
 def resize_bytearray(bytearray out, Py_ssize_t n):

@@ -861,21 +861,22 @@ def _load(src, expected_type, password, private_key, trusted_keys, require_signa
 
 def _load_read(src, expected_type, password, private_key, trusted_keys, require_signature, max_uncompressed,
                allow_unencrypted):
-    """load_model of a plain bytes payload (not compressed, encrypted, signed, chunked,
-    trueno or tensors) from a file descriptor, by one read: the payload is read with
-    ``pread`` straight into the ``bytes`` returned, CRC32 computed chunk by chunk as it
-    arrives.  The full path maps the file, checksums it in a pass of its own, then copies
-    the payload out of the map into fresh 4 KiB pages: twice the memory traffic of a
-    plain ``read()``.
+    """load_model by one read of the file, for the payloads that end up in memory of
+    their own anyway, from a file descriptor: a plain bytes payload (read with ``pread``
+    straight into the ``bytes`` returned) and a password-encrypted one (read into one
+    buffer, then decrypted in place there), unsigned and not chunked or trueno.  The
+    CRC32 is computed chunk by chunk as the bytes arrive.  The full path maps the file,
+    checksums the map in a pass of its own, then copies the payload out of the map (or
+    decrypts it in a private map, whose copy-on-write faults copy every page first):
+    fresh 4 KiB pages and about twice the memory traffic of a plain ``read()``.
 
     None when this path does not apply, or when anything in the file is wrong (bad
-    magic, header, sizes or metadata, a CRC mismatch): the full path then reports it, in
-    the order load_model promises.  Nothing read here is believed before the CRC32 over
-    exactly these bytes has matched; after that, load_model's remaining checks run in
-    its order on the same bytes (the file is read once: a file changed meanwhile fails
-    the CRC or is consistent)."""
-    pread_bytes = getattr(src, "pread_bytes", None)
-    if pread_bytes is None or src.size < layout.HEADER_SIZE + layout.CRC_SIZE:
+    magic, header, sizes or metadata, a CRC mismatch, an argument the file refutes):
+    the full path then reports it, in the order load_model promises.  Nothing read here
+    is believed before the CRC32 over exactly these bytes has matched (the file is read
+    once: a file changed meanwhile fails the CRC or is consistent), and nothing
+    decrypted is returned before the AES-GCM tag has."""
+    if getattr(src, "pread_bytes", None) is None or src.size < layout.HEADER_SIZE + layout.CRC_SIZE:
         return None
     path = src.path
     try:
@@ -883,37 +884,82 @@ def _load_read(src, expected_type, password, private_key, trusted_keys, require_
         if bytes(head[:len(layout.MAGIC)]) != layout.MAGIC:
             return None
         header = Header.from_bytes(head[:layout.HEADER_SIZE], path=path)
-        if (header.flags & (Flag.ENCRYPTED | Flag.SIGNED) or header.flag_set & (Flag.STREAMING | Flag.TRUENO_NATIVE)
-                or header.compression != Compression.NONE):
+        sealed = bool(header.flags & Flag.ENCRYPTED)
+        if (header.flags & Flag.SIGNED or header.flag_set & (Flag.STREAMING | Flag.TRUENO_NATIVE)
+                or (sealed and password is None) or (not sealed and header.compression != Compression.NONE)):
             return None
         regions = layout.locate(header, src.size, path=path)
         start, end = regions.payload
+        if sealed and end - start < _SEALED_MINIMUM:
+            return None
         # a view: slicing the bytearray a long read returns would copy the metadata
         prefix = memoryview(head[:start] if start <= len(head) else src.read(0, start, "v1 header and metadata"))
         metadata = layout.decode_metadata(prefix[layout.HEADER_SIZE:start], path=path)
-        if _payload_kind(header, metadata, path) != "bytes":
+        kind = _payload_kind(header, metadata, path)
+        if kind != "bytes" and not (sealed and kind == "tensors"):
             return None
+        # What load_model checks after the CRC and before the payload, tried now on the
+        # same bytes so that a file these refuse is not read (the full path reports it).
+        _check_fields(header, expected_type, max_uncompressed, path)
+        signature, signer = _verify_signature(None, regions, trusted_keys, require_signature, path)
+        if not sealed:
+            _refuse_downgrade(header, password, private_key, allow_unencrypted, path)
         crc = crc32(prefix)
-        if end <= len(head):
-            payload = bytes(head[start:end])
-            crc = crc32(payload, crc)
+        if sealed:
+            salt_nonce, key, stored, crc = _read_sealed(src, start, end, crc, password)
+            if stored is None:
+                return None
+        elif end <= len(head):
+            stored = bytes(head[start:end])
+            crc = crc32(stored, crc)
         else:
-            payload, crc = pread_bytes(start, end - start, crc=crc)
-        stored = int.from_bytes(src.read(regions.crc_offset, layout.CRC_SIZE, "CRC32"), "little")
+            stored, crc = src.pread_bytes(start, end - start, crc=crc)
+        matches = crc == int.from_bytes(src.read(regions.crc_offset, layout.CRC_SIZE, "CRC32"), "little")
     except AprError:
         return None
-    if crc != stored:
+    if not matches:
         return None
-    # The bytes are the file's as its writer made them: load_model's remaining checks.
-    _check_fields(header, expected_type, max_uncompressed, path)
-    signature, signer = _verify_signature(None, regions, trusted_keys, require_signature, path)
-    _refuse_downgrade(header, password, private_key, allow_unencrypted, path)
-    payload = codecs.decompress(payload, header.compression, expected_size=header.uncompressed_size,
-                                limit=max_uncompressed, path=path)
+    encryption = "none"
+    if sealed:
+        from . import _memory, crypto
+
+        try:
+            crypto.open_password_blob_in_place(salt_nonce, stored, password, key=key).release()
+        except DecryptError as exc:
+            raise DecryptError(exc.message, path=path) from None
+        _memory.resize_bytearray(stored, len(stored) - crypto.TAG_SIZE)  # drops the tag, in place
+        encryption = "password"
+    plain = codecs.decompress(stored, header.compression, expected_size=header.uncompressed_size,
+                              limit=max_uncompressed, path=path)
     license = _decode_license(metadata, path)
     for key in layout.INTERNAL_KEYS:
         metadata.pop(key, None)
-    return V1Model(header, metadata, payload, signature, signer, "none", license, header.flag_set)
+    payload = _tensors(plain, path) if kind == "tensors" else plain
+    return V1Model(header, metadata, payload, signature, signer, encryption, license, header.flag_set)
+
+
+def _read_sealed(src, start: int, end: int, crc: int, password):
+    """(salt || nonce, the AES key, a new bytearray of ciphertext || tag, the running
+    CRC32) of a password blob at [start, end): the bulk read in parallel straight into
+    the buffer the plaintext will occupy (huge pages when large), checksummed as it
+    arrives.  The key is derived first, so Argon2's 19 MiB are freed before the buffer
+    is filled (peak memory: the payload once).  A password Argon2 refuses (its type)
+    gives (.., None, ..): the full path reports it in its order."""
+    from . import _memory, crypto
+
+    salt_nonce = bytes(src.read(start, crypto.PASSWORD_PREFIX_SIZE, "salt and nonce"))
+    try:
+        key = crypto.derive_password_key(password, salt_nonce[:crypto.SALT_SIZE])
+    except Exception:  # the full path raises it again, after the checks that come first
+        return salt_nonce, None, None, crc
+    at = start + crypto.PASSWORD_PREFIX_SIZE
+    buffer = _memory.uninitialised_bytearray(end - at)
+    return salt_nonce, key, buffer, src.readinto(at, buffer, crc=crc32(salt_nonce, crc))
+
+
+#: The smallest password-encrypted payload: salt, nonce and tag (crypto's sizes; a
+#: shorter one is the full path's to refuse).
+_SEALED_MINIMUM = 16 + 12 + 16
 
 
 #: What _load_read reads first: header and metadata (and all of a small file) in one
