@@ -216,3 +216,23 @@ def test_the_reservation_is_the_file_size(tmp_path, monkeypatch):
         assert sizes[-1] == os.path.getsize(path)
     v1.save_model(os.urandom(1000), tmp_path / "d.apr", model_type="Custom", durable=True)
     assert len(sizes) == 2  # durable saves do not reserve (see aprfast.writer._reserve)
+
+
+@pytest.mark.parametrize("forced", [0, 1, 2])
+def test_every_thread_count_reads_the_same(tmp_path, monkeypatch, forced):
+    monkeypatch.setattr(v1, "_READ_THREADS", forced)
+    path = tmp_path / "m.apr"
+    payload = os.urandom((9 << 20) + 3)
+    v1.save_model(payload, path, model_type="Custom", metadata=META)
+    assert v1.load_model(path).payload == payload
+    v1.save_model(payload, path, model_type="Custom", metadata=META, password="pw")
+    assert v1.load_model(path, password="pw").payload == payload
+
+
+def test_the_thread_count_adapts_to_the_load(monkeypatch):
+    monkeypatch.setattr(v1, "_READ_THREADS", None)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    monkeypatch.setattr(os, "getloadavg", lambda: (cores + 1.0, 0.0, 0.0))
+    assert v1._read_threads() == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert v1._read_threads() == 0
