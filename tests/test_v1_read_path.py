@@ -236,3 +236,52 @@ def test_the_thread_count_adapts_to_the_load(monkeypatch):
     assert v1._read_threads() == 1
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert v1._read_threads() == 0
+
+
+def test_password_files_answer_as_the_full_path(tmp_path):
+    """The one-read password load (ciphertext read into the bytearray it is decrypted
+    in) gives the full path's payload or error for altered files, wrong passwords and
+    arguments the file refutes; its plaintext is a bytearray, the tag cut off."""
+    value = os.urandom(70_000)
+    good = bytearray(v1.save_model(value, None, model_type="Custom", metadata=META, password="pw"))
+    path = tmp_path / "m.apr"
+    path.write_bytes(good)
+    model = v1.load_model(path, password="pw")
+    assert type(model.payload) is bytearray and model.payload == value and model.encryption == "password"
+    start = layout.HEADER_SIZE + int.from_bytes(good[8:12], "little")
+    spots = [4, 6, 8, 12, 16, 20, 21, start, start + 15, start + 16, start + 27, start + 28, start + 5000,
+             len(good) - 21, len(good) - 20, len(good) - 5, len(good) - 1]
+    variants = []
+    for at in spots:
+        bad = bytearray(good)
+        bad[at] ^= 0x01
+        variants.append(bytes(bad))
+        if at < len(good) - 4:
+            variants.append(bytes(_refix_crc(bad)))
+    variants += [bytes(good[:-1]), bytes(good[:start + 30])]
+    for data in variants:
+        path.write_bytes(data)
+        fast, full = _both(path, password="pw")
+        assert fast == full, data[:40]
+    path.write_bytes(good)
+    for kwargs in ({"password": "wrong"}, {"password": b"pw"}, {"password": 123}, {"password": "pw", "expected_type": 1},
+                   {"password": "pw", "trusted_keys": [bytes(32)]}, {"password": "pw", "max_uncompressed": 100}, {}):
+        try:
+            fast, full = _both(path, **kwargs)
+        except TypeError as exc:  # not an AprError: both paths must raise it alike
+            with pytest.raises(type(exc), match=str(exc)[:20]):
+                v1.load_model(bytes(good), **kwargs)
+            continue
+        assert fast == full, kwargs
+
+
+def test_a_tensor_payload_decrypted_in_its_buffer(tmp_path):
+    tensors = {"w": np.arange(300_000, dtype=np.float32).reshape(600, 500), "b": np.ones(7, np.int8)}
+    path = tmp_path / "t.apr"
+    v1.save_model(tensors, path, metadata=META, password="pw", compression="lz4")
+    got = v1.load_model(path, password="pw").payload
+    for name, array in tensors.items():
+        np.testing.assert_array_equal(got[name], array)
+    v1.save_model(tensors, path, metadata=META, password="pw")
+    got = v1.load_model(path, password="pw").payload
+    np.testing.assert_array_equal(got["w"], tensors["w"])
