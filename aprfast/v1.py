@@ -932,8 +932,8 @@ def _load_read(src, expected_type, password, private_key, trusted_keys, require_
     plain = codecs.decompress(stored, header.compression, expected_size=header.uncompressed_size,
                               limit=max_uncompressed, path=path)
     license = _decode_license(metadata, path)
-    for key in layout.INTERNAL_KEYS:
-        metadata.pop(key, None)
+    for name in layout.INTERNAL_KEYS:
+        metadata.pop(name, None)
     payload = _tensors(plain, path) if kind == "tensors" else plain
     return V1Model(header, metadata, payload, signature, signer, encryption, license, header.flag_set)
 
