@@ -567,12 +567,35 @@ def decrypt_with_password_in_place(blob, password: Union[str, BytesLike]) -> mem
         raise ValueError("decrypt_with_password_in_place needs a writable buffer")
     view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
     _require_length(view, PASSWORD_PREFIX_SIZE + TAG_SIZE, "a password-encrypted blob")
-    key = derive_password_key(password, view[:SALT_SIZE])
-    nonce = bytes(view[SALT_SIZE:PASSWORD_PREFIX_SIZE])
-    if not _aead.open_in_place(view[PASSWORD_PREFIX_SIZE:], key, nonce, None):
+    return open_password_blob_in_place(view[:PASSWORD_PREFIX_SIZE], view[PASSWORD_PREFIX_SIZE:], password)
+
+
+def open_password_blob_in_place(prefix: BytesLike, sealed, password: Union[str, BytesLike], *,
+                                key: Optional[bytes] = None) -> memoryview:
+    """:func:`decrypt_with_password_in_place` of a password block held in two pieces:
+    its ``prefix`` (salt and nonce, 28 bytes) and ``sealed`` (ciphertext || tag, a
+    writable buffer), so a reader can put the ciphertext where the plaintext is to stay
+    (aprfast.v1 reads it into the bytearray it returns).  The plaintext replaces the
+    first bytes of ``sealed`` and is returned as a view of them; DecryptError (those
+    bytes zeroed) on a wrong password or any altered byte.  ``key``: the
+    :func:`derive_password_key` of ``password`` and this salt, when the caller has
+    already derived it (before allocating the buffer, so Argon2's 19 MiB and the
+    payload are never resident together)."""
+    head = _byte_view(prefix, "salt and nonce")
+    if len(head) != PASSWORD_PREFIX_SIZE:
+        raise ValueError(f"the salt and nonce are {PASSWORD_PREFIX_SIZE} bytes, got {len(head)}")
+    view = memoryview(sealed)
+    if view.readonly:
+        raise ValueError("open_password_blob_in_place needs a writable buffer")
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    _require_length(view, TAG_SIZE, "the ciphertext and tag")
+    if key is None:
+        key = derive_password_key(password, head[:SALT_SIZE])
+    nonce = bytes(head[SALT_SIZE:])
+    if not _aead.open_in_place(view, key, nonce, None):
         raise DecryptError("wrong password, or the encrypted payload was altered "
                            "(AES-256-GCM authentication failed)")
-    return view[PASSWORD_PREFIX_SIZE:len(view) - TAG_SIZE]
+    return view[:len(view) - TAG_SIZE]
 
 
 # --- recipient mode (aprender save_for_recipient / load_as_recipient) -------------

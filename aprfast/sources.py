@@ -237,6 +237,21 @@ class FileSource(Source):
         except OSError as exc:
             raise AprIOError(f"read of {out.nbytes} bytes at {offset} failed: {exc}", path=self.path) from exc
 
+    def pread_bytes(self, offset: int, n: int, *, threads: int = 0, crc=None):
+        """(``n`` bytes at ``offset`` as a new ``bytes``, read straight into it, the
+        running CRC over them if ``crc`` is given): an owned copy made by one read, for
+        callers that return the bytes themselves (no map, no second copy)."""
+        self.check_range(offset, n)
+        self._enter()
+        try:
+            return _memory.pread_to_bytes(self._fd, offset, n, threads, crc)
+        except EOFError as exc:
+            raise CorruptError(f"file shrank while reading: {exc}", path=self.path) from None
+        except OSError as exc:
+            raise AprIOError(f"read of {n} bytes at {offset} failed: {exc}", path=self.path) from exc
+        finally:
+            self._leave()
+
     def fileno(self) -> int:
         return self._fd
 

@@ -25,6 +25,7 @@ the same work done with the raw primitives and no format around it.
   recipient, and password with its Argon2id) | ``open().read()`` of the file, in GB/s.
 
     python benchmarks/bench_crypto.py --only apr2 --size-mib 64   # just those rows
+    python benchmarks/bench_crypto.py --only v1-save,v1-load --size-mib 64 --rounds 7
 """
 
 from __future__ import annotations
@@ -184,8 +185,24 @@ def password_rows(table, directory, size, rounds):
     table.add(Row("v1.load_model, password-encrypted", size_text, r["load"], limits=lim))
     table.add(Row("crypto.decrypt_with_password, mmap input", size_text, r["decrypt"], limits=lim))
 
-    save_rows(table, directory, size, rounds, size_text)
+    return blob_path
 
+
+def peak_rows(table, directory, size):
+    """Peak RSS of the decrypting loads, each in a fresh process."""
+    payload = payload_bytes(size)
+    blob_path = os.path.join(directory, "payload.enc")
+    v1_path = os.path.join(directory, "model.apr")
+    chunked_path = os.path.join(directory, "payload.chunked")
+    if not os.path.exists(blob_path):
+        with open(blob_path, "wb") as f:
+            f.write(crypto.encrypt_with_password(payload, PASSWORD))
+    if not os.path.exists(v1_path):
+        v1.save_model(payload, v1_path, model_type="Custom", password=PASSWORD, durable=False)
+    if AESGCM is not None and not os.path.exists(chunked_path):
+        write_chunked(chunked_path, payload, os.urandom(16))
+    del payload
+    size_text = f"{size // MiB} MiB"
     peaks = {k: Samples() for k in ("v1_load", "raw_nacl", "chunked")}
     for _ in range(2):
         peaks["v1_load"].append(peak(["v1_load", v1_path, size]))
@@ -197,13 +214,13 @@ def password_rows(table, directory, size, rounds):
         lim["Argon2id + 1 MiB-chunk AESGCM"] = peaks["chunked"]
     table.add(Row("v1.load_model, password: peak RSS above the process (fresh)", size_text, peaks["v1_load"],
                   limits=lim, unit="B"))
-    return blob_path
 
 
-def save_rows(table, directory, size, rounds, size_text):
+def save_rows(table, directory, size, rounds):
     """v1.save_model with a password against the same work with raw primitives: Argon2id,
     1 MiB AES-256-GCM chunks, a write.  Both write to a path that does not exist (removed
     before each call, untimed), without fsync."""
+    size_text = f"{size // MiB} MiB"
     payload = payload_bytes(size)
     ours, limit = os.path.join(directory, "save.apr"), os.path.join(directory, "save.chunked")
     tools = {"save": lambda: v1.save_model(payload, ours, model_type="Custom", password=PASSWORD, durable=False)}
@@ -363,16 +380,30 @@ def apr2_rows(table, directory, size, rounds):
         unlinker(path)()
 
 
+#: The row groups --only selects (all of them by default), in the order they run.
+GROUPS = ("v1-password", "v1-save", "v1-load", "verify", "apr2")
+
+
+def _groups(text: str) -> list:
+    chosen = [g.strip() for g in text.split(",") if g.strip()]
+    unknown = [g for g in chosen if g not in GROUPS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"unknown row group(s) {unknown}; choose from {', '.join(GROUPS)}")
+    return chosen
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="32 MiB payload, 3 rounds")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where to write files (default: a temp dir)")
     parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
-    parser.add_argument("--only", choices=["apr2"], default=None, help="run only these rows")
-    parser.add_argument("--size-mib", type=int, default=None, help="payload size (APR2 rows: 512 unless --quick)")
+    parser.add_argument("--only", type=_groups, default=None,
+                        help=f"run only these row groups, comma-separated: {', '.join(GROUPS)}")
+    parser.add_argument("--size-mib", type=int, default=None,
+                        help="payload size (default 256 MiB for the v1 rows, 512 for APR2; 32 with --quick)")
     args = parser.parse_args()
-    size = (32 if args.quick else 256) * MiB
+    size = args.size_mib * MiB if args.size_mib else (32 if args.quick else 256) * MiB
     apr2_size = args.size_mib * MiB if args.size_mib else (32 if args.quick else 512) * MiB
     rounds = 3 if args.quick else args.rounds
     versions = (f"AES-GCM backend {crypto.AEAD_BACKEND}, cryptography "
@@ -380,11 +411,24 @@ def main():
                 f"argon2-cffi {timing.version('argon2-cffi')}")
     table = Table(f"v1 container and crypto ({size // MiB} MiB payload)", "peer", versions=versions)
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
-        if args.only is None:
+        only = set(args.only or GROUPS)
+        blob = None
+        if "v1-password" in only:
             blob = password_rows(table, directory, size, rounds)
+        if "v1-save" in only:
+            save_rows(table, directory, size, rounds)
+        if "v1-password" in only:
+            peak_rows(table, directory, size)
+        if "v1-load" in only:
             compression_rows(table, directory, size, rounds)
+        if "verify" in only:
+            if blob is None:
+                blob = os.path.join(directory, "payload.enc")
+                with open(blob, "wb") as f:
+                    f.write(crypto.encrypt_with_password(payload_bytes(size), PASSWORD))
             verify_rows(table, blob, size, rounds)
-        apr2_rows(table, directory, apr2_size, rounds)
+        if "apr2" in only:
+            apr2_rows(table, directory, apr2_size, rounds)
     table.notes.append("The 1 MiB-chunk AESGCM limit decrypts a chunked ciphertext of the same plaintext (a tag per "
                        "chunk, a format v1 does not have): it bounds what a streaming decrypt could cost.")
     table.notes.append("No other tool reads aprender's v1 files: the limits are the same work with raw primitives "

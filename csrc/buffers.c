@@ -183,6 +183,21 @@ int apr_huge_pages_state(void)
 #endif
 }
 
+void apr_advise_huge(void *ptr, size_t len)
+{
+#if !defined(_WIN32) && defined(MADV_HUGEPAGE)
+    if (len < APR_MAP_THRESHOLD || (apr_fallbacks() & APR_FALLBACK_MADVISE))
+        return;
+    uintptr_t lo = round_up((uintptr_t)ptr, HUGE_PAGE);
+    uintptr_t hi = ((uintptr_t)ptr + len) & ~(uintptr_t)(HUGE_PAGE - 1);
+    if (hi > lo) /* the same choice as for aprfast's own blocks: huge pages where they are cheap */
+        advise_fresh_block((uint8_t *)lo, hi - lo);
+#else
+    (void)ptr;
+    (void)len;
+#endif
+}
+
 static void release(apr_block *block)
 {
 #if !defined(_WIN32)

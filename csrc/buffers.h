@@ -40,6 +40,17 @@ int apr_huge_pages_state(void);
 int apr_block_alloc(apr_block *block, size_t size, size_t alignment);
 void apr_block_free(apr_block *block);
 
+/* Advise transparent huge pages for the whole 2 MiB-aligned pages inside [ptr,
+ * ptr + len), memory the caller allocated elsewhere and has not touched yet (e.g. a
+ * fresh bytes object about to be filled by a read): its first touch then takes one
+ * fault per 2 MiB instead of one per 4 KiB.  Only for len >= APR_MAP_THRESHOLD, where
+ * the allocators map a block of its own (glibc's dynamic mmap threshold stops at
+ * 32 MiB), so the advice never lands on heap pages shared with other objects; a no-op
+ * below it, off Linux-like systems, and with APR_FALLBACK_MADVISE set.  The pages are
+ * populated at once, with huge pages only where fresh ones proved cheap, exactly as
+ * for aprfast's own mapped blocks (buffers.c advise_fresh_block). */
+void apr_advise_huge(void *ptr, size_t len);
+
 /* Freed blocks of at least APR_CACHE_MIN bytes are kept for reuse, up to a total that
  * defaults to min(physical memory / 8, 2 GiB) and is set by the environment variable
  * APRFAST_BUFFER_CACHE (bytes; 0 disables) when the first block is freed.  Why: a

@@ -134,6 +134,20 @@ def pread_into(fd, offset, dst, threads=0, crc=None):
     return None if value is None else crc32(view, value)
 
 
+def pread_to_bytes(fd, offset, n, threads=0, crc=None):
+    """(a new ``bytes`` of the ``n`` bytes of ``fd`` at ``offset``, the running CRC over
+    them if ``crc`` is given, else None).  Raises EOFError if the file ends first."""
+    fd = check_int(fd, 32, "int")
+    offset = check_uint(offset, 64, "unsigned PY_LONG_LONG")
+    n = check_int(n, 64, "Py_ssize_t")
+    if n < 0:
+        raise ValueError(f"pread_to_bytes: cannot read {n} bytes")
+    value = None if crc is None else check_uint(crc, 32, "uint32_t")
+    out = bytearray(n)
+    value = pread_into(fd, offset, out, threads, value)
+    return bytes(out), value
+
+
 def _pread_some(fd: int, into: memoryview, at: int) -> int:
     if "pread" in _forced or not hasattr(os, "pread"):
         return _seek_read(fd, into[:_CHUNK], at)
