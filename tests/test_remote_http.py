@@ -206,13 +206,45 @@ def test_a_server_that_ignores_range_serves_a_small_object_whole(http_server):
     assert http_server.count == 1
 
 
-def test_a_server_without_multi_range_costs_one_more_request(http_server):
+@pytest.mark.parametrize("layout", ["aprender", "apr2"])
+def test_a_server_without_multi_range_sends_the_footer_only_when_it_is_needed(http_server, layout):
     tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
-    url = http_server.put("m.apr", aprfast.save(tensors))
+    url = http_server.put("m.apr", aprfast.save(tensors, layout=layout))
     http_server.faults.no_multi_range = True
     info = aprfast.inspect(url)
     assert len(info["tensors"]) == 2
-    assert http_server.count == 2  # the first bytes, then the footer
+    assert http_server.count == 1  # the first bytes only: inspect needs no footer
+    http_server.reset()
+    http_server.faults.no_multi_range = True
+    with aprfast.open(url) as f:
+        np.testing.assert_array_equal(f.get_tensor("w"), tensors["w"])
+        assert http_server.count == 2  # open, then the tensor
+        f.verify()  # the footer now: the last 64 bytes, once
+        assert http_server.requests[-1][2] == f"bytes={len(aprfast.save(tensors, layout=layout)) - 64}-" \
+            f"{len(aprfast.save(tensors, layout=layout)) - 1}"
+        n = http_server.count
+        f.verify()
+        assert http_server.count - n == 1  # the data again, the footer is kept
+    http_server.reset()
+    http_server.faults.no_multi_range = True
+    loaded = aprfast.load_file(url)
+    assert loaded["w"].tobytes() == tensors["w"].tobytes()
+    assert http_server.count == 3  # open, the data section, the footer
+
+
+@pytest.mark.parametrize("layout", ["aprender", "apr2"])
+def test_a_damaged_footer_fetched_late_is_still_refused(http_server, layout):
+    tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
+    data = bytearray(aprfast.save(tensors, layout=layout))
+    data[-3] ^= 0xFF  # the CRC (aprender) or the footer's declared size (apr2)
+    url = http_server.put("bad-footer.apr", bytes(data))
+    http_server.faults.no_multi_range = True
+    with aprfast.open(url) as f:  # the footer is not read at open
+        np.testing.assert_array_equal(f.get_tensor("w"), tensors["w"])
+        with pytest.raises((aprfast.errors.ChecksumError, aprfast.errors.CorruptError)):
+            f.verify()
+    with pytest.raises((aprfast.errors.ChecksumError, aprfast.errors.CorruptError)):
+        aprfast.load_file(url)
 
 
 def test_range_ignored_after_open_is_refused(http_server):

@@ -71,6 +71,12 @@ class RangedSource(Source):
             return tail[offset - self._tail_start:offset - self._tail_start + n]
         return None
 
+    def cheap(self, offset: int, n: int) -> bool:
+        """True when ``n`` bytes at ``offset`` are already here (no request): the
+        layouts read the footer at open only then, else when its CRC is first needed
+        (layouts._common.footer), so opening never waits for a request for it."""
+        return self._cached(offset, n) is not None
+
     def _set_tail(self, tail_start: int, tail) -> None:
         self._tail, self._tail_start = memoryview(tail).toreadonly(), tail_start
 
@@ -78,6 +84,15 @@ class RangedSource(Source):
         hit = self._cached(offset, n)
         if hit is not None:
             return hit
+        if offset + n == self.size and n <= TAIL_BYTES and self.size - TAIL_BYTES >= len(self._head):
+            # the footer (read when a CRC is checked): fetch the last TAIL_BYTES, kept
+            with self._cache_lock:
+                if self._cached(offset, n) is None:
+                    start = self.size - TAIL_BYTES
+                    tail = bytearray(TAIL_BYTES)
+                    self._fetch_retrying(start, memoryview(tail))
+                    self._set_tail(start, tail)
+            return self._cached(offset, n)
         head_end = len(self._head)
         if head_end <= offset + n and offset - head_end <= EXTEND_GAP and offset + n - head_end <= PART_BYTES * 8:
             # The prefix (metadata, index) is read in order: grow the first bytes to cover
