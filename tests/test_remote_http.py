@@ -138,7 +138,8 @@ def test_load_file_reads_in_parallel_ranged_requests_and_checks_the_crc(http_ser
     ranges = sorted(_ranges(http_server))
     assert http_server.count == 1 + len(ranges) and 3 <= len(ranges) <= 8
     assert all(b2 == a1 - 1 for (_a2, b2), (a1, _b1) in zip(ranges, ranges[1:]))
-    assert ranges[-1][1] - ranges[0][0] + 1 >= 32 << 20
+    # the data section's first bytes came with the open (the first 64 KiB): not fetched again
+    assert ranges[0][0] == remote.HEAD_BYTES and ranges[-1][1] + 1 >= 32 << 20
 
     damaged = bytearray(data)
     damaged[len(data) // 2] ^= 0xFF
@@ -461,3 +462,28 @@ def test_empty_tensors_cost_no_request(http_server):
     loaded = aprfast.load_file(url)
     assert loaded["z_empty"].shape == (0, 4)
     np.testing.assert_array_equal(loaded["a_big"], tensors["a_big"])
+
+
+def test_reads_overlapping_the_cached_first_and_last_bytes_fetch_only_the_rest(http_server):
+    """The first 64 KiB and last 64 bytes came with the open: a read across them copies
+    those parts and asks only for the bytes between, and its CRC is over all of it."""
+    import zlib
+
+    data = np.random.default_rng(5).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    url = http_server.put("blob.bin", data)
+    source = remote.open_url(url)
+    try:
+        size, head = source.size, remote.HEAD_BYTES
+        cases = [(0, size), (100, head), (head - 10, 30), (1000, size - 1000 - 20), (size - 200, 180),
+                 (size - 64, 64), (head, size - head - 64), (head + 5, 1000)]
+        for offset, n in cases:
+            http_server.reset()
+            out = bytearray(n)
+            crc = source.readinto(offset, out, crc=0)
+            assert bytes(out) == data[offset:offset + n] and crc == zlib.crc32(data[offset:offset + n])
+            asked = _ranges(http_server)
+            fetched = sum(b - a + 1 for a, b in asked)
+            outside = max(0, min(offset + n, size - 64) - max(offset, head))
+            assert fetched == outside, (offset, n, asked)
+    finally:
+        source.close()

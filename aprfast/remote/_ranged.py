@@ -105,7 +105,7 @@ class RangedSource(Source):
                     self._head = memoryview(bytes(self._head) + more).toreadonly()
             return self._head[offset:offset + n]
         out = bytearray(n)
-        self._fetch_parallel(offset, memoryview(out))
+        self._fill(offset, memoryview(out))
         return out
 
     def _readinto(self, offset, out, threads, crc):
@@ -113,7 +113,29 @@ class RangedSource(Source):
         if hit is not None:
             out[:] = hit
             return None if crc is None else crc32(out, crc)
-        return self._fetch_parallel(offset, out, crc)
+        return self._fill(offset, out, crc)
+
+    def _fill(self, offset: int, out: memoryview, crc=None):
+        """:meth:`_fetch_parallel`, with the part of the range already cached (the first
+        bytes, the last ones) copied instead of fetched again: a data section starting
+        inside the first 64 KiB, or a whole-object read, asks only for the rest."""
+        n = out.nbytes
+        head, tail, tail_start = self._head, self._tail, self._tail_start
+        k = min(len(head) - offset, n) if offset < len(head) else 0
+        if k > 0:
+            out[:k] = head[offset:offset + k]
+            if crc is not None:
+                crc = crc32(out[:k], crc)
+        end = n
+        if len(tail) and offset + k < tail_start < offset + n <= tail_start + len(tail):
+            end = tail_start - offset  # the suffix from the cached last bytes, after the fetch
+        if end > k:
+            crc = self._fetch_parallel(offset + k, out[k:end], crc)
+        if end < n:
+            out[end:] = tail[:n - end]
+            if crc is not None:
+                crc = crc32(out[end:], crc)
+        return crc
 
     def readinto_many(self, pieces) -> None:
         """Fill each ``(offset, writable buffer)`` of ``pieces``, merging ranges closer
