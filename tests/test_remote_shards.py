@@ -195,3 +195,24 @@ def test_sharded_model_on_s3(s3_server, tmp_path, layout):
     assert s3_server.count == 1 + 3 * SHARDS
     assert all(method == "GET" for method, _path, _range in s3_server.requests)
     assert aprfast.inspect(url, storage_options=options) == aprfast.inspect(local / "model.apr.index.json")
+
+
+def test_load_shard_of_a_remote_sharded_model_reads_about_half(http_server, tmp_path):
+    from aprfast.distributed import load_shard
+
+    tensors = _model()
+    _local, files = _save(tmp_path, tensors)
+    url = _put_http(http_server, "tp", files)
+    data_bytes = sum(t.nbytes for t in tensors.values())
+    for rank in range(2):
+        http_server.reset()
+        part = load_shard(url, rank=rank, world_size=2, rules={"layer.*": 0})
+        for name, value in tensors.items():
+            np.testing.assert_array_equal(part[name], value[rank * 128:(rank + 1) * 128])
+        # the ranges fetched after each shard's first 64 KiB came with its open
+        fetched = 0
+        for _m, _p, rng in http_server.requests:
+            if "," not in rng:
+                a, b = rng.removeprefix("bytes=").split("-")
+                fetched += int(b) - int(a) + 1
+        assert fetched <= 0.55 * data_bytes

@@ -16,7 +16,8 @@ from ..errors import AprError, CorruptError, LayoutError, LimitError, TensorNotF
 from ..limits import Limits
 from ..tensors import TensorInfo
 
-__all__ = ["STREAM_END", "align", "DeferredFooter", "footer", "ParsedFile", "Plan", "parse_index", "encode_index", "decode_json"]
+__all__ = ["STREAM_END", "align", "DeferredFooter", "footer", "ParsedFile",
+           "Plan", "parse_index", "encode_index", "decode_json"]
 
 
 #: Where a stream of unknown length is assumed to end when its index is checked: extents
