@@ -122,6 +122,9 @@ def _identity(handle):
     (ETag or Last-Modified, as its source learnt it); None when there is neither."""
     try:
         if getattr(handle, "layout", None) == "sharded":
+            version = getattr(handle, "manifest_version", None)
+            if version is not None:  # a manifest at a URL
+                return "version", repr(version)
             st = os.stat(handle.path)
         else:
             source = getattr(handle, "_raw_source", None) or getattr(handle, "_source", None)

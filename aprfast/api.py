@@ -7,11 +7,11 @@ import os
 
 from . import layouts, remote, shards
 from ._pickling import reopenable
-from .errors import LayoutError
+from .errors import AprFileNotFoundError, LayoutError
 from .limits import Limits
 from .reader import AprFile
 from .security import SecurityOptions, refuse_keys
-from .sources import BufferSource, open_source
+from .sources import BufferSource, Source, open_source
 from .tensors import as_inputs
 from .writer import save_to
 
@@ -141,13 +141,16 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
     ``x.apr`` path a sharded ``save_file`` was given) gives a
     :class:`aprfast.shards.ShardedFile`: each shard's size is checked at open, each
     shard opened when a tensor in it is first asked for, its CRC checked by
-    ``verify()`` and loads.
+    ``verify()`` and loads.  At a URL the manifest (``...index.json``), the first shard
+    (``{stem}-00001-of-0000N.apr``, when the manifest is next to it) or the ``x.apr``
+    given to the sharded save (when no object ``x.apr`` exists) opens the model: one
+    request for the manifest, then each shard opened (one request) when first needed.
     """
-    manifest = None if _is_url(target) else shards.find_manifest(target)
-    if manifest is not None:
+    def sharded(manifest):
         refuse_keys(dict(password=password, private_key=private_key, trusted_keys=trusted_keys,
-                         require_signature=require_signature, allow_unencrypted=allow_unencrypted), manifest)
-        opened = shards.ShardedFile(manifest, limits=limits, open_options=dict(
+                         require_signature=require_signature, allow_unencrypted=allow_unencrypted),
+                    getattr(manifest, "url", manifest))
+        opened = shards.ShardedFile(manifest, limits=limits, storage_options=storage_options, open_options=dict(
             mode=mode, unknown_dtypes=unknown_dtypes, alignment=alignment))
         if verify:
             try:
@@ -156,7 +159,25 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
                 opened.close()
                 raise
         return opened
-    source = open_source(target, mode=mode, storage_options=storage_options)
+
+    manifest = _find_manifest(target, storage_options)
+    if manifest is not None:
+        return sharded(manifest)
+    source = _open_source_or_manifest(target, mode, storage_options)
+    if not isinstance(source, Source):
+        return sharded(source)
+    return _open_single(source, limits=limits, unknown_dtypes=unknown_dtypes, verify=verify, alignment=alignment,
+                        password=password, private_key=private_key, trusted_keys=trusted_keys,
+                        require_signature=require_signature, allow_unencrypted=allow_unencrypted)
+
+
+def _open_single(source, *, mode=None, limits=None, unknown_dtypes="error", verify=False, alignment=64,
+                 password=None, private_key=None, trusted_keys=None, require_signature=None,
+                 allow_unencrypted=False, storage_options=None):
+    """One file (a Source, path or URL; never a sharded model: what ShardedFile opens its
+    shards with, so a shard named like a first shard is never taken for the whole set)."""
+    if not isinstance(source, Source):
+        source = open_source(source, mode=mode, storage_options=storage_options)
     try:
         is_v1 = layouts.is_v1(source)
         if is_v1:
@@ -232,6 +253,31 @@ def _is_url(target) -> bool:
     return isinstance(target, str) and "://" in target and remote.is_url(target)
 
 
+def _find_manifest(target, storage_options):
+    """The sharded model ``target`` names (a path, a URL or a fetched RemoteManifest),
+    or None for a single file (shards.find_manifest / find_remote_manifest)."""
+    if _is_url(target):
+        return shards.find_remote_manifest(target, storage_options)
+    return shards.find_manifest(target)
+
+
+def _open_source_or_manifest(target, mode, storage_options):
+    """The Source of ``target``; for a URL ``x.apr`` with no object behind it, the
+    manifest ``x.apr.index.json`` a sharded save of ``x.apr`` leaves, when there is one
+    (as a missing local ``x.apr`` does), else the original not-found error."""
+    try:
+        return open_source(target, mode=mode, storage_options=storage_options)
+    except AprFileNotFoundError:
+        candidate = shards.manifest_url_for_missing(target) if _is_url(target) else None
+        if candidate is None:
+            raise
+        try:
+            return shards.fetch_manifest(candidate, storage_options)
+        except AprFileNotFoundError:
+            pass
+        raise
+
+
 def inspect(target, *, limits: Limits | None = None, storage_options=None) -> dict:
     """Header, metadata and index of a file, reading nothing else (for a v1 container:
     its header and metadata, without checking the CRC or decrypting anything; for a
@@ -244,10 +290,12 @@ def inspect(target, *, limits: Limits | None = None, storage_options=None) -> di
     is asked for, so inspecting a million tensors costs about the parse of their index.
     It compares, copies, pickles and JSON-encodes as the plain dict it stands for; the
     index was checked in full before ``inspect`` returned."""
-    manifest = None if _is_url(target) else shards.find_manifest(target)
+    manifest = _find_manifest(target, storage_options)
     if manifest is not None:
-        return shards.inspect(manifest, limits=limits)
-    source = open_source(target, storage_options=storage_options)  # opened once: AprFile takes it over for v2
+        return shards.inspect(manifest, limits=limits, storage_options=storage_options)
+    source = _open_source_or_manifest(target, None, storage_options)  # opened once: AprFile takes it over for v2
+    if not isinstance(source, Source):
+        return shards.inspect(source, limits=limits, storage_options=storage_options)
     try:
         is_v1 = layouts.is_v1(source)
     except BaseException:

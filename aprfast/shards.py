@@ -34,12 +34,13 @@ import stat
 import threading
 
 from . import _metascan, _pickling, _platform
-from ._crc import crc32
+from ._crc import crc32, crc32_combine
 from .errors import (AprError, AprIOError, ChecksumError, CorruptError, FormatError, LayoutError,
                      LimitError, TensorNotFoundError, os_error)
 from .limits import Limits
 
-__all__ = ["MANIFEST_SUFFIX", "ShardedFile", "save_sharded", "find_manifest", "parse_size"]
+__all__ = ["MANIFEST_SUFFIX", "ShardedFile", "save_sharded", "find_manifest", "find_remote_manifest",
+           "fetch_manifest", "RemoteManifest", "parse_size"]
 
 MANIFEST_SUFFIX = ".apr.index.json"
 APR_VERSION = "2.0.0"
@@ -112,6 +113,71 @@ def find_manifest(target):
         return None
     candidate = manifest_path_for(path)
     return candidate if os.path.isfile(candidate) else None
+
+
+# --- sharded models at a URL -------------------------------------------------------------
+#: ``{stem}-00001-of-0000N.apr``: the first shard of a set (N of at least 2).
+_FIRST_SHARD = re.compile(r"(.+)-00001-of-(\d{5})\.apr")
+
+
+class RemoteManifest:
+    """A manifest fetched from a URL: its URL, bytes and version (ETag / Last-Modified
+    as the remote source learnt it; what a pickled handle is checked against)."""
+
+    def __init__(self, url: str, raw: bytes, version):
+        self.url, self.raw, self.version = url, raw, version
+
+
+def _url_base(url: str) -> str:
+    """The "directory" of an object URL (query and fragment dropped), ending in "/"."""
+    return url.split("#", 1)[0].split("?", 1)[0].rsplit("/", 1)[0] + "/"
+
+
+def _url_name(url: str) -> str:
+    return url.split("#", 1)[0].split("?", 1)[0].rsplit("/", 1)[-1]
+
+
+def fetch_manifest(url: str, storage_options=None) -> RemoteManifest:
+    """The manifest object at ``url`` (one request when it fits the first 64 KiB a remote
+    source reads), refused unread above MAX_MANIFEST_SIZE."""
+    from .sources import open_source
+
+    source = open_source(url, mode="pread", storage_options=storage_options)
+    try:
+        if source.size > MAX_MANIFEST_SIZE:
+            raise LimitError(f"shard manifest of {source.size} bytes exceeds {MAX_MANIFEST_SIZE}", path=url)
+        raw = bytes(source.read(0, source.size, "shard manifest"))
+        return RemoteManifest(url, raw, getattr(source, "version", None))
+    finally:
+        source.close()
+
+
+def find_remote_manifest(url: str, storage_options=None):
+    """The manifest a URL names, or None when it names a single file, decided by name:
+    a URL ending in ``.json`` is a manifest (returned as is, fetched when opened); the
+    first shard of a set, ``{stem}-00001-of-0000N.apr``, stands for the whole model when
+    ``{stem}.apr.index.json`` is next to it (fetched here: one request; when it is
+    missing the shard opens as a single file).  A URL ``x.apr`` with no object behind
+    it is tried as ``x.apr.index.json`` by the caller (:func:`manifest_url_for_missing`),
+    so a single file costs no extra request."""
+    name = _url_name(url)
+    if name.endswith(".json"):
+        return url
+    m = _FIRST_SHARD.fullmatch(name)
+    if m is None or int(m.group(2)) < 2:
+        return None
+    from .errors import AprFileNotFoundError
+
+    try:
+        return fetch_manifest(_url_base(url) + m.group(1) + MANIFEST_SUFFIX, storage_options)
+    except AprFileNotFoundError:
+        return None
+
+
+def manifest_url_for_missing(url: str):
+    """Where a sharded save of ``x.apr`` put its manifest, for a URL ``x.apr`` (else None)."""
+    name = _url_name(url)
+    return _url_base(url) + name[:-4] + MANIFEST_SUFFIX if name.endswith(".apr") and len(name) > 4 else None
 
 
 def _manifest_in(directory: str):
@@ -250,6 +316,12 @@ def read_manifest(path: str, limits: Limits) -> dict:
             raw = f.read()
     except OSError as exc:
         raise os_error(exc, "cannot read the shard manifest", path=path) from exc
+    return parse_manifest(raw, limits, path)
+
+
+def parse_manifest(raw, limits: Limits, path) -> dict:
+    """The manifest in ``raw`` (its bytes), every field checked."""
+    raw = bytes(raw)
     text = _metascan.json_text(raw, path)  # depth, memory budget and UTF-8 checked before parsing
     try:
         value = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
@@ -340,11 +412,25 @@ class ShardedFile:
     layout = "sharded"
     security = None
 
-    def __init__(self, manifest_path, *, open_options: dict, limits: Limits | None = None):
-        self._path = os.fspath(manifest_path)
-        self._dir = os.path.dirname(os.path.abspath(self._path))
-        self._options = dict(open_options, limits=limits)
-        manifest = read_manifest(self._path, limits or Limits())
+    def __init__(self, manifest_path, *, open_options: dict, limits: Limits | None = None, storage_options=None):
+        #: a manifest at a URL (http(s), fsspec, hf): shards are objects next to it, opened
+        #: lazily as remote handles (one per shard, kept); sizes are checked when a shard
+        #: is opened (its first request says its length), not with a request per shard at open
+        self._remote = isinstance(manifest_path, RemoteManifest) or _is_url(manifest_path)
+        self.manifest_version = None
+        if self._remote:
+            fetched = manifest_path if isinstance(manifest_path, RemoteManifest) else \
+                fetch_manifest(manifest_path, storage_options)
+            self._path = fetched.url
+            self._dir = _url_base(fetched.url)
+            self.manifest_version = fetched.version
+            self._options = dict(open_options, limits=limits, storage_options=storage_options)
+            manifest = parse_manifest(fetched.raw, limits or Limits(), fetched.url)
+        else:
+            self._path = os.fspath(manifest_path)
+            self._dir = os.path.dirname(os.path.abspath(self._path))
+            self._options = dict(open_options, limits=limits)
+            manifest = read_manifest(self._path, limits or Limits())
         self._manifest_size = manifest["size"]
         self._shards = manifest["shards"]
         self._where = manifest["tensor_shard_map"]
@@ -354,13 +440,21 @@ class ShardedFile:
         self._open = {}
         self._opening = threading.Lock()  # two threads asking for one shard must not open it twice
         self._closed = False
-        for shard in self._shards:
-            self._check_size(shard)
+        if self._remote:
+            for shard in self._shards:
+                _check_url_name(shard["file"], self._path)
+        else:
+            for shard in self._shards:
+                self._check_size(shard)
 
     def _shard_path(self, shard) -> str:
+        if self._remote:
+            return self._dir + _url_part(shard["file"], self._dir)
         return os.path.join(self._dir, shard["file"])
 
     def _check_size(self, shard) -> None:
+        if self._remote:
+            return  # checked against the opened shard's length (_check_remote_size)
         path = self._shard_path(shard)
         try:
             size = os.stat(path).st_size
@@ -435,11 +529,27 @@ class ShardedFile:
             raise AprIOError("the sharded model is closed", path=self._path)
         f = self._open.get(index)
         if f is None:
-            from .api import open as open_apr
+            from .api import _open_single as open_apr  # a shard is one file, whatever its name
 
             shard = self._shards[index]
             self._check_size(shard)  # may have changed since the manifest was read
-            f = open_apr(self._shard_path(shard), **self._options)
+            target = self._shard_path(shard)
+            if self._remote:
+                # the object's length (learnt by its first request) against the manifest
+                # before its header is parsed, so a wrong shard is named as such
+                from .sources import open_source
+
+                options = dict(self._options)
+                target = open_source(target, mode=options.pop("mode", None),
+                                     storage_options=options.pop("storage_options", None))
+                try:
+                    self._check_remote_size(shard, target)
+                    f = open_apr(target, **options)
+                except BaseException:
+                    target.close()
+                    raise
+            else:
+                f = open_apr(target, **self._options)
             try:
                 self._check_contents(index, f)
             except BaseException:
@@ -447,6 +557,31 @@ class ShardedFile:
                 raise
             self._open[index] = f
         return f
+
+    def _check_remote_size(self, shard, source) -> None:
+        size = source.size
+        if size != shard["size"]:
+            raise ChecksumError(f"shard {shard['file']!r} is {size} bytes but the manifest says {shard['size']}",
+                                path=self._shard_path(shard))
+
+    def _check_remote_crc(self, index: int, f) -> None:
+        """The manifest's CRC of a remote shard whose own CRC ``f`` has just checked
+        (verify / load_all): for a v2 shard from its footer's CRC of the bytes before the
+        footer, combined with the footer's bytes up to the last four (no second read of
+        the data); other files are read once more."""
+        shard = self._shards[index]
+        source, parsed = _source_of(f), getattr(f, "_file", None)
+        end, body_end = getattr(parsed, "footer_crc_offset", None), shard["size"] - _CRC_TAIL
+        if end is not None and 0 <= end <= body_end and isinstance(parsed.stored_crc, int):
+            tail = bytes(source.read(end, body_end - end, "footer")) if body_end > end else b""
+            actual = crc32_combine(parsed.stored_crc, crc32(tail), len(tail))
+        else:
+            from .reader import _crc_by_chunks
+
+            actual = _crc_by_chunks(source, max(body_end, 0))
+        if actual != shard["crc32"]:
+            raise ChecksumError(f"shard {shard['file']!r} has CRC32 {actual:08x} but the manifest says "
+                                f"{shard['crc32']:08x}", path=self._shard_path(shard))
 
     def _check_contents(self, index: int, f) -> None:
         expected = {n for n, i in self._where.items() if i == index}
@@ -486,6 +621,11 @@ class ShardedFile:
         """Each shard's whole-file CRC32 against the manifest (ChecksumError naming the
         shard), then each shard's own checks."""
         for index, shard in enumerate(self._shards):
+            if self._remote:  # the shard's own CRC first: it reads every byte once, the manifest's follows
+                f = self._shard(index)
+                f.verify()
+                self._check_remote_crc(index, f)
+                continue
             self._check_crc(shard)
             self._shard(index).verify()
 
@@ -505,7 +645,7 @@ class ShardedFile:
         manifest and its own footer when ``verify``)."""
         out = {}
         for index, shard in enumerate(self._shards):
-            if verify:
+            if verify and not self._remote:
                 self._check_crc(shard)
             f = self._shard(index)
             if hasattr(f, "load_all"):
@@ -514,6 +654,8 @@ class ShardedFile:
                 if verify:
                     f.verify()
                 out.update(f.tensors(copy=True))
+            if verify and self._remote:
+                self._check_remote_crc(index, f)
         return {name: out[name] for name in self._names}
 
     def close(self) -> None:
@@ -547,8 +689,40 @@ class ShardedFile:
         return f"<aprfast.ShardedFile {self._path} {state}>"
 
 
-def inspect(manifest_path, limits: Limits | None = None) -> dict:
+def _is_url(target) -> bool:
+    from .remote import is_url
+
+    return isinstance(target, str) and "://" in target and is_url(target)
+
+
+def _check_url_name(name: str, path) -> None:
+    """A shard name in a remote manifest becomes the last part of a URL: besides what
+    every manifest refuses ("/", "..", ":"), characters that would change what the URL
+    addresses (a query, a fragment, percent-escapes a server could decode to "../",
+    spaces and controls) are refused."""
+    if any(c in name for c in "?#%\\") or any(ord(c) < 0x21 or ord(c) == 0x7F for c in name):
+        raise CorruptError(f"shard manifest: shard file {name!r} cannot name an object next to a remote "
+                           "manifest (?, #, %, spaces and control characters are refused)", path=path)
+
+
+def _url_part(name: str, base: str) -> str:
+    """``name`` as the last part of a URL under ``base``: percent-encoded for http(s)
+    (non-ASCII names), as is for fsspec paths, which are not percent-decoded."""
+    if base.lower().startswith(("http://", "https://")):
+        from urllib.parse import quote
+
+        return quote(name, safe="")
+    return name
+
+
+def _source_of(f):
+    return getattr(f, "_raw_source", None) or getattr(f, "_source", None)
+
+
+def inspect(manifest_path, limits: Limits | None = None, storage_options=None) -> dict:
     """``aprfast.inspect`` of a sharded model: the manifest, and every tensor's entry
-    with its shard (each shard's header and index are read, no tensor data)."""
-    with ShardedFile(manifest_path, open_options={"unknown_dtypes": "raw"}, limits=limits) as f:
+    with its shard (each shard's header and index are read, no tensor data; at a URL,
+    one request per shard when its prefix fits 64 KiB)."""
+    with ShardedFile(manifest_path, open_options={"unknown_dtypes": "raw"}, limits=limits,
+                     storage_options=storage_options) as f:
         return {"layout": f.layout, "header": f.header, "metadata": f.metadata, "tensors": f.describe()}

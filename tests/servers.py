@@ -6,6 +6,9 @@
   change an object after a number of requests.
 - ``s3_server``: moto's standalone S3 server (``ThreadedMotoServer``) on a free loopback
   port, used through s3fs with dummy credentials; ``make_bucket()`` creates a fresh bucket.
+  Every request that reaches it is logged (``requests``, ``count``, ``gets()``,
+  ``reset()``), so tests count real requests; ``status_500`` / ``drop_mid_body`` make
+  the next GETs fail.
 
 Test modules import these fixtures explicitly (``from servers import http_server``);
 the names ``http_server`` and ``s3_server`` are stable.
@@ -250,18 +253,38 @@ class S3Server:
     def __init__(self):
         import logging
 
-        from moto.server import ThreadedMotoServer
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
 
         self.port = free_port()
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        #: every request moto answered: (method, path, Range header), in arrival order
+        self.requests: list[tuple[str, str, str | None]] = []
+        #: faults for the next GETs, each consumed by one: answer 500, or send half the body
+        self.status_500 = 0
+        self.drop_mid_body = 0
+        self._lock = threading.Lock()
+        self._server = _CountingMotoServer(self, ip_address="127.0.0.1", port=self.port, verbose=False)
         self._server.start()
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         # No region_name in client_kwargs: s3fs would send it as a LocationConstraint,
         # which us-east-1 refuses; AWS_DEFAULT_REGION (set by the fixture) names it.
         self.storage_options = {"key": "testing", "secret": "testing",
                                 "client_kwargs": {"endpoint_url": self.endpoint_url}}
+
+    def reset(self) -> None:
+        """Forget the request log and the faults."""
+        with self._lock:
+            self.requests.clear()
+            self.status_500 = self.drop_mid_body = 0
+
+    @property
+    def count(self) -> int:
+        return len(self.requests)
+
+    def gets(self) -> list:
+        """The GETs logged so far, as (path, Range header)."""
+        with self._lock:
+            return [(path, rng) for method, path, rng in self.requests if method == "GET"]
 
     def fs(self):
         """An s3fs filesystem on this server (not the cached instance: fresh listings)."""
@@ -277,6 +300,60 @@ class S3Server:
 
     def stop(self) -> None:
         self._server.stop()
+
+
+def _counting_moto_server_class():
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    class CountingMotoServer(ThreadedMotoServer):
+        """moto's threaded server with its WSGI app wrapped to log every request, so
+        tests count what really reached the server (not what a client says it sent)."""
+
+        def __init__(self, owner, **kwargs):
+            super().__init__(**kwargs)
+            self._owner = owner
+
+        def _server_entry(self) -> None:  # as ThreadedMotoServer's, with the app wrapped
+            app = DomainDispatcherApplication(create_backend_app)
+            owner = self._owner
+
+            def counting(environ, start_response):
+                path = environ.get("PATH_INFO", "")
+                method = environ.get("REQUEST_METHOD")
+                with owner._lock:
+                    owner.requests.append((method, path, environ.get("HTTP_RANGE")))
+                    fail = method == "GET" and owner.status_500 > 0
+                    owner.status_500 -= fail
+                    cut = method == "GET" and not fail and owner.drop_mid_body > 0
+                    owner.drop_mid_body -= cut
+                if fail:
+                    body = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
+                    start_response("500 Internal Server Error", [("Content-Type", "application/xml"),
+                                                                 ("Content-Length", str(len(body)))])
+                    return [body]
+                if cut:  # the headers as moto sent them, then half the body and the connection closes
+                    captured = {}
+
+                    def keep(status, headers, exc_info=None):
+                        captured["status"], captured["headers"] = status, headers
+
+                    body = b"".join(app(environ, keep))
+                    start_response(captured["status"], captured["headers"])
+                    return [body[:len(body) // 2]]
+                return app(environ, start_response)
+
+            self._server = make_server(self._ip_address, self._port, counting, True,
+                                       request_handler=MotoRequestHandler)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    return CountingMotoServer
+
+
+def _CountingMotoServer(owner, **kwargs):  # noqa: N802 - a class made on first use (moto is optional)
+    return _counting_moto_server_class()(owner, **kwargs)
 
 
 @pytest.fixture(scope="session")

@@ -138,7 +138,8 @@ def test_load_file_reads_in_parallel_ranged_requests_and_checks_the_crc(http_ser
     ranges = sorted(_ranges(http_server))
     assert http_server.count == 1 + len(ranges) and 3 <= len(ranges) <= 8
     assert all(b2 == a1 - 1 for (_a2, b2), (a1, _b1) in zip(ranges, ranges[1:]))
-    assert ranges[-1][1] - ranges[0][0] + 1 >= 32 << 20
+    # the data section's first bytes came with the open (the first 64 KiB): not fetched again
+    assert ranges[0][0] == remote.HEAD_BYTES and ranges[-1][1] + 1 >= 32 << 20
 
     damaged = bytearray(data)
     damaged[len(data) // 2] ^= 0xFF
@@ -206,25 +207,45 @@ def test_a_server_that_ignores_range_serves_a_small_object_whole(http_server):
     assert http_server.count == 1
 
 
-def test_a_server_without_multi_range_costs_one_more_request(http_server):
+@pytest.mark.parametrize("layout", ["aprender", "apr2"])
+def test_a_server_without_multi_range_sends_the_footer_only_when_it_is_needed(http_server, layout):
     tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
-    url = http_server.put("m.apr", aprfast.save(tensors, layout="apr2"))
+    url = http_server.put("m.apr", aprfast.save(tensors, layout=layout))
     http_server.faults.no_multi_range = True
     info = aprfast.inspect(url)
     assert len(info["tensors"]) == 2
-    assert http_server.count == 2  # the first bytes, then the footer (APR2 checks its size at open)
-
-
-def test_inspecting_the_aprender_layout_never_reads_its_footer(http_server):
-    # aprender's footer holds only the CRC, read when verify() asks for it
-    tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
-    url = http_server.put("m.apr", aprfast.save(tensors, layout="aprender"))
+    assert http_server.count == 1  # the first bytes only: inspect needs no footer
+    http_server.reset()
     http_server.faults.no_multi_range = True
-    info = aprfast.inspect(url)
-    assert len(info["tensors"]) == 2
-    assert http_server.count == 1
     with aprfast.open(url) as f:
-        f.verify()  # the stored CRC is still read and checked
+        np.testing.assert_array_equal(f.get_tensor("w"), tensors["w"])
+        assert http_server.count == 2  # open, then the tensor
+        f.verify()  # the footer now: the last 64 bytes, once
+        assert http_server.requests[-1][2] == f"bytes={len(aprfast.save(tensors, layout=layout)) - 64}-" \
+            f"{len(aprfast.save(tensors, layout=layout)) - 1}"
+        n = http_server.count
+        f.verify()
+        assert http_server.count - n == 1  # the data again, the footer is kept
+    http_server.reset()
+    http_server.faults.no_multi_range = True
+    loaded = aprfast.load_file(url)
+    assert loaded["w"].tobytes() == tensors["w"].tobytes()
+    assert http_server.count == 3  # open, the data section, the footer
+
+
+@pytest.mark.parametrize("layout", ["aprender", "apr2"])
+def test_a_damaged_footer_fetched_late_is_still_refused(http_server, layout):
+    tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
+    data = bytearray(aprfast.save(tensors, layout=layout))
+    data[-3] ^= 0xFF  # the CRC (aprender) or the footer's declared size (apr2)
+    url = http_server.put("bad-footer.apr", bytes(data))
+    http_server.faults.no_multi_range = True
+    with aprfast.open(url) as f:  # the footer is not read at open
+        np.testing.assert_array_equal(f.get_tensor("w"), tensors["w"])
+        with pytest.raises((aprfast.errors.ChecksumError, aprfast.errors.CorruptError)):
+            f.verify()
+    with pytest.raises((aprfast.errors.ChecksumError, aprfast.errors.CorruptError)):
+        aprfast.load_file(url)
 
 
 def test_range_ignored_after_open_is_refused(http_server):
@@ -441,3 +462,28 @@ def test_empty_tensors_cost_no_request(http_server):
     loaded = aprfast.load_file(url)
     assert loaded["z_empty"].shape == (0, 4)
     np.testing.assert_array_equal(loaded["a_big"], tensors["a_big"])
+
+
+def test_reads_overlapping_the_cached_first_and_last_bytes_fetch_only_the_rest(http_server):
+    """The first 64 KiB and last 64 bytes came with the open: a read across them copies
+    those parts and asks only for the bytes between, and its CRC is over all of it."""
+    import zlib
+
+    data = np.random.default_rng(5).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    url = http_server.put("blob.bin", data)
+    source = remote.open_url(url)
+    try:
+        size, head = source.size, remote.HEAD_BYTES
+        cases = [(0, size), (100, head), (head - 10, 30), (1000, size - 1000 - 20), (size - 200, 180),
+                 (size - 64, 64), (head, size - head - 64), (head + 5, 1000)]
+        for offset, n in cases:
+            http_server.reset()
+            out = bytearray(n)
+            crc = source.readinto(offset, out, crc=0)
+            assert bytes(out) == data[offset:offset + n] and crc == zlib.crc32(data[offset:offset + n])
+            asked = _ranges(http_server)
+            fetched = sum(b - a + 1 for a, b in asked)
+            outside = max(0, min(offset + n, size - 64) - max(offset, head))
+            assert fetched == outside, (offset, n, asked)
+    finally:
+        source.close()

@@ -184,45 +184,148 @@ def test_a_sharded_save_to_a_url_is_refused_before_anything_is_written(tmp_path)
         aprfast.save_file({"a": np.ones(4)}, "memory://aprfast-test/sharded.apr", max_shard_size=8)
 
 
-def test_load_file_from_s3_reads_parallel_parts(s3_server, bucket, monkeypatch):
-    from aprfast.remote.fsspec import FsspecSource
+def _range_sizes(gets):
+    sizes = []
+    for _path, rng in gets:
+        a, b = rng.removeprefix("bytes=").split("-")
+        sizes.append(int(b) - int(a) + 1)
+    return sizes
 
+
+def test_load_file_from_s3_reads_parallel_parts(s3_server, bucket):
     tensors = {f"t{i}": np.full(1 << 20, i, np.float32) for i in range(8)}  # 32 MiB
     s3_server.fs().pipe(f"{bucket}/big.apr", aprfast.save(tensors))
-    seen = []
-    real = FsspecSource._fetch_into
-
-    def counting(self, offset, out):
-        seen.append((offset, out.nbytes))
-        return real(self, offset, out)
-
-    monkeypatch.setattr(FsspecSource, "_fetch_into", counting)
+    s3_server.reset()
     loaded = aprfast.load_file(f"s3://{bucket}/big.apr", storage_options=s3_server.storage_options)
     for name, value in tensors.items():
         np.testing.assert_array_equal(loaded[name], value)
-    parts = [n for _offset, n in seen if n >= remote.PART_BYTES]
+    gets = s3_server.gets()
+    assert len(gets) == s3_server.count  # GETs only: no HEAD, no listing
+    parts = [n for n in _range_sizes(gets) if n >= remote.PART_BYTES]
     assert len(parts) >= 3 and sum(parts) >= 31 << 20
+    # open (first 64 KiB) + the parts + the footer (64 bytes), nothing else
+    assert len(gets) == 1 + len(parts) + 1
 
 
-def test_s3_request_counts(s3_server, bucket, monkeypatch):
-    """Opening: the file object's HEAD, then the first 64 KiB and the last 64 bytes;
-    a tensor on an open handle: one ranged GET."""
-    from aprfast.remote.fsspec import FsspecSource
-
+@pytest.mark.parametrize("layout", ["aprender", "apr2"])
+def test_s3_request_counts(s3_server, bucket, layout):
+    """Counted by the server: opening (and inspect) is one GET for the first 64 KiB,
+    which also gives the object's length and ETag (no HEAD); a tensor is one more; the
+    footer comes only when a CRC is checked."""
     tensors = {f"layer.{i:03d}.w": np.full((8, 8), i, np.float32) for i in range(200)}
     tensors["big"] = np.arange(1 << 19, dtype=np.float32)  # 2 MiB, beyond the first 64 KiB
+    data = aprfast.save(tensors, layout=layout)
+    s3_server.fs().pipe(f"{bucket}/m.apr", data)
+    url, options = f"s3://{bucket}/m.apr", s3_server.storage_options
+    key = f"/{bucket}/m.apr"
+
+    s3_server.reset()
+    assert len(aprfast.inspect(url, storage_options=options)["tensors"]) == 201
+    assert s3_server.requests == [("GET", key, "bytes=0-65535")]
+
+    s3_server.reset()
+    with aprfast.open(url, storage_options=options) as f:  # a fresh handle plus one 2 MiB tensor: 2
+        np.testing.assert_array_equal(f.get_tensor("big"), tensors["big"])
+        assert s3_server.count == 2
+        big = f._file.row("big")
+        # its bytes from where the first 64 KiB (already here) end
+        assert big[1] < remote.HEAD_BYTES
+        assert s3_server.requests[1] == ("GET", key, f"bytes={remote.HEAD_BYTES}-{big[1] + big[2] - 1}")
+        s3_server.reset()
+        np.testing.assert_array_equal(f.get_tensor("layer.150.w"), tensors["layer.150.w"])  # open handle: 1
+        assert s3_server.count == 1
+        s3_server.reset()
+        f.verify()  # the data from byte 0 (one 8 MiB chunk here) and the footer, once
+        assert (key, f"bytes={len(data) - 64}-{len(data) - 1}") in s3_server.gets()
+        assert s3_server.count == 2
+        s3_server.reset()
+        f.verify()
+        assert s3_server.count == 1
+
+    s3_server.reset()
+    loaded = aprfast.load_file(url, storage_options=options)
+    assert loaded["big"].tobytes() == tensors["big"].tobytes()
+    assert s3_server.count == 3  # open, the data section (2 MiB: one part), the footer
+
+
+def test_s3_every_later_get_carries_if_match(s3_server, bucket, monkeypatch):
+    """The If-Match header is what makes S3 refuse a replaced object (412), so a read is
+    never a mix of two versions even if the ETag check here were fooled."""
+    tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
+    s3_server.fs().pipe(f"{bucket}/m.apr", aprfast.save(tensors))
+    seen = []
+    with aprfast.open(f"s3://{bucket}/m.apr", storage_options=s3_server.storage_options) as f:
+        etag = f._source.version[0]
+        assert etag and etag.startswith('"')
+        real = f._source.fs._call_s3
+
+        async def spying(method, *args, **kwargs):
+            seen.append((method, kwargs.get("IfMatch"), kwargs.get("Range")))
+            return await real(method, *args, **kwargs)
+
+        monkeypatch.setattr(f._source.fs, "_call_s3", spying)
+        f.get_tensor("w")
+        f.verify()
+    assert len(seen) == 3 and all(m == "get_object" and tag == etag for m, tag, _r in seen)
+
+
+@pytest.mark.parametrize("when", ["tensor", "footer"])
+def test_s3_object_replaced_after_open_is_refused_by_the_server(s3_server, bucket, when):
+    first = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
+    second = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32) + 1}
+    fs = s3_server.fs()
+    fs.pipe(f"{bucket}/m.apr", aprfast.save(first))
+    with aprfast.open(f"s3://{bucket}/m.apr", storage_options=s3_server.storage_options) as f:
+        if when == "footer":
+            f.get_tensor("w")
+        fs.pipe(f"{bucket}/m.apr", aprfast.save(second))  # same length, other bytes
+        s3_server.reset()
+        with pytest.raises(RemoteChangedError):
+            f.get_tensor("w") if when == "tensor" else f.verify()
+        assert s3_server.count == 1  # refused at once (412), not retried
+
+
+@pytest.mark.parametrize("fault", ["status_500", "drop_mid_body"])
+def test_s3_transient_faults_are_retried(s3_server, bucket, fault):
+    tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(1 << 16, dtype=np.float32)}
     s3_server.fs().pipe(f"{bucket}/m.apr", aprfast.save(tensors))
     url, options = f"s3://{bucket}/m.apr", s3_server.storage_options
-    gets = []
-    real = FsspecSource._fetch_into
-    monkeypatch.setattr(FsspecSource, "_fetch_into", lambda self, offset, out: gets.append(out.nbytes) or
-                        real(self, offset, out))
-    assert len(aprfast.inspect(url, storage_options=options)["tensors"]) == 201
-    assert len(gets) == 2
     with aprfast.open(url, storage_options=options) as f:
-        gets.clear()
-        np.testing.assert_array_equal(f.get_tensor("big"), tensors["big"])
-        assert gets == [2 << 20]
+        s3_server.reset()
+        setattr(s3_server, fault, 1)
+        np.testing.assert_array_equal(f.get_tensor("w"), tensors["w"])
+        assert s3_server.count == 2  # the failed GET and its retry
+    # never recovers: a typed error, not a hang or wrong bytes (botocore retries 5xx itself;
+    # 2 attempts here, not its default 5 with seconds of backoff)
+    quick = dict(options, config_kwargs={"retries": {"max_attempts": 2, "mode": "standard"}})
+    with aprfast.open(url, storage_options=quick) as f:
+        s3_server.reset()
+        setattr(s3_server, fault, 100)
+        with pytest.raises(AprIOError):
+            f.get_tensor("pad")
+        assert s3_server.count <= 5  # retries are not multiplied layer by layer
+    s3_server.reset()
+    s3_server.status_500 = 1
+    assert aprfast.inspect(url, storage_options=options)["tensors"]["w"]["shape"] == [1 << 16]
+    assert s3_server.count == 2
+
+
+def test_s3_small_and_empty_objects(s3_server, bucket):
+    fs = s3_server.fs()
+    tensors = {"w": np.arange(7, dtype=np.float32)}
+    fs.pipe(f"{bucket}/small.apr", aprfast.save(tensors))
+    s3_server.reset()
+    with aprfast.open(f"s3://{bucket}/small.apr", storage_options=s3_server.storage_options) as f:
+        np.testing.assert_array_equal(f.get_tensor("w"), tensors["w"])
+        f.verify()
+    assert s3_server.count == 1  # the whole object came with the first GET
+    fs.pipe(f"{bucket}/empty.apr", b"")
+    with pytest.raises(aprfast.errors.AprError):
+        aprfast.open(f"s3://{bucket}/empty.apr", storage_options=s3_server.storage_options)
+    with pytest.raises(AprFileNotFoundError):
+        aprfast.inspect(f"s3://{bucket}/missing.apr", storage_options=s3_server.storage_options)
+    with pytest.raises(AprIOError, match="bucket"):
+        aprfast.open(f"s3://{bucket}", storage_options=s3_server.storage_options)
 
 
 def test_stream_from_s3(s3_server, bucket):

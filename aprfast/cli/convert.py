@@ -177,7 +177,9 @@ def convert_and_report(source, destination, options, to, verb, as_json) -> int:
 
     from ..convert import DestinationExistsError, QualityGateError, TensorValidationError, convert
 
-    if not os.path.lexists(source):
+    from ..remote import is_url
+
+    if not is_url(source) and not os.path.lexists(source):  # a URL (hf://, https://, s3://) is fetched by convert
         raise FileNotFoundError(f"{source}: no such file or directory")
     try:
         with warnings.catch_warnings(record=True) as caught:

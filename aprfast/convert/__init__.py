@@ -353,14 +353,20 @@ def _quant_selector(quantize):
 
 def convert(source, destination, *, to=None, quantize=None, precision=None, compression=None, arch=None,
             rename=None, strip_prefix=None, validate="strict", force=False, progress=None, max_shard_size=None,
-            tokenizer=True, durable=True, prune=None, lowrank=None, max_drift=DEFAULT_MAX_DRIFT) -> dict:
+            tokenizer=True, durable=True, prune=None, lowrank=None, max_drift=DEFAULT_MAX_DRIFT,
+            storage_options=None) -> dict:
     """Convert a model between ``.apr``, safetensors (one file or a sharded checkpoint)
     and GGUF, streaming one tensor at a time.
 
     ``source``: a path; its format comes from its bytes (an ``.apr`` of any variant,
     safetensors, GGUF, a ``model.safetensors.index.json`` or a directory holding one,
     a ``torch.save`` checkpoint read without running pickle: see ``convert.pytorch``,
-    or an ONNX model's initializers: see ``convert.onnx``).
+    or an ONNX model's initializers: see ``convert.onnx``).  Or a URL of such a file
+    (``convert._remote``): ``hf://org/repo[@rev]/path`` through huggingface_hub's cache
+    (``HF_HUB_OFFLINE`` honoured), any other (``https://``, ``s3://``, ...) fetched with
+    parallel ranged requests into a temporary directory beside the destination, removed
+    afterwards; an index's shards and a safetensors ``tokenizer.json`` come with it.
+    ``storage_options`` go to fsspec / huggingface_hub (``token``) as for ``aprfast.open``.
     ``destination``: a path whose extension (``.apr``, ``.safetensors``, ``.gguf``; a
     directory or an ``.index.json`` for sharded safetensors) or ``to=`` names the format.
     ``max_shard_size`` (bytes, or "5GB"/"2GiB") writes a sharded safetensors checkpoint
@@ -411,6 +417,29 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     optimizer = Optimizer(prune, lowrank)
     gate = QualityGate(max_drift, force=force, destination=destination,
                        active=optimizer.active or precision is not None or quantize is not None)
+    local = None
+    if isinstance(source, str) and "://" in source:
+        from ..remote import is_url
+
+        if is_url(source):
+            from ._remote import local_source
+
+            dest = os.fspath(destination)
+            if os.path.lexists(dest) and not os.path.isdir(dest) and not force:  # before anything is fetched
+                raise DestinationExistsError("destination exists; pass force=True to replace it", path=destination)
+            local = local_source(source, storage_options=storage_options, destination=destination,
+                                 tokenizer=tokenizer)
+            source = local.path
+    try:
+        return _convert(source, destination, kind, precision, quantize, prefixes, validator, optimizer, gate, arch,
+                        rename, compression, max_shard_size, force, durable, progress, tokenizer)
+    finally:
+        if local is not None:
+            local.close()
+
+
+def _convert(source, destination, kind, precision, quantize, prefixes, validator, optimizer, gate, arch, rename,
+             compression, max_shard_size, force, durable, progress, tokenizer) -> dict:
     src = open_source(source, tokenizer=tokenizer)
     try:
         mapping = _map_names(src, arch, prefixes)

@@ -17,7 +17,8 @@ from ..errors import AprError, CorruptError, LayoutError, LimitError, TensorNotF
 from ..limits import Limits
 from ..tensors import TensorInfo
 
-__all__ = ["STREAM_END", "align", "ParsedFile", "TensorIndex", "Plan", "parse_index", "encode_index", "decode_json"]
+__all__ = ["STREAM_END", "align", "DeferredFooter", "footer", "ParsedFile", "TensorIndex",
+           "Plan", "parse_index", "encode_index", "decode_json"]
 
 
 #: Where a stream of unknown length is assumed to end when its index is checked: extents
@@ -45,6 +46,34 @@ class Plan:
     footer: object  # callable(crc_of_everything_before_the_footer) -> bytes
 
 
+class DeferredFooter:
+    """A footer value read (and checked) only when first needed: ``read()`` calls
+    ``decode(source.read(offset, n, "footer"))``.  Used by :func:`footer` for sources
+    where that read costs a request (remote objects), so that opening a remote file
+    and reading one tensor never waits for the footer."""
+
+    __slots__ = ("source", "offset", "n", "decode")
+
+    def __init__(self, source, offset: int, n: int, decode):
+        self.source, self.offset, self.n, self.decode = source, offset, n, decode
+
+    def read(self):
+        return self.decode(self.source.read(self.offset, self.n, "footer"))
+
+
+def footer(source, offset: int, n: int, decode):
+    """``decode`` of the footer's ``n`` bytes at ``offset``: now when the source holds
+    them cheaply (a local file, a mapped buffer, a remote object whose last bytes came
+    with its first request), else a :class:`DeferredFooter` that
+    :attr:`ParsedFile.stored_crc` reads when first asked.  The range is checked now
+    either way, so a file too short for its footer is refused at open."""
+    source.check_range(offset, n, "footer")
+    cheap = getattr(source, "cheap", None)
+    if cheap is None or cheap(offset, n):
+        return decode(source.read(offset, n, "footer"))
+    return DeferredFooter(source, offset, n, decode)
+
+
 class ParsedFile:
     """A v2 file's header, lazily decoded metadata and validated tensor index.
 
@@ -69,8 +98,7 @@ class ParsedFile:
         self.data_start = data_start
         self.data_len = data_len
         self.footer_crc_offset = footer_crc_offset
-        self._stored_crc = stored_crc
-        self._read_stored_crc = None
+        self.stored_crc = stored_crc  # an int, None (a stream: not read yet), or a deferred read
         self.limits = limits
         self._infos = {}
         self._codecs = {}
@@ -81,25 +109,16 @@ class ParsedFile:
 
     @property
     def stored_crc(self):
-        """The CRC32 the footer stores (None for a stream whose footer is still ahead)."""
-        crc = self._stored_crc
-        if crc is None:
-            reader = self._read_stored_crc
-            if reader is not None:
-                crc = self._stored_crc = reader()
-        return crc
+        """The CRC32 the footer stores.  A remote source defers the footer read until
+        this is first asked for (verify, loads): opening costs no request for it."""
+        value = self._stored_crc
+        if isinstance(value, DeferredFooter):
+            value = self._stored_crc = value.read()
+        return value
 
     @stored_crc.setter
     def stored_crc(self, value) -> None:
         self._stored_crc = value
-        self._read_stored_crc = None
-
-    def read_stored_crc_later(self, reader) -> None:
-        """Read the stored CRC (``reader()``) when first asked for: a footer holding
-        nothing else has nothing to check at open, and a large file's footer is one
-        more read (``inspect`` and listing never need it)."""
-        self._stored_crc = None
-        self._read_stored_crc = reader
 
     @cached_property
     def metadata(self) -> dict:

@@ -23,7 +23,7 @@ from .. import dtypes
 from ..dtypes import APRENDER_IDS
 from ..errors import AprError, CorruptError, FormatError, LimitError, UnknownDTypeError, VersionError
 from ..limits import Limits
-from ._common import ParsedFile, decode_json, encode_index, parse_index, rule_tables
+from ._common import ParsedFile, decode_json, encode_index, footer, parse_index, rule_tables
 
 NAME = "apr1"
 MAGIC = b"APR1"
@@ -105,7 +105,8 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
     parsed = ParsedFile(layout=NAME, ids=APRENDER_IDS, source=source, version=(VERSION, 0), flags=0,
                         header=header, metadata_range=(HEADER_SIZE, meta_len), entries=entries,
                         data_start=data_start, data_len=data_len, footer_crc_offset=body_end,
-                        stored_crc=_u32(source, body_end, "CRC32 footer"), limits=limits)
+                        stored_crc=footer(source, body_end, FOOTER_SIZE, lambda raw: _U32.unpack(bytes(raw))[0]),
+                        limits=limits)
     if meta_len == 0:  # aprender's reader takes an empty block as no metadata
         parsed.metadata = {}
     else:  # decoded now, as aprender's reader refused a file whose metadata is not JSON

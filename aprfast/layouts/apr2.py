@@ -23,7 +23,7 @@ from .. import security as _security
 from ..dtypes import APR2_IDS
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, VersionError
 from ..limits import MAX_ALIGNMENT, Limits
-from ._common import (STREAM_END, ParsedFile, Plan, align, checked_inputs, encode_index, find_aliases,
+from ._common import (STREAM_END, ParsedFile, Plan, align, checked_inputs, encode_index, find_aliases, footer,
                       lay_out_data, lay_out_in_order, lay_out_shared, parse_index, rule_tables, sorted_json)
 
 NAME = "apr2"
@@ -136,7 +136,10 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True, keys=None) -> P
         raise FormatError(f"file is {source.size} bytes; an APR2 file needs at least "
                           f"{HEADER_SIZE + INDEX_HEADER_SIZE + FOOTER_SIZE}", path=path)
     fields = _unpack_header(bytes(source.read(0, HEADER_SIZE, "header")), path)
-    stored_crc = read_footer(source.read(source.size - FOOTER_SIZE, FOOTER_SIZE, "footer"), source.size, path)
+    # the footer's magic and declared size are checked when it is read: at once for a
+    # local file, when its CRC is first needed for a remote one (common.footer)
+    stored_crc = footer(source, source.size - FOOTER_SIZE, FOOTER_SIZE,
+                        lambda raw: read_footer(raw, source.size, path))
     parsed = _parse_sections(source, limits, strict_dtypes, fields, source.size, keys)
     parsed.stored_crc = stored_crc
     return parsed

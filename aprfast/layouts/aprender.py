@@ -19,7 +19,7 @@ from .._crc import crc32
 from ..dtypes import APRENDER_IDS
 from ..errors import ChecksumError, CorruptError, FormatError, LayoutError, LimitError, VersionError
 from ..limits import Limits
-from ._common import (STREAM_END, ParsedFile, Plan, align, checked_inputs, encode_index, lay_out_data,
+from ._common import (STREAM_END, ParsedFile, Plan, align, checked_inputs, encode_index, footer, lay_out_data,
                       lay_out_in_order, parse_index, rule_tables, sorted_json)
 
 NAME = "aprender"
@@ -252,9 +252,7 @@ def parse(source, limits: Limits, *, strict_dtypes: bool = True) -> ParsedFile:
         raise FormatError(f"file is {source.size} bytes; an aprender v2 file needs at least "
                           f"{HEADER_SIZE + FOOTER_SIZE}", path=path)
     parsed = _parse_sections(source, limits, strict_dtypes, source.size)
-    # The footer is the CRC alone, and the index already put it at the file's end.
-    at = parsed.footer_crc_offset
-    parsed.read_stored_crc_later(lambda: read_footer(source.read(at, FOOTER_SIZE, "footer")))
+    parsed.stored_crc = footer(source, parsed.footer_crc_offset, FOOTER_SIZE, read_footer)
     return parsed
 
 

@@ -1,14 +1,17 @@
 """Remote files: ``http(s)://`` through a native ranged-GET reader, and every fsspec URL
-(``s3://``, ``gs://``, ``az://``, ``memory://``, ``file://``, ...) through fsspec (the
-``remote`` extra: ``pip install 'aprfast[remote]'``); ``hf://`` through huggingface_hub
-(the ``hf`` extra; its cache and ``HF_HUB_OFFLINE`` honoured, see :mod:`.hf`).
+(``s3://`` through s3fs's client with ranged GETs only, ``gs://``, ``az://``,
+``memory://``, ``file://``, ...) through fsspec (the ``remote`` extra:
+``pip install 'aprfast[remote]'``); ``hf://`` through huggingface_hub (the ``hf`` extra;
+its cache and ``HF_HUB_OFFLINE`` honoured, see :mod:`.hf`).
 
 Reading (:func:`open_url`): a :class:`~aprfast.remote._ranged.RangedSource` is an
 ordinary :class:`~aprfast.sources.Source`, so :func:`aprfast.open`, ``load_file``,
 ``inspect`` and every reader above them work unchanged; the costs are
 
-- opening (and ``inspect``): one request over HTTP when header, metadata and index lie in
-  the first :data:`HEAD_BYTES` (64 KiB), else two; fsspec adds its ``info`` call;
+- opening (and ``inspect``): one request over HTTP and S3 when header, metadata and
+  index lie in the first :data:`HEAD_BYTES` (64 KiB), else two; other fsspec backends
+  add their ``info`` call; the footer is fetched only when a CRC is checked, unless it
+  came with the first request (HTTP multi-range);
 - ``get_tensor`` on an open handle: one ranged request (several in parallel above
   :data:`PART_BYTES`);
 - ``get_slice``: only the byte runs the key needs, runs closer than :data:`MERGE_GAP`
@@ -69,9 +72,9 @@ def open_url(url: str, storage_options=None, *, mode=None):
 
         source = HttpSource(url, connections=connections, **options)
     else:
-        from .fsspec import FsspecSource
+        from .fsspec import open_fsspec
 
-        source = FsspecSource(url, storage_options=options, connections=connections)
+        source = open_fsspec(url, options, connections=connections)
     source.storage_options = dict(storage_options or {})  # what reopening it elsewhere needs (pickling)
     return source
 

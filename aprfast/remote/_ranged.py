@@ -71,6 +71,12 @@ class RangedSource(Source):
             return tail[offset - self._tail_start:offset - self._tail_start + n]
         return None
 
+    def cheap(self, offset: int, n: int) -> bool:
+        """True when ``n`` bytes at ``offset`` are already here (no request): the
+        layouts read the footer at open only then, else when its CRC is first needed
+        (layouts._common.footer), so opening never waits for a request for it."""
+        return self._cached(offset, n) is not None
+
     def _set_tail(self, tail_start: int, tail) -> None:
         self._tail, self._tail_start = memoryview(tail).toreadonly(), tail_start
 
@@ -78,6 +84,15 @@ class RangedSource(Source):
         hit = self._cached(offset, n)
         if hit is not None:
             return hit
+        if offset + n == self.size and n <= TAIL_BYTES and self.size - TAIL_BYTES >= len(self._head):
+            # the footer (read when a CRC is checked): fetch the last TAIL_BYTES, kept
+            with self._cache_lock:
+                if self._cached(offset, n) is None:
+                    start = self.size - TAIL_BYTES
+                    tail = bytearray(TAIL_BYTES)
+                    self._fetch_retrying(start, memoryview(tail))
+                    self._set_tail(start, tail)
+            return self._cached(offset, n)
         head_end = len(self._head)
         if head_end <= offset + n and offset - head_end <= EXTEND_GAP and offset + n - head_end <= PART_BYTES * 8:
             # The prefix (metadata, index) is read in order: grow the first bytes to cover
@@ -90,7 +105,7 @@ class RangedSource(Source):
                     self._head = memoryview(bytes(self._head) + more).toreadonly()
             return self._head[offset:offset + n]
         out = bytearray(n)
-        self._fetch_parallel(offset, memoryview(out))
+        self._fill(offset, memoryview(out))
         return out
 
     def _readinto(self, offset, out, threads, crc):
@@ -98,7 +113,29 @@ class RangedSource(Source):
         if hit is not None:
             out[:] = hit
             return None if crc is None else crc32(out, crc)
-        return self._fetch_parallel(offset, out, crc)
+        return self._fill(offset, out, crc)
+
+    def _fill(self, offset: int, out: memoryview, crc=None):
+        """:meth:`_fetch_parallel`, with the part of the range already cached (the first
+        bytes, the last ones) copied instead of fetched again: a data section starting
+        inside the first 64 KiB, or a whole-object read, asks only for the rest."""
+        n = out.nbytes
+        head, tail, tail_start = self._head, self._tail, self._tail_start
+        k = min(len(head) - offset, n) if offset < len(head) else 0
+        if k > 0:
+            out[:k] = head[offset:offset + k]
+            if crc is not None:
+                crc = crc32(out[:k], crc)
+        end = n
+        if len(tail) and offset + k < tail_start < offset + n <= tail_start + len(tail):
+            end = tail_start - offset  # the suffix from the cached last bytes, after the fetch
+        if end > k:
+            crc = self._fetch_parallel(offset + k, out[k:end], crc)
+        if end < n:
+            out[end:] = tail[:n - end]
+            if crc is not None:
+                crc = crc32(out[end:], crc)
+        return crc
 
     def readinto_many(self, pieces) -> None:
         """Fill each ``(offset, writable buffer)`` of ``pieces``, merging ranges closer

@@ -1,7 +1,9 @@
-"""Any fsspec URL (``s3://``, ``gs://``, ``az://``, ``memory://``, ``file://``, ...) as a
+"""Any fsspec URL (``gs://``, ``az://``, ``memory://``, ``file://``, ...) as a
 :class:`RangedSource`: the object's length and version come from one ``info`` call,
 ranges are read through fsspec file objects opened without a read cache (one per
-thread, so parallel reads run on parallel requests).
+thread, so parallel reads run on parallel requests).  Opening costs that ``info`` and
+one read of the first 64 KiB; the footer is read when its CRC is first needed.
+``s3://`` (s3fs) has a reader of its own that needs no ``info`` (:mod:`.s3`).
 
 The version (ETag, else the modification time) is compared for every file object
 opened; s3fs also sends it as ``If-Match`` with every ranged GET, so a changed object
@@ -14,9 +16,9 @@ import threading
 
 from .._optional import require
 from ..errors import AprFileNotFoundError, AprIOError, AprPermissionError
-from ._ranged import HEAD_BYTES, TAIL_BYTES, RangedSource, RemoteChangedError, TransientError
+from ._ranged import HEAD_BYTES, RangedSource, RemoteChangedError, TransientError
 
-__all__ = ["FsspecSource", "filesystem"]
+__all__ = ["FsspecSource", "filesystem", "open_fsspec"]
 
 
 def filesystem(url: str, storage_options=None):
@@ -46,6 +48,17 @@ def _io_error(exc: BaseException, url: str, what: str) -> AprIOError:
     if isinstance(exc, PermissionError):
         return AprPermissionError(f"{what}: access refused ({exc})", path=url)
     return AprIOError(f"{what}: {type(exc).__name__}: {exc}", path=url)
+
+
+def open_fsspec(url: str, storage_options=None, *, connections: int = 8):
+    """The Source for an fsspec URL: :class:`~aprfast.remote.s3.S3Source` for s3fs
+    (ranged GETs only: 1 request to open), else :class:`FsspecSource`."""
+    fs, path = filesystem(url, storage_options)
+    from .s3 import S3Source, is_s3fs
+
+    if is_s3fs(fs):
+        return S3Source(url, fs=fs, path=path, connections=connections)
+    return FsspecSource(url, fs=fs, path=path, connections=connections)
 
 
 class FsspecSource(RangedSource):
@@ -81,15 +94,11 @@ class FsspecSource(RangedSource):
         try:
             if head:
                 self._fetch_retrying(0, memoryview(head))
-            tail_start = max(len(head), size - TAIL_BYTES)
-            tail = bytearray(size - tail_start)
-            if tail:
-                self._fetch_retrying(tail_start, memoryview(tail))
         except BaseException:
             self.close()
             raise
+        # the footer is fetched when its CRC is first needed (RangedSource.cheap)
         self._head = memoryview(bytes(head)).toreadonly()
-        self._set_tail(tail_start, tail)
 
     def _file(self):
         f = getattr(self._local, "file", None)

@@ -1,0 +1,204 @@
+"""Converter sources at a URL: ``hf://`` through huggingface_hub's cache, anything else
+(``http(s)://``, ``s3://``, any fsspec URL) fetched into a temporary directory.
+
+A conversion reads every tensor of its source, so the source is made local first and
+then converted like a file (the format modules read local files: maps, ``pread``,
+``copy_file_range``):
+
+- ``hf://org/repo[@revision]/path/file``: the file huggingface_hub has cached is used
+  where it lies (no request, no copy); with ``HF_HUB_OFFLINE=1`` only the cache is used
+  (a file missing from it is :class:`~aprfast.errors.AprFileNotFoundError`, nothing is
+  sent); otherwise ``hf_hub_download`` fetches it into that cache (tokens from
+  ``storage_options={"token": ...}``, ``HF_TOKEN`` or the cached login).  The files a
+  checkpoint needs beside it come the same way: the shards an index names
+  (``model.safetensors.index.json``, ``pytorch_model.bin.index.json``, an ``.apr``
+  manifest) and, for safetensors, ``tokenizer.json`` when the repository has one.
+- any other URL: the object (and the shards / tokenizer beside it, as above) is read
+  with parallel ranged requests (:mod:`aprfast.remote`) straight into a file in a
+  temporary directory next to the destination, which is removed when the conversion
+  ends, whatever happens.  Nothing is cached, so ``APR_CACHE`` is not involved (``apr
+  download`` puts a copy there for repeated use).
+
+Shard names taken from an index must be plain file names (no "/", "\\", "..", no
+URL syntax), checked before anything is fetched.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import tempfile
+
+from ..errors import AprFileNotFoundError, AprIOError, CorruptError, FormatError, LimitError
+
+__all__ = ["local_source"]
+
+#: An index / manifest fetched to find shards is refused above this size.
+MAX_INDEX_BYTES = 256 << 20
+_INDEX_SUFFIXES = (".safetensors.index.json", ".bin.index.json", ".apr.index.json")
+
+
+class LocalCopy:
+    """A local path for a URL source, and what to remove afterwards (a context manager)."""
+
+    def __init__(self, path: str, temporary: str | None = None):
+        self.path, self._temporary = path, temporary
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self) -> None:
+        temporary, self._temporary = self._temporary, None
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def local_source(url: str, *, storage_options=None, destination=None, tokenizer: bool = True) -> LocalCopy:
+    """A :class:`LocalCopy` whose ``path`` the converters read for ``url``."""
+    from ..remote import _scheme
+
+    if _scheme(url) == "hf":
+        return LocalCopy(_hf_local(url, storage_options, tokenizer))
+    parent = os.path.dirname(os.path.abspath(os.fspath(destination))) if destination is not None else None
+    temporary = tempfile.mkdtemp(prefix=".aprfast-source-", dir=parent if parent and os.path.isdir(parent) else None)
+    try:
+        return LocalCopy(_fetch_set(url, storage_options, temporary, tokenizer), temporary)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
+# --- shards beside an index ----------------------------------------------------------------
+def _name_of(url: str) -> str:
+    return url.split("#", 1)[0].split("?", 1)[0].rsplit("/", 1)[-1]
+
+
+def _plain(name, index) -> str:
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0?#%:") or \
+            any(ord(c) < 0x21 for c in name):
+        raise CorruptError(f"shard name {name!r} is not a plain file name beside the index", path=index)
+    return name
+
+
+def _companions(local_index: str, url: str) -> list:
+    """The shard file names an index at ``local_index`` names (none for a model file)."""
+    name = _name_of(url)
+    if not name.endswith(_INDEX_SUFFIXES):
+        return []
+    size = os.path.getsize(local_index)
+    if size > MAX_INDEX_BYTES:
+        raise LimitError(f"index file is {size} bytes, more than {MAX_INDEX_BYTES}", path=url)
+    try:
+        with open(local_index, "rb") as f:
+            doc = json.loads(f.read())
+    except ValueError as exc:
+        raise FormatError(f"the index is not JSON: {exc}", path=url) from None
+    if not isinstance(doc, dict):
+        raise FormatError("the index is not a JSON object", path=url)
+    if name.endswith(".apr.index.json"):
+        shards = doc.get("shards")
+        names = [s.get("file") if isinstance(s, dict) else None for s in shards] if isinstance(shards, list) else None
+    else:
+        weight_map = doc.get("weight_map")
+        names = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else None
+    if not names:
+        raise FormatError("the index names no shards", path=url)
+    return [_plain(n, url) for n in names]
+
+
+def _wants_tokenizer(url: str, tokenizer: bool) -> bool:
+    name = _name_of(url)
+    return tokenizer and (name.endswith(".safetensors") or name.endswith(".safetensors.index.json"))
+
+
+# --- any URL: ranged reads into a temporary directory --------------------------------------
+def _fetch_set(url: str, storage_options, directory: str, tokenizer: bool) -> str:
+    name = _plain(_name_of(url), url)
+    main = os.path.join(directory, name)
+    _fetch(url, main, storage_options)
+    base = url.split("#", 1)[0].split("?", 1)[0].rsplit("/", 1)[0] + "/"
+    for shard in _companions(main, url):
+        _fetch(base + shard, os.path.join(directory, shard), storage_options)
+    if _wants_tokenizer(url, tokenizer):
+        try:
+            _fetch(base + "tokenizer.json", os.path.join(directory, "tokenizer.json"), storage_options)
+        except AprFileNotFoundError:
+            pass  # no tokenizer beside the weights: converted without one, as a local file is
+    return main
+
+
+def _fetch(url: str, path: str, storage_options) -> None:
+    """The object at ``url`` into a new file ``path``: parallel ranged requests straight
+    into the file's mapped pages (the length is the one the first request learnt)."""
+    from ..remote import open_url
+
+    source = open_url(url, storage_options, mode="pread")
+    try:
+        size = source.size
+        with open(path, "x+b") as f:  # read too: a shared writable map needs both
+            if not size:
+                return
+            f.truncate(size)
+            with mmap.mmap(f.fileno(), size) as m:
+                view = memoryview(m)
+                try:
+                    source.readinto(0, view)
+                finally:
+                    view.release()
+    except OSError as exc:
+        if isinstance(exc, AprIOError):
+            raise
+        raise AprIOError(f"cannot write the fetched copy: {exc}", path=path) from exc
+    finally:
+        source.close()
+
+
+# --- hf:// through huggingface_hub ----------------------------------------------------------
+def _hf_local(url: str, storage_options, tokenizer: bool) -> str:
+    from .._optional import require
+    from ..remote.hf import parse_hf_url
+
+    repo_type, repo_id, revision, filename = parse_hf_url(url)
+    options = dict(storage_options or {})
+    main = _hf_file(require("huggingface_hub"), url, repo_type, repo_id, revision, filename, options)
+    folder = filename.rsplit("/", 1)[0] + "/" if "/" in filename else ""
+    for shard in _companions(main, url):
+        _hf_file(require("huggingface_hub"), url, repo_type, repo_id, revision, folder + shard, options)
+    if _wants_tokenizer(url, tokenizer):
+        try:
+            _hf_file(require("huggingface_hub"), url, repo_type, repo_id, revision, folder + "tokenizer.json",
+                     options)
+        except AprFileNotFoundError:
+            pass
+    return main
+
+
+def _hf_file(hub, url, repo_type, repo_id, revision, filename, options) -> str:
+    """The local path of one repository file: huggingface_hub's cached copy, or (online)
+    downloaded into that cache.  All files of a revision land in one snapshot directory,
+    so shards and tokenizer sit beside the index as the converters expect."""
+    from ..remote.hf import hub_offline
+
+    cache_dir = options.get("cache_dir")
+    cached = hub.try_to_load_from_cache(repo_id, filename, revision=revision, repo_type=repo_type,
+                                        cache_dir=cache_dir)
+    if isinstance(cached, str):
+        return cached
+    where = f"{filename!r} of {repo_type} {repo_id!r}{'@' + revision if revision else ''}"
+    if hub_offline():
+        raise AprFileNotFoundError(f"HF_HUB_OFFLINE is set and {where} is not in huggingface_hub's cache", path=url)
+    try:
+        return hub.hf_hub_download(repo_id, filename, revision=revision, repo_type=repo_type, cache_dir=cache_dir,
+                                   token=options.get("token"))
+    except Exception as exc:  # noqa: BLE001 - huggingface_hub's errors, typed here
+        kind = type(exc).__name__
+        if kind in ("EntryNotFoundError", "RemoteEntryNotFoundError", "RepositoryNotFoundError",
+                    "RevisionNotFoundError", "LocalEntryNotFoundError") or isinstance(exc, FileNotFoundError):
+            raise AprFileNotFoundError(f"{where} not found: {exc}", path=url) from None
+        raise AprIOError(f"cannot download {where}: {kind}: {exc}", path=url) from None
