@@ -58,6 +58,8 @@ _COMPILED_ONLY_FIXTURES = {
 #: Tests (by name) about the compiled implementation only.
 _COMPILED_ONLY_TESTS = {
     "test_the_environment_sets_the_cap": "the cache of freed buffers belongs to the compiled allocator",
+    "test_a_fresh_mapped_block_is_populated_and_decides_its_page_size":
+        "the timed huge-page choice belongs to the compiled allocator (csrc/buffers.c)",
     # a 1 s bound for walking a million distinct keys, which the pure walker takes seconds for
     # a tracemalloc bound on the compiled f16 and quantization kernels, which write into
     # their output; the pure twins compute through float32/float64 temporaries
