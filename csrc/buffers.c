@@ -292,7 +292,7 @@ static apr_block cache_take(size_t i)
 }
 
 /* The cached block that fits size at alignment with the least waste (at most an
- * eighth of size, or 64 KiB, unused), or 0. */
+ * eighth of size, or 64 KiB, unused), the newest of equal fits, or 0. */
 static int cache_get(apr_block *out, size_t size, size_t alignment)
 {
     if (size < APR_CACHE_MIN)
@@ -305,7 +305,10 @@ static int cache_get(apr_block *out, size_t size, size_t alignment)
         apr_block *b = &cache_slot[i];
         if (b->capacity < size || b->capacity - size > slack || ((uintptr_t)b->ptr & (alignment - 1)))
             continue;
-        if (best == cache_count || b->capacity < cache_slot[best].capacity)
+        /* The smallest fit, and among equal fits the most recently freed: it is the
+         * block still resident and in the CPU's caches (as glibc hands back its last
+         * freed chunk), where the oldest has had its pages advised away. */
+        if (best == cache_count || b->capacity <= cache_slot[best].capacity)
             best = i;
     }
     apr_block stale;

@@ -394,3 +394,13 @@ def test_cached_blocks_keep_what_each_thread_writes(fresh_cache):
         t.join()
     assert errors == []
     assert _memory.buffer_cache_stats()["hits"] > fresh_cache["hits"]
+
+
+def test_the_newest_of_equal_fits_is_handed_back_first(fresh_cache):
+    # LIFO among equal fits, as glibc reuses its last freed chunk: the block just freed
+    # is resident and in the CPU's caches; the oldest may have had its pages advised away
+    first, second, third = (_memory.AlignedBuffer(3 << 20, 64) for _ in range(3))
+    newest = third.address
+    del first, second, third
+    again = _memory.AlignedBuffer(3 << 20, 64)
+    assert again.address == newest
