@@ -11,6 +11,7 @@ read from several threads at once.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import stat
@@ -150,6 +151,18 @@ class BufferSource(Source):
         self._view = None
 
 
+@contextlib.contextmanager
+def _read_errors(path, n: int, offset: int):
+    """A read's errors as aprfast's: a file that shrank under the read is corrupt, any
+    other OS error an I/O error naming the range."""
+    try:
+        yield
+    except EOFError as exc:
+        raise CorruptError(f"file shrank while reading: {exc}", path=path) from None
+    except OSError as exc:
+        raise AprIOError(f"read of {n} bytes at {offset} failed: {exc}", path=path) from exc
+
+
 class FileSource(Source):
     """A file descriptor (a private duplicate, so no shared file position).
 
@@ -230,12 +243,8 @@ class FileSource(Source):
         return memoryview(head).toreadonly()
 
     def _readinto(self, offset, out, threads, crc):
-        try:
+        with _read_errors(self.path, out.nbytes, offset):
             return _memory.pread_into(self._fd, offset, out, threads, crc)
-        except EOFError as exc:
-            raise CorruptError(f"file shrank while reading: {exc}", path=self.path) from None
-        except OSError as exc:
-            raise AprIOError(f"read of {out.nbytes} bytes at {offset} failed: {exc}", path=self.path) from exc
 
     def pread_bytes(self, offset: int, n: int, *, threads: int = 0, crc=None):
         """(``n`` bytes at ``offset`` as a new ``bytes``, read straight into it, the
@@ -244,11 +253,8 @@ class FileSource(Source):
         self.check_range(offset, n)
         self._enter()
         try:
-            return _memory.pread_to_bytes(self._fd, offset, n, threads, crc)
-        except EOFError as exc:
-            raise CorruptError(f"file shrank while reading: {exc}", path=self.path) from None
-        except OSError as exc:
-            raise AprIOError(f"read of {n} bytes at {offset} failed: {exc}", path=self.path) from exc
+            with _read_errors(self.path, n, offset):
+                return _memory.pread_to_bytes(self._fd, offset, n, threads, crc)
         finally:
             self._leave()
 
