@@ -68,6 +68,48 @@ class MotoProcess(S3Server):
         self._process.wait(10)
 
 
+class GoFakeS3Process(S3Server):
+    """gofakes3 (github.com/johannesboyne/gofakes3, a Go S3 server) in its own process,
+    serving objects from files in a temporary directory (its "fs" backend), so a ranged
+    GET reads only its range: the kind of server the S3 load_file target assumes, which
+    moto (a whole-object copy per GET) is not.  Build it with
+    ``go install github.com/johannesboyne/gofakes3/cmd/gofakes3@v1.2.0``."""
+
+    def __init__(self, binary: str):  # noqa: D107 - S3Server's attributes, another way to start
+        self.port = free_port()
+        self._directory = tempfile.TemporaryDirectory()
+        self._process = subprocess.Popen([binary, "-host", f"127.0.0.1:{self.port}", "-backend", "fs",
+                                          "-fs.path", self._directory.name, "-fs.create", "-autobucket"],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        # gofakes3 sends the whole object's checksum with a ranged answer, which botocore
+        # would check against the range: checksums only where S3 requires them
+        self.storage_options = {"key": "testing", "secret": "testing",
+                                "client_kwargs": {"endpoint_url": self.endpoint_url},
+                                "config_kwargs": {"response_checksum_validation": "when_required",
+                                                  "request_checksum_calculation": "when_required"}}
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(self.endpoint_url, timeout=1).close()
+                return
+            except OSError as exc:
+                if getattr(exc, "code", None):  # an HTTP error answer: the server is up
+                    return
+                time.sleep(0.05)
+        raise RuntimeError("gofakes3 did not start")
+
+    def make_bucket(self, name: str | None = None) -> str:
+        try:
+            return super().make_bucket(name)
+        except FileExistsError:  # -autobucket: every bucket name already answers
+            return name or "bench"
+
+    def stop(self) -> None:
+        self._process.terminate()
+        self._process.wait(10)
+        self._directory.cleanup()
+
+
 _HTTP_CHILD = """
 import sys, threading
 sys.path.insert(0, sys.argv[1])
@@ -162,7 +204,7 @@ def inspect_rows(table: Table, http: HttpObjectServer, rounds: int) -> None:
                   note=f"{count} request(s) (target 1)"))
 
 
-def load_rows(table: Table, s3: S3Server, bucket: str, data: bytes, rounds: int) -> None:
+def load_rows(table: Table, s3: S3Server, bucket: str, data: bytes, rounds: int, server: str = "moto") -> None:
     fs = s3.fs()
     path = f"{bucket}/big.apr"
     url = f"s3://{path}"
@@ -191,7 +233,7 @@ def load_rows(table: Table, s3: S3Server, bucket: str, data: bytes, rounds: int)
     assert check["probe"][5] == 5
     del check
     r = interleaved({"aprfast": ours, "limit": limit, "cat_file+load": cat_then_load}, rounds, slow=60)
-    row = Row(f"load_file, S3 (moto), {CONNECTIONS} connections", timing.fmt_bytes(size), r["aprfast"],
+    row = Row(f"load_file, S3 ({server}), {CONNECTIONS} connections", timing.fmt_bytes(size), r["aprfast"],
               primary={"s3fs cat_file + aprfast.load": r["cat_file+load"]},
               limits={f"{CONNECTIONS} ranged GETs into a buffer": r["limit"]})
     table.add(row)
@@ -251,6 +293,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="64 MiB model, 3 rounds")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--size-mib", type=int, default=None, help="model size (default 512, 64 with --quick)")
+    parser.add_argument("--gofakes3", default=None, metavar="BINARY",
+                        help="serve S3 with this gofakes3 binary (files on disk) instead of moto")
     parser.add_argument("--moto-in-process", action="store_true",
                         help="run moto in a thread of this process (default: its own process)")
     parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
@@ -260,27 +304,37 @@ def main():
     for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                        ("AWS_DEFAULT_REGION", "us-east-1")):
         os.environ[key] = value
-    versions = f"s3fs {timing.version('s3fs')}, fsspec {timing.version('fsspec')}, moto {timing.version('moto')}"
+    versions = f"s3fs {timing.version('s3fs')}, fsspec {timing.version('fsspec')}, " + (
+        "gofakes3 (fs backend)" if args.gofakes3 else f"moto {timing.version('moto')}")
     table = Table(f"Remote reads over loopback ({size // MiB} MiB model)", "peer", versions=versions)
     http = HttpObjectServer()
-    s3 = S3Server() if args.moto_in_process else MotoProcess()
+    if args.gofakes3:
+        s3 = GoFakeS3Process(args.gofakes3)
+    else:
+        s3 = S3Server() if args.moto_in_process else MotoProcess()
+    server = "gofakes3" if args.gofakes3 else "moto"
     try:
         inspect_rows(table, http, rounds)
         bucket = s3.make_bucket()
         data, probe = model_bytes(size)
         s3.fs().pipe(f"{bucket}/big.apr", data)
-        load_rows(table, s3, bucket, data, rounds)
+        load_rows(table, s3, bucket, data, rounds, server)
         with tempfile.TemporaryDirectory() as directory:
             http_load_rows(table, data, directory, rounds)
         tensor_rows(table, s3, bucket, http, data, probe, rounds)
     finally:
         http.close()
         s3.stop()
-    table.notes.append("Servers on 127.0.0.1 on this machine: moto serves S3 from Python (in its own process "
-                       "unless --moto-in-process), so every S3 row measures moto as much as the client. moto "
-                       "copies the whole object under a lock for every GET, ranged or not (FakeKey.value in "
-                       "moto/s3/models.py), so N parallel ranged GETs cost it N whole-object copies in series: "
-                       "against moto, fewer and larger requests win whatever the client does.")
+    if args.gofakes3:
+        table.notes.append("S3 served by gofakes3 (Go) from files in a temporary directory on 127.0.0.1: a ranged "
+                           "GET reads only its range, as S3 does.")
+    else:
+        table.notes.append("Servers on 127.0.0.1 on this machine: moto serves S3 from Python (in its own process "
+                           "unless --moto-in-process), so every S3 row measures moto as much as the client. "
+                           "moto copies the whole object under a lock for every GET, ranged or not (FakeKey.value "
+                           "in moto/s3/models.py), so N parallel ranged GETs cost it N whole-object copies in "
+                           "series: against moto, fewer and larger requests win whatever the client does "
+                           "(--gofakes3 BINARY serves S3 from files instead).")
     table.finish(args.md_out)
 
 
