@@ -430,17 +430,6 @@ cdef class Entries:
             s = q + self._tail
         return out
 
-    def detached(self):
-        """These entries over a private ``bytes`` copy of the index (the entries decode
-        the bytes they were checked in: a buffer its owner changes afterwards would
-        change what they read, and where)."""
-        cdef Entries out
-        if type(self.blob) is bytes:
-            return self
-        out = Entries(bytes(self._view), self.count, self.spec_layout, self._marks_array)
-        out.compressed = self.compressed
-        return out
-
     def extents(self):
         """Two uint64 arrays: every tensor's offset in the data section, and its size."""
         offsets = np.empty(self.count, np.uint64)

@@ -11,7 +11,7 @@ from .errors import AprFileNotFoundError, LayoutError
 from .limits import Limits
 from .reader import AprFile
 from .security import SecurityOptions, refuse_keys
-from .sources import BufferSource, Source, open_source
+from .sources import Source, open_source
 from .tensors import as_inputs
 from .writer import save_to
 
@@ -316,6 +316,6 @@ def inspect(target, *, limits: Limits | None = None, storage_options=None) -> di
             "layout": f.layout,
             "header": f.header,
             "metadata": f.stored_metadata,
-            "tensors": f._file.tensor_index(detach=isinstance(f._raw_source, BufferSource)),
+            "tensors": f._file.tensor_index(),
         }
 

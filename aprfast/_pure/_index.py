@@ -333,11 +333,6 @@ class Entries:
             out[self._name_at(s)] = entry
         return out
 
-    def detached(self):
-        """These entries over a private copy of the index: already so (``_p`` is a
-        ``bytes`` copy made at construction)."""
-        return self
-
     def extents(self):
         """Two uint64 arrays: every tensor's offset in the data section, and its size."""
         pairs = [_TAIL_STORED.unpack_from(self._p, self._tail_at(s)) for s in self._starts]

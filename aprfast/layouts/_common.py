@@ -163,12 +163,11 @@ class ParsedFile:
         index order (``aprfast.inspect``'s ``tensors``), built in C in one pass."""
         return self.entries.describe(self.data_start, _dtype_names(self.ids))
 
-    def tensor_index(self, *, detach: bool = False) -> TensorIndex:
+    def tensor_index(self) -> TensorIndex:
         """:meth:`describe` as a :class:`TensorIndex`, whose entries are built when asked
-        for (what ``aprfast.inspect`` returns).  ``detach``: over a private copy of the
-        index bytes, for an index read from a buffer its owner may change later."""
-        entries = self.entries.detached() if detach else self.entries
-        return TensorIndex(entries, self.data_start, _dtype_names(self.ids))
+        for (what ``aprfast.inspect`` returns).  An index read from a caller's buffer is
+        already a private copy (:func:`parse_index`)."""
+        return TensorIndex(self.entries, self.data_start, _dtype_names(self.ids))
 
     def info(self, name: str) -> TensorInfo:
         found = self._infos.get(name)
