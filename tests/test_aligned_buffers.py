@@ -61,7 +61,10 @@ def test_a_fresh_mapped_block_is_populated_and_decides_its_page_size():
               "print(_memory.huge_pages_state(), int(a[::4096].sum()) == 3 * len(a[::4096]))")
     for fallbacks, expected in (("", {"huge", "small"}), ("madvise", {"untried"})):
         env = dict(os.environ, PYTHONPATH=package_parent, APRFAST_FALLBACKS=fallbacks)
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        # cwd: "python -c" puts the working directory first on sys.path, and a checkout's
+        # aprfast/ there would shadow the package under test
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
+                             cwd=package_parent)
         assert out.returncode == 0, out.stderr
         first, then = out.stdout.split("\n")[:2]
         assert first == "untried"
