@@ -258,6 +258,10 @@ class IdTable:
     def knows(self, type_id: int) -> bool:
         return type_id in self._by_id
 
+    def items(self):
+        """(id, dtype) of every id this layout reads, legacy ids included."""
+        return self._by_id.items()
+
     def holds(self, dtype: DType) -> bool:
         return dtype.name in self._by_name
 
