@@ -69,6 +69,8 @@ def loader(tool, path):
 
         import numpy as np
 
+        from timing import read_into
+
         advice = "MADV_HUGEPAGE" if tool.startswith("fresh huge") else "MADV_NOHUGEPAGE"
 
         def readinto():
@@ -78,8 +80,7 @@ def loader(tool, path):
             buf = mmap.mmap(-1, max(os.path.getsize(path), 1), flags=mmap.MAP_PRIVATE)
             if hasattr(mmap, advice):
                 buf.madvise(getattr(mmap, advice))
-            with open(path, "rb", buffering=0) as f:
-                f.readinto(buf)
+            read_into(path, buf)
             return {"file": np.frombuffer(buf, np.uint8)}
         return readinto
     raise SystemExit(f"unknown tool {tool!r}")

@@ -63,7 +63,7 @@ import numpy as np
 import aprfast
 import timing
 from models import model
-from timing import Row, Samples, Table, interleaved, unlinker
+from timing import Row, Samples, Table, interleaved, read_into, unlinker
 
 try:
     import safetensors.numpy as st_numpy
@@ -320,8 +320,7 @@ class Bench:
             # them, or 4 KiB pages) filled by one read.  A reused buffer would skip the
             # page faults that every owned load pays.
             buf = make(total)
-            with open(st, "rb", buffering=0) as f:
-                f.readinto(buf)
+            read_into(st, buf)
             return buf
 
         def npz_load():
@@ -475,8 +474,7 @@ class Bench:
 
         def readinto(make=fresh_buffer):
             buf = make(total)
-            with open(files["st"], "rb", buffering=0) as f:
-                f.readinto(buf)
+            read_into(files["st"], buf)
             return buf
 
         tools = {"aprfast": lambda: aprfast.load_file(files["apr"], mmap=False),

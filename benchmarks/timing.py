@@ -306,3 +306,20 @@ def unlinker(path):
         except FileNotFoundError:
             pass
     return unlink
+
+
+def read_into(path, buf) -> int:
+    """Fill ``buf`` from the start of ``path`` with unbuffered reads until it is full or
+    the file ends; the bytes read.  One ``read()`` returns at most 2 GiB - 4 KiB on
+    Linux, so a single ``readinto`` of a 4 GiB file reads half of it: the floors of
+    the owned-load rows looked 2x faster than they are before this loop."""
+    view = memoryview(buf).cast("B")
+    done = 0
+    with open(path, "rb", buffering=0) as f:
+        while done < len(view):
+            got = f.readinto(view[done:])
+            if not got:
+                break
+            done += got
+    return done
+

@@ -102,42 +102,76 @@ static long long monotonic_ns(void)
  * are no longer backed on the host: each then costs 512 host faults, and a fresh
  * process's 504 MiB load took 2-2.7 s with huge pages against 0.3-0.6 s with 4 KiB
  * pages, which come from the low-order free lists the hypervisor leaves alone.  So a
- * block is populated 32 MiB at a time and timed: above 1 ms per huge page, the rest of
- * the block and the following blocks use 4 KiB pages (huge pages are tried again every
- * 64th block, as memory comes and goes).  A false alarm under load costs only the
- * huge-page gain.
+ * block is populated 32 MiB at a time and timed: above 1 ms per huge page, the block
+ * goes on in 4 KiB pages while they measure cheaper, trying one huge-page step again
+ * after 8, 16, 32, ... steps (memory freed a moment ago is cheap again); the following
+ * small blocks start with 4 KiB pages (huge pages are tried again every 64th block,
+ * and blocks of 256 MiB and more always start with a huge-page step).  A false alarm
+ * under load costs only the huge-page gain.
  *
  * Populating (MADV_POPULATE_WRITE, Linux 5.14+; older kernels refuse it and pages
  * fault in as they are written) is done here because every caller fills what it
  * maps: one call instead of a fault per page (0.29 s against 0.35-0.58 s above). */
+#if defined(MADV_HUGEPAGE) && defined(__linux__)
+/* Blocks this large always start with a huge-page step whatever earlier blocks found:
+ * a slow first step costs at most a few percent of the block, while 4 KiB pages where
+ * huge ones were cheap (memory another buffer freed a moment ago) cost 2-4x (a 4 GiB
+ * load in a loop: 3.5 s against 0.9 s). */
+#define HUGE_ALWAYS_PROBE ((size_t)256 << 20)
+/* In a block that went over to 4 KiB pages, one huge-page step is timed again after
+ * this many steps, then after twice as many each time it is still slow: the free
+ * memory can change from cold to recently freed mid-block. */
+#define HUGE_RETRY_STEPS 8
+
+/* Populate [start, start + step) with huge pages or 4 KiB pages; the time it took (ns),
+ * or -1 where the kernel cannot populate (pages then fault in as they are written). */
+static long long populate_step(uint8_t *start, size_t step, int huge)
+{
+    madvise(start, step, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE); /* advisory; NOHUGEPAGE because THP
+                                                                   * "always" would use them */
+    long long t0 = monotonic_ns();
+    if (madvise(start, step, APR_MADV_POPULATE_WRITE) != 0)
+        return -1;
+    return monotonic_ns() - t0;
+}
+#endif
+
 static void advise_fresh_block(uint8_t *start, size_t want)
 {
 #if defined(MADV_HUGEPAGE) && defined(__linux__)
     int slow = __atomic_load_n(&huge_pages_slow, __ATOMIC_RELAXED);
     unsigned n = __atomic_fetch_add(&huge_page_allocations, 1u, __ATOMIC_RELAXED);
+    int huge = slow != 1 || n % 64 == 0 || want >= HUGE_ALWAYS_PROBE;
+    /* ns per byte of the last step of each kind in this block (0: none yet), compared
+     * as ns * 2^10 / bytes so 32 MiB steps keep precision. */
+    long long cost[2] = {0, 0};
     size_t done = 0;
-    if (slow != 1 || n % 64 == 0) {
-        /* Huge pages, populated a step at a time and timed: the first pages handed out
-         * may be recently freed (still backed) and the rest not, so one probe is not
-         * enough; a slow step switches the rest of the block to 4 KiB pages. */
-        madvise(start, want, MADV_HUGEPAGE); /* advisory: failure just means 4 KiB pages */
-        slow = 0;
-        while (done < want && !slow) {
-            size_t step = want - done < HUGE_STEP ? want - done : HUGE_STEP;
-            long long t0 = monotonic_ns();
-            if (madvise(start + done, step, APR_MADV_POPULATE_WRITE) != 0)
-                break; /* kernel without it: pages fault in as they are written */
-            slow = monotonic_ns() - t0 > (long long)(step / HUGE_PAGE) * HUGE_SLOW_NS;
-            done += step;
+    unsigned steps_small = 0, retry_after = HUGE_RETRY_STEPS;
+    while (done < want) {
+        size_t step = want - done < HUGE_STEP ? want - done : HUGE_STEP;
+        long long ns = populate_step(start + done, step, huge);
+        if (ns < 0) { /* kernel without MADV_POPULATE_WRITE: the pages fault in when written */
+            madvise(start + done, want - done, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+            break;
         }
-        __atomic_store_n(&huge_pages_slow, slow, __ATOMIC_RELAXED);
-        if (!slow)
-            return;
+        done += step;
+        cost[huge] = (ns << 10) / (long long)step + 1;
+        if (huge) {
+            /* Slow is over HUGE_SLOW_NS per huge page: a hypervisor that took the memory
+             * back makes each huge page 512 host faults.  Stay on 4 KiB pages only while
+             * they measure cheaper than the last huge step. */
+            if (ns > (long long)(step / HUGE_PAGE + (step % HUGE_PAGE != 0)) * HUGE_SLOW_NS) {
+                if (steps_small)
+                    retry_after *= 2; /* a retry that failed: the next one waits twice as long */
+                huge = 0, steps_small = 0;
+            }
+        } else if (cost[1] && cost[0] > cost[1]) {
+            huge = 1; /* 4 KiB pages proved no cheaper */
+        } else if (++steps_small == retry_after) {
+            huge = 1; /* try huge pages again: memory freed since may be cheap */
+        }
     }
-    if (done < want) {
-        madvise(start + done, want - done, MADV_NOHUGEPAGE); /* THP "always" would use them */
-        madvise(start + done, want - done, APR_MADV_POPULATE_WRITE);
-    }
+    __atomic_store_n(&huge_pages_slow, !huge, __ATOMIC_RELAXED);
 #elif defined(MADV_HUGEPAGE)
     madvise(start, want, MADV_HUGEPAGE);
 #else
