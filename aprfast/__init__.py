@@ -34,7 +34,7 @@ from .errors import (
     UnknownDTypeError,
     VersionError,
 )
-from .frameworks import safe_open
+from .safe_handle import safe_open
 from . import distributed  # aprfast.distributed.load_shard: tensor-parallel loading
 from .limits import Limits
 from .precision import to_bfloat16, to_float16, to_float32

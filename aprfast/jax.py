@@ -10,7 +10,8 @@ import jax  # noqa: F401 - fail at import when JAX is missing, as safetensors.fl
 import numpy as np
 
 from . import api
-from .frameworks import check_metadata, check_names, safe_open, to_framework
+from .frameworks import check_metadata, check_names, to_framework
+from .safe_handle import safe_open
 from .reader import AprFile
 
 __all__ = ["save_file", "save", "load_file", "load"]
