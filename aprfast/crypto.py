@@ -1123,7 +1123,7 @@ def _read_key_file(path) -> bytes:
 
 
 def _write_key_file(path, data: bytes, *, private: bool) -> None:
-    from .writer import AtomicFile  # the same temp-file, fsync, rename as model files
+    from .atomic import AtomicFile  # the same temp-file, fsync, rename as model files
 
     target = AtomicFile(path, mode=0o600 if private else 0o666)  # a private key is never readable by others
     try:

@@ -190,7 +190,7 @@ def sign_file(path, signing_key, *, output=None, replace_signature: bool = False
 
 
 def _write_parts(path, parts) -> None:
-    from .writer import AtomicFile
+    from .atomic import AtomicFile
 
     atomic = AtomicFile(path)
     try:

@@ -310,7 +310,7 @@ def _emit(parts, path, durable):
     if path is None:
         return b"".join(parts)
     if isinstance(path, (str, os.PathLike)):
-        from .writer import AtomicFile
+        from .atomic import AtomicFile
 
         atomic = AtomicFile(path, durable=durable)
         try:
@@ -335,7 +335,7 @@ def _emit(parts, path, durable):
 def _emit_sealed(header: Header, metadata_block: bytes, sealing, stored, path, durable) -> None:
     """Header, metadata, the payload sealed piece by piece, the CRC32 of it all: the
     bytes ``layout.assemble`` gives, written as they are made."""
-    from .writer import AtomicFile
+    from .atomic import AtomicFile
 
     crc = 0
     atomic = AtomicFile(path, durable=durable)
@@ -362,8 +362,8 @@ def _emit_sealed(header: Header, metadata_block: bytes, sealing, stored, path, d
 
 def _reserve(fd: int, size: int) -> None:
     """The file's blocks in one go before a save that is not fsynced, as the v2 writer
-    does (aprfast.writer._reserve: 2-5x faster writes on ext4; a full disk fails first)."""
-    from .writer import _reserve as reserve
+    does (aprfast.atomic._reserve: 2-5x faster writes on ext4; a full disk fails first)."""
+    from .atomic import _reserve as reserve
 
     reserve(fd, size)
 

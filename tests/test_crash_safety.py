@@ -2,7 +2,7 @@
 the target whole, old or new, and nothing that lives forever beside it.
 
 On Linux saves write to an unnamed O_TMPFILE inode; elsewhere (and on filesystems
-without O_TMPFILE, forced here with ``writer._proc_links_work = False``) to a
+without O_TMPFILE, forced here with ``atomic_files._proc_links_work = False``) to a
 recognisable, flock-ed temporary name that the next save into the directory removes
 once its writer is gone.  No assertion here depends on timing: kill points are drawn
 at random over the length of an uninterrupted save, and every outcome is allowed
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast import crypto, v1, writer
+from aprfast import atomic as atomic_files, crypto, v1, writer
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kill -9, flock and rlimits are POSIX")
 
@@ -32,7 +32,7 @@ CHILD_PRELUDE = r"""
 import os, sys
 import numpy as np
 import aprfast
-from aprfast import v1, writer
+from aprfast import atomic as atomic_files, v1, writer
 
 def new_tensors(mb):
     n = (mb << 20) // 4 // 4
@@ -50,7 +50,7 @@ def save(kind, tensors, path, durable):
 
 def force_named_temps(mode):
     if mode == "named":  # as on a filesystem without O_TMPFILE, or off Linux
-        writer._proc_links_work = False
+        atomic_files._proc_links_work = False
 """ % (V1_META,)
 
 SAVE_CHILD = CHILD_PRELUDE + r"""
@@ -102,7 +102,7 @@ def leftovers(directory, *keep):
 
 
 def recognisable(name):
-    return writer._TEMP_NAME.fullmatch(name) is not None
+    return atomic_files._TEMP_NAME.fullmatch(name) is not None
 
 
 def assert_whole(kind, path, old_digest, new_digest):
@@ -184,7 +184,7 @@ def test_kill_9_mid_save_leaves_old_or_new_and_nothing_that_lasts(tmp_path, refe
 def test_a_killed_named_temp_file_is_removed_by_the_next_save(tmp_path):
     script = CHILD_PRELUDE + r"""
 force_named_temps("named")
-atomic = writer.AtomicFile(sys.argv[1])
+atomic = atomic_files.AtomicFile(sys.argv[1])
 os.write(atomic.fd, b"half a model")
 print(atomic.temp_path, flush=True)
 sys.stdin.read()
@@ -218,11 +218,11 @@ def test_a_live_writers_temp_file_is_never_removed(tmp_path, how):
     script = CHILD_PRELUDE + r"""
 how, path = sys.argv[1], sys.argv[2]
 force_named_temps("named" if how == "named" else "tmpfile")
-atomic = writer.AtomicFile(path)
+atomic = atomic_files.AtomicFile(path)
 os.write(atomic.fd, b"the new model")
 if how != "named":
-    atomic.temp_path = writer._temp_path(atomic.directory, os.path.basename(path))
-    assert writer._link_fd(atomic.fd, atomic.temp_path)
+    atomic.temp_path = atomic_files._temp_path(atomic.directory, os.path.basename(path))
+    assert atomic_files._link_fd(atomic.fd, atomic.temp_path)
 print(atomic.temp_path, flush=True)
 sys.stdin.readline()
 if how == "named":
@@ -241,7 +241,7 @@ print("committed", flush=True)
     aprfast.save_file(old_tensors(), tmp_path / "other.apr")
     with aprfast.Writer(tmp_path / "other2.apr") as w:
         w.add("a", np.arange(3))
-    assert writer.sweep_abandoned_temps(str(tmp_path)) == 0
+    assert atomic_files.sweep_abandoned_temps(str(tmp_path)) == 0
     assert os.path.exists(temp)
     assert (tmp_path / TARGET).read_bytes() == b"the old model"
     out, err = child.communicate("go\n", timeout=60)
@@ -251,7 +251,7 @@ print("committed", flush=True)
 
 
 def unnamed_temps_work(directory) -> bool:
-    fd = writer._open_unnamed(str(directory), 0o600)
+    fd = atomic_files._open_unnamed(str(directory), 0o600)
     if fd < 0:
         return False
     os.close(fd)
@@ -262,21 +262,21 @@ def test_saves_on_linux_have_no_name_until_committed(tmp_path):
     if not unnamed_temps_work(tmp_path):
         pytest.skip("no O_TMPFILE here")
     (tmp_path / TARGET).write_bytes(b"old")
-    atomic = writer.AtomicFile(tmp_path / TARGET)
+    atomic = atomic_files.AtomicFile(tmp_path / TARGET)
     os.write(atomic.fd, b"new")
     assert atomic.temp_path is None and leftovers(tmp_path) == [TARGET]
     atomic.commit()
     assert (tmp_path / TARGET).read_bytes() == b"new" and leftovers(tmp_path) == [TARGET]
     assert stat.S_IMODE(os.stat(tmp_path / TARGET).st_mode) == 0o666 & ~current_umask()
-    aborted = writer.AtomicFile(tmp_path / "never.apr")
+    aborted = atomic_files.AtomicFile(tmp_path / "never.apr")
     os.write(aborted.fd, b"gone")
     aborted.abort()
     assert leftovers(tmp_path) == [TARGET]
 
 
 def test_the_fallback_path_keeps_mode_and_cleans_up(tmp_path, monkeypatch):
-    monkeypatch.setattr(writer, "_proc_links_work", False)
-    atomic = writer.AtomicFile(tmp_path / TARGET)
+    monkeypatch.setattr(atomic_files, "_proc_links_work", False)
+    atomic = atomic_files.AtomicFile(tmp_path / TARGET)
     assert recognisable(os.path.basename(atomic.temp_path))
     assert stat.S_IMODE(os.fstat(atomic.fd).st_mode) == 0o666 & ~current_umask()
     os.write(atomic.fd, b"new")
@@ -293,15 +293,15 @@ def test_the_fallback_path_keeps_mode_and_cleans_up(tmp_path, monkeypatch):
 def test_a_name_a_sweeper_got_to_first_is_given_up(tmp_path, monkeypatch):
     """Between creating a temporary name and locking it a sweep may lock it (and is
     about to unlink it): the writer then gives that name up and takes another."""
-    monkeypatch.setattr(writer, "_proc_links_work", False)
-    real_lock, calls = writer._lock, []
+    monkeypatch.setattr(atomic_files, "_proc_links_work", False)
+    real_lock, calls = atomic_files._lock, []
 
     def lock_taken_the_first_time(fd):
         calls.append(fd)
         return False if len(calls) == 1 else real_lock(fd)
 
-    monkeypatch.setattr(writer, "_lock", lock_taken_the_first_time)
-    atomic = writer.AtomicFile(tmp_path / TARGET)
+    monkeypatch.setattr(atomic_files, "_lock", lock_taken_the_first_time)
+    atomic = atomic_files.AtomicFile(tmp_path / TARGET)
     assert len(calls) == 2 and leftovers(tmp_path) == [os.path.basename(atomic.temp_path)]
     os.write(atomic.fd, b"new")
     atomic.commit()
@@ -315,17 +315,17 @@ def test_a_refused_proc_link_falls_back_to_a_copy(tmp_path, monkeypatch):
     def refused(fd, path):
         raise PermissionError(1, "linking through /proc refused")
 
-    monkeypatch.setattr(writer, "_link_fd", refused)
-    monkeypatch.setattr(writer, "_proc_links_work", True)
+    monkeypatch.setattr(atomic_files, "_link_fd", refused)
+    monkeypatch.setattr(atomic_files, "_proc_links_work", True)
     (tmp_path / TARGET).write_bytes(b"old")
-    atomic = writer.AtomicFile(tmp_path / TARGET, mode=0o640)
+    atomic = atomic_files.AtomicFile(tmp_path / TARGET, mode=0o640)
     assert atomic.temp_path is None
     os.write(atomic.fd, b"new" * 100000)
     atomic.commit()
     assert (tmp_path / TARGET).read_bytes() == b"new" * 100000
     assert stat.S_IMODE(os.stat(tmp_path / TARGET).st_mode) == 0o640 & ~current_umask()
     assert leftovers(tmp_path) == [TARGET]
-    assert writer._proc_links_work is False  # later saves name their files from the start
+    assert atomic_files._proc_links_work is False  # later saves name their files from the start
 
 
 def current_umask():
@@ -351,8 +351,8 @@ def test_only_regular_files_with_aprfasts_temp_names_are_swept(tmp_path):
     (tmp_path / "target").write_bytes(b"precious")
     os.symlink(tmp_path / "target", tmp_path / "sub" / name.replace("0123", "4567"))
     (tmp_path / name).write_bytes(b"stale")
-    assert writer.sweep_abandoned_temps(str(tmp_path)) == 1
-    assert writer.sweep_abandoned_temps(str(tmp_path / "sub")) == 0
+    assert atomic_files.sweep_abandoned_temps(str(tmp_path)) == 1
+    assert atomic_files.sweep_abandoned_temps(str(tmp_path / "sub")) == 0
     assert leftovers(tmp_path) == sorted(keep + ["sub", "target"])
     assert (tmp_path / "target").read_bytes() == b"precious"
     assert len(os.listdir(tmp_path / "sub")) == 2
@@ -360,14 +360,14 @@ def test_only_regular_files_with_aprfasts_temp_names_are_swept(tmp_path):
 
 def test_saves_survive_a_concurrent_sweeper(tmp_path, monkeypatch):
     """A process sweeping the directory non-stop never removes a live save's file."""
-    monkeypatch.setattr(writer, "_proc_links_work", False)
+    monkeypatch.setattr(atomic_files, "_proc_links_work", False)
     sweeper = spawn(r"""
 import os, sys
-from aprfast import writer
+from aprfast import atomic as atomic_files, writer
 directory, stop = sys.argv[1], sys.argv[2]
 rounds = 0
 while not os.path.exists(stop) or rounds < 10:
-    writer.sweep_abandoned_temps(directory)
+    atomic_files.sweep_abandoned_temps(directory)
     rounds += 1
 print(rounds, flush=True)
 """, tmp_path, tmp_path / "stop")

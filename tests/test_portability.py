@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast import _memory, _platform, writer
+from aprfast import _memory, _platform, atomic
 from aprfast.errors import AprFileInUseError, AprIOError, AprPermissionError
 
 BIG = (8 << 20) + 4096  # past csrc/pio.c's PARALLEL_MIN: the read is split over threads
@@ -160,7 +160,7 @@ def test_windows_commit_order_without_locks_gives_the_same_bytes(tmp_path, rng, 
     tensors = _tensors(rng)
     aprfast.save_file(tensors, tmp_path / "normal.apr")
     fallbacks("o_tmpfile,dir_fsync")
-    monkeypatch.setattr(writer, "fcntl", None)
+    monkeypatch.setattr(atomic, "fcntl", None)
     aprfast.save_file(tensors, tmp_path / "windows.apr")
     aprfast.save_file(tensors, tmp_path / "windows.apr")
     assert _digest(tmp_path / "windows.apr") == _digest(tmp_path / "normal.apr")

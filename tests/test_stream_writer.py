@@ -21,6 +21,7 @@ from ml_dtypes import bfloat16
 
 import aprfast
 from aprfast import AprError, CorruptError, LayoutError, RawTensor
+from aprfast import atomic
 from aprfast import writer as writer_module
 
 MiB = 1 << 20
@@ -245,7 +246,7 @@ def test_a_broken_pipe_is_an_io_error_and_closes_the_writer(no_spool):
 def test_no_spool_and_no_temporary_files_anywhere(tmp_path, no_spool):
     tmp_before = set(os.listdir(tempfile.gettempdir()))
     path = tmp_path / "m.apr"
-    probe = writer_module._open_unnamed(str(tmp_path), 0o600)  # -1 without O_TMPFILE (or its fallback forced)
+    probe = atomic._open_unnamed(str(tmp_path), 0o600)  # -1 without O_TMPFILE (or its fallback forced)
     if probe >= 0:
         os.close(probe)
     with aprfast.Writer(path, plan=[("a", "F32", (1000,)), ("b", "F32", (1000,))]) as w:

@@ -178,9 +178,9 @@ def test_saved_files_are_the_in_memory_bytes(tmp_path, monkeypatch, password, du
 
 @pytest.mark.parametrize("password", [None, "pw"])
 def test_a_full_disk_at_reservation_leaves_nothing(tmp_path, monkeypatch, password):
-    from aprfast import writer
+    from aprfast import atomic
 
-    monkeypatch.setattr(writer, "preallocate", lambda fd, size: errno.ENOSPC)
+    monkeypatch.setattr(atomic, "preallocate", lambda fd, size: errno.ENOSPC)
     with pytest.raises(AprIOError, match="No space"):
         v1.save_model(os.urandom(1 << 20), tmp_path / "m.apr", model_type="Custom", password=password,
                       durable=False)
@@ -205,17 +205,17 @@ def test_a_failure_mid_save_leaves_nothing(tmp_path, monkeypatch, password):
 
 
 def test_the_reservation_is_the_file_size(tmp_path, monkeypatch):
-    from aprfast import writer
+    from aprfast import atomic
 
     sizes = []
-    real = writer.preallocate
-    monkeypatch.setattr(writer, "preallocate", lambda fd, size: sizes.append(size) or real(fd, size))
+    real = atomic.preallocate
+    monkeypatch.setattr(atomic, "preallocate", lambda fd, size: sizes.append(size) or real(fd, size))
     for password in (None, "pw"):
         path = tmp_path / f"m{password}.apr"
         v1.save_model(os.urandom(100_000), path, model_type="Custom", password=password, durable=False)
         assert sizes[-1] == os.path.getsize(path)
     v1.save_model(os.urandom(1000), tmp_path / "d.apr", model_type="Custom", durable=True)
-    assert len(sizes) == 2  # durable saves do not reserve (see aprfast.writer._reserve)
+    assert len(sizes) == 2  # durable saves do not reserve (see aprfast.atomic._reserve)
 
 
 @pytest.mark.parametrize("forced", [0, 1, 2])

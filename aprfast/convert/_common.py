@@ -201,7 +201,7 @@ def reserve(fd: int, size: int, durable: bool, path) -> None:
     byte is written."""
     if durable:
         return
-    from ..writer import _reserve
+    from ..atomic import _reserve
 
     try:
         _reserve(fd, size)

@@ -5,7 +5,7 @@ into ``APR_CACHE`` (:func:`aprfast.config.cache_dir`, ``~/.cache/apr`` by defaul
 Layout: ``{cache}/{scheme}/{where}/{path}`` (``hf/org/repo/model.apr``,
 ``https/example.org/models/m.apr``, ``s3/bucket/key.apr``) and ``{cache}/checksum.json``
 recording each file's URL, size and SHA-256.  Files are written through
-:class:`aprfast.writer.AtomicFile`, so an interrupted download leaves no partial file;
+:class:`aprfast.atomic.AtomicFile`, so an interrupted download leaves no partial file;
 ``clear`` removes only what ``checksum.json`` records (and then-empty directories),
 never anything else a user keeps in that directory.
 """
