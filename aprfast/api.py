@@ -150,8 +150,8 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
         refuse_keys(dict(password=password, private_key=private_key, trusted_keys=trusted_keys,
                          require_signature=require_signature, allow_unencrypted=allow_unencrypted),
                     getattr(manifest, "url", manifest))
-        opened = shards.ShardedFile(manifest, limits=limits, storage_options=storage_options, open_options=dict(
-            mode=mode, unknown_dtypes=unknown_dtypes, alignment=alignment))
+        opened = shards.ShardedFile(manifest, open_one=_open_single, limits=limits, storage_options=storage_options,
+                                    open_options=dict(mode=mode, unknown_dtypes=unknown_dtypes, alignment=alignment))
         if verify:
             try:
                 opened.verify()
@@ -292,10 +292,10 @@ def inspect(target, *, limits: Limits | None = None, storage_options=None) -> di
     index was checked in full before ``inspect`` returned."""
     manifest = _find_manifest(target, storage_options)
     if manifest is not None:
-        return shards.inspect(manifest, limits=limits, storage_options=storage_options)
+        return shards.inspect(manifest, open_one=_open_single, limits=limits, storage_options=storage_options)
     source = _open_source_or_manifest(target, None, storage_options)  # opened once: AprFile takes it over for v2
     if not isinstance(source, Source):
-        return shards.inspect(source, limits=limits, storage_options=storage_options)
+        return shards.inspect(source, open_one=_open_single, limits=limits, storage_options=storage_options)
     try:
         is_v1 = layouts.is_v1(source)
     except BaseException:

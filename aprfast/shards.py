@@ -407,12 +407,18 @@ def _plain_file_name(name: str) -> bool:
 class ShardedFile:
     """A sharded model read as one: the manifest at open (each shard's presence and size
     checked with a stat), each shard opened only when a tensor in it is asked for.
-    Same methods as :class:`aprfast.reader.AprFile`."""
+    Same methods as :class:`aprfast.reader.AprFile`.
+
+    ``open_one(target, **open_options)`` opens one shard as a single file, whatever its
+    name (so a shard named like a first shard is never taken for the whole set): the
+    API layer above passes its opener in, since the readers stand above this module."""
 
     layout = "sharded"
     security = None
 
-    def __init__(self, manifest_path, *, open_options: dict, limits: Limits | None = None, storage_options=None):
+    def __init__(self, manifest_path, *, open_one, open_options: dict, limits: Limits | None = None,
+                 storage_options=None):
+        self._open_one = open_one
         #: a manifest at a URL (http(s), fsspec, hf): shards are objects next to it, opened
         #: lazily as remote handles (one per shard, kept); sizes are checked when a shard
         #: is opened (its first request says its length), not with a request per shard at open
@@ -529,8 +535,6 @@ class ShardedFile:
             raise AprIOError("the sharded model is closed", path=self._path)
         f = self._open.get(index)
         if f is None:
-            from .api import _open_single as open_apr  # a shard is one file, whatever its name
-
             shard = self._shards[index]
             self._check_size(shard)  # may have changed since the manifest was read
             target = self._shard_path(shard)
@@ -544,12 +548,12 @@ class ShardedFile:
                                      storage_options=options.pop("storage_options", None))
                 try:
                     self._check_remote_size(shard, target)
-                    f = open_apr(target, **options)
+                    f = self._open_one(target, **options)
                 except BaseException:
                     target.close()
                     raise
             else:
-                f = open_apr(target, **self._options)
+                f = self._open_one(target, **self._options)
             try:
                 self._check_contents(index, f)
             except BaseException:
@@ -719,10 +723,11 @@ def _source_of(f):
     return getattr(f, "_raw_source", None) or getattr(f, "_source", None)
 
 
-def inspect(manifest_path, limits: Limits | None = None, storage_options=None) -> dict:
+def inspect(manifest_path, *, open_one, limits: Limits | None = None, storage_options=None) -> dict:
     """``aprfast.inspect`` of a sharded model: the manifest, and every tensor's entry
     with its shard (each shard's header and index are read, no tensor data; at a URL,
-    one request per shard when its prefix fits 64 KiB)."""
-    with ShardedFile(manifest_path, open_options={"unknown_dtypes": "raw"}, limits=limits,
+    one request per shard when its prefix fits 64 KiB).  ``open_one`` as for
+    :class:`ShardedFile`."""
+    with ShardedFile(manifest_path, open_one=open_one, open_options={"unknown_dtypes": "raw"}, limits=limits,
                      storage_options=storage_options) as f:
         return {"layout": f.layout, "header": f.header, "metadata": f.metadata, "tensors": f.describe()}

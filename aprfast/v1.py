@@ -20,6 +20,7 @@ docs/FORMAT.md (v1 section) records every byte and decision.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import time
 from collections.abc import Mapping
@@ -32,9 +33,12 @@ from .codecs import MAX_UNCOMPRESSED_SIZE, Compression
 from .errors import (AprError, AprIOError, ChecksumError, CorruptError, DecryptError, FormatError, LayoutError,
                      LimitError, ModelTypeMismatchError, SignatureError)
 from .layouts import chunk_index, trueno
+from .layouts import plan as plan_layout
 from .layouts import v1 as layout
 from .layouts.v1 import Flag, Header, ModelType
 from .sources import open_source
+from .tensors import as_inputs
+from .writer import save_to
 
 __all__ = [
     "save_model", "load_model", "inspect_model", "check_license", "V1Model", "ModelType", "Compression", "Flag",
@@ -196,6 +200,14 @@ def save_model(payload, path=None, *, model_type=None, metadata=None, compressio
     return _emit(parts, path, durable)
 
 
+def _tensor_file_bytes(tensors: Mapping) -> bytes:
+    """The v2 file ``aprfast.save(tensors)`` gives (layout "auto"), built from the layers
+    below the API: the plan, then the writer into memory."""
+    out = io.BytesIO()
+    save_to(out, plan_layout(as_inputs(tensors), None, layout="auto"))
+    return out.getvalue()
+
+
 def _payload_and_metadata(payload, metadata, model_type):
     """The bytes to store, the metadata dict (defaults filled, a copy) and the type."""
     metadata = dict(metadata or {})
@@ -205,14 +217,12 @@ def _payload_and_metadata(payload, metadata, model_type):
     if not isinstance(custom, Mapping):
         raise LayoutError(f"metadata 'custom' must be a map of str -> JSON value, not {type(custom).__name__}")
     if isinstance(payload, Mapping):
-        from .api import save as save_tensors
-
         if custom.get(PAYLOAD_FORMAT_KEY, TENSOR_PAYLOAD_FORMAT) != TENSOR_PAYLOAD_FORMAT:
             raise LayoutError(f"metadata custom[{PAYLOAD_FORMAT_KEY!r}] = {custom[PAYLOAD_FORMAT_KEY]!r} "
                               "contradicts a tensor payload")
         # aprender's layout whenever it can hold the tensors, so aprender can read the
         # payload too once it has it; the spec's APR2 layout otherwise.
-        plain = save_tensors(payload, layout="auto")
+        plain = _tensor_file_bytes(payload)
         metadata["custom"] = {**custom, PAYLOAD_FORMAT_KEY: TENSOR_PAYLOAD_FORMAT}
         model_type = ModelType.NeuralCustom if model_type is None else model_type
         is_tensors = True
