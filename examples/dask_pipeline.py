@@ -20,12 +20,13 @@ bytes); the worker reopens it, and refuses a file that changed since it was open
 
 The engines only schedule the one task (:func:`convert_one`):
 
-* ``--engine dask`` (the default): without ``--scheduler`` a ``LocalCluster`` of worker
-  processes on 127.0.0.1 is started (no dashboard); ``--scheduler`` names a running
-  scheduler's address.
-* ``--engine ray``: without ``--scheduler`` a local Ray cluster of ``--workers`` CPUs is
-  started on 127.0.0.1 only (no dashboard, no usage statistics) and shut down at the end;
-  ``--scheduler`` is the address ``ray.init`` connects to (``auto``, ``HOST:PORT``).
+* ``--engine dask`` (the default; ``pip install "aprfast[dask]"``): without
+  ``--scheduler`` a ``LocalCluster`` of worker processes on 127.0.0.1 is started (no
+  dashboard); ``--scheduler`` names a running scheduler's address.
+* ``--engine ray`` (``pip install "aprfast[ray]"``): without ``--scheduler`` a local Ray
+  cluster of ``--workers`` CPUs is started on 127.0.0.1 only (no dashboard, no usage
+  statistics) and shut down at the end; ``--scheduler`` is the address ``ray.init``
+  connects to (``auto``, ``HOST:PORT``).
 
 Credentials come from the environment (``AWS_ACCESS_KEY_ID``, ...) or
 ``storage_options``; ``--endpoint-url`` points s3fs at an S3-compatible server.
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import sys
 import tempfile
@@ -149,8 +151,7 @@ def run_on_dask(client, tasks, options) -> list:
 def run_on_ray(tasks, options) -> list:
     """The same tasks on the Ray cluster this process is connected to (Ray pickles the
     arguments, aprfast handles included, with cloudpickle); the results in task order."""
-    import ray
-
+    ray = engine_package("ray")
     if not ray.is_initialized():  # a bare .remote() would start a default cluster on every interface
         raise RuntimeError("Ray is not initialized: run the tasks inside ray_cluster() (or after ray.init)")
     task = ray.remote(num_cpus=1)(convert_one)
@@ -159,13 +160,21 @@ def run_on_ray(tasks, options) -> list:
     return ray.get(refs)
 
 
+def engine_package(module: str):
+    """``import module`` (``distributed`` or ``ray``), or an ImportError naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        extra = {"distributed": "dask"}.get(module, module)
+        raise ImportError(f"this engine needs the '{module}' package: pip install 'aprfast[{extra}]'") from exc
+
+
 def local_cluster(workers: int = 2):
     """A LocalCluster of worker processes on 127.0.0.1 without a dashboard, and its client."""
-    from distributed import Client, LocalCluster
-
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                           dashboard_address=None, worker_dashboard_address=None)
-    return cluster, Client(cluster)
+    distributed = engine_package("distributed")
+    cluster = distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                       dashboard_address=None, worker_dashboard_address=None)
+    return cluster, distributed.Client(cluster)
 
 
 @contextlib.contextmanager
@@ -173,9 +182,7 @@ def dask_cluster(address=None, workers: int = 2):
     """A Dask client of the scheduler at ``address``, or of a new :func:`local_cluster`
     (closed on exit)."""
     if address:
-        from distributed import Client
-
-        cluster, client = None, Client(address)
+        cluster, client = None, engine_package("distributed").Client(address)
     else:
         cluster, client = local_cluster(workers)
     try:
@@ -205,8 +212,7 @@ def ray_cluster(address=None, workers: int = 2):
     if not address:
         os.environ.update(LOCAL_RAY_ENVIRONMENT)
     try:
-        import ray
-
+        ray = engine_package("ray")
         if address:
             ray.init(address=address)
         else:
