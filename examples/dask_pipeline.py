@@ -16,7 +16,7 @@ memory is bounded by the largest tensor, not the model.
 An ``.apr`` model travels to its task as an open ``aprfast`` handle, not as a path: this
 process opens it (a damaged header or index fails here, before any task is scheduled)
 and the handle pickles as its path and options (a few hundred bytes, never the mapped
-bytes); the worker reopens it, and refuses a file that changed since it was opened here.
+bytes); the worker reopens it, and refuses a file that changed since the task was submitted.
 
 The engines only schedule the one task (:func:`convert_one`):
 
@@ -87,9 +87,9 @@ def convert_one(model, destination, *, quantize="Q8_0", precision=None, storage_
     ``s3://`` URL ``destination``, remove the temporary file.  Returns what was written.
 
     ``model`` is a path or an open aprfast handle.  A handle arrives here unpickled, that
-    is reopened on this worker, which refused it if the file changed since the submitting
-    process opened it; the conversion then streams the file by the handle's path (the
-    converter keeps its own reader), and the handle is closed at the end."""
+    is reopened on this worker, which refused it if the file changed since it was pickled
+    (when the task was submitted); the conversion then streams the file by the handle's
+    path (the converter keeps its own reader), and the handle is closed at the end."""
     import aprfast
     import s3fs
 
@@ -128,7 +128,7 @@ def convert_directory(directory, prefix: str, scheduler, *, quantize="Q8_0", pre
     options = {"quantize": quantize, "precision": precision, "storage_options": storage_options}
     with contextlib.ExitStack() as opened:
         tasks = [(name, _opened(opened, path), destination) for name, path, destination in jobs]
-        if scheduler == "ray":
+        if isinstance(scheduler, str) and scheduler == "ray":
             return run_on_ray(tasks, options)
         return run_on_dask(scheduler, tasks, options)
 
