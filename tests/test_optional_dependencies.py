@@ -95,3 +95,31 @@ def test_every_extra_named_in_the_code_exists_in_pyproject():
         assert extra in extras, f"{module}: extra {extra!r} is not declared"
     for name in ("keyfiles", "crypto", "compression", "v1", "all"):
         assert name in extras
+
+
+def test_every_extra_named_in_docs_examples_and_tests_exists_in_pyproject():
+    """``aprfast[NAME]`` in the README, docs/, examples/ and the tests' skip reasons (such as
+    the examples' extras, dask and ray, which no aprfast module imports) is declared."""
+    import glob
+    import re
+
+    tomllib = pytest.importorskip("tomllib")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "pyproject.toml")
+    if not os.path.exists(path):
+        pytest.skip("pyproject.toml is not next to the tests (installed package)")
+    with open(path, "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    files = [os.path.join(root, "README.md")] + [p for pattern in ("docs/*.md", "examples/*.py", "tests/*.py")
+                                                  for p in glob.glob(os.path.join(root, pattern))]
+    named = {}
+    for name in files:
+        if not os.path.exists(name):
+            continue
+        with open(name, encoding="utf-8") as f:
+            for group in re.findall(r"aprfast\[([a-z0-9_,-]+)\]", f.read()):
+                for extra in group.split(","):
+                    named.setdefault(extra, os.path.relpath(name, root))
+    assert {"ray", "dask"} <= set(named), sorted(named)
+    missing = {extra: where for extra, where in named.items() if extra not in extras}
+    assert not missing, f"extras named but not declared in pyproject.toml: {missing}"
