@@ -31,6 +31,7 @@ cdef extern from "buffers.h" nogil:
         uint64_t hits
         uint64_t misses
     int apr_block_alloc(apr_block *block, size_t size, size_t alignment)
+    int apr_block_alloc_deferred(apr_block *block, size_t size, size_t alignment)
     void apr_block_free(apr_block *block)
     void apr_cache_stats_get(apr_cache_stats *out)
     void apr_cache_release(long long limit)
@@ -63,7 +64,11 @@ cdef extern from "Python.h":
 
 
 cdef class AlignedBuffer:
-    """A writable byte buffer whose first byte is aligned to ``alignment``."""
+    """A writable byte buffer whose first byte is aligned to ``alignment``.
+
+    ``filled_by_read=True``: the caller fills the whole buffer with one ``pread_into``
+    next, so a freshly mapped buffer is populated by that read, a huge page ahead of
+    it, rather than all at once here (csrc/buffers.h apr_block_alloc_deferred)."""
 
     cdef apr_block block
     cdef readonly size_t size
@@ -71,14 +76,17 @@ cdef class AlignedBuffer:
     cdef Py_ssize_t shape[1]
     cdef Py_ssize_t strides[1]
 
-    def __cinit__(self, size_t size, size_t alignment=64):
+    def __cinit__(self, size_t size, size_t alignment=64, *, bint filled_by_read=False):
         if alignment == 0 or (alignment & (alignment - 1)) or alignment > 4096:
             raise ValueError(f"alignment must be a power of two up to 4096, not {alignment}")
         if size > <size_t>PY_SSIZE_T_MAX:
             raise MemoryError(f"cannot allocate {size} bytes: more than a buffer can address")
         cdef int rc
         with nogil:
-            rc = apr_block_alloc(&self.block, size, alignment)
+            if filled_by_read:
+                rc = apr_block_alloc_deferred(&self.block, size, alignment)
+            else:
+                rc = apr_block_alloc(&self.block, size, alignment)
         if rc:
             raise MemoryError(f"cannot allocate {size} bytes aligned to {alignment} ({os.strerror(rc)})")
         self.size = size

@@ -23,9 +23,10 @@ from .tensors import QuantizedTensor, RawTensor, TensorInfo
 __all__ = ["AprFile", "TensorSlice", "QuantizedSlice", "aligned_empty"]
 
 
-def aligned_empty(nbytes: int, alignment: int = 64) -> np.ndarray:
-    """A writable uint8 array of ``nbytes`` whose data starts on ``alignment``."""
-    return np.frombuffer(_memory.AlignedBuffer(nbytes, alignment), np.uint8, nbytes)
+def aligned_empty(nbytes: int, alignment: int = 64, *, filled_by_read: bool = False) -> np.ndarray:
+    """A writable uint8 array of ``nbytes`` whose data starts on ``alignment``
+    (``filled_by_read``: one read fills it next; see ``_memory.AlignedBuffer``)."""
+    return np.frombuffer(_memory.AlignedBuffer(nbytes, alignment, filled_by_read=filled_by_read), np.uint8, nbytes)
 
 
 #: get_tensor remembers this many zero-copy views per file (one small object each), so
@@ -285,7 +286,8 @@ class AprFile:
                 raise ChecksumError(f"footer CRC32 is {f.stored_crc:#010x} but the file's bytes give "
                                     f"{crc:#010x}", path=self.path)
             return _slice_arena(f, arena, decoded)
-        arena = aligned_empty(f.data_len, max(self.alignment, 64))
+        # a local file fills the arena with one parallel pread, which populates it as it goes
+        arena = aligned_empty(f.data_len, max(self.alignment, 64), filled_by_read=self._source.reads_by_pread)
         prefix_crc = crc32(self._source.read(0, f.data_start, "header")) if verify else None
         crc = self._source.readinto(f.data_start, arena, threads=threads, crc=prefix_crc)
         if verify and crc != f.stored_crc:

@@ -39,6 +39,9 @@ class Source:
 
     #: True when :meth:`view` is available (memory that stays valid while open).
     zero_copy = False
+    #: True when :meth:`readinto` is one parallel ``pread`` (``_memory.pread_into``),
+    #: which populates a buffer allocated with ``filled_by_read`` as it reads.
+    reads_by_pread = False
     path = None
 
     def __init__(self, size: int):
@@ -172,6 +175,8 @@ class FileSource(Source):
     ``private=True`` (mode "private") maps copy-on-write: views are writable, writes
     stay in this process and never reach the file, and untouched pages cost nothing.
     """
+
+    reads_by_pread = True
 
     #: The first read of a header fetches this many bytes in one ``pread``; the reads
     #: of metadata and index that follow are then served from memory (7 system calls

@@ -31,6 +31,25 @@
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
 
+#if defined(__linux__)
+/* Heap blocks this large (freed ones go to the buffer cache, so loops rarely get here)
+ * have their whole pages populated in one call.  Why: glibc maps such a block fresh in a
+ * new process, and a fresh process's 4 MiB load then took 1000 page faults during its
+ * read (about 3 ms of its 3.3 ms on the development VM); pages already present cost
+ * only the walk over them. */
+#define HEAP_POPULATE_MIN ((size_t)256 << 10)
+
+static void populate_heap_pages(void *p, size_t size)
+{
+    if (size < HEAP_POPULATE_MIN || (apr_fallbacks() & APR_FALLBACK_MADVISE))
+        return;
+    size_t page = 4096;
+    uintptr_t lo = round_up((uintptr_t)p, page), hi = ((uintptr_t)p + size) & ~(uintptr_t)(page - 1);
+    if (hi > lo) /* only pages wholly inside the block: it writes nothing, it faults them in */
+        madvise((void *)lo, hi - lo, APR_MADV_POPULATE_WRITE); /* advisory: old kernels refuse it */
+}
+#endif
+
 static int heap_alloc(apr_block *block, size_t size, size_t alignment)
 {
     void *p = NULL;
@@ -45,6 +64,9 @@ static int heap_alloc(apr_block *block, size_t size, size_t alignment)
     int rc = posix_memalign(&p, alignment, size ? size : 1);
     if (rc)
         return rc;
+#if defined(__linux__)
+    populate_heap_pages(p, size);
+#endif
 #endif
     block->ptr = p;
     block->base = p;
@@ -57,8 +79,9 @@ static int heap_alloc(apr_block *block, size_t size, size_t alignment)
 /* Reserve size + 2 MiB and commit the 2 MiB-aligned part.  A reservation is released
  * whole (VirtualFree of its base), so the slack stays reserved, never committed: it
  * costs address space only.  No large pages: they need SeLockMemoryPrivilege. */
-static int mapped_alloc(apr_block *block, size_t size)
+static int mapped_alloc(apr_block *block, size_t size, int defer)
 {
+    (void)defer; /* nothing to populate ahead: Windows commits pages as they are touched */
     if (size > SIZE_MAX - 2 * HUGE_PAGE)
         return ENOMEM;
     size_t want = round_up(size, HUGE_PAGE);
@@ -76,6 +99,30 @@ static int mapped_alloc(apr_block *block, size_t size)
     block->capacity = want;
     return 0;
 }
+
+/* Windows commits pages as they are touched: nothing is populated ahead, so nothing is
+ * deferred or claimed. */
+static void fresh_unregister(uint8_t *lo) { (void)lo; }
+int apr_fresh_claim(const void *ptr, size_t len, apr_fresh_state *st)
+{
+    (void)ptr;
+    (void)len;
+    (void)st;
+    return 0;
+}
+void apr_fresh_begin(apr_fresh_state *st, uint8_t *lo, uint8_t *hi)
+{
+    memset(st, 0, sizeof *st);
+    st->lo = lo;
+    st->hi = hi;
+}
+void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len)
+{
+    (void)st;
+    (void)start;
+    (void)len;
+}
+void apr_fresh_finish(apr_fresh_state *st) { (void)st; }
 #else
 /* Whether fresh huge pages proved slow in this process: -1 not tried yet, 0 no, 1 yes.
  * Read and written atomically (allocations come from any thread, the GIL may be absent). */
@@ -119,59 +166,95 @@ static long long monotonic_ns(void)
  * load in a loop: 3.5 s against 0.9 s). */
 #define HUGE_ALWAYS_PROBE ((size_t)256 << 20)
 /* In a block that went over to 4 KiB pages, one huge-page step is timed again after
- * this many steps, then after twice as many each time it is still slow: the free
+ * this many bytes, then after twice as many each time it is still slow: the free
  * memory can change from cold to recently freed mid-block. */
-#define HUGE_RETRY_STEPS 8
+#define HUGE_RETRY_BYTES ((size_t)256 << 20)
 
-/* Populate [start, start + step) with huge pages or 4 KiB pages; the time it took (ns),
- * or -1 where the kernel cannot populate (pages then fault in as they are written). */
-static long long populate_step(uint8_t *start, size_t step, int huge)
+void apr_fresh_begin(apr_fresh_state *st, uint8_t *lo, uint8_t *hi)
 {
-    madvise(start, step, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE); /* advisory; NOHUGEPAGE because THP
-                                                                   * "always" would use them */
-    long long t0 = monotonic_ns();
-    if (madvise(start, step, APR_MADV_POPULATE_WRITE) != 0)
-        return -1;
-    return monotonic_ns() - t0;
+    int slow = __atomic_load_n(&huge_pages_slow, __ATOMIC_RELAXED);
+    unsigned n = __atomic_fetch_add(&huge_page_allocations, 1u, __ATOMIC_RELAXED);
+    memset(st, 0, sizeof *st);
+    st->lo = lo;
+    st->hi = hi;
+    st->huge = slow != 1 || n % 64 == 0 || (size_t)(hi - lo) >= HUGE_ALWAYS_PROBE;
+    st->advised = -1;
+    st->retry_after = HUGE_RETRY_BYTES;
 }
+
+/* Populate the pages of [start, start + len) (widened to whole pages, kept inside the
+ * block) with the page size the state chooses, timing it and updating the choice.
+ * Advice is given only when the choice changes, for the rest of the block. */
+void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len)
+{
+    uintptr_t page = 4096;
+    uintptr_t a = (uintptr_t)start & ~(page - 1), b = ((uintptr_t)start + len + page - 1) & ~(page - 1);
+    if (a < (uintptr_t)st->lo)
+        a = (uintptr_t)st->lo;
+    if (b > (uintptr_t)st->hi)
+        b = (uintptr_t)st->hi;
+    if (st->unsupported || b <= a)
+        return;
+    size_t step = (size_t)(b - a);
+    int huge = st->huge;
+    if (st->advised != huge) { /* NOHUGEPAGE because THP "always" would use them anyway */
+        madvise((void *)a, (size_t)((uintptr_t)st->hi - a), huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+        st->advised = huge;
+    }
+    long long t0 = monotonic_ns();
+    if (madvise((void *)a, step, APR_MADV_POPULATE_WRITE) != 0) {
+        st->unsupported = 1; /* kernel without it: the pages fault in as they are written */
+        return;
+    }
+    long long ns = monotonic_ns() - t0;
+    /* ns per KiB of the last step of each kind (0: none yet) */
+    st->cost[huge] = (ns << 10) / (long long)step + 1;
+    if (huge) {
+        /* Slow is over HUGE_SLOW_NS per huge page: a hypervisor that took the memory
+         * back makes each huge page 512 host faults.  Stay on 4 KiB pages only while
+         * they measure cheaper than the last huge step. */
+        if (ns > (long long)((step + HUGE_PAGE - 1) / HUGE_PAGE) * HUGE_SLOW_NS) {
+            if (st->small_bytes)
+                st->retry_after *= 2; /* a retry that failed: the next one waits twice as long */
+            st->huge = 0;
+            st->small_bytes = 0;
+        }
+    } else if (st->cost[1] && st->cost[0] > st->cost[1]) {
+        st->huge = 1; /* 4 KiB pages proved no cheaper */
+    } else if ((st->small_bytes += step) >= st->retry_after) {
+        st->huge = 1; /* try huge pages again: memory freed since may be cheap */
+    }
+}
+
+void apr_fresh_finish(apr_fresh_state *st)
+{
+    if (!st->unsupported)
+        __atomic_store_n(&huge_pages_slow, !st->huge, __ATOMIC_RELAXED);
+}
+#else
+void apr_fresh_begin(apr_fresh_state *st, uint8_t *lo, uint8_t *hi)
+{
+    memset(st, 0, sizeof *st);
+    st->lo = lo;
+    st->hi = hi;
+}
+void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len)
+{
+    (void)st;
+    (void)start;
+    (void)len;
+}
+void apr_fresh_finish(apr_fresh_state *st) { (void)st; }
 #endif
 
 static void advise_fresh_block(uint8_t *start, size_t want)
 {
 #if defined(MADV_HUGEPAGE) && defined(__linux__)
-    int slow = __atomic_load_n(&huge_pages_slow, __ATOMIC_RELAXED);
-    unsigned n = __atomic_fetch_add(&huge_page_allocations, 1u, __ATOMIC_RELAXED);
-    int huge = slow != 1 || n % 64 == 0 || want >= HUGE_ALWAYS_PROBE;
-    /* ns per byte of the last step of each kind in this block (0: none yet), compared
-     * as ns * 2^10 / bytes so 32 MiB steps keep precision. */
-    long long cost[2] = {0, 0};
-    size_t done = 0;
-    unsigned steps_small = 0, retry_after = HUGE_RETRY_STEPS;
-    while (done < want) {
-        size_t step = want - done < HUGE_STEP ? want - done : HUGE_STEP;
-        long long ns = populate_step(start + done, step, huge);
-        if (ns < 0) { /* kernel without MADV_POPULATE_WRITE: the pages fault in when written */
-            madvise(start + done, want - done, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-            break;
-        }
-        done += step;
-        cost[huge] = (ns << 10) / (long long)step + 1;
-        if (huge) {
-            /* Slow is over HUGE_SLOW_NS per huge page: a hypervisor that took the memory
-             * back makes each huge page 512 host faults.  Stay on 4 KiB pages only while
-             * they measure cheaper than the last huge step. */
-            if (ns > (long long)(step / HUGE_PAGE + (step % HUGE_PAGE != 0)) * HUGE_SLOW_NS) {
-                if (steps_small)
-                    retry_after *= 2; /* a retry that failed: the next one waits twice as long */
-                huge = 0, steps_small = 0;
-            }
-        } else if (cost[1] && cost[0] > cost[1]) {
-            huge = 1; /* 4 KiB pages proved no cheaper */
-        } else if (++steps_small == retry_after) {
-            huge = 1; /* try huge pages again: memory freed since may be cheap */
-        }
-    }
-    __atomic_store_n(&huge_pages_slow, !huge, __ATOMIC_RELAXED);
+    apr_fresh_state st;
+    apr_fresh_begin(&st, start, start + want);
+    for (size_t done = 0; done < want && !st.unsupported; done += HUGE_STEP)
+        apr_fresh_populate(&st, start + done, want - done < HUGE_STEP ? want - done : HUGE_STEP);
+    apr_fresh_finish(&st); /* where populating is unsupported, pages fault in as written, as advised */
 #elif defined(MADV_HUGEPAGE)
     madvise(start, want, MADV_HUGEPAGE);
 #else
@@ -180,9 +263,59 @@ static void advise_fresh_block(uint8_t *start, size_t want)
 #endif
 }
 
+/* Blocks from apr_block_alloc_deferred not yet claimed by the read that fills them.
+ * Few at a time (one per eager load in flight): a full table populates at once. */
+#define FRESH_SLOTS 16
+static struct {
+    uint8_t *lo, *hi;
+} fresh_blocks[FRESH_SLOTS];
+static pthread_mutex_t fresh_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int fresh_register(uint8_t *lo, uint8_t *hi)
+{
+    int done = 0;
+    pthread_mutex_lock(&fresh_lock);
+    for (int i = 0; i < FRESH_SLOTS && !done; i++)
+        if (!fresh_blocks[i].lo) {
+            fresh_blocks[i].lo = lo;
+            fresh_blocks[i].hi = hi;
+            done = 1;
+        }
+    pthread_mutex_unlock(&fresh_lock);
+    return done;
+}
+
+static void fresh_unregister(uint8_t *lo)
+{
+    pthread_mutex_lock(&fresh_lock);
+    for (int i = 0; i < FRESH_SLOTS; i++)
+        if (fresh_blocks[i].lo == lo)
+            fresh_blocks[i].lo = fresh_blocks[i].hi = NULL;
+    pthread_mutex_unlock(&fresh_lock);
+}
+
+int apr_fresh_claim(const void *ptr, size_t len, apr_fresh_state *st)
+{
+    const uint8_t *p = ptr;
+    uint8_t *lo = NULL, *hi = NULL;
+    pthread_mutex_lock(&fresh_lock);
+    for (int i = 0; i < FRESH_SLOTS; i++)
+        if (fresh_blocks[i].lo && p >= fresh_blocks[i].lo && len <= (size_t)(fresh_blocks[i].hi - p)) {
+            lo = fresh_blocks[i].lo;
+            hi = fresh_blocks[i].hi;
+            fresh_blocks[i].lo = fresh_blocks[i].hi = NULL;
+            break;
+        }
+    pthread_mutex_unlock(&fresh_lock);
+    if (!lo)
+        return 0;
+    apr_fresh_begin(st, lo, hi);
+    return 1;
+}
+
 /* Map size + 2 MiB and unmap the slack on both sides, leaving a region that starts on
  * a huge-page boundary: transparent huge pages only back 2 MiB-aligned ranges. */
-static int mapped_alloc(apr_block *block, size_t size)
+static int mapped_alloc(apr_block *block, size_t size, int defer)
 {
     if (size > SIZE_MAX - 2 * HUGE_PAGE)
         return ENOMEM; /* rounding up would wrap around */
@@ -198,7 +331,7 @@ static int mapped_alloc(apr_block *block, size_t size)
         munmap(raw, head);
     if (tail)
         munmap(start + want, tail);
-    if (!(apr_fallbacks() & APR_FALLBACK_MADVISE))
+    if (!(apr_fallbacks() & APR_FALLBACK_MADVISE) && !(defer && fresh_register(start, start + want)))
         advise_fresh_block(start, want);
     block->ptr = start;
     block->base = start;
@@ -465,7 +598,7 @@ void apr_cache_release(long long limit)
     }
 }
 
-int apr_block_alloc(apr_block *block, size_t size, size_t alignment)
+static int block_alloc(apr_block *block, size_t size, size_t alignment, int defer)
 {
     memset(block, 0, sizeof *block);
     if (alignment == 0 || (alignment & (alignment - 1)) || alignment > 4096)
@@ -473,14 +606,26 @@ int apr_block_alloc(apr_block *block, size_t size, size_t alignment)
     if (cache_get(block, size, alignment))
         return 0;
     if (size >= APR_MAP_THRESHOLD)
-        return mapped_alloc(block, size);
+        return mapped_alloc(block, size, defer);
     return heap_alloc(block, size, alignment);
+}
+
+int apr_block_alloc(apr_block *block, size_t size, size_t alignment)
+{
+    return block_alloc(block, size, alignment, 0);
+}
+
+int apr_block_alloc_deferred(apr_block *block, size_t size, size_t alignment)
+{
+    return block_alloc(block, size, alignment, 1);
 }
 
 void apr_block_free(apr_block *block)
 {
     if (!block->base)
         return;
+    if (block->mapped)
+        fresh_unregister(block->ptr); /* freed before a read claimed it: nothing to populate */
     if (!cache_put(block))
         release(block);
     memset(block, 0, sizeof *block);

@@ -38,6 +38,33 @@ int apr_huge_pages_state(void);
 /* 0 on success, or an errno value.  alignment must be a power of two <= 4096.
  * The contents are not initialised (a reused block holds old bytes). */
 int apr_block_alloc(apr_block *block, size_t size, size_t alignment);
+
+/* The same, for a block that apr_pread_exact will fill whole: a freshly mapped one is
+ * left unpopulated and registered, and the read that fills it populates each step just
+ * before reading into it (apr_fresh_claim), so each freshly cleared huge page is still
+ * in cache when the read writes it (the kernel's own order when a read faults pages
+ * in) instead of the whole block being cleared first and written again after. */
+int apr_block_alloc_deferred(apr_block *block, size_t size, size_t alignment);
+
+/* The choice of page size while populating fresh memory step by step (buffers.c):
+ * huge pages where they prove cheap, else 4 KiB pages, retried as memory changes. */
+typedef struct {
+    uint8_t *lo, *hi;    /* the block: populating never leaves it */
+    int huge;            /* the page size of the next step */
+    int advised;         /* the advice in force from the last step on (-1: none) */
+    int unsupported;     /* the kernel cannot populate: pages fault in as written */
+    long long cost[2];   /* ns per KiB of the last step with 4 KiB / huge pages */
+    size_t small_bytes;  /* populated with 4 KiB pages since the last huge step */
+    size_t retry_after;  /* try a huge step again after this many such bytes */
+} apr_fresh_state;
+
+void apr_fresh_begin(apr_fresh_state *st, uint8_t *lo, uint8_t *hi);
+void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len);
+void apr_fresh_finish(apr_fresh_state *st);
+
+/* If [ptr, ptr + len) lies in a block registered by apr_block_alloc_deferred, take the
+ * registration (only one caller gets it), begin *st over the block and return 1. */
+int apr_fresh_claim(const void *ptr, size_t len, apr_fresh_state *st);
 void apr_block_free(apr_block *block);
 
 /* Advise transparent huge pages for the whole 2 MiB-aligned pages inside [ptr,

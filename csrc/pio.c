@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #endif
 #include "pio.h"
+#include "buffers.h"
 #include "crc32.h"
 #include "parallel.h"
 
@@ -25,6 +26,9 @@
 #define PARALLEL_FLOOR ((size_t)256 << 10)
 /* Checksum in cache-sized steps right after each read, while the bytes are hot. */
 #define CHUNK ((size_t)1 << 20)
+/* A fresh block (apr_block_alloc_deferred) is populated this much ahead of the read:
+ * one huge page, cleared while the previous one is still in cache. */
+#define FRESH_STEP ((size_t)2 << 20)
 #define MAX_THREADS APR_PARALLEL_MAX_THREADS
 
 #ifdef _WIN32
@@ -99,6 +103,9 @@ typedef struct {
     int want_crc;
     uint32_t crc;
     int status;
+    int fresh;               /* dst is an unpopulated fresh block: populate ahead of the read */
+    apr_fresh_state pages;   /* this piece's page-size choice */
+    uint8_t *populated;      /* populated from dst up to here */
 } piece;
 
 #ifdef _WIN32
@@ -176,12 +183,25 @@ int apr_pread_some(int fd, uint8_t *dst, uint64_t offset, size_t len, size_t *go
     return n < 0 ? err : 0;
 }
 
+/* Populate a fresh destination up to ``need``, a huge page at a time. */
+static void populate_ahead(piece *p, uint8_t *need)
+{
+    while (p->populated < need) {
+        uint8_t *next = (uint8_t *)(((uintptr_t)p->populated + FRESH_STEP) & ~(uintptr_t)(FRESH_STEP - 1));
+        apr_fresh_populate(&p->pages, p->populated, (size_t)(next - p->populated));
+        p->populated = next;
+    }
+}
+
 static int pread_piece(piece *p)
 {
     size_t done = 0;
+    p->populated = p->dst;
     while (done < p->len) {
         size_t step = p->len - done < CHUNK ? p->len - done : CHUNK;
         int err = 0;
+        if (p->fresh)
+            populate_ahead(p, p->dst + done + step);
         long long got = read_at(p->fd, p->dst + done, step, p->offset + done, &err);
         if (got < 0)
             return err;
@@ -226,11 +246,21 @@ int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthre
 {
     int n = clamp_threads(nthreads, len);
     piece pieces[MAX_THREADS];
+    apr_fresh_state pages;
+    memset(&pages, 0, sizeof pages);
+    int fresh = apr_fresh_claim(dst, len, &pages);
     for (int i = 0; i < n; i++) {
-        piece p = {fd, dst, NULL, offset, 0, crc != NULL, 0, 0};
-        pieces[i] = p;
+        memset(&pieces[i], 0, sizeof pieces[i]);
+        pieces[i].fd = fd;
+        pieces[i].dst = dst;
+        pieces[i].offset = offset;
+        pieces[i].want_crc = crc != NULL;
+        pieces[i].fresh = fresh;
+        pieces[i].pages = pages;
     }
     run_pieces(pieces, n, len, pread_worker);
+    if (fresh)
+        apr_fresh_finish(&pieces[n - 1].pages);
     uint32_t total = crc ? *crc : 0;
     for (int i = 0; i < n; i++) {
         if (pieces[i].status)
@@ -252,8 +282,10 @@ void apr_copy(uint8_t *dst, const uint8_t *src, size_t len, int nthreads)
     }
     piece pieces[MAX_THREADS];
     for (int i = 0; i < n; i++) {
-        piece p = {-1, dst, src, 0, 0, 0, 0, 0};
-        pieces[i] = p;
+        memset(&pieces[i], 0, sizeof pieces[i]);
+        pieces[i].fd = -1;
+        pieces[i].dst = dst;
+        pieces[i].src = src;
     }
     run_pieces(pieces, n, len, copy_worker);
 }

@@ -99,9 +99,9 @@ def bounded_cost():
     untraced = []
     real = aprfast._memory.AlignedBuffer
 
-    def spy(size, alignment=64):
+    def spy(size, alignment=64, **options):
         untraced.append(size)
-        return real(size, alignment)
+        return real(size, alignment, **options)
 
     was_tracing = tracemalloc.is_tracing()
     if not was_tracing:

@@ -36,7 +36,9 @@ LZ4_SLACK = 24
 class AlignedBuffer(np.ndarray):
     """A writable byte buffer whose first byte is aligned to ``alignment``."""
 
-    def __new__(cls, size, alignment=64):
+    def __new__(cls, size, alignment=64, *, filled_by_read=False):
+        # filled_by_read: the compiled module populates a fresh block during the read that
+        # fills it; here pages fault in as the read writes them either way
         size = check_uint(size, 64, "size_t")
         alignment = check_uint(alignment, 64, "size_t")
         if alignment == 0 or (alignment & (alignment - 1)) or alignment > _MAX_ALIGNMENT:
