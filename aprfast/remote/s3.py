@@ -44,6 +44,7 @@ stopped.  Neither error messages nor exceptions ever carry the presigned URL's q
 
 from __future__ import annotations
 
+import contextvars
 import re
 import threading
 import time
@@ -60,6 +61,10 @@ PRESIGN_EXPIRES = 3600
 #: ...and used for at most this long, then signed again (with the credentials of that
 #: moment: temporary ones expire, and a URL signed with them dies with them).
 PRESIGN_REUSE = 300
+#: Set while _Direct presigns (in its own asyncio task only): botocore's default of
+#: Signature Version 2 for presigned S3 URLs (in regions that still accept it) is then
+#: Version 4, which every region accepts (buckets created since 2020 refuse SigV2).
+_PRESIGNING_V4 = contextvars.ContextVar("aprfast_presigning_v4", default=False)
 #: The query parameters of a presigned URL that are secrets or name the key.
 _SECRET_PARAMS = re.compile(r"(?i)(X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|"
                             r"AWSAccessKeyId|x-amz-security-token)=[^&\s'\"]*")
@@ -256,6 +261,16 @@ def _direct_refusal(fs, version):
     return None
 
 
+def _keep_sigv4(signature_version, **kwargs):
+    """botocore's choose-signer hook: while _Direct presigns, a Version 4 query
+    signature stays Version 4 (registered first, it answers before botocore's hook that
+    turns it into Version 2); anything else (an explicit version, v4a, unsigned) is left
+    to botocore."""
+    if _PRESIGNING_V4.get() and signature_version in ("v4-query", "s3v4-query"):
+        return signature_version
+    return None
+
+
 def _redact(text: str, query: str = "") -> str:
     """``text`` without a presigned URL's query or any of its secret parameters."""
     if query:
@@ -311,6 +326,9 @@ class _Direct:
         async def presign():
             await fs.set_session()
             client = await fs.get_s3(params["Bucket"])
+            client.meta.events.register_first("choose-signer.s3.GetObject", _keep_sigv4,
+                                              unique_id="aprfast-presign-sigv4")
+            _PRESIGNING_V4.set(True)  # this task's context only: other presigns keep botocore's choice
             url = await client.generate_presigned_url("get_object", Params=params, ExpiresIn=PRESIGN_EXPIRES)
             return url, client
 
