@@ -301,8 +301,8 @@ def test_s3_later_gets_take_the_way_asked_and_carry_if_match(s3_server, bucket, 
     assert all(_presigned(d) == (way == "presigned") for d in later)
     assert calls == ([] if way == "presigned" else ["get_object"] * 3)
     if way == "presigned":
-        # Signature Version 4 (botocore would presign with Version 2 in us-east-1, which
-        # buckets created since 2020 refuse); the filesystem's own presigning is untouched
+        # Signature Version 4 (botocore would presign with Version 2 in us-east-1, a
+        # deprecated signature); the filesystem's own presigning is untouched
         assert all("X-Amz-Algorithm=AWS4-HMAC-SHA256" in d["query"] for d in later)
         assert "AWSAccessKeyId=" in source.fs.url(f"{bucket}/m.apr")
 

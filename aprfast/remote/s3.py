@@ -62,8 +62,8 @@ PRESIGN_EXPIRES = 3600
 #: moment: temporary ones expire, and a URL signed with them dies with them).
 PRESIGN_REUSE = 300
 #: Set while _Direct presigns (in its own asyncio task only): botocore's default of
-#: Signature Version 2 for presigned S3 URLs (in regions that still accept it) is then
-#: Version 4, which every region accepts (buckets created since 2020 refuse SigV2).
+#: Signature Version 2 for presigned S3 URLs (in the older regions, where it is still
+#: accepted) is then Version 4, which every region accepts; AWS deprecated Version 2.
 _PRESIGNING_V4 = contextvars.ContextVar("aprfast_presigning_v4", default=False)
 #: The query parameters of a presigned URL that are secrets or name the key.
 _SECRET_PARAMS = re.compile(r"(?i)(X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|"
