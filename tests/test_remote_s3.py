@@ -480,3 +480,40 @@ def test_stream_from_s3(s3_server, bucket):
     seen = dict(aprfast.stream(f"s3://{bucket}/m.apr", storage_options=s3_server.storage_options))
     assert sorted(seen) == sorted(tensors)
     assert all(seen[k].tobytes() == tensors[k].tobytes() for k in tensors)
+
+
+def test_s3_a_version_id_goes_into_the_presigned_url(s3_server, bucket):
+    """s3://bucket/key?versionId=... reads that version on both ways (the presigned URL
+    carries it in its query), not the newest one."""
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3_server.endpoint_url, aws_access_key_id="testing",
+                 aws_secret_access_key="testing", region_name="us-east-1").put_bucket_versioning(
+        Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    options = dict(s3_server.storage_options, version_aware=True)
+    first = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
+    second = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32) + 1}
+    fs = s3_server.fs()
+    fs.pipe(f"{bucket}/m.apr", aprfast.save(first))
+    version = s3_server.fs().info(f"{bucket}/m.apr")["VersionId"]
+    assert version
+    fs.pipe(f"{bucket}/m.apr", aprfast.save(second))
+    s3_server.reset()
+    with aprfast.open(f"s3://{bucket}/m.apr?versionId={version}", storage_options=options) as f:
+        assert f._source.direct is not None
+        np.testing.assert_array_equal(f.get_tensor("w"), first["w"])
+    assert s3_server.count == 2 and _presigned(s3_server.details[1])
+    assert f"versionId={version}" in s3_server.details[1]["query"]
+
+
+def test_s3_additional_kwargs_keep_the_later_gets_on_s3fs(s3_server, bucket):
+    """s3_additional_kwargs become headers of s3fs's requests (SSE-C keys, ...), which a
+    presigned URL does not carry: such a filesystem keeps s3fs's client for every GET."""
+    tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
+    s3_server.fs().pipe(f"{bucket}/m.apr", aprfast.save(tensors))
+    options = dict(s3_server.storage_options, s3_additional_kwargs={"ChecksumMode": "ENABLED"})
+    s3_server.reset()
+    with aprfast.open(f"s3://{bucket}/m.apr", storage_options=options) as f:
+        assert f._source.direct is None and "s3_additional_kwargs" in f._source.direct_off
+        np.testing.assert_array_equal(f.get_tensor("w"), tensors["w"])
+    assert s3_server.count == 2 and not any(_presigned(d) for d in s3_server.details)
