@@ -395,7 +395,7 @@ class _Direct:
         if status == 206:
             return
         _drain_small(resp)  # an S3 error document: small; the connection is reused
-        if status >= 500:
+        if status >= 500 or status in (408, 429):  # S3's SlowDown is a 503; others throttle with 429
             raise TransientError(f"S3 answered {status}")
         if status == 412:
             raise RemoteChangedError(f"the object changed since it was opened (If-Match {self.source.version[0]!r}"
