@@ -138,9 +138,14 @@ class HttpProcess:
         self._process.wait(10)
 
 
+#: (host, port) -> one kept-alive http.client connection per part, reused from call to
+#: call as load_file reuses its pool's (a fresh connection starts with a small TCP window)
+_LIMIT_CONNECTIONS: dict = {}
+
+
 def ranged_gets_into_a_buffer(host: str, port: int, target: str, size: int, alloc=None) -> np.ndarray:
     """The transport's limit: ``size`` bytes in CONNECTIONS parallel ranged GETs
-    (http.client, one new connection each), each body read straight into its part of
+    (http.client, kept-alive connections), each body read straight into its part of
     one preallocated buffer; no format, no CRC, no checks.  The buffer comes from
     ``aprfast.aligned_empty`` (huge pages where the kernel has them), as load_file's
     does, so the two differ by the transport and the format, not by page faults."""
@@ -148,10 +153,13 @@ def ranged_gets_into_a_buffer(host: str, port: int, target: str, size: int, allo
 
     out = aprfast.aligned_empty(size) if alloc is None else alloc(size)
     step = -(-size // CONNECTIONS)
+    conns = _LIMIT_CONNECTIONS.setdefault((host, port), [http.client.HTTPConnection(host, port)
+                                                         for _ in range(CONNECTIONS)])
 
-    def part(a):
+    def part(i):
+        a = i * step
         b = min(size, a + step)
-        conn = http.client.HTTPConnection(host, port)
+        conn = conns[i]
         conn.request("GET", target, headers={"Range": f"bytes={a}-{b - 1}"})
         resp = conn.getresponse()
         view, got = memoryview(out)[a:b], 0
@@ -160,10 +168,11 @@ def ranged_gets_into_a_buffer(host: str, port: int, target: str, size: int, allo
             if not k:
                 raise OSError(f"the body of bytes {a}-{b - 1} ended early")
             got += k
-        conn.close()
+        if resp.will_close:
+            conn.close()  # http.client reconnects on the next request
 
     with ThreadPoolExecutor(CONNECTIONS) as pool:
-        list(pool.map(part, range(0, size, step)))
+        list(pool.map(part, range(-(-size // step))))
     return out
 
 
