@@ -31,7 +31,7 @@ Two ways to send a GET:
   body straight into the final buffer.  Through s3fs, each body arrived as aiohttp
   chunks joined into one bytes object, then was copied into the buffer, all on s3fs's
   one event-loop thread: ``load_file`` of 512 MiB from gofakes3 (a Go S3 server) on
-  loopback took about 1.0 s that way, 0.25-0.33 s this way (issue 15).  The URL is
+  loopback took 0.70 s that way, 0.19 s this way (issue 15).  The URL is
   signed again every :data:`PRESIGN_REUSE` seconds (credentials that refresh, URLs
   that expire).  What a presigned URL cannot express goes through s3fs as before:
   ``s3_additional_kwargs`` (SSE-C keys, ...), ``requester_pays``, a proxy, a client
