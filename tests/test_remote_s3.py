@@ -517,3 +517,35 @@ def test_s3_additional_kwargs_keep_the_later_gets_on_s3fs(s3_server, bucket):
         assert f._source.direct is None and "s3_additional_kwargs" in f._source.direct_off
         np.testing.assert_array_equal(f.get_tensor("w"), tensors["w"])
     assert s3_server.count == 2 and not any(_presigned(d) for d in s3_server.details)
+
+
+@pytest.mark.parametrize("verify, cert, proxy, expected", [
+    (True, None, None, "https"),                     # botocore's own CA bundle
+    ("/etc/my-ca.pem", None, None, "https"),         # a CA bundle given as verify=
+    (False, None, None, "TLS checks off"),
+    (True, "/etc/client.pem", None, "client certificate"),
+    (True, None, "http://proxy.invalid:3128", "proxy"),
+])
+def test_s3_presigned_https_keeps_the_clients_tls_and_proxy_settings(verify, cert, proxy, expected):
+    """http.client must check a server as botocore would, or leave the GET to s3fs."""
+    import types
+    import urllib.parse
+
+    from botocore.httpsession import get_cert_path
+
+    from aprfast.remote import s3
+
+    session = types.SimpleNamespace(_verify=verify, _cert_file=cert,
+                                    _proxy_config=types.SimpleNamespace(proxy_url_for=lambda url: proxy))
+    client = types.SimpleNamespace(_endpoint=types.SimpleNamespace(http_session=session),
+                                   meta=types.SimpleNamespace(config=types.SimpleNamespace(read_timeout=7)))
+    url = "https://bucket.s3.example.invalid/m.apr?X-Amz-Signature=x"
+    direct = s3._Direct.__new__(s3._Direct)
+    if expected != "https":
+        with pytest.raises(s3._Refused, match=expected):
+            direct._endpoint_for(urllib.parse.urlsplit(url), client, url)
+        return
+    endpoint = direct._endpoint_for(urllib.parse.urlsplit(url), client, url)
+    assert (endpoint.scheme, endpoint.host, endpoint.port, endpoint.timeout) == ("https", "bucket.s3.example.invalid",
+                                                                                 None, 7)
+    assert endpoint.cafile == (get_cert_path(True) if verify is True else verify)
