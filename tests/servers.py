@@ -7,8 +7,9 @@
 - ``s3_server``: moto's standalone S3 server (``ThreadedMotoServer``) on a free loopback
   port, used through s3fs with dummy credentials; ``make_bucket()`` creates a fresh bucket.
   Every request that reaches it is logged (``requests``, ``count``, ``gets()``,
-  ``reset()``), so tests count real requests; ``status_500`` / ``drop_mid_body`` make
-  the next GETs fail.
+  ``reset()``), so tests count real requests, with each one's query string and
+  ``If-Match`` header (``details``); ``status_500`` / ``drop_mid_body`` make the next
+  GETs fail, ``refuse_presigned`` answers 403 to GETs of presigned URLs.
 
 Test modules import these fixtures explicitly (``from servers import http_server``);
 the names ``http_server`` and ``s3_server`` are stable.
@@ -259,9 +260,13 @@ class S3Server:
         self.port = free_port()
         #: every request moto answered: (method, path, Range header), in arrival order
         self.requests: list[tuple[str, str, str | None]] = []
+        #: for each of ``requests``: {"query": its query string, "if_match": its If-Match header}
+        self.details: list[dict] = []
         #: faults for the next GETs, each consumed by one: answer 500, or send half the body
         self.status_500 = 0
         self.drop_mid_body = 0
+        #: answer 403 AccessDenied to every GET whose query carries a signature (a presigned URL)
+        self.refuse_presigned = False
         self._lock = threading.Lock()
         self._server = _CountingMotoServer(self, ip_address="127.0.0.1", port=self.port, verbose=False)
         self._server.start()
@@ -275,7 +280,9 @@ class S3Server:
         """Forget the request log and the faults."""
         with self._lock:
             self.requests.clear()
+            self.details.clear()
             self.status_500 = self.drop_mid_body = 0
+            self.refuse_presigned = False
 
     @property
     def count(self) -> int:
@@ -324,10 +331,18 @@ def _counting_moto_server_class():
                 method = environ.get("REQUEST_METHOD")
                 with owner._lock:
                     owner.requests.append((method, path, environ.get("HTTP_RANGE")))
+                    query = environ.get("QUERY_STRING", "")
+                    owner.details.append({"query": query, "if_match": environ.get("HTTP_IF_MATCH")})
+                    refuse = method == "GET" and owner.refuse_presigned and "Signature=" in query
                     fail = method == "GET" and owner.status_500 > 0
                     owner.status_500 -= fail
                     cut = method == "GET" and not fail and owner.drop_mid_body > 0
                     owner.drop_mid_body -= cut
+                if refuse:
+                    body = b"<Error><Code>AccessDenied</Code><Message>injected</Message></Error>"
+                    start_response("403 Forbidden", [("Content-Type", "application/xml"),
+                                                      ("Content-Length", str(len(body)))])
+                    return [body]
                 if fail:
                     body = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
                     start_response("500 Internal Server Error", [("Content-Type", "application/xml"),

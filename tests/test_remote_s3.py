@@ -21,7 +21,9 @@ def fast_backoff(monkeypatch):
 
 @pytest.fixture
 def bucket(s3_server):
-    return s3_server.make_bucket()
+    s3_server.reset()  # no fault left over from another test (the server is the session's)
+    yield s3_server.make_bucket()
+    s3_server.reset()
 
 
 def _model():
@@ -192,13 +194,18 @@ def _range_sizes(gets):
     return sizes
 
 
-def test_load_file_from_s3_reads_parallel_parts(s3_server, bucket):
+@pytest.mark.parametrize("way", ["presigned", "s3fs"])
+def test_load_file_from_s3_reads_parallel_parts(s3_server, bucket, way):
     tensors = {f"t{i}": np.full(1 << 20, i, np.float32) for i in range(8)}  # 32 MiB
-    s3_server.fs().pipe(f"{bucket}/big.apr", aprfast.save(tensors))
+    tensors["r"] = np.random.default_rng(5).standard_normal(1 << 18).astype(np.float32)
+    data = aprfast.save(tensors)
+    s3_server.fs().pipe(f"{bucket}/big.apr", data)
     s3_server.reset()
-    loaded = aprfast.load_file(f"s3://{bucket}/big.apr", storage_options=s3_server.storage_options)
+    loaded = aprfast.load_file(f"s3://{bucket}/big.apr", storage_options=_options(s3_server, way))
+    assert sorted(loaded) == sorted(tensors)
     for name, value in tensors.items():
-        np.testing.assert_array_equal(loaded[name], value)
+        assert loaded[name].tobytes() == value.tobytes()  # bit for bit
+    assert [_presigned(d) for d in s3_server.details[1:]] == [way == "presigned"] * (s3_server.count - 1)
     gets = s3_server.gets()
     assert len(gets) == s3_server.count  # GETs only: no HEAD, no listing
     parts = [n for n in _range_sizes(gets) if n >= remote.PART_BYTES]
@@ -248,34 +255,172 @@ def test_s3_request_counts(s3_server, bucket, layout):
     assert s3_server.count == 3  # open, the data section (2 MiB: one part), the footer
 
 
-def test_s3_every_later_get_carries_if_match(s3_server, bucket, monkeypatch):
+#: The two ways of the GETs after open: presigned URLs over aprfast's own connections,
+#: or s3fs's client (taken for what a presigned URL cannot express: requester_pays here).
+WAYS = ["presigned", "s3fs"]
+
+
+def _options(s3_server, way):
+    if way == "s3fs":
+        return dict(s3_server.storage_options, requester_pays=True)
+    return s3_server.storage_options
+
+
+def _presigned(detail) -> bool:
+    return "Signature=" in detail["query"]  # SigV2's Signature= or SigV4's X-Amz-Signature=
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_s3_later_gets_take_the_way_asked_and_carry_if_match(s3_server, bucket, monkeypatch, way):
     """The If-Match header is what makes S3 refuse a replaced object (412), so a read is
-    never a mix of two versions even if the ETag check here were fooled."""
+    never a mix of two versions even if the ETag check here were fooled.  Checked on
+    what reached the server; the first GET (open) is always s3fs's, signed in headers."""
     tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
     s3_server.fs().pipe(f"{bucket}/m.apr", aprfast.save(tensors))
-    seen = []
-    with aprfast.open(f"s3://{bucket}/m.apr", storage_options=s3_server.storage_options) as f:
-        etag = f._source.version[0]
+    s3_server.reset()
+    with aprfast.open(f"s3://{bucket}/m.apr", storage_options=_options(s3_server, way)) as f:
+        source = f._source
+        etag = source.version[0]
         assert etag and etag.startswith('"')
-        real = f._source.fs._call_s3
+        assert (source.direct is not None) == (way == "presigned")
+        assert way == "presigned" or "requester_pays" in source.direct_off
+        calls = []
+        real = source.fs._call_s3
 
         async def spying(method, *args, **kwargs):
-            seen.append((method, kwargs.get("IfMatch"), kwargs.get("Range")))
+            calls.append(method)
             return await real(method, *args, **kwargs)
 
-        monkeypatch.setattr(f._source.fs, "_call_s3", spying)
-        f.get_tensor("w")
+        monkeypatch.setattr(source.fs, "_call_s3", spying)
+        np.testing.assert_array_equal(f.get_tensor("w"), tensors["w"])
         f.verify()
-    assert len(seen) == 3 and all(m == "get_object" and tag == etag for m, tag, _r in seen)
+    assert s3_server.count == 4  # open, the tensor, the data from byte 0, the footer
+    first, *later = s3_server.details
+    assert not _presigned(first) and first["if_match"] is None
+    assert all(d["if_match"] == etag for d in later)
+    assert all(_presigned(d) == (way == "presigned") for d in later)
+    assert calls == ([] if way == "presigned" else ["get_object"] * 3)
+    if way == "presigned":
+        # Signature Version 4 (botocore would presign with Version 2 in us-east-1, a
+        # deprecated signature); the filesystem's own presigning is untouched
+        assert all("X-Amz-Algorithm=AWS4-HMAC-SHA256" in d["query"] for d in later)
+        assert "AWSAccessKeyId=" in source.fs.url(f"{bucket}/m.apr")
 
 
+def test_s3_a_refused_presigned_get_falls_back_to_s3fs(s3_server, bucket):
+    tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
+    s3_server.fs().pipe(f"{bucket}/m.apr", aprfast.save(tensors))
+    with aprfast.open(f"s3://{bucket}/m.apr", storage_options=s3_server.storage_options) as f:
+        s3_server.reset()
+        s3_server.refuse_presigned = True  # e.g. a bucket policy refusing query-string auth
+        np.testing.assert_array_equal(f.get_tensor("w"), tensors["w"])
+        assert s3_server.count == 2  # the refused presigned GET, then s3fs's
+        assert [_presigned(d) for d in s3_server.details] == [True, False]
+        assert f._source.direct is None and "403" in f._source.direct_off
+        s3_server.reset()
+        np.testing.assert_array_equal(f.get_tensor("pad"), tensors["pad"])
+        assert s3_server.count == 1 and not _presigned(s3_server.details[0])  # s3fs's from then on
+
+
+def test_s3_a_proxy_sends_the_later_gets_through_s3fs(s3_server, bucket, monkeypatch):
+    """http.client would not go through the proxy botocore uses: such a client keeps s3fs."""
+    from aprfast.remote import s3
+
+    real = s3._session_settings
+
+    def proxied(client):
+        _proxy_for, verify, cert = real(client)
+        return (lambda url: "http://proxy.invalid:3128"), verify, cert
+
+    monkeypatch.setattr(s3, "_session_settings", proxied)
+    tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
+    s3_server.fs().pipe(f"{bucket}/m.apr", aprfast.save(tensors))
+    with aprfast.open(f"s3://{bucket}/m.apr", storage_options=s3_server.storage_options) as f:
+        s3_server.reset()
+        np.testing.assert_array_equal(f.get_tensor("w"), tensors["w"])
+        assert s3_server.count == 1 and not _presigned(s3_server.details[0])  # nothing sent, then s3fs's
+        assert "proxy" in f._source.direct_off
+
+
+def test_s3_presigned_urls_are_signed_again_after_presign_reuse(s3_server, bucket, monkeypatch):
+    from aprfast.remote import s3
+
+    tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
+    s3_server.fs().pipe(f"{bucket}/m.apr", aprfast.save(tensors))
+    signed = []
+    real = s3._Direct._presign
+
+    def counting(self):
+        signed.append(1)
+        return real(self)
+
+    monkeypatch.setattr(s3._Direct, "_presign", counting)
+    with aprfast.open(f"s3://{bucket}/m.apr", storage_options=s3_server.storage_options) as f:
+        for _ in range(3):
+            f.get_tensor("w", copy=True)
+        assert len(signed) == 1  # one URL for the three GETs
+        monkeypatch.setattr(s3, "PRESIGN_REUSE", -1)  # every URL too old
+        for _ in range(2):
+            f.get_tensor("w", copy=True)
+        assert len(signed) == 3
+
+
+def _secrets_in(exc, secrets):
+    """The secrets found in the text of ``exc`` and of every exception chained to it."""
+    found, seen = [], 0
+    while exc is not None and seen < 10:
+        text = f"{exc} {exc!r}"
+        found += [s for s in secrets if s in text]
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return found
+
+
+def test_s3_errors_never_carry_the_presigned_url_query(s3_server, bucket, monkeypatch):
+    import http.client
+    import urllib.parse
+
+    from aprfast.remote import http as remote_http
+
+    tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
+    s3_server.fs().pipe(f"{bucket}/m.apr", aprfast.save(tensors))
+    targets = []
+
+    def quoting_send(self, target, headers):  # as http.client quotes a request line it refuses
+        targets.append(target)
+        try:
+            raise http.client.InvalidURL(f"URL can't contain control characters. {target!r}")
+        except http.client.InvalidURL as exc:
+            raise remote_http.TransientError(f"{type(exc).__name__}: {exc}") from None
+
+    with aprfast.open(f"s3://{bucket}/m.apr", storage_options=s3_server.storage_options) as f:
+        monkeypatch.setattr(remote_http.Endpoint, "send", quoting_send)
+        with pytest.raises(AprIOError) as caught:
+            f.get_tensor("w")
+    assert len(targets) == 1 + remote.RangedSource.retries
+    query = urllib.parse.parse_qs(targets[0].partition("?")[2])
+    secrets = [v[0] for k, v in query.items() if "signature" in k.lower() or "credential" in k.lower()
+               or "accesskey" in k.lower()] + ["testing"]
+    assert len(secrets) >= 2
+    assert _secrets_in(caught.value, secrets) == []
+    assert f"s3://{bucket}/m.apr" in str(caught.value)
+
+    monkeypatch.undo()
+    with aprfast.open(f"s3://{bucket}/m.apr", storage_options=s3_server.storage_options) as f:
+        s3_server.status_500 = 100  # never recovers, on the presigned way
+        with pytest.raises(AprIOError) as caught:
+            f.get_tensor("w")
+        assert f._source.direct is not None
+    assert _secrets_in(caught.value, ["Signature=", "testing"]) == []
+
+
+@pytest.mark.parametrize("way", ["presigned", "s3fs"])
 @pytest.mark.parametrize("when", ["tensor", "footer"])
-def test_s3_object_replaced_after_open_is_refused_by_the_server(s3_server, bucket, when):
+def test_s3_object_replaced_after_open_is_refused_by_the_server(s3_server, bucket, when, way):
     first = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
     second = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32) + 1}
     fs = s3_server.fs()
     fs.pipe(f"{bucket}/m.apr", aprfast.save(first))
-    with aprfast.open(f"s3://{bucket}/m.apr", storage_options=s3_server.storage_options) as f:
+    with aprfast.open(f"s3://{bucket}/m.apr", storage_options=_options(s3_server, way)) as f:
         if when == "footer":
             f.get_tensor("w")
         fs.pipe(f"{bucket}/m.apr", aprfast.save(second))  # same length, other bytes
@@ -283,6 +428,7 @@ def test_s3_object_replaced_after_open_is_refused_by_the_server(s3_server, bucke
         with pytest.raises(RemoteChangedError):
             f.get_tensor("w") if when == "tensor" else f.verify()
         assert s3_server.count == 1  # refused at once (412), not retried
+        assert _presigned(s3_server.details[0]) == (way == "presigned")
 
 
 @pytest.mark.parametrize("fault", ["status_500", "drop_mid_body"])
@@ -334,3 +480,72 @@ def test_stream_from_s3(s3_server, bucket):
     seen = dict(aprfast.stream(f"s3://{bucket}/m.apr", storage_options=s3_server.storage_options))
     assert sorted(seen) == sorted(tensors)
     assert all(seen[k].tobytes() == tensors[k].tobytes() for k in tensors)
+
+
+def test_s3_a_version_id_goes_into_the_presigned_url(s3_server, bucket):
+    """s3://bucket/key?versionId=... reads that version on both ways (the presigned URL
+    carries it in its query), not the newest one."""
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3_server.endpoint_url, aws_access_key_id="testing",
+                 aws_secret_access_key="testing", region_name="us-east-1").put_bucket_versioning(
+        Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    options = dict(s3_server.storage_options, version_aware=True)
+    first = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
+    second = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32) + 1}
+    fs = s3_server.fs()
+    fs.pipe(f"{bucket}/m.apr", aprfast.save(first))
+    version = s3_server.fs().info(f"{bucket}/m.apr")["VersionId"]
+    assert version
+    fs.pipe(f"{bucket}/m.apr", aprfast.save(second))
+    s3_server.reset()
+    with aprfast.open(f"s3://{bucket}/m.apr?versionId={version}", storage_options=options) as f:
+        assert f._source.direct is not None
+        np.testing.assert_array_equal(f.get_tensor("w"), first["w"])
+    assert s3_server.count == 2 and _presigned(s3_server.details[1])
+    assert f"versionId={version}" in s3_server.details[1]["query"]
+
+
+def test_s3_additional_kwargs_keep_the_later_gets_on_s3fs(s3_server, bucket):
+    """s3_additional_kwargs become headers of s3fs's requests (SSE-C keys, ...), which a
+    presigned URL does not carry: such a filesystem keeps s3fs's client for every GET."""
+    tensors = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(10, dtype=np.float32)}
+    s3_server.fs().pipe(f"{bucket}/m.apr", aprfast.save(tensors))
+    options = dict(s3_server.storage_options, s3_additional_kwargs={"ChecksumMode": "ENABLED"})
+    s3_server.reset()
+    with aprfast.open(f"s3://{bucket}/m.apr", storage_options=options) as f:
+        assert f._source.direct is None and "s3_additional_kwargs" in f._source.direct_off
+        np.testing.assert_array_equal(f.get_tensor("w"), tensors["w"])
+    assert s3_server.count == 2 and not any(_presigned(d) for d in s3_server.details)
+
+
+@pytest.mark.parametrize("verify, cert, proxy, expected", [
+    (True, None, None, "https"),                     # botocore's own CA bundle
+    ("/etc/my-ca.pem", None, None, "https"),         # a CA bundle given as verify=
+    (False, None, None, "TLS checks off"),
+    (True, "/etc/client.pem", None, "client certificate"),
+    (True, None, "http://proxy.invalid:3128", "proxy"),
+])
+def test_s3_presigned_https_keeps_the_clients_tls_and_proxy_settings(verify, cert, proxy, expected):
+    """http.client must check a server as botocore would, or leave the GET to s3fs."""
+    import types
+    import urllib.parse
+
+    from botocore.httpsession import get_cert_path
+
+    from aprfast.remote import s3
+
+    session = types.SimpleNamespace(_verify=verify, _cert_file=cert,
+                                    _proxy_config=types.SimpleNamespace(proxy_url_for=lambda url: proxy))
+    client = types.SimpleNamespace(_endpoint=types.SimpleNamespace(http_session=session),
+                                   meta=types.SimpleNamespace(config=types.SimpleNamespace(read_timeout=7)))
+    url = "https://bucket.s3.example.invalid/m.apr?X-Amz-Signature=x"
+    direct = s3._Direct.__new__(s3._Direct)
+    if expected != "https":
+        with pytest.raises(s3._Refused, match=expected):
+            direct._endpoint_for(urllib.parse.urlsplit(url), client, url)
+        return
+    endpoint = direct._endpoint_for(urllib.parse.urlsplit(url), client, url)
+    assert (endpoint.scheme, endpoint.host, endpoint.port, endpoint.timeout) == ("https", "bucket.s3.example.invalid",
+                                                                                 None, 7)
+    assert endpoint.cafile == (get_cert_path(True) if verify is True else verify)

@@ -1,5 +1,6 @@
 """Remote files: ``http(s)://`` through a native ranged-GET reader, and every fsspec URL
-(``s3://`` through s3fs's client with ranged GETs only, ``gs://``, ``az://``,
+(``s3://`` with ranged GETs only: open through s3fs's client, then presigned URLs,
+see :mod:`.s3`; ``gs://``, ``az://``,
 ``memory://``, ``file://``, ...) through fsspec (the ``remote`` extra:
 ``pip install 'aprfast[remote]'``); ``hf://`` through huggingface_hub (the ``hf`` extra;
 its cache and ``HF_HUB_OFFLINE`` honoured, see :mod:`.hf`).

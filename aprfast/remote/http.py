@@ -32,7 +32,7 @@ import urllib.parse
 from ..errors import AprFileNotFoundError, AprIOError, AprPermissionError
 from ._ranged import HEAD_BYTES, TAIL_BYTES, RangedSource, RemoteChangedError, TransientError
 
-__all__ = ["HttpSource"]
+__all__ = ["HttpSource", "Endpoint", "check_range", "read_into"]
 
 _CONTENT_RANGE = re.compile(r"bytes (\d{1,20})-(\d{1,20})/(\d{1,20}|\*)")
 _UNSATISFIED = re.compile(r"bytes \*/(\d{1,20})")
@@ -76,34 +76,12 @@ class HttpSource(RangedSource):
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
-        self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port
+        self._endpoint = Endpoint(parts.scheme, parts.hostname, parts.port, self._timeout)
+        self._idle = self._endpoint.idle
         self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self._idle = _idle_pool(self._scheme, self._host, self._port)
-
-    # --- connections --------------------------------------------------------------------
-    def _connection(self, reuse: bool = True) -> http.client.HTTPConnection:
-        if reuse:
-            try:
-                conn = self._idle.get_nowait()
-            except queue.Empty:
-                pass
-            else:  # shared between handles: this handle's timeout applies
-                conn.timeout = self._timeout
-                if conn.sock is not None:
-                    conn.sock.settimeout(self._timeout)
-                return conn
-        if self._scheme == "https":
-            return http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout,
-                                               context=ssl.create_default_context())
-        return http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
 
     def _release(self, conn, resp) -> None:
-        if resp is not None and not resp.resp.isclosed():
-            conn.close()  # body not read to the end: the connection cannot carry another request
-        elif resp is not None and resp.resp.will_close:
-            conn.close()
-        else:
-            _give_back(self._idle, conn)
+        self._endpoint.release(conn, resp)
 
     def _request(self, range_header: str | None):
         """Send a GET; return (connection, _Response) with the body unread.  Connection
@@ -111,25 +89,7 @@ class HttpSource(RangedSource):
         headers = dict(self._headers)
         if range_header:
             headers["Range"] = range_header
-        reused = not self._idle.empty()
-        conn = self._connection()
-        try:
-            conn.request("GET", self._target, headers=headers)
-            resp = _Response(conn.getresponse())
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            if not reused:
-                raise TransientError(f"{type(exc).__name__}: {exc}") from None
-            # A kept-alive connection the server closed while idle: so are the others
-            # that waited as long.  Drop them and try once on a new connection.
-            self._drop_idle()
-            conn = self._connection(reuse=False)
-            try:
-                conn.request("GET", self._target, headers=headers)
-                resp = _Response(conn.getresponse())
-            except (OSError, http.client.HTTPException) as exc2:
-                conn.close()
-                raise TransientError(f"{type(exc2).__name__}: {exc2}") from None
+        conn, resp = self._endpoint.send(self._target, headers)
         if resp.status >= 500:
             _drain_small(resp)
             conn.close()
@@ -228,23 +188,7 @@ class HttpSource(RangedSource):
         return t0, head, a1, tail
 
     def _check_range(self, resp: _Response, offset: int, n: int | None):
-        """(first, last, total) of a 206 answer to a request at ``offset`` for ``n``
-        bytes (n None: at most HEAD_BYTES, total learnt here)."""
-        m = _CONTENT_RANGE.fullmatch((resp.content_range or "").strip())
-        if not m or m.group(3) == "*":
-            raise AprIOError(f"a 206 answer with Content-Range {resp.content_range!r}", path=self.url)
-        first, last, total = int(m.group(1)), int(m.group(2)), int(m.group(3))
-        if n is not None and total != self.size:
-            raise RemoteChangedError(f"the object is now {total} bytes long; it was {self.size} when opened",
-                                     path=self.url)
-        want_last = offset + n - 1 if n is not None else last
-        if first != offset or last != want_last or last < first or last >= total:
-            raise AprIOError(f"asked for bytes {offset}-{want_last}, the server sent {first}-{last}/{total}",
-                             path=self.url)
-        if resp.length is not None and resp.length != last - first + 1:
-            raise AprIOError(f"Content-Length {resp.length} does not match Content-Range {first}-{last}",
-                             path=self.url)
-        return first, last, total
+        return check_range(resp, offset, n, self.size if n is not None else None, self.url)
 
     # --- later reads --------------------------------------------------------------------
     def _fetch_into(self, offset: int, out: memoryview) -> int:
@@ -260,16 +204,7 @@ class HttpSource(RangedSource):
                 self._check_range(resp, offset, n)
             else:
                 raise AprIOError(f"the server answered {resp.status} to a ranged GET", path=self.url)
-            got = 0
-            try:
-                while got < n:
-                    k = resp.resp.readinto(out[got:])
-                    if not k:
-                        break
-                    got += k
-            except (OSError, http.client.HTTPException):
-                pass  # dropped mid-body: the caller resumes at offset + got
-            return got
+            return read_into(resp, out)
         finally:
             self._release(conn, resp)
 
@@ -281,13 +216,104 @@ class HttpSource(RangedSource):
                                      f"Last-Modified {modified!r} -> {new_modified!r}); open it again",
                                      path=self.url)
 
-    def _drop_idle(self) -> None:
+
+def check_range(resp: _Response, offset: int, n: int | None, size: int | None, url):
+    """(first, last, total) of a 206 answer to a request for ``n`` bytes at ``offset``
+    of an object of ``size`` bytes (n None: at most HEAD_BYTES from 0, size learnt
+    here): exactly the bytes asked for, Content-Length agreeing, else an error."""
+    m = _CONTENT_RANGE.fullmatch((resp.content_range or "").strip())
+    if not m or m.group(3) == "*":
+        raise AprIOError(f"a 206 answer with Content-Range {resp.content_range!r}", path=url)
+    first, last, total = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    if n is not None and total != size:
+        raise RemoteChangedError(f"the object is now {total} bytes long; it was {size} when opened", path=url)
+    want_last = offset + n - 1 if n is not None else last
+    if first != offset or last != want_last or last < first or last >= total:
+        raise AprIOError(f"asked for bytes {offset}-{want_last}, the server sent {first}-{last}/{total}", path=url)
+    if resp.length is not None and resp.length != last - first + 1:
+        raise AprIOError(f"Content-Length {resp.length} does not match Content-Range {first}-{last}", path=url)
+    return first, last, total
+
+
+def read_into(resp: _Response, out: memoryview) -> int:
+    """Read the body into ``out`` (sized by the request, never by the server) until it
+    is full or the body ends; returns how many bytes arrived.  A connection dropped
+    mid-body is not an error here: the caller resumes at the first missing byte."""
+    got, n = 0, out.nbytes
+    try:
+        while got < n:
+            k = resp.resp.readinto(out[got:])
+            if not k:
+                break
+            got += k
+    except (OSError, http.client.HTTPException):
+        pass
+    return got
+
+
+class Endpoint:
+    """Kept-alive connections to one server (``scheme``, ``host``, ``port``), taken from
+    and given back to the process-wide idle pool of that server.  ``cafile`` names the
+    certificates an https server is checked against (None: the system's)."""
+
+    def __init__(self, scheme: str, host: str, port, timeout: float, cafile: str | None = None):
+        self.scheme, self.host, self.port, self.timeout, self.cafile = scheme, host, port, timeout, cafile
+        self.idle = _idle_pool(scheme, host, port)
+
+    def connect(self, reuse: bool = True) -> http.client.HTTPConnection:
+        if reuse:
+            try:
+                conn = self.idle.get_nowait()
+            except queue.Empty:
+                pass
+            else:  # shared between handles: this handle's timeout applies
+                conn.timeout = self.timeout
+                if conn.sock is not None:
+                    conn.sock.settimeout(self.timeout)
+                return conn
+        if self.scheme == "https":
+            return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout,
+                                               context=ssl.create_default_context(cafile=self.cafile))
+        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+
+    def send(self, target: str, headers: dict):
+        """GET ``target``; (connection, _Response) with the body unread, whatever the
+        status.  A connection failure is a TransientError."""
+        reused = not self.idle.empty()
+        conn = self.connect()
+        try:
+            conn.request("GET", target, headers=headers)
+            return conn, _Response(conn.getresponse())
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            if not reused:
+                raise TransientError(f"{type(exc).__name__}: {exc}") from None
+        # A kept-alive connection the server closed while idle: so are the others that
+        # waited as long.  Drop them and try once on a new connection.
+        self.drop_idle()
+        conn = self.connect(reuse=False)
+        try:
+            conn.request("GET", target, headers=headers)
+            return conn, _Response(conn.getresponse())
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise TransientError(f"{type(exc).__name__}: {exc}") from None
+
+    def release(self, conn, resp) -> None:
+        """Keep ``conn`` for the next request when its response was read to the end."""
+        if resp is not None and not resp.resp.isclosed():
+            conn.close()  # body not read to the end: the connection cannot carry another request
+        elif resp is not None and resp.resp.will_close:
+            conn.close()
+        else:
+            _give_back(self.idle, conn)
+
+    def drop_idle(self) -> None:
         while True:
             try:
-                self._idle.get_nowait().close()
+                self.idle.get_nowait().close()
             except queue.Empty:
                 break
-
 
 
 #: Idle kept-alive connections per (scheme, host, port), shared by every handle of the

@@ -16,23 +16,59 @@ Every later GET carries ``If-Match: <ETag of the first answer>``: S3 refuses it 
 once the object was replaced, which is a :class:`RemoteChangedError`, never a mix of
 two versions; the ETag and the length in each ``Content-Range`` are checked as well.
 Each answer's ``Content-Range`` and ``Content-Length`` must be exactly the bytes asked
-for, checked before its body is read.  The requests go through s3fs's own client
-(``S3FileSystem._call_s3``: its credentials, endpoint, ``requester_pays``, and its
-retries, on top of botocore's, of 5xx answers, throttling and connection errors); a
-failure both gave up on is an :class:`AprIOError`.  A body cut short, which neither
-retries, is retried here with backoff from the byte where it stopped.
+for, checked before its body is read.
+
+Two ways to send a GET:
+
+- the first one (open) goes through s3fs's own client (``S3FileSystem._call_s3``: its
+  credentials, endpoint, region redirects, ``requester_pays``, and its retries, on top
+  of botocore's, of 5xx answers, throttling and connection errors); a failure both
+  gave up on is an :class:`AprIOError`;
+- the later ones (tensors, ``load_file``'s parts, the footer) go, when they can, to a
+  *presigned* URL of the object (:class:`_Direct`): botocore signs it locally (no
+  request), signing only the ``Host`` header, so ``Range`` and ``If-Match`` are added
+  unsigned, and :mod:`.http`'s connections send it, from parallel threads, reading each
+  body straight into the final buffer.  Through s3fs, each body arrived as aiohttp
+  chunks joined into one bytes object, then was copied into the buffer, all on s3fs's
+  one event-loop thread: ``load_file`` of 512 MiB from gofakes3 (a Go S3 server) on
+  loopback took 0.70 s that way, 0.19 s this way (issue 15).  The URL is
+  signed again every :data:`PRESIGN_REUSE` seconds (credentials that refresh, URLs
+  that expire).  What a presigned URL cannot express goes through s3fs as before:
+  ``s3_additional_kwargs`` (SSE-C keys, ...), ``requester_pays``, a proxy, a client
+  certificate, TLS checks turned off; so does the rest of a handle whose presigned GET
+  was refused (3xx, 400, 401, 403), s3fs's client then giving the answer.
+
+A body cut short, on either way, is retried here with backoff from the byte where it
+stopped.  Neither error messages nor exceptions ever carry the presigned URL's query
+(its signature, key id and session token): they name the ``s3://`` URL.
 """
 
 from __future__ import annotations
 
+import contextvars
 import re
+import threading
+import time
+import urllib.parse
 
 from ..errors import AprError, AprFileNotFoundError, AprIOError, AprPermissionError
 from ._ranged import HEAD_BYTES, RangedSource, RemoteChangedError, TransientError
 
-__all__ = ["S3Source", "is_s3fs"]
+__all__ = ["S3Source", "is_s3fs", "PRESIGN_EXPIRES", "PRESIGN_REUSE"]
 
 _CONTENT_RANGE = re.compile(r"bytes (\d{1,20})-(\d{1,20})/(\d{1,20})")
+#: A presigned URL is valid this long (seconds)...
+PRESIGN_EXPIRES = 3600
+#: ...and used for at most this long, then signed again (with the credentials of that
+#: moment: temporary ones expire, and a URL signed with them dies with them).
+PRESIGN_REUSE = 300
+#: Set while _Direct presigns (in its own asyncio task only): botocore's default of
+#: Signature Version 2 for presigned S3 URLs (in the older regions, where it is still
+#: accepted) is then Version 4, which every region accepts; AWS deprecated Version 2.
+_PRESIGNING_V4 = contextvars.ContextVar("aprfast_presigning_v4", default=False)
+#: The query parameters of a presigned URL that are secrets or name the key.
+_SECRET_PARAMS = re.compile(r"(?i)(X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|"
+                            r"AWSAccessKeyId|x-amz-security-token)=[^&\s'\"]*")
 
 
 def is_s3fs(fs) -> bool:
@@ -85,6 +121,10 @@ class S3Source(RangedSource):
         self.version = None  # (ETag, LastModified) of the first answer
         size, head = self._open()
         super().__init__(size, head, path=url, connections=connections)
+        #: the presigned-URL way of the later GETs, or None (then ``direct_off`` says why)
+        self.direct, self.direct_off = None, _direct_refusal(fs, self.version)
+        if self.direct_off is None:
+            self.direct = _Direct(self)
 
     # --- opening: one GET for the first bytes, the length and the ETag ------------------
     def _open(self):
@@ -140,6 +180,15 @@ class S3Source(RangedSource):
 
     # --- later reads --------------------------------------------------------------------
     def _fetch_into(self, offset: int, out: memoryview) -> int:
+        direct = self.direct
+        if direct is not None:
+            try:
+                return direct.fetch_into(offset, out)
+            except _Refused as exc:  # from here on s3fs's client, which gives the real answer
+                self.direct, self.direct_off = None, str(exc)
+        return self._fetch_through_s3fs(offset, out)
+
+    def _fetch_through_s3fs(self, offset: int, out: memoryview) -> int:
         n = out.nbytes
         kwargs = dict(self._kwargs, Range=f"bytes={offset}-{offset + n - 1}")
         etag, modified = self.version or (None, None)
@@ -198,6 +247,171 @@ class S3Source(RangedSource):
             # have retried the request already: retrying here too would multiply them
             raise AprIOError(f"GetObject failed after s3fs's retries: {type(exc).__name__}: {exc}",
                              path=self.url) from None
+
+
+def _direct_refusal(fs, version):
+    """None when the later GETs can go to a presigned URL, else why not (a sentence).
+    What is checked here is known before any URL is signed; the endpoint's proxy and
+    TLS settings are checked by :meth:`_Direct._endpoint_for` once the URL names it."""
+    if getattr(fs, "s3_additional_kwargs", None):
+        return "s3_additional_kwargs (SSE-C keys, ...) are sent as headers a presigned URL does not sign"
+    if getattr(fs, "req_kw", None):
+        return "requester_pays is a header a presigned URL does not sign"
+    if not (version and version[0]):
+        return "the object's first answer had no ETag to send as If-Match"
+    return None
+
+
+def _keep_sigv4(signature_version, **kwargs):
+    """botocore's choose-signer hook: while _Direct presigns, a Version 4 query
+    signature stays Version 4 (registered first, it answers before botocore's hook that
+    turns it into Version 2); anything else (an explicit version, v4a, unsigned) is left
+    to botocore."""
+    if _PRESIGNING_V4.get() and signature_version in ("v4-query", "s3v4-query"):
+        return signature_version
+    return None
+
+
+def _redact(text: str, query: str = "") -> str:
+    """``text`` without a presigned URL's query or any of its secret parameters."""
+    if query:
+        text = text.replace(query, "<query redacted>")
+    return _SECRET_PARAMS.sub(lambda m: m.group(1) + "=<redacted>", text)
+
+
+def _session_settings(client):
+    """(proxy for an URL -> str or None, verify, client certificate) of an aiobotocore
+    client's HTTP session, or None when they cannot be read (another session class)."""
+    session = getattr(getattr(client, "_endpoint", None), "http_session", None)
+    proxies = getattr(session, "_proxy_config", None)
+    if session is None or proxies is None or not hasattr(session, "_verify"):
+        return None
+    return proxies.proxy_url_for, session._verify, getattr(session, "_cert_file", None)
+
+
+class _Direct:
+    """The later GETs of an :class:`S3Source` sent to a presigned URL over :mod:`.http`'s
+    kept-alive connections, each body read straight into its buffer."""
+
+    def __init__(self, source: S3Source):
+        self.source = source
+        self._lock = threading.Lock()
+        self._signed = None  # (endpoint, target, signed at), signed when first needed
+
+    # --- the URL ------------------------------------------------------------------------
+    def _target(self):
+        """(Endpoint, path?query) of a presigned URL signed less than PRESIGN_REUSE ago."""
+        with self._lock:
+            signed = self._signed
+            if signed is None or time.monotonic() - signed[2] > PRESIGN_REUSE:
+                url, client = self._presign()
+                parts = urllib.parse.urlsplit(url)
+                if parts.scheme not in ("http", "https") or not parts.hostname:
+                    raise _Refused(f"a presigned URL of scheme {parts.scheme!r}")
+                query = urllib.parse.parse_qs(parts.query)
+                signed_headers = query.get("X-Amz-SignedHeaders", ["host"])[0].lower()
+                if signed_headers != "host":  # headers we would have to send exactly as signed
+                    raise _Refused(f"the presigned URL signs the headers {signed_headers!r}")
+                endpoint = self._endpoint_for(parts, client, url)
+                target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+                signed = self._signed = (endpoint, target, time.monotonic())
+            return signed[0], signed[1]
+
+    def _presign(self):
+        """A presigned GetObject URL of the object, from s3fs's client for its bucket
+        (computed locally: no request), and that client."""
+        from fsspec.asyn import sync
+
+        fs, params = self.source.fs, dict(self.source._kwargs)
+
+        async def presign():
+            await fs.set_session()
+            client = await fs.get_s3(params["Bucket"])
+            client.meta.events.register_first("choose-signer.s3.GetObject", _keep_sigv4,
+                                              unique_id="aprfast-presign-sigv4")
+            _PRESIGNING_V4.set(True)  # this task's context only: other presigns keep botocore's choice
+            url = await client.generate_presigned_url("get_object", Params=params, ExpiresIn=PRESIGN_EXPIRES)
+            return url, client
+
+        try:
+            return sync(fs.loop, presign)
+        except Exception as exc:  # noqa: BLE001 - botocore's signing errors (no credentials, ...)
+            raise _Refused(f"cannot presign: {type(exc).__name__}") from None
+
+    def _endpoint_for(self, parts, client, url):
+        """http.py's Endpoint for the presigned URL's server, when the client's session
+        would reach it directly (no proxy) with the checks http.client can repeat."""
+        from .http import Endpoint
+
+        settings = _session_settings(client)
+        if settings is None:
+            raise _Refused("the S3 client's HTTP session settings are unknown")
+        proxy_for, verify, cert = settings
+        if proxy_for(url):
+            raise _Refused("the S3 client goes through a proxy")
+        cafile = None
+        if parts.scheme == "https":
+            if not verify or cert:
+                raise _Refused("TLS checks off or a client certificate")
+            from botocore.httpsession import get_cert_path
+
+            cafile = get_cert_path(verify)  # the certificates botocore checks against
+        config = getattr(getattr(client, "meta", None), "config", None)
+        timeout = getattr(config, "read_timeout", None)
+        timeout = timeout if isinstance(timeout, (int, float)) and timeout > 0 else 60
+        return Endpoint(parts.scheme, parts.hostname, parts.port, timeout, cafile)
+
+    # --- one GET --------------------------------------------------------------------------
+    def fetch_into(self, offset: int, out: memoryview) -> int:
+        source = self.source
+        n = out.nbytes
+        endpoint, target = self._target()
+        query = target.partition("?")[2]
+        headers = {"Range": f"bytes={offset}-{offset + n - 1}", "If-Match": source.version[0]}
+        try:
+            conn, resp = endpoint.send(target, headers)
+            failure = None
+        except TransientError as exc:  # http.client may quote the request line: redacted
+            conn, resp, failure = None, None, _redact(str(exc), query)
+        if failure is not None:  # raised out here, so that no exception chained to it holds the URL
+            raise TransientError(failure)
+        try:
+            self._check_status(resp, offset, n)
+            if resp.version[0] != source.version[0]:
+                raise RemoteChangedError(f"the object changed since it was opened (ETag {source.version[0]!r} -> "
+                                         f"{resp.version[0]!r}); open it again", path=source.url)
+            from .http import check_range, read_into
+
+            check_range(resp, offset, n, source.size, source.url)
+            return read_into(resp, out)
+        finally:
+            endpoint.release(conn, resp)
+
+    def _check_status(self, resp, offset: int, n: int) -> None:
+        """Refuse every answer but 206, typed as the s3fs way types them."""
+        from .http import _drain_small
+
+        status, url = resp.status, self.source.url
+        if status == 206:
+            return
+        _drain_small(resp)  # an S3 error document: small; the connection is reused
+        if status >= 500 or status in (408, 429):  # S3's SlowDown is a 503; others throttle with 429
+            raise TransientError(f"S3 answered {status}")
+        if status == 412:
+            raise RemoteChangedError(f"the object changed since it was opened (If-Match {self.source.version[0]!r}"
+                                     " no longer holds); open it again", path=url)
+        if status == 416:
+            raise RemoteChangedError(f"the server refused bytes {offset}-{offset + n - 1} of an object of "
+                                     f"{self.source.size} bytes: it changed since it was opened", path=url)
+        if status == 404:
+            raise AprFileNotFoundError("no such object", path=url)
+        if 300 <= status < 500:
+            raise _Refused(f"a presigned GET was answered {status}")
+        raise AprIOError(f"S3 answered {status} to a ranged GET", path=url)
+
+
+class _Refused(Exception):
+    """A presigned GET cannot be used (or was refused): the GET goes through s3fs."""
 
 
 class _BodyError(Exception):
