@@ -110,19 +110,6 @@ int apr_fresh_claim(const void *ptr, size_t len, apr_fresh_state *st)
     (void)st;
     return 0;
 }
-void apr_fresh_begin(apr_fresh_state *st, uint8_t *lo, uint8_t *hi)
-{
-    memset(st, 0, sizeof *st);
-    st->lo = lo;
-    st->hi = hi;
-}
-void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len)
-{
-    (void)st;
-    (void)start;
-    (void)len;
-}
-void apr_fresh_finish(apr_fresh_state *st) { (void)st; }
 #else
 /* Whether fresh huge pages proved slow in this process: -1 not tried yet, 0 no, 1 yes.
  * Read and written atomically (allocations come from any thread, the GIL may be absent). */
@@ -231,20 +218,6 @@ void apr_fresh_finish(apr_fresh_state *st)
     if (!st->unsupported)
         __atomic_store_n(&huge_pages_slow, !st->huge, __ATOMIC_RELAXED);
 }
-#else
-void apr_fresh_begin(apr_fresh_state *st, uint8_t *lo, uint8_t *hi)
-{
-    memset(st, 0, sizeof *st);
-    st->lo = lo;
-    st->hi = hi;
-}
-void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len)
-{
-    (void)st;
-    (void)start;
-    (void)len;
-}
-void apr_fresh_finish(apr_fresh_state *st) { (void)st; }
 #endif
 
 static void advise_fresh_block(uint8_t *start, size_t want)
@@ -339,6 +312,23 @@ static int mapped_alloc(apr_block *block, size_t size, int defer)
     block->capacity = want;
     return 0;
 }
+#endif
+
+#if !defined(__linux__) || !defined(MADV_HUGEPAGE)
+/* Elsewhere nothing is populated ahead: pages fault in as they are written. */
+void apr_fresh_begin(apr_fresh_state *st, uint8_t *lo, uint8_t *hi)
+{
+    memset(st, 0, sizeof *st);
+    st->lo = lo;
+    st->hi = hi;
+}
+void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len)
+{
+    (void)st;
+    (void)start;
+    (void)len;
+}
+void apr_fresh_finish(apr_fresh_state *st) { (void)st; }
 #endif
 
 int apr_huge_pages_state(void)

@@ -83,14 +83,20 @@ def test_a_feature_without_its_package_names_the_extra(feature):
     assert extra in out.stdout
 
 
-def test_every_extra_named_in_the_code_exists_in_pyproject():
+def _declared_extras():
+    """(the project's root, pyproject's optional-dependencies); skips where pyproject is
+    not next to the tests (an installed package)."""
     tomllib = pytest.importorskip("tomllib")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.path.join(root, "pyproject.toml")
     if not os.path.exists(path):
         pytest.skip("pyproject.toml is not next to the tests (installed package)")
     with open(path, "rb") as f:
-        extras = tomllib.load(f)["project"]["optional-dependencies"]
+        return root, tomllib.load(f)["project"]["optional-dependencies"]
+
+
+def test_every_extra_named_in_the_code_exists_in_pyproject():
+    _, extras = _declared_extras()
     for module, (extra, _) in EXTRAS.items():
         assert extra in extras, f"{module}: extra {extra!r} is not declared"
     for name in ("keyfiles", "crypto", "compression", "v1", "all"):
@@ -103,13 +109,7 @@ def test_every_extra_named_in_docs_examples_and_tests_exists_in_pyproject():
     import glob
     import re
 
-    tomllib = pytest.importorskip("tomllib")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.path.join(root, "pyproject.toml")
-    if not os.path.exists(path):
-        pytest.skip("pyproject.toml is not next to the tests (installed package)")
-    with open(path, "rb") as f:
-        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    root, extras = _declared_extras()
     files = [os.path.join(root, "README.md")] + [p for pattern in ("docs/*.md", "examples/*.py", "tests/*.py")
                                                   for p in glob.glob(os.path.join(root, pattern))]
     named = {}

@@ -57,6 +57,12 @@ pytestmark = [
                                r":pytest.PytestUnraisableExceptionWarning"),
     pytest.mark.filterwarnings(r"ignore:Exception ignored in. <function Popen.__del__"
                                r":pytest.PytestUnraisableExceptionWarning"),
+    # JAX, imported by earlier modules of a whole-suite run, warns from its at-fork hook
+    # when Ray's processes fork; the warning is about JAX's threads, which these tests
+    # never use in a child.
+    pytest.mark.filterwarnings(r"ignore:os.fork\(\) was called:RuntimeWarning"),
+    pytest.mark.filterwarnings(r"ignore:Exception ignored in. <function _at_fork"
+                               r":pytest.PytestUnraisableExceptionWarning"),
 ]
 
 BIG = {"w": np.arange(256 * 1024, dtype=np.float32).reshape(1024, 256), "b": np.arange(7, dtype=np.int16)}
