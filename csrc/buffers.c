@@ -243,6 +243,9 @@ static struct {
     uint8_t *lo, *hi;
 } fresh_blocks[FRESH_SLOTS];
 static pthread_mutex_t fresh_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Blocks registered now: read without the lock, so the reads of every other pread
+ * (headers, single tensors) skip the table when it is empty, as it almost always is. */
+static int fresh_count;
 
 static int fresh_register(uint8_t *lo, uint8_t *hi)
 {
@@ -252,6 +255,7 @@ static int fresh_register(uint8_t *lo, uint8_t *hi)
         if (!fresh_blocks[i].lo) {
             fresh_blocks[i].lo = lo;
             fresh_blocks[i].hi = hi;
+            __atomic_add_fetch(&fresh_count, 1, __ATOMIC_RELEASE);
             done = 1;
         }
     pthread_mutex_unlock(&fresh_lock);
@@ -260,25 +264,35 @@ static int fresh_register(uint8_t *lo, uint8_t *hi)
 
 static void fresh_unregister(uint8_t *lo)
 {
+    if (!__atomic_load_n(&fresh_count, __ATOMIC_ACQUIRE))
+        return;
     pthread_mutex_lock(&fresh_lock);
     for (int i = 0; i < FRESH_SLOTS; i++)
-        if (fresh_blocks[i].lo == lo)
+        if (fresh_blocks[i].lo == lo) {
             fresh_blocks[i].lo = fresh_blocks[i].hi = NULL;
+            __atomic_sub_fetch(&fresh_count, 1, __ATOMIC_RELEASE);
+        }
     pthread_mutex_unlock(&fresh_lock);
 }
 
 int apr_fresh_claim(const void *ptr, size_t len, apr_fresh_state *st)
 {
-    const uint8_t *p = ptr;
+    uintptr_t p = (uintptr_t)ptr;
     uint8_t *lo = NULL, *hi = NULL;
+    if (!__atomic_load_n(&fresh_count, __ATOMIC_ACQUIRE))
+        return 0;
     pthread_mutex_lock(&fresh_lock);
-    for (int i = 0; i < FRESH_SLOTS; i++)
-        if (fresh_blocks[i].lo && p >= fresh_blocks[i].lo && len <= (size_t)(fresh_blocks[i].hi - p)) {
+    for (int i = 0; i < FRESH_SLOTS; i++) {
+        uintptr_t a = (uintptr_t)fresh_blocks[i].lo, b = (uintptr_t)fresh_blocks[i].hi;
+        /* [p, p + len) inside [a, b): p < b first, so b - p cannot wrap */
+        if (a && p >= a && p < b && len <= b - p) {
             lo = fresh_blocks[i].lo;
             hi = fresh_blocks[i].hi;
             fresh_blocks[i].lo = fresh_blocks[i].hi = NULL;
+            __atomic_sub_fetch(&fresh_count, 1, __ATOMIC_RELEASE);
             break;
         }
+    }
     pthread_mutex_unlock(&fresh_lock);
     if (!lo)
         return 0;

@@ -23,7 +23,6 @@ import http.client
 import os
 import queue
 import re
-import socket
 import ssl
 import threading
 import time
@@ -370,15 +369,7 @@ def _drain_small(resp: _Response) -> None:
 def _read_exact(resp: _Response, n: int) -> bytes:
     """Exactly ``n`` bytes of the body (``n`` bounded by the caller), or TransientError."""
     out = bytearray(n)
-    view, got = memoryview(out), 0
-    try:
-        while got < n:
-            k = resp.resp.readinto(view[got:])
-            if not k:
-                break
-            got += k
-    except (OSError, http.client.HTTPException, socket.timeout) as exc:
-        raise TransientError(f"the body broke off after {got} of {n} bytes: {exc}") from None
+    got = read_into(resp, memoryview(out))
     if got != n:
         raise TransientError(f"the body ended after {got} of {n} bytes")
     return bytes(out)
