@@ -6,6 +6,10 @@ at a time, ``inspect`` reads only the header, metadata and index.  Quantization 
 explicit: ``quantize``/``dequantize``/``quantize_tensors`` run only when called.
 """
 
+from . import _moved
+
+_moved.install()  # old module paths (aprfast.reader, ...) answer with the moved modules
+
 # First: aprfast._crc, ... become the compiled modules or their pure twins.  ``backend``
 # is "c" or "python" (APRFAST_BACKEND; see aprfast._backend).
 from ._backend import BACKEND as backend
@@ -34,15 +38,15 @@ from .errors import (
     UnknownDTypeError,
     VersionError,
 )
-from .safe_handle import safe_open
-from . import distributed  # aprfast.distributed.load_shard: tensor-parallel loading
+from .files.safe_open import safe_open
+from .files import distributed  # aprfast.distributed.load_shard: tensor-parallel loading
 from .limits import Limits
-from .precision import to_bfloat16, to_float16, to_float32
-from .quantization import QuantizationReport, dequantize, quantize, quantize_tensors, register_quantizer
-from .reader import AprFile, QuantizedSlice, TensorSlice, aligned_empty
+from .numerics.precision import to_bfloat16, to_float16, to_float32
+from .numerics.quantization import QuantizationReport, dequantize, quantize, quantize_tensors, register_quantizer
+from .files.reader import AprFile, QuantizedSlice, TensorSlice, aligned_empty
 from .stream import stream
 from .tensors import QuantizedTensor, RawTensor, TensorInfo
-from .writer import Writer
+from .files.writer import Writer
 
 __all__ = [
     "__version__", "backend",

@@ -5,15 +5,16 @@ from __future__ import annotations
 import io
 import os
 
-from . import layouts, remote, shards
-from ._pickling import reopenable
+from . import layouts, remote
+from .files import shards
+from .io.pickling import reopenable
 from .errors import AprFileNotFoundError, LayoutError
 from .limits import Limits
-from .reader import AprFile
+from .files.reader import AprFile
 from .security import SecurityOptions, refuse_keys
-from .sources import Source, open_source
+from .io.sources import Source, open_source
 from .tensors import as_inputs
-from .writer import save_to
+from .files.writer import save_to
 
 __all__ = ["save_file", "save", "load_file", "load", "open", "inspect"]
 
@@ -59,7 +60,7 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
     tensors are held in memory until the file is written; tied weights are stored
     once per name.
 
-    **Sharding** (seed 001 §3.8, :mod:`aprfast.shards`): ``max_shard_size`` (bytes, or a
+    **Sharding** (seed 001 §3.8, :mod:`aprfast.files.shards`): ``max_shard_size`` (bytes, or a
     string such as "2GB" / "500MiB") splits the tensors, in the order given, into
     complete ``.apr`` files of at most that many tensor bytes each (a larger tensor gets
     a shard of its own), ``{stem}-0000N-of-0000M.apr`` next to ``path``, plus the manifest
@@ -111,7 +112,7 @@ def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64, c
     return out.getvalue()
 
 
-@reopenable  # handles pickle by reopening with these arguments (aprfast._pickling)
+@reopenable  # handles pickle by reopening with these arguments (aprfast.io.pickling)
 def open(target, *, mode: str | None = None, limits: Limits | None = None, unknown_dtypes: str = "error",
          verify: bool = False, alignment: int = 64, password=None, private_key=None, trusted_keys=None,
          require_signature: bool | None = None, allow_unencrypted: bool = False,
@@ -124,7 +125,7 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
     fsspec (or ``headers``/``timeout``/``connections`` for the native HTTP reader).
 
     v2 files of either layout give an :class:`AprFile`; v1 (``APRN``) tensor files give
-    an :class:`aprfast.v1reader.V1File` with the same methods (plain files zero-copy,
+    an :class:`aprfast.v1.reader.V1File` with the same methods (plain files zero-copy,
     compressed or encrypted ones decoded once, STREAMING files one tensor's chunks at a
     time).  ``password`` / ``private_key`` open encrypted files, ``trusted_keys`` makes a
     signature from one of those Ed25519 keys required (``require_signature`` overrides
@@ -139,7 +140,7 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
 
     A sharded model (a ``*.apr.index.json`` manifest, a directory holding one, or the
     ``x.apr`` path a sharded ``save_file`` was given) gives a
-    :class:`aprfast.shards.ShardedFile`: each shard's size is checked at open, each
+    :class:`aprfast.files.shards.ShardedFile`: each shard's size is checked at open, each
     shard opened when a tensor in it is first asked for, its CRC checked by
     ``verify()`` and loads.  At a URL the manifest (``...index.json``), the first shard
     (``{stem}-00001-of-0000N.apr``, when the manifest is next to it) or the ``x.apr``
@@ -181,7 +182,7 @@ def _open_single(source, *, mode=None, limits=None, unknown_dtypes="error", veri
     try:
         is_v1 = layouts.is_v1(source)
         if is_v1:
-            from .v1reader import V1File
+            from .v1.reader import V1File
 
             return V1File(source, password=password, private_key=private_key, trusted_keys=trusted_keys,
                           require_signature=require_signature, limits=limits, unknown_dtypes=unknown_dtypes,

@@ -10,9 +10,9 @@ import jax  # noqa: F401 - fail at import when JAX is missing, as safetensors.fl
 import numpy as np
 
 from . import api
-from .frameworks import check_metadata, check_names, to_framework
-from .safe_handle import safe_open
-from .reader import AprFile
+from .files.frameworks import check_metadata, check_names, to_framework
+from .files.safe_open import safe_open
+from .files.reader import AprFile
 
 __all__ = ["save_file", "save", "load_file", "load"]
 

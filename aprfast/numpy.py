@@ -8,8 +8,8 @@ no copy and no memory for pages never written, and writes never reach the file.
 from __future__ import annotations
 
 from . import api
-from .frameworks import UsageError, check_metadata, check_names
-from .reader import AprFile
+from .files.frameworks import UsageError, check_metadata, check_names
+from .files.reader import AprFile
 
 __all__ = ["save_file", "save", "load_file", "load"]
 

@@ -30,15 +30,16 @@ import stat
 
 import numpy as np
 
-from . import _memory, layouts, tensor_codecs
+from . import _memory, layouts
+from .codecs import blocks as tensor_codecs
 from . import remote as _remote
 from ._crc import crc32, crc32_combine
 from .errors import AprError, AprIOError, ChecksumError, CorruptError, LimitError, SignatureError
 from .layouts import v1 as v1_layout
 from .limits import MAX_ALIGNMENT, Limits
-from .reader import _maker
+from .files.reader import _maker
 from .security import refuse_keys
-from .sources import BufferSource
+from .io.sources import BufferSource
 
 __all__ = ["stream", "TensorStream", "PENDING"]
 
@@ -632,7 +633,7 @@ def _plain_tensors(header, prefix, keys, path) -> bool:
     """Whether the payload is a v2 container stored as is and nothing at the file's end
     must vouch for it first: no compression, no encryption, no signature (a signed
     file's metadata is not even decoded before its whole-file signature verified)."""
-    from . import v1
+    from .v1 import api as v1
     from .layouts.v1 import Flag
 
     if header.flags & (Flag.SIGNED | Flag.ENCRYPTED) or keys["require_signature"] or header.compression:
@@ -661,7 +662,7 @@ class _V1ChunkStream:
     buffered = False
 
     def __init__(self, inp, head, header, limits, strict, verify, keys):
-        from . import v1
+        from .v1 import api as v1
         from .layouts import chunk_index
 
         self._input, self._header, self.verified = inp, header, False
@@ -694,7 +695,7 @@ class _V1ChunkStream:
         them now (TRUSTED; the block's key must then be that one); without, it can be
         checked only when the embedded key arrives (SELF_SIGNED, at the end: an
         untrusted key vouches for nothing before that anyway)."""
-        from . import v1
+        from .v1 import api as v1
 
         header, regions, path = self._header, self._regions, self._input.path
         if regions.signature is None:
@@ -789,7 +790,7 @@ class _V1ChunkStream:
     def _check_tail(self) -> None:
         """The signature block (its key must be the one that verified the index), the
         file CRC, and the end of the stream."""
-        from . import v1
+        from .v1 import api as v1
 
         inp, path, regions = self._input, self._input.path, self._regions
         block = b""
@@ -871,7 +872,7 @@ class _V1PlainStream:
     buffered = False
 
     def __init__(self, inp, prefix: bytes, header, limits, strict, verify, keys):
-        from . import v1
+        from .v1 import api as v1
 
         path = inp.path
         self._input, self._header, self.verified = inp, header, False
@@ -899,7 +900,7 @@ class _V1PlainStream:
         return self._inner.names()
 
     def info(self, name: str):
-        from .v1reader import _shifted
+        from .v1.reader import _shifted
 
         return _shifted(self._inner.info(name), self._regions.payload[0])
 
@@ -933,7 +934,7 @@ class _V1WholeStream:
     buffered = True
 
     def __init__(self, inp, data, header, limits, strict, verify, keys):
-        from .v1reader import V1File
+        from .v1.reader import V1File
 
         self._input, self.verified = inp, False
         size = inp.size or _v1_size(header)

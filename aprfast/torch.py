@@ -24,8 +24,8 @@ import torch
 from . import api
 from ._crc import crc32
 from .errors import ChecksumError
-from .frameworks import UsageError, check_metadata, check_names, from_torch, to_framework, torch_meta
-from .reader import AprFile
+from .files.frameworks import UsageError, check_metadata, check_names, from_torch, to_framework, torch_meta
+from .files.reader import AprFile
 
 __all__ = ["save_file", "save", "load_file", "load", "save_model", "load_model", "load_to_device",
            "tensor_to_device"]

@@ -1,4 +1,4 @@
-"""APR2 per-tensor compression (aprfast.tensor_codecs) beside one-frame compression.
+"""APR2 per-tensor compression (aprfast.codecs.blocks) beside one-frame compression.
 
     python benchmarks/bench_codecs.py                  # 512 MiB model, 5 rounds
     python benchmarks/bench_codecs.py --quick          # 64 MiB model, 3 rounds
@@ -44,7 +44,7 @@ import numpy as np
 import zstandard
 
 import aprfast
-from aprfast import tensor_codecs
+from aprfast.codecs import blocks as tensor_codecs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timing  # noqa: E402

@@ -40,7 +40,8 @@ import tempfile
 
 import numpy as np
 
-from aprfast import crypto, v1
+from aprfast.crypto import core as crypto
+from aprfast.v1 import api as v1
 
 import timing
 from timing import Row, Samples, Table, interleaved, unlinker

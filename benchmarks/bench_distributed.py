@@ -36,8 +36,8 @@ import tempfile
 import numpy as np
 
 import aprfast
-from aprfast import sources
-from aprfast.distributed import load_shard, shard_plan
+from aprfast.io import sources
+from aprfast.files.distributed import load_shard, shard_plan
 
 from timing import Row, Table, fmt_bytes, interleaved, version
 

@@ -15,7 +15,7 @@ Rows, each aprfast against that whole NumPy sequence (NumPy runs on one thread):
 * ``tensor_stats(x)`` - no histogram, against NumPy's set without ``histogram``;
 
 each with one thread and with every core; and the second target of issue 13: the 100-point
-quality assessment (``apr validate --quality``: ``aprfast.quality.quality_report``) of a
+quality assessment (``apr validate --quality``: ``aprfast.tools.quality.quality_report``) of a
 model at most twice the time of one owned ``load_file(mmap=False)`` of it (``--model-mib``,
 512 by default, 64 with ``--quick``; both into a fresh path's file, interleaved).  The data is standard-normal float32 with no
 NaN (NumPy's ``min``/``mean`` would give NaN otherwise, a different answer).  The
@@ -32,8 +32,8 @@ import tempfile
 import numpy as np
 
 import aprfast
-from aprfast.quality import quality_report
-from aprfast.stats import tensor_stats
+from aprfast.tools.quality import quality_report
+from aprfast.numerics.stats import tensor_stats
 
 from timing import Row, Table, interleaved
 

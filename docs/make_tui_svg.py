@@ -10,7 +10,7 @@ import tempfile
 import numpy as np
 
 import aprfast
-from aprfast.quantization import quantize
+from aprfast.numerics.quantization import quantize
 from aprfast.tui import ModelApp
 
 HERE = os.path.dirname(os.path.abspath(__file__))

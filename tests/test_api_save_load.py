@@ -737,7 +737,7 @@ def test_short_writevs_resume_mid_piece_and_give_the_same_bytes(tmp_path, monkey
 def test_a_save_sweeps_a_temp_left_after_its_last_save_there(tmp_path):
     # the sweep of abandoned temporary files runs when the directory changed since this
     # process last swept or saved there (one stat otherwise)
-    from aprfast import atomic
+    from aprfast.io import atomic
 
     aprfast.save_file({"a": np.zeros(3, np.float32)}, tmp_path / "one.apr")
     orphan = tmp_path / ".two.apr.aprfast-999999-0123456789abcdef.tmp"  # a killed save's

@@ -1,4 +1,4 @@
-"""`apr diff` and aprfast.diff.diff_models: identity (QA #56), detection of a change
+"""`apr diff` and aprfast.tools.diff.diff_models: identity (QA #56), detection of a change
 (QA #57), tolerance, metadata and vocabulary changes, safetensors/GGUF references with a
 tensor mapping, and the exit codes (0 same, 5 different, 3 missing, 4 unreadable)."""
 
@@ -9,7 +9,7 @@ import pytest
 
 import aprfast
 from aprfast.cli import main
-from aprfast.diff import diff_models
+from aprfast.tools.diff import diff_models
 
 
 def weights(rng):
@@ -207,7 +207,7 @@ def test_one_tensor_pair_is_alive_at_a_time(tmp_path, rng, monkeypatch):
     import gc
     import weakref
 
-    from aprfast import diff as diff_module
+    from aprfast.tools import diff as diff_module
 
     tensors = {f"layer.{i}.weight": rng.standard_normal((16, 16)).astype(np.float32) for i in range(6)}
     a = save(tmp_path / "a.apr", tensors)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast import v1
+from aprfast.v1 import api as v1
 from aprfast.cli import main
 from aprfast.layouts.v1 import Flag
 
@@ -125,7 +125,7 @@ def test_streaming_file_stays_streaming(tmp_path, password):
 def test_license_block_survives_the_round_trip(tmp_path, password):
     import uuid
 
-    from aprfast import licensing
+    from aprfast.v1 import licensing
 
     lic = licensing.License(license_id=uuid.UUID(int=7), licensee="ACME", seat_limit=3)
     src = tmp_path / "lic.apr"

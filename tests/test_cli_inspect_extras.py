@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import aprfast
 from aprfast.cli import main
-from aprfast.quantization import quantize
+from aprfast.numerics.quantization import quantize
 
 VOCAB = [f"tok{i}" for i in range(30)]
 

@@ -1,4 +1,4 @@
-"""`apr merge` and aprfast.merge: average of [1.0] and [3.0] is [2.0] (QA #58), weighted,
+"""`apr merge` and aprfast.tools.merge: average of [1.0] and [3.0] is [2.0] (QA #58), weighted,
 slerp, TIES (trim, elect, disjoint mean: Yadav et al. 2023) and DARE (drop with p,
 rescale by 1/(1-p): Yu et al. 2023) on hand-computed examples, dtypes kept, and the
 refusals (mismatched models, missing base, existing output)."""
@@ -11,7 +11,7 @@ import pytest
 
 import aprfast
 from aprfast.cli import main
-from aprfast.merge import merge_models
+from aprfast.tools.merge import merge_models
 
 
 def save(path, tensors, metadata=None):

@@ -1,4 +1,4 @@
-"""`apr validate --quality`, `--min-score`, `--shapes` and aprfast.quality.quality_report:
+"""`apr validate --quality`, `--min-score`, `--shapes` and aprfast.tools.quality.quality_report:
 each §11 falsification that one file can show moves its item to FAIL, items that need
 a runtime stay N/A and out of the denominator, and the exit codes follow Appendix A."""
 
@@ -10,9 +10,9 @@ import pytest
 
 import aprfast
 from aprfast.cli import main
-from aprfast import quality
-from aprfast.quality import quality_report, shape_checks
-from aprfast.quantization import quantize
+from aprfast.tools import quality
+from aprfast.tools.quality import quality_report, shape_checks
+from aprfast.numerics.quantization import quantize
 
 RUNTIME_ITEMS = (36, 39, 40, 43, 44, 45, 46, 47, 100)
 
@@ -250,7 +250,7 @@ def test_progress_reports_tensor_bytes_up_to_the_total(model):
 
 
 def test_v1_container_scores_what_applies_to_it(tmp_path, rng):
-    from aprfast import v1
+    from aprfast.v1 import api as v1
 
     path = tmp_path / "v1.apr"
     # aprender's v1 Metadata is a typed struct: model sizes live in its `custom` table
@@ -282,7 +282,7 @@ def test_non_zero_padding_fails_item_22_and_extended_file_fails_to_open(tmp_path
 
 
 def test_validate_shapes_reads_a_v1_containers_custom_sizes(tmp_path, rng, capsys):
-    from aprfast import v1
+    from aprfast.v1 import api as v1
 
     path = tmp_path / "v1.apr"
     v1.save_model(whisperish(rng), path, metadata={"custom": {"n_vocab": 63}})

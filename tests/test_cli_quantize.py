@@ -1,6 +1,6 @@
 """`apr quantize` (seed 002 §6.2.6): --type, --embedding-type / --output-type / --layer
 overrides, the per-tensor report (bits/weight, RMSE, max abs error) against values
-computed here, the bytes written equal to aprfast.quantization's, --force, exit codes."""
+computed here, the bytes written equal to aprfast.numerics.quantization's, --force, exit codes."""
 
 import json
 
@@ -9,7 +9,7 @@ import pytest
 
 import aprfast
 from aprfast.cli import main
-from aprfast.quantization import dequantize, quantize
+from aprfast.numerics.quantization import dequantize, quantize
 
 
 @pytest.fixture

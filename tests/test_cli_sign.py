@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast import v1
+from aprfast.v1 import api as v1
 from aprfast.cli import main
-from aprfast.crypto import load_key
+from aprfast.crypto.core import load_key
 
 
 @pytest.fixture
@@ -254,7 +254,7 @@ def test_v2_names_encrypted_needs_the_key_to_verify_chunks(v2_model, keys, tmp_p
 
 def test_v2_unsigned_manifest_is_checked_chunk_by_chunk(tmp_path):
     from aprfast.errors import ChecksumError
-    from aprfast.protection import verify_file
+    from aprfast.tools.protection import verify_file
 
     path = tmp_path / "d.apr"
     aprfast.save_file(V2_TENSORS, path, {"model_name": "m2"}, digest="sha256")
@@ -271,7 +271,7 @@ def test_v2_unsigned_manifest_is_checked_chunk_by_chunk(tmp_path):
 
 
 def test_v2_multi_recipient_file_is_not_resigned(v2_model, keys, tmp_path, capsys):
-    from aprfast.crypto import generate_x25519_key
+    from aprfast.crypto.core import generate_x25519_key
 
     signer, _ = keys
     alice, alice_public = generate_x25519_key()

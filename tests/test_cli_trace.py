@@ -10,7 +10,7 @@ import pytest
 import aprfast
 from aprfast.cli import main
 from aprfast.cli._common import clean
-from aprfast.stats import tensor_stats
+from aprfast.numerics.stats import tensor_stats
 
 
 @pytest.fixture
@@ -158,7 +158,7 @@ def test_diff_chrome_trace_has_one_process_per_file(model, tmp_path, capsys):
 
 
 def test_v1_container_is_decoded_at_open(tmp_path, tensors, capsys):
-    from aprfast import v1
+    from aprfast.v1 import api as v1
 
     path = tmp_path / "v1.apr"
     v1.save_model({"a.weight": tensors["a.weight"]}, path, compression="zstd")

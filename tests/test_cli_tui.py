@@ -1,7 +1,7 @@
 """``apr tui`` (seed 001 §4.13), driven headless by Textual's test pilot: the module tree
 (graph view), the statistics of the selected tensor (tensor_stats' own numbers, computed
 at once or on a worker thread), every view's key of §4.13.5 and the help overlay, search,
-the comparison of two models (MATCH / DRIFT from aprfast.diff), quitting, an SVG
+the comparison of two models (MATCH / DRIFT from aprfast.tools.diff), quitting, an SVG
 screenshot, the command line's errors, and the message without the ``tui`` extra.
 
 Textual's pilot is async; each test runs it with ``asyncio.run`` (no pytest plugin)."""
@@ -19,8 +19,8 @@ import pytest
 import aprfast
 from aprfast.cli import main
 from aprfast.cli._common import fmt
-from aprfast.expectations import check_expected
-from aprfast.stats import tensor_stats
+from aprfast.numerics.expectations import check_expected
+from aprfast.numerics.stats import tensor_stats
 from aprfast.tui import render
 
 NAMES = ["decoder.layer_norm.weight", "encoder.conv1.weight", "encoder.layer_norm.weight",
@@ -412,7 +412,7 @@ def test_the_comparison_arriving_keeps_the_selected_tensor(changed, ModelApp):
 
 
 def test_compare_uses_diff_models_numbers(changed, ModelApp):
-    from aprfast.diff import diff_models
+    from aprfast.tools.diff import diff_models
 
     a, b, _, _ = changed
 
@@ -427,7 +427,7 @@ def test_compare_uses_diff_models_numbers(changed, ModelApp):
 
 # --- every variant aprfast.open reads -----------------------------------------------------------------
 def variants(tmp_path, tensors):
-    from aprfast import v1
+    from aprfast.v1 import api as v1
 
     small = {k: v for k, v in tensors.items() if k != "step"}
     yield "apr2", {}, lambda p: aprfast.save_file(tensors, p, layout="apr2")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast import v1
+from aprfast.v1 import api as v1
 from aprfast.cli import main
 from aprfast.cli.validate import validate_file
 
@@ -146,7 +146,7 @@ def test_as_a_real_command(model, run_child):
 
 
 def test_recipient_encrypted_and_signed_v1_with_key_files(tmp_path, capsys):
-    from aprfast import crypto
+    from aprfast.crypto import core as crypto
 
     secret, public = crypto.generate_x25519_key()
     seed, signer = crypto.generate_signing_key()

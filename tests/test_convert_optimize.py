@@ -93,7 +93,7 @@ def test_pruning_keeps_f16(tmp_path, rng):
 
 
 def test_pruning_bf16_changes_only_the_zeroed_elements(tmp_path, rng):
-    from aprfast.precision import to_bfloat16, to_float32
+    from aprfast.numerics.precision import to_bfloat16, to_float32
 
     w = to_bfloat16(rng.standard_normal((8, 16)).astype(np.float32))
     aprfast.save_file({"fc.weight": w}, tmp_path / "b.apr")

@@ -1,7 +1,7 @@
 """Inline validation (seed 001 §10.9-10.11, §13.6): every tensor checked against its
 expected statistics as it is written; strict aborts with a typed error naming the tensor
 and the numbers and leaves no output; relaxed and force=True warn and write; off skips.
-One rule table (aprfast.expectations) for convert, `apr tensors --stats` and `apr
+One rule table (aprfast.numerics.expectations) for convert, `apr tensors --stats` and `apr
 validate --stats`.  Also convert(quantize=) with per-layer rules (issue 12 part 10)."""
 
 import json
@@ -15,7 +15,7 @@ import safetensors.numpy as sn
 import aprfast
 from aprfast.cli import main
 from aprfast.convert import TensorValidationError, ValidationWarning
-from aprfast.stats import tensor_stats_numpy
+from aprfast.numerics.stats import tensor_stats_numpy
 
 NAN_BITS, INF_BITS = 0x7FC00000, 0x7F800000
 
@@ -272,7 +272,7 @@ F8 = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "floa
 def test_float8_statistics_without_ml_dtypes_are_of_the_values(monkeypatch, name):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     from aprfast import dtypes
-    from aprfast.stats import tensor_stats
+    from aprfast.numerics.stats import tensor_stats
     from aprfast.tensors import RawTensor
 
     codes = np.arange(256, dtype=np.uint8)

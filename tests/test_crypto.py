@@ -29,7 +29,7 @@ import nacl.bindings as nb  # noqa: E402
 import nacl.exceptions  # noqa: E402
 import nacl.signing  # noqa: E402
 
-from aprfast import crypto  # noqa: E402
+from aprfast.crypto import core as crypto  # noqa: E402
 from aprfast.errors import AprIOError, DecryptError, FormatError, SignatureError  # noqa: E402
 
 needs_aes_gcm = pytest.mark.skipif(

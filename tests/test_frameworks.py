@@ -316,7 +316,7 @@ def test_safe_open_pread_backend(tmp_path, tensors):
 
 def test_slice_dtype_names_are_safetensors_names():
     from aprfast.convert.safetensors import ST_DTYPES
-    from aprfast.safe_handle import _SAFETENSORS_NAMES
+    from aprfast.files.safe_open import _SAFETENSORS_NAMES
 
     for st_name, apr_name in ST_DTYPES.items():
         assert _SAFETENSORS_NAMES.get(apr_name, apr_name) == st_name

@@ -307,7 +307,7 @@ def test_dequantize_refuses_an_in_memory_tensor_numpy_cannot_shape(dtype, dims):
     with pytest.raises(LimitError, match="2\\*\\*62"):
         aprfast.dequantize(qt)
     with pytest.raises(LimitError):
-        aprfast.quantization.quant_type(dtype).dequantize(qt)
+        aprfast.numerics.quantization.quant_type(dtype).dequantize(qt)
 
 
 def test_dequantize_still_makes_empty_arrays_below_the_bound():

@@ -16,7 +16,7 @@ import pytest
 import aprfast
 from aprfast.errors import AprError, CorruptError
 from aprfast.layouts._common import TensorIndex
-from aprfast.reader import AprFile
+from aprfast.files.reader import AprFile
 from hostile_builders import APR2, APRENDER, Entry, build, honest
 
 NAMES = ["a", "b.weight", "ünïcödé", "名前.bias", "z" * 200, "\U0001F600.emoji", "layers.10.x", "layers.9.x"]

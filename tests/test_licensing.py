@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aprfast.errors import AprError, CorruptError, LayoutError, LimitError, SignatureError
-from aprfast import licensing
-from aprfast.licensing import (
+from aprfast.v1 import licensing
+from aprfast.v1.licensing import (
     LICENSE_BLOCK_FIXED_SIZE,
     AprenderLicenseEntry,
     InferenceCounter,

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast import crypto, v1
+from aprfast.crypto import core as crypto
+from aprfast.v1 import api as v1
 from aprfast.errors import DecryptError, SignatureError
-from aprfast.reader import AprFile
-from aprfast.v1reader import V1File
+from aprfast.files.reader import AprFile
+from aprfast.v1.reader import V1File
 
 TENSORS = {"embed.weight": np.arange(4096, dtype=np.float32).reshape(64, 64) / 7,
            "head.bias": np.linspace(-1, 1, 33).astype(np.float16),

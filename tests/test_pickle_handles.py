@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast.distributed import PicklingRefusedError, allow_pickled_keys
+from aprfast.files.distributed import PicklingRefusedError, allow_pickled_keys
 from aprfast.errors import AprIOError, SignatureError
-from aprfast.reader import AprFile
-from aprfast.shards import ShardedFile
-from aprfast.v1reader import V1File
+from aprfast.files.reader import AprFile
+from aprfast.files.shards import ShardedFile
+from aprfast.v1.reader import V1File
 
 from servers import http_server, s3_server  # noqa: F401 - fixtures
 from test_open_every_variant import PUBLIC, SEED, VARIANTS
@@ -180,7 +180,7 @@ def test_dask_workers_take_handles(tmp_path, dask_client):
 
 
 def test_dask_slices_on_workers(tmp_path, dask_client):
-    from aprfast.distributed import load_shard
+    from aprfast.files.distributed import load_shard
 
     path = tmp_path / "m.apr"
     aprfast.save_file(BIG, path)

@@ -1,6 +1,6 @@
 """The fallbacks of every POSIX-only call (docs/PORTABILITY.md), forced on Linux: each
 gives exactly the bytes of the normal path.  Windows takes these paths because the calls
-do not exist there; here ``aprfast._platform.force`` (or ``APRFAST_FALLBACKS``) makes the
+do not exist there; here ``aprfast.io.platform.force`` (or ``APRFAST_FALLBACKS``) makes the
 C code and the Python code take them anyway."""
 
 import errno
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast import _memory, _platform, atomic
+from aprfast import _memory
+from aprfast.io import platform as _platform, atomic
 from aprfast.errors import AprFileInUseError, AprIOError, AprPermissionError
 
 BIG = (8 << 20) + 4096  # past csrc/pio.c's PARALLEL_MIN: the read is split over threads
@@ -117,7 +118,7 @@ def test_pure_twin_reads_without_pread_as_on_windows(tmp_path, monkeypatch):
 
 
 def test_python_readers_work_without_os_pread(tmp_path, rng, monkeypatch):
-    """convert, the v1 reader and the writer's spool copy take aprfast._platform's reads."""
+    """convert, the v1 reader and the writer's spool copy take aprfast.io.platform's reads."""
     tensors = _tensors(rng)
     st = pytest.importorskip("safetensors.numpy")
     source = tmp_path / "m.safetensors"

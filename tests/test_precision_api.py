@@ -7,7 +7,7 @@ from hypothesis.extra.numpy import array_shapes, arrays
 from ml_dtypes import bfloat16
 
 import aprfast
-from aprfast import precision
+from aprfast.numerics import precision
 from aprfast.errors import LayoutError
 
 # Every float32 bit pattern: NaN payloads, subnormals, +-0, +-inf, ties.

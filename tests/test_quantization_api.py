@@ -19,7 +19,7 @@ from hypothesis.extra.numpy import arrays
 from ml_dtypes import bfloat16
 
 import aprfast
-from aprfast import quantization as Q
+from aprfast.numerics import quantization as Q
 from aprfast.dtypes import DTYPES
 from aprfast.errors import CorruptError, LayoutError, UnknownDTypeError
 
@@ -272,7 +272,7 @@ def test_dequantize_rows_padded_to_whole_blocks(type_name):
 def test_dequantize_into_reused_cached_memory_matches_oracle(monkeypatch, type_name):
     """Large results come from the buffer cache, whose blocks hold old bytes: every float
     must still be written (the padded-row path's temporary comes from there too)."""
-    from aprfast import precision
+    from aprfast.numerics import precision
     monkeypatch.setattr(precision, "CACHED_OUTPUT_MIN", 1 << 18)
     d = DTYPES[type_name]
     shape = (64, 2048) if d.blocks_per_row else (64, 2048 + 5)  # 512 KiB of floats: cached
@@ -547,7 +547,7 @@ def test_degradation_is_logged_and_listed_but_does_not_stop(caplog):
     """Jidoka §6.2.9: accuracy loss past DEGRADATION_LIMIT is logged, then work goes on."""
     block = np.full((1, 32), -0.49, np.float32)
     block[0, 0] = 8.0  # Q4_0 step of 1: every other value rounds to 0 (cosine 0.946)
-    with caplog.at_level(logging.WARNING, logger="aprfast.quantization"):
+    with caplog.at_level(logging.WARNING, logger="aprfast.numerics.quantization"):
         out, report = aprfast.quantize_tensors({"w": block, "ok": random_values((4, 64))}, "q4_0")
     assert report["w"].cosine_similarity < 1 - Q.DEGRADATION_LIMIT
     assert report.warnings == [f"w: Q4_0 cosine similarity {report['w'].cosine_similarity:.4f}"]

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aprfast
-from aprfast import quantization as Q
+from aprfast.numerics import quantization as Q
 from aprfast.dtypes import DTYPES
 from aprfast.errors import CorruptError, LayoutError, UnknownDTypeError
 

@@ -6,7 +6,8 @@ import pytest
 from servers import s3_server  # noqa: F401 - the fixture
 
 import aprfast
-from aprfast import remote, writer
+from aprfast import remote
+from aprfast.files import writer
 from aprfast.errors import AprFileNotFoundError, AprIOError
 from aprfast.remote import RemoteChangedError
 

@@ -23,7 +23,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aprfast
-from aprfast import _memory, codecs, crypto, licensing, limits, v1
+from aprfast import _memory, limits
+from aprfast.codecs import payload as codecs
+from aprfast.crypto import core as crypto
+from aprfast.v1 import licensing, api as v1
 from aprfast.errors import AprIOError, CorruptError, DecryptError, LimitError
 from aprfast.layouts import v1 as layout
 from aprfast.layouts.v1 import Flag, Header

@@ -1,4 +1,4 @@
-"""Byte-compatibility tests for aprfast._serde_json against Rust's serde_json.
+"""Byte-compatibility tests for aprfast.layouts.serde_json against Rust's serde_json.
 
 The golden tables below were captured from the real serde_json 1.0.154
 (float formatting by zmij 1.0.23) with a throwaway Rust program that printed
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aprfast._serde_json import dumps, format_f32, format_f64
+from aprfast.layouts.serde_json import dumps, format_f32, format_f64
 
 # RFC 8259 number grammar: whatever serde_json writes must be valid JSON.
 JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")

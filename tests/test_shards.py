@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast import shards
+from aprfast.files import shards
 from aprfast.errors import (AprError, AprFileNotFoundError, AprIOError, ChecksumError, CorruptError, FormatError,
                             LayoutError, LimitError, TensorNotFoundError)
 from aprfast.limits import Limits

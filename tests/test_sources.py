@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast import sources
+from aprfast.io import sources
 from aprfast.errors import AprIOError
 
 

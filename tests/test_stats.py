@@ -13,8 +13,8 @@ from hypothesis.extra import numpy as hnp
 import aprfast
 from aprfast import _stats
 from aprfast.dtypes import bfloat16
-from aprfast.expectations import EXPECTATIONS, check_expected, expectation_for
-from aprfast.stats import TensorStats, histogram_spec, tensor_stats, tensor_stats_numpy
+from aprfast.numerics.expectations import EXPECTATIONS, check_expected, expectation_for
+from aprfast.numerics.stats import TensorStats, histogram_spec, tensor_stats, tensor_stats_numpy
 from aprfast.tensors import QuantizedTensor, RawTensor
 
 FLOATS = [np.float32, np.float64, np.float16]
@@ -267,7 +267,7 @@ def test_float4_is_decoded_from_its_nibbles():
 
 
 def test_a_custom_quantizer_is_decoded_by_its_own_function():
-    from aprfast import quantization as Q
+    from aprfast.numerics import quantization as Q
 
     def quantize(values):  # one int8 per value, no scale: just enough to be a packed type
         return np.clip(np.round(values), -127, 127).astype(np.int8).view(np.uint8)

@@ -27,8 +27,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aprfast
-from aprfast import (AprError, ChecksumError, CorruptError, DecryptError, FormatError, LimitError, QuantizedTensor,
-                     RawTensor, SignatureError, crypto, tensor_codecs, v1)
+from aprfast import AprError, ChecksumError, CorruptError, DecryptError, FormatError, LimitError, QuantizedTensor, RawTensor, SignatureError
+from aprfast.crypto import core as crypto
+from aprfast.codecs import blocks as tensor_codecs
+from aprfast.v1 import api as v1
 from aprfast.layouts import chunk_index
 from aprfast.stream import PENDING
 

@@ -1,4 +1,4 @@
-"""Per-tensor compression in the APR2 layout (docs/FORMAT.md §3.1, aprfast.tensor_codecs).
+"""Per-tensor compression in the APR2 layout (docs/FORMAT.md §3.1, aprfast.codecs.blocks).
 
 Round trips over dtypes, shapes, codecs and compressibility through every reader path;
 golden bytes of a hand-built LZ4 file and the structure of a zstd one; slices decode
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from ml_dtypes import bfloat16
 
 import aprfast
-from aprfast import tensor_codecs
+from aprfast.codecs import blocks as tensor_codecs
 from aprfast.errors import AprError, ChecksumError, CorruptError, LayoutError, VersionError
 
 LZ4_BLOCK = tensor_codecs.LZ4_BLOCK_SIZE

@@ -234,9 +234,9 @@ def test_safe_open_devices(tmp_path):
         meta = f.get_tensor("bf")
         assert meta.device.type == "meta" and meta.dtype == torch.bfloat16 and meta.shape == (5, 7)
         assert f.get_slice("t03")[::2, 3].shape == (3,)
-        with pytest.raises(aprfast.frameworks.SliceIndexError):
+        with pytest.raises(aprfast.files.frameworks.SliceIndexError):
             f.get_slice("t03")[9]
-    with pytest.raises(aprfast.frameworks.UsageError, match="not a torch device"):
+    with pytest.raises(aprfast.files.frameworks.UsageError, match="not a torch device"):
         aprfast.safe_open(path, "pt", device="nowhere:3")
 
 

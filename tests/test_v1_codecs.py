@@ -12,8 +12,8 @@ import lz4.block
 import pytest
 import zstandard
 
-from aprfast import codecs
-from aprfast.codecs import Compression
+from aprfast.codecs import payload as codecs
+from aprfast.codecs.payload import Compression
 from aprfast.errors import CorruptError, LimitError, VersionError
 
 SAMPLE = b"".join(struct.pack("<If", i, i * 0.25) for i in range(5000)) + b"tail" * 100

@@ -20,8 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aprfast import crypto, licensing, v1
-from aprfast.codecs import Compression
+from aprfast.crypto import core as crypto
+from aprfast.v1 import licensing, api as v1
+from aprfast.codecs.payload import Compression
 from aprfast.errors import (AprError, ChecksumError, CorruptError, DecryptError, FormatError, LayoutError,
                             LimitError, ModelTypeMismatchError, SignatureError, VersionError)
 from aprfast.layouts import v1 as layout
@@ -502,7 +503,7 @@ def test_encrypted_header_keeps_aprenders_meaning(keys):
     assert header.compression == compressed  # what was applied before encrypting
     assert header.uncompressed_size == len(plain)  # the bincode length
     stored = data[32 + header.metadata_size:32 + header.metadata_size + header.payload_size]
-    from aprfast import codecs
+    from aprfast.codecs import payload as codecs
 
     assert header.payload_size == 16 + 12 + len(codecs.compress(plain, "zstd")) + 16  # salt, nonce, ct, tag
     assert crypto.decrypt_with_password(stored, "pw") == codecs.compress(plain, "zstd")
@@ -699,7 +700,7 @@ def test_paths_file_objects_and_buffers(tmp_path):
 def test_a_failed_save_leaves_the_target_untouched(tmp_path, monkeypatch):
     path = tmp_path / "m.apr"
     path.write_bytes(b"old")
-    import aprfast.v1 as module
+    import aprfast.v1.api as module
 
     def broken(fd, data):
         raise OSError(28, "No space left on device")

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast import crypto, v1
+from aprfast.crypto import core as crypto
+from aprfast.v1 import api as v1
 from aprfast.errors import DecryptError
 
 

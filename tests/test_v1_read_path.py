@@ -13,7 +13,8 @@ import zlib
 import numpy as np
 import pytest
 
-from aprfast import _memory, v1
+from aprfast import _memory
+from aprfast.v1 import api as v1
 from aprfast.errors import AprError, AprIOError, ChecksumError
 from aprfast.layouts import v1 as layout
 
@@ -117,7 +118,7 @@ def test_a_crc_mismatch_is_reported_by_the_full_path(tmp_path):
 
 @pytest.mark.parametrize("kind", ["zstd", "signed", "tensors", "password"])
 def test_other_files_take_the_full_path(tmp_path, kind):
-    from aprfast import crypto
+    from aprfast.crypto import core as crypto
 
     path = tmp_path / "m.apr"
     if kind == "tensors":
@@ -163,7 +164,7 @@ def test_pread_to_bytes_matches_its_pure_twin(tmp_path):
 def test_saved_files_are_the_in_memory_bytes(tmp_path, monkeypatch, password, durable, kind):
     import functools
 
-    from aprfast import crypto
+    from aprfast.crypto import core as crypto
 
     monkeypatch.setattr(crypto, "password_sealing",
                         functools.partial(crypto.password_sealing, salt=bytes(16), nonce=bytes(12)))
@@ -178,7 +179,7 @@ def test_saved_files_are_the_in_memory_bytes(tmp_path, monkeypatch, password, du
 
 @pytest.mark.parametrize("password", [None, "pw"])
 def test_a_full_disk_at_reservation_leaves_nothing(tmp_path, monkeypatch, password):
-    from aprfast import atomic
+    from aprfast.io import atomic
 
     monkeypatch.setattr(atomic, "preallocate", lambda fd, size: errno.ENOSPC)
     with pytest.raises(AprIOError, match="No space"):
@@ -205,7 +206,7 @@ def test_a_failure_mid_save_leaves_nothing(tmp_path, monkeypatch, password):
 
 
 def test_the_reservation_is_the_file_size(tmp_path, monkeypatch):
-    from aprfast import atomic
+    from aprfast.io import atomic
 
     sizes = []
     real = atomic.preallocate
@@ -215,7 +216,7 @@ def test_the_reservation_is_the_file_size(tmp_path, monkeypatch):
         v1.save_model(os.urandom(100_000), path, model_type="Custom", password=password, durable=False)
         assert sizes[-1] == os.path.getsize(path)
     v1.save_model(os.urandom(1000), tmp_path / "d.apr", model_type="Custom", durable=True)
-    assert len(sizes) == 2  # durable saves do not reserve (see aprfast.atomic._reserve)
+    assert len(sizes) == 2  # durable saves do not reserve (see aprfast.io.atomic._reserve)
 
 
 @pytest.mark.parametrize("forced", [0, 1, 2])

@@ -9,7 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from aprfast import crypto, v1
+from aprfast.crypto import core as crypto
+from aprfast.v1 import api as v1
 from aprfast.errors import DecryptError
 
 SALT, NONCE = bytes(range(16)), bytes(range(100, 112))

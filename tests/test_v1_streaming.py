@@ -18,12 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ml_dtypes import bfloat16
 
-from aprfast import crypto, v1
+from aprfast.crypto import core as crypto
+from aprfast.v1 import api as v1
 from aprfast.errors import (AprError, ChecksumError, CorruptError, DecryptError, LayoutError, LimitError,
                             SignatureError, TensorNotFoundError, UnknownDTypeError, VersionError)
 from aprfast.layouts import chunk_index
 from aprfast.layouts.v1 import Flag
-from aprfast.v1reader import V1File
+from aprfast.v1.reader import V1File
 
 PINNED = {"created_at": "0", "aprender_version": "golden"}
 DTYPES = [np.dtype(d) for d in (np.float32, np.float16, np.float64, np.int8, np.int16, np.int32, np.int64,
@@ -691,7 +692,7 @@ def test_a_signed_flag_without_a_signed_index_is_refused():
 
 
 def test_packed_tensors_round_trip_and_refuse_elementwise_slices():
-    from aprfast import quantization
+    from aprfast.numerics import quantization
 
     weights = np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(64, 32)
     packed = quantization.quantize(weights, "Q8_0")

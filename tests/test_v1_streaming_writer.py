@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast import crypto, v1
+from aprfast.crypto import core as crypto
+from aprfast.v1 import api as v1
 
 METADATA = {"created_at": "1700000000", "aprender_version": "0.1.0", "model_name": "s"}
 SEED = bytes(range(32))

@@ -16,12 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ml_dtypes import bfloat16
 
-from aprfast import crypto, v1
+from aprfast.crypto import core as crypto
+from aprfast.v1 import api as v1
 from aprfast.errors import (AprError, CorruptError, LayoutError, LimitError, SignatureError, TensorNotFoundError,
                             UnknownDTypeError)
 from aprfast.layouts import trueno
 from aprfast.layouts.v1 import Flag
-from aprfast.v1reader import V1File
+from aprfast.v1.reader import V1File
 
 PINNED = {"created_at": "0", "aprender_version": "golden"}
 DTYPES = [np.dtype(d) for d in (np.float32, np.float16, bfloat16, np.int8, np.uint8)]

@@ -13,9 +13,9 @@ import aprfast
 from aprfast import layouts
 from aprfast.errors import ChecksumError, CorruptError, DecryptError, LayoutError, LimitError, VersionError
 from aprfast.security import SecurityOptions
-from aprfast.security.aead import ChunkCipher
+from aprfast.crypto.aead import ChunkCipher
 from aprfast.tensors import as_inputs
-from aprfast.writer import save_to
+from aprfast.files.writer import save_to
 from test_v2_helpers import (OTHER_PUBLIC, OTHER_SECRET, PASSWORD, RECIPIENT_PUBLIC, RECIPIENT_SECRET, MiB, extent,
                              fix_crcs, flip, layout_of, model)
 
@@ -106,7 +106,7 @@ def test_packed_and_half_dtypes_round_trip():
     pytest.importorskip("ml_dtypes")
     import ml_dtypes
 
-    q = aprfast.quantization.quantize(np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(64, 32), "Q8_0")
+    q = aprfast.numerics.quantization.quantize(np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(64, 32), "Q8_0")
     tensors = {"q": q, "h": np.arange(100, dtype=ml_dtypes.bfloat16)}
     data = aprfast.save(tensors, password=PASSWORD, compression="zstd")
     with aprfast.open(data, password=PASSWORD) as f:
@@ -414,8 +414,8 @@ def test_random_access_on_a_compressed_encrypted_tensor():
 @pytest.mark.parametrize("write, read", [("libsodium", "cryptography"), ("cryptography", "libsodium")])
 def test_files_are_the_same_whichever_aes_gcm_backend(monkeypatch, tensors, write, read):
     """libsodium (ctypes, detached) and OpenSSL (cryptography, in place) seal the same bytes."""
-    from aprfast import crypto
-    from aprfast.security import aead
+    from aprfast.crypto import core as crypto
+    from aprfast.crypto import aead
 
     if aead._SODIUM is None:
         pytest.skip("libsodium's AES-GCM is not available on this CPU")

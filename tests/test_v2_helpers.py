@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import aprfast
-from aprfast import crypto
+from aprfast.crypto import core as crypto
 
 PASSWORD = "correct horse battery staple"
 SIGNING_SEED, SIGNING_PUBLIC = crypto.generate_signing_key()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast import crypto
+from aprfast.crypto import core as crypto
 from aprfast.errors import ChecksumError, CorruptError, DecryptError, SignatureError, VersionError
 from test_v2_helpers import (PASSWORD, SIGNING_PUBLIC, SIGNING_SEED, MiB, extent, fix_crcs, flip, layout_of, model)
 
@@ -155,7 +155,7 @@ def test_blake3_digests(tensors, monkeypatch):
 
 def test_reading_one_tensor_hashes_only_its_chunks(monkeypatch):
     """One signature check at open; then only the chunks read are hashed."""
-    from aprfast.security import digests
+    from aprfast.crypto import digests
 
     rng = np.random.default_rng(2)
     tensors = {f"t{i}": rng.standard_normal(MiB // 2, dtype=np.float32) for i in range(6)}

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from aprfast.errors import TensorNotFoundError
-from aprfast.licensing import License
-from aprfast.watermark import (
+from aprfast.v1.licensing import License
+from aprfast.v1.watermark import (
     CHUNK_ELEMENTS,
     DEFAULT_STRENGTH,
     WatermarkMatch,

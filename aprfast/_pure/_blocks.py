@@ -2,7 +2,7 @@
 copies and LZ4 blocks (aprfast._pure._lz4block).  zstd frames are the compiled
 module's only when it finds the system's libzstd; this twin behaves as that module
 does without one (:func:`zstd_native` is False and a zstd block reports so), and
-aprfast.tensor_codecs decodes them with the ``zstandard`` package instead.
+aprfast.codecs.blocks decodes them with the ``zstandard`` package instead.
 """
 
 from __future__ import annotations

@@ -230,7 +230,7 @@ def preallocate(fd, size) -> int:
     return 0
 
 
-#: The paths a fallback can be forced on (aprfast._platform; docs/PORTABILITY.md).
+#: The paths a fallback can be forced on (aprfast.io.platform; docs/PORTABILITY.md).
 FALLBACKS = {"pread": 1, "fallocate": 2, "madvise": 4}
 _forced: frozenset = frozenset()
 

@@ -46,11 +46,11 @@ def keys_from(args) -> dict:
             raise UsageError(f"--password-env: environment variable {args.password_env} is not set")
         keys["password"] = password
     if getattr(args, "key_file", None):
-        from ..crypto import load_key
+        from ..crypto.core import load_key
 
         keys["private_key"] = load_key(args.key_file, kind="x25519-private")[1]
     if getattr(args, "trusted_key", None):
-        from ..crypto import load_key
+        from ..crypto.core import load_key
 
         keys["trusted_keys"] = [load_key(path, kind="ed25519-public")[1] for path in args.trusted_key]
     if "password" in keys and "private_key" in keys:
@@ -114,7 +114,7 @@ def signing_key_from(args) -> bytes | None:
     """The Ed25519 seed of ``--signing-key PATH`` (raw 32 bytes, PEM or OpenSSH)."""
     if not getattr(args, "signing_key", None):
         return None
-    from ..crypto import load_key
+    from ..crypto.core import load_key
 
     return load_key(args.signing_key, kind="ed25519-private")[1]
 

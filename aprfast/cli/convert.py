@@ -159,7 +159,7 @@ def _optimize_options(args) -> dict:
 
 def _quant_name(text: str) -> str:
     from ..errors import UnknownDTypeError
-    from ..quantization import quant_type, quant_types
+    from ..numerics.quantization import quant_type, quant_types
 
     name = QUANTIZE_ALIASES.get(text.lower(), text)
     try:

@@ -155,7 +155,7 @@ class _NoKeys:
 
 
 def _checksum_check(path, args) -> dict:
-    from ..protection import container_of, verify_file
+    from ..tools.protection import container_of, verify_file
 
     try:
         if container_of(path) == "v1":  # CRC and signature need no decryption key

@@ -1,13 +1,13 @@
 """``apr decrypt IN -o OUT``: write the plaintext of an encrypted v1 or v2 model, with the
 password from the environment (``--password-env VAR``) or an X25519 private key file
 (``--key-file PATH``); ``--trusted-key`` requires its signature first.  Over
-:func:`aprfast.protection.decrypt_file`."""
+:func:`aprfast.tools.protection.decrypt_file`."""
 
 from __future__ import annotations
 
 import sys
 
-from ..protection import decrypt_file
+from ..tools.protection import decrypt_file
 from ._common import (EXIT_OK, UsageError, add_key_options, add_signing_key_option, keys_from, print_json,
                       signing_key_from)
 

@@ -1,5 +1,5 @@
 """``apr diff A B``: two models tensor by tensor (seed 001 §4.5), over
-:func:`aprfast.diff.diff_models`.
+:func:`aprfast.tools.diff.diff_models`.
 
 B may be a ``.safetensors`` or ``.gguf`` reference, its names paired with A's through
 ``--tensor-mapping mapping.json`` (``{"name in A": "name in B"}``).  Exit 0 when every
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from ..diff import DEFAULT_TOLERANCE, diff_models, load_mapping
+from ..tools.diff import DEFAULT_TOLERANCE, diff_models, load_mapping
 from ._common import (EXIT_OK, EXIT_VALIDATION, UsageError, add_key_options, add_progress_option, fmt, keys_from,
                       non_negative_int, print_json, progress_for)
 

@@ -1,7 +1,7 @@
 """``apr encrypt IN -o OUT``: encrypt a model (v1: its payload; v2: every tensor in
 1 MiB chunks, ``--encrypt-names`` for metadata and index too) with a password from the
 environment (``--password-env VAR``, Argon2id) or to recipients' X25519 public key
-files (``--recipient PATH``, repeatable); over :func:`aprfast.protection.encrypt_file`.
+files (``--recipient PATH``, repeatable); over :func:`aprfast.tools.protection.encrypt_file`.
 Encrypting changes the signed bytes: ``--signing-key`` signs the result, else the
 result is unsigned (said on stderr when the input was signed)."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from ..protection import encrypt_file
+from ..tools.protection import encrypt_file
 from ._common import EXIT_OK, UsageError, add_signing_key_option, password_from, print_json, signing_key_from
 
 
@@ -34,7 +34,7 @@ def run(args) -> int:
         raise UsageError("give --password-env VAR or --recipient PATH (not both)")
     recipients = None
     if args.recipient:
-        from ..crypto import load_key
+        from ..crypto.core import load_key
 
         recipients = [load_key(path, kind="x25519-public")[1] for path in args.recipient]
     result = encrypt_file(args.file, args.output, password=password, recipients=recipients,

@@ -12,8 +12,8 @@ import sys
 
 from ..convert import names as _names
 from ..errors import CODES
-from ..expectations import check_expected, expectation_for
-from ..stats import tensor_stats
+from ..numerics.expectations import check_expected, expectation_for
+from ..numerics.stats import tensor_stats
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, add_key_options, fmt, open_model, print_json
 
 #: Meaning, common causes and what to do, per code (seed 001 §7 and §4.12).

@@ -17,7 +17,7 @@ from ..api import inspect as inspect_file
 from ..convert.mle import format_inspect as format_mle, inspect_mle, is_mle
 from ..dtypes import element_count
 from ..errors import ChecksumError, SignatureError
-from ..quality import VOCAB_KEYS, VOCAB_SIZE_KEYS
+from ..tools.quality import VOCAB_KEYS, VOCAB_SIZE_KEYS
 from ._common import EXIT_OK, EXIT_VALIDATION, add_key_options, keys_from, non_negative_int, open_model, print_json
 
 SPECIAL_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "unk_token_id", "pad_token_id")
@@ -93,7 +93,7 @@ def read_report(args) -> tuple:
         return inspect_stdin(keys), "<stdin>"
     if not keys:
         return inspect_file(args.file), args.file
-    from ..reader import AprFile
+    from ..files.reader import AprFile
 
     with open_model(args.file, args) as f:  # keys checked here, whatever the variant
         if isinstance(f, AprFile):
@@ -126,7 +126,7 @@ def quantization_report(report) -> dict:
     ``quantization`` metadata.  The original dtype is what the metadata records
     (``original_dtype``, as ``apr quantize`` writes it), else None: the packed bytes
     cannot tell whether they came from f32, f16 or bf16."""
-    from ..quantization import quant_type, quant_types
+    from ..numerics.quantization import quant_type, quant_types
 
     known = set(quant_types())
     meta = report["metadata"].get("quantization")

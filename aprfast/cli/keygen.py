@@ -1,11 +1,11 @@
 """``apr keygen PATH --type ed25519|x25519``: a new key pair, the private key in PATH
 (mode 0600) and the public key in PATH.pub; over
-:func:`aprfast.protection.generate_keypair`.  Ed25519 keys sign (apr sign/verify),
+:func:`aprfast.tools.protection.generate_keypair`.  Ed25519 keys sign (apr sign/verify),
 X25519 keys receive encrypted models (apr encrypt --recipient / decrypt --key-file)."""
 
 from __future__ import annotations
 
-from ..protection import KEYPAIR_KINDS, generate_keypair
+from ..tools.protection import KEYPAIR_KINDS, generate_keypair
 from ._common import EXIT_OK, print_json
 
 

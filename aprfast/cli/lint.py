@@ -83,7 +83,7 @@ def lint_file(f, path) -> list:
     infos = [f.info(name) for name in f.keys()]
     for info in infos:
         findings += _naming_findings(info.name)
-    from ..reader import AprFile
+    from ..files.reader import AprFile
 
     if isinstance(f, AprFile):  # the data section's layout: v2 only
         findings += _layout_findings(infos)

@@ -1,12 +1,12 @@
 """``apr merge A B ... -o OUT --method M``: models merged tensor by tensor (seed 001
-§4.9) over :func:`aprfast.merge.merge_models`: average, weighted (``--weights``),
+§4.9) over :func:`aprfast.tools.merge.merge_models`: average, weighted (``--weights``),
 slerp (``--t``), and against ``--base`` the task-vector methods ties (``--density``,
 ``--lambda``) and dare (``--density``, ``--seed``).  ``--strategy`` is the seed's name
 for ``--method``.  An existing output is kept unless ``--force``."""
 
 from __future__ import annotations
 
-from ..merge import METHODS, merge_models
+from ..tools.merge import METHODS, merge_models
 from ._common import EXIT_OK, UsageError, add_key_options, add_progress_option, keys_from, print_json, progress_for
 
 

@@ -1,7 +1,7 @@
 """``apr quantize IN -o OUT --type q4_0 [--embedding-type q8_0] [--output-type q8_0]
 [--layer GLOB=TYPE ...]``: seed 002 §6.2.6.
 
-Tensors are quantized by :func:`aprfast.quantization.quantize_tensors` (the C kernels),
+Tensors are quantized by :func:`aprfast.numerics.quantization.quantize_tensors` (the C kernels),
 then dequantized to measure each one's error; the report gives every tensor's type,
 bits per weight, RMSE, largest absolute error and cosine similarity.  Per-layer types:
 ``--layer`` rules first (in the order given; ``keep`` leaves a tensor as it is), then
@@ -16,7 +16,7 @@ import fnmatch
 import os
 
 from ..convert._common import DestinationExistsError
-from ..quantization import quant_type, quant_types, quantize_tensors
+from ..numerics.quantization import quant_type, quant_types, quantize_tensors
 from ._common import (EXIT_OK, UsageError, add_key_options, add_progress_option, non_negative_int, open_model,
                       print_json, progress_for)
 
@@ -133,7 +133,7 @@ def quantize_file(source, destination, default, rules, args) -> dict:
 
 def _explain_kept(report, rules, quantize_1d):
     """The callable rules leave "the rules callable kept it": say which rule."""
-    from ..quantization import QuantizationReport
+    from ..numerics.quantization import QuantizationReport
 
     entries = []
     for e in report:

@@ -1,12 +1,12 @@
 """``apr sign FILE --signing-key KEY``: sign a model with an Ed25519 key file, in
-place (atomically) or to ``-o OUT``; over :func:`aprfast.protection.sign_file`.  A v1
+place (atomically) or to ``-o OUT``; over :func:`aprfast.tools.protection.sign_file`.  A v1
 payload is signed as stored, so an encrypted v1 file is signed without its key; a v2
 file is saved again signed, and an encrypted one needs its key (``--password-env`` /
 ``--key-file``)."""
 
 from __future__ import annotations
 
-from ..protection import sign_file
+from ..tools.protection import sign_file
 from ._common import EXIT_OK, UsageError, add_signing_key_option, keys_from, print_json, signing_key_from
 
 

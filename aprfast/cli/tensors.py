@@ -7,8 +7,8 @@ from __future__ import annotations
 import fnmatch
 import sys
 
-from ..expectations import check_value
-from ..stats import tensor_stats
+from ..numerics.expectations import check_value
+from ..numerics.stats import tensor_stats
 from ._common import (EXIT_ERROR, EXIT_OK, EXIT_VALIDATION, add_key_options, fmt, non_negative_int, open_model,
                       print_json, shape_text)
 

@@ -26,8 +26,8 @@ import math
 import os
 import time
 
-from .. import _platform
-from ..stats import tensor_stats
+from ..io import platform as _platform
+from ..numerics.stats import tensor_stats
 from ._common import (EXIT_OK, EXIT_VALIDATION, UsageError, add_key_options, fmt, non_negative_int, open_model,
                       print_json, shape_text)
 
@@ -88,7 +88,7 @@ def trace_load(path, args=None, *, verify: bool = True, threads: int = 0) -> dic
     """The trace of one load of ``path`` as a dict: ``open`` and ``verify`` spans and one
     entry per tensor (``bytes_read``, ``read_us``, ``decode_us``, ``stats_us``, span
     starts ``*_at_us``, ``steps`` and the statistics)."""
-    from ..reader import AprFile
+    from ..files.reader import AprFile
 
     clock = _Clock()
     f, open_at, open_us = clock.span(lambda: open_model(path, args))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from .._optional import MissingDependencyError
-from ..diff import DEFAULT_TOLERANCE
+from ..tools.diff import DEFAULT_TOLERANCE
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, add_key_options, keys_from, non_negative_int
 
 

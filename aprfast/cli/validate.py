@@ -3,11 +3,11 @@
 ``--checksum`` (the file's CRC32 and, for signed v1 files, the signature), ``--nan-check``
 (no NaN or Inf in any tensor), ``--zero-check`` (no weight entirely zero; an all-zero bias only warns); none given
 means all three.  ``--stats`` checks every tensor against seed 001 §10.9's expected statistics
-(:mod:`aprfast.expectations`, the rules ``apr tensors --stats`` and ``aprfast.convert``'s inline validation
+(:mod:`aprfast.numerics.expectations`, the rules ``apr tensors --stats`` and ``aprfast.convert``'s inline validation
 use; FAIL on NaN/Inf or a LayerNorm mean outside its range, WARN outside the expected std).  ``--shapes``
 compares metadata sizes (``n_vocab``, ``hidden_size``, ``n_mels``, context lengths) with the tensors' dimensions.  :func:`validate_file` is the same as a function.
 
-``--quality`` prints the 100-point assessment of seed 001 §11 (:func:`aprfast.quality.quality_report`, which
+``--quality`` prints the 100-point assessment of seed 001 §11 (:func:`aprfast.tools.quality.quality_report`, which
 scores the checksum, NaN/Inf, zero and shape items itself, so the other checks are not run again) and exits 5
 when the score is below ``--min-score``."""
 
@@ -17,8 +17,8 @@ import sys
 
 from ..convert.mle import format_validate as format_mle, is_mle, validate_mle
 from ..errors import ChecksumError, DecryptError, SignatureError
-from ..expectations import check_expected
-from ..stats import tensor_stats
+from ..numerics.expectations import check_expected
+from ..numerics.stats import tensor_stats
 from ._common import (EXIT_OK, EXIT_VALIDATION, UsageError, add_key_options, add_progress_option, keys_from,
                       non_negative_int, open_model, paint, print_json, progress_for)
 
@@ -76,7 +76,7 @@ def run(args) -> int:
 
 
 def run_quality(args) -> int:
-    from ..quality import quality_report
+    from ..tools.quality import quality_report
 
     with progress_for(args, "scoring") as progress:
         report = quality_report(args.file, threads=args.threads, progress=progress, **keys_from(args))
@@ -151,7 +151,7 @@ def _zero_result(all_zero, skipped) -> dict:
 
 
 def _shapes_result(f) -> dict:
-    from ..quality import shape_checks
+    from ..tools.quality import shape_checks
 
     rows = shape_checks(f.metadata or {}, [f.info(n) for n in f.keys()])
     bad = [r for r in rows if r["status"] == "FAIL"]

@@ -1,6 +1,6 @@
 """``apr verify FILE``: check a model's CRC32 and signature without decrypting it
 (exit 0 valid, 5 unsigned, tampered or signed by a key not given with
-``--trusted-key``); over :func:`aprfast.protection.verify_file`.  A v2 file has every
+``--trusted-key``); over :func:`aprfast.tools.protection.verify_file`.  A v2 file has every
 chunk's digest checked over its stored bytes, so an encrypted file needs no key unless
 its names are encrypted (``--password-env`` / ``--key-file`` then; with a key each
 chunk's AES-GCM tag is checked too)."""
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import ChecksumError, DecryptError, SignatureError
-from ..protection import verify_file
+from ..tools.protection import verify_file
 from ._common import EXIT_OK, EXIT_VALIDATION, keys_from, print_json
 
 
@@ -31,7 +31,7 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     trusted = None
     if args.trusted_key:
-        from ..crypto import load_key
+        from ..crypto.core import load_key
 
         trusted = [load_key(path, kind="ed25519-public")[1] for path in args.trusted_key]
     keys = keys_from(args)

@@ -20,13 +20,13 @@ import numpy as np
 
 from .. import dtypes as _dtypes
 from ..errors import FormatError, LayoutError, os_error
-from ..precision import to_bfloat16, to_float16, to_float32
-from ..quantization import _selector, dequantize as _dequantize, quant_type, quantize as _quantize
+from ..numerics.precision import to_bfloat16, to_float16, to_float32
+from ..numerics.quantization import _selector, dequantize as _dequantize, quant_type, quantize as _quantize
 from ..tensors import RawTensor
 from . import apr as _apr, burnpack as _bpk, gguf as _gguf, mle as _mle, onnx as _onnx, pytorch as _pt
 from . import safetensors as _st
 from ._common import DestinationExistsError, Scratch, Spec
-from ..drift import numeric_values
+from ..numerics.drift import numeric_values
 from .gate import DEFAULT_MAX_DRIFT, QualityGate, QualityGateError, QualityGateWarning, lossy as _lossy
 from .names import NameMapping, NameMappingWarning, detect_arch, map_names
 from .optimize import Optimizer
@@ -51,7 +51,7 @@ def detect(path) -> str:
     (a torch.save zip, or torch < 1.6's legacy pickle, refused when opened), "onnx"
     (a ModelProto: ``ir_version`` then another model field), or
     "safetensors-sharded" (an index file, or a directory holding one)."""
-    from ..shards import MANIFEST_SUFFIX, find_manifest
+    from ..files.shards import MANIFEST_SUFFIX, find_manifest
 
     path = os.fspath(path)
     manifest = find_manifest(path)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _platform
+from ..io import platform as _platform
 from .. import dtypes as _dtypes
 from ..dtypes import DType
 from ..errors import AprIOError, CorruptError, LayoutError, LimitError, os_error
@@ -195,13 +195,13 @@ def copy_range(src_fd: int, offset: int, nbytes: int, dst_fd: int, what: str, pa
 
 
 def reserve(fd: int, size: int, durable: bool, path) -> None:
-    """Reserve a new file's blocks at once when it is not fsynced (aprfast.writer's rule:
+    """Reserve a new file's blocks at once when it is not fsynced (aprfast.files.writer's rule:
     on ext4 writing into reserved blocks is much cheaper than allocating page by page,
     but a durable write's fsync then got slower); a full disk is an error before any
     byte is written."""
     if durable:
         return
-    from ..atomic import _reserve
+    from ..io.atomic import _reserve
 
     try:
         _reserve(fd, size)

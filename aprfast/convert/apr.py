@@ -7,8 +7,8 @@ import os
 
 from ..api import open as _open
 from ..errors import LayoutError
-from ..reader import AprFile
-from ..writer import Writer
+from ..files.reader import AprFile
+from ..files.writer import Writer
 from ._common import MAP_MIN, Spec, value_of
 
 __all__ = ["AprSource", "apr_writer"]

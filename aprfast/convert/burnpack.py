@@ -25,7 +25,7 @@ import struct
 from .. import dtypes as _dtypes
 from .._optional import require
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, VersionError
-from ..atomic import AtomicFile
+from ..io.atomic import AtomicFile
 from ._common import DeclaredWriter, Spec, TensorFileSource, check_shape_bytes, copy_range, read_exact
 from .safetensors import _write_all, metadata_from_strings, metadata_to_strings, tensor_bytes
 

@@ -3,7 +3,7 @@
 measured while the source values are in memory (no second read).
 
 Per tensor: the relative L2 distance ``||W - W'|| / ||W||`` and the largest ``|W - W'|``
-(computed as ``aprfast.diff`` computes them: float64, chunk by chunk, the statistics
+(computed as ``aprfast.tools.diff`` computes them: float64, chunk by chunk, the statistics
 engine over the difference), ``W'`` being the values written, decoded (a factored
 tensor's ``A @ B``).  A zero source has drift 0 when the output is zero too, else
 infinite; a NaN/Inf on one side only is infinite drift.  Tensors the conversion leaves
@@ -22,7 +22,7 @@ import warnings
 
 import numpy as np
 
-from ..drift import compare_values
+from ..numerics.drift import compare_values
 from .validation import TensorValidationError, ValidationWarning
 
 __all__ = ["DEFAULT_MAX_DRIFT", "QualityGate", "QualityGateError", "QualityGateWarning"]

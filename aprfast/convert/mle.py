@@ -216,7 +216,7 @@ class MLEFile:
                                  f"weights sections ({digest.hex()})", path=self.path)
         if trusted_key is not None and bytes(trusted_key).hex() != sig["public_key"]:
             raise SignatureError(f"signed by {sig['public_key']}, not the trusted key", path=self.path)
-        from ..crypto import verify
+        from ..crypto.core import verify
 
         try:
             verify([digest], bytes.fromhex(sig["signature"]), bytes.fromhex(sig["public_key"]))

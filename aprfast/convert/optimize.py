@@ -36,7 +36,7 @@ import fnmatch
 
 import numpy as np
 
-from ..drift import numeric_values
+from ..numerics.drift import numeric_values
 
 __all__ = ["DEFAULT_EXCLUDE", "LOWRANK_KEY", "PRUNE_KEY", "SUFFIX_A", "SUFFIX_B", "Optimizer", "prune_values",
            "factor", "reconstruct"]

@@ -32,7 +32,7 @@ import zipfile
 
 import numpy as np
 
-from .. import _platform
+from ..io import platform as _platform
 from .. import dtypes as _dtypes
 from .._crc import crc32
 from ..errors import (AprError, ChecksumError, CorruptError, FormatError, LimitError, UnknownDTypeError, VersionError,

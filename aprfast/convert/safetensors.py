@@ -24,7 +24,7 @@ import numpy as np
 from .. import dtypes as _dtypes
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, os_error
 from ..tensors import RawTensor
-from ..atomic import AtomicFile
+from ..io.atomic import AtomicFile
 from ._common import (DeclaredWriter, DestinationExistsError, Spec, TensorFileSource, check_shape_bytes, copy_range,
                       read_exact, reserve, write_all as _write_all)
 

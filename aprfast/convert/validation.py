@@ -1,5 +1,5 @@
 """Inline validation (seed 001 §10.10, §13.6): every tensor checked against the expected
-statistics of §10.9 (:mod:`aprfast.expectations`) as it is written, before its bytes
+statistics of §10.9 (:mod:`aprfast.numerics.expectations`) as it is written, before its bytes
 reach the destination.
 
 The statistics are :func:`aprfast.stats.tensor_stats` of the value being written (after
@@ -23,7 +23,7 @@ from __future__ import annotations
 import warnings
 
 from ..errors import AprError
-from ..expectations import check_value
+from ..numerics.expectations import check_value
 
 __all__ = ["MODES", "TensorValidationError", "ValidationWarning", "InlineValidator"]
 

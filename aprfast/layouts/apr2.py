@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import struct
 
-from .. import _serde_json, tensor_codecs
+from . import serde_json as _serde_json
+from ..codecs import blocks as tensor_codecs
 from .. import security as _security
 from ..dtypes import APR2_IDS
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, VersionError
@@ -40,7 +41,7 @@ FLAGS = {"COMPRESSED": 0x01, "ALIGNED_64": 0x02, "ALIGNED_32": 0x04, "SHARDED": 
          "ENCRYPTED": 0x10, "SIGNED": 0x20, "QUANTIZED": 0x40, "STREAMING": 0x80}
 _ALIGNMENT_FLAG = {64: FLAGS["ALIGNED_64"], 32: FLAGS["ALIGNED_32"]}
 # Features the spec names that this build does not implement yet: refuse, don't misread.
-# (COMPRESSED is per-tensor compression, aprfast.tensor_codecs: docs/FORMAT.md §3.1.)
+# (COMPRESSED is per-tensor compression, aprfast.codecs.blocks: docs/FORMAT.md §3.1.)
 # (ENCRYPTED and SIGNED are aprfast.security: docs/FORMAT.md §3.2.)
 _UNSUPPORTED = FLAGS["STREAMING"]
 
@@ -74,7 +75,7 @@ def plan(inputs, metadata, *, alignment: int = 64, in_given_order: bool = False,
          compression_level=None, security=None) -> Plan:
     """Lay out a file; ``in_given_order``: data in the order of ``inputs`` (the index is
     sorted either way).  With ``compression`` ("lz4", "zstd") every tensor that
-    compresses is stored as independent blocks (aprfast.tensor_codecs), the rest as is.
+    compresses is stored as independent blocks (aprfast.codecs.blocks), the rest as is.
     ``security`` (aprfast.security.SecurityOptions) seals and/or signs the file: a
     security block after the index, each tensor's stored bytes sealed in chunks."""
     if alignment not in _ALIGNMENT_FLAG:

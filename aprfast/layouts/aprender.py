@@ -14,7 +14,7 @@ import struct
 
 import numpy as np
 
-from .. import _serde_json
+from . import serde_json as _serde_json
 from .._crc import crc32
 from ..dtypes import APRENDER_IDS
 from ..errors import ChecksumError, CorruptError, FormatError, LayoutError, LimitError, VersionError
@@ -274,7 +274,7 @@ def prefix_size(head, limits: Limits, path=None) -> int:
     """How many bytes a streaming reader must hold before the first tensor byte (the
     data offset), from the first HEADER_SIZE bytes of a stream (fewer if it ended),
     checked against ``limits`` before anything more is read or allocated."""
-    from ..sources import BufferSource
+    from ..io.sources import BufferSource
 
     _check_version(BufferSource(head, path))
     if len(head) < HEADER_SIZE:

@@ -20,9 +20,9 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 
-from .. import _rmp
+from . import rmp as _rmp
 from .._crc import crc32
-from ..codecs import Compression
+from ..codecs.payload import Compression
 from ..errors import ChecksumError, CorruptError, FormatError, LayoutError, LimitError, VersionError
 from ..limits import MAX_METADATA_SIZE
 
@@ -374,7 +374,7 @@ def assemble(header: Header, metadata: bytes, payload, signature_block: bytes | 
 
 def inspect(source) -> dict:
     """Header and metadata, like aprender's ``inspect``: no CRC check, nothing decrypted.
-    ``source`` is an :class:`aprfast.sources.Source`.  aprfast's own keys are left out
+    ``source`` is an :class:`aprfast.io.sources.Source`.  aprfast's own keys are left out
     of the metadata (the license block is reported by size)."""
     header = Header.from_bytes(bytes(source.read(0, HEADER_SIZE, "v1 header")), path=source.path)
     if header.metadata_size > MAX_METADATA_SIZE:

@@ -6,7 +6,7 @@ see :mod:`.s3`; ``gs://``, ``az://``,
 its cache and ``HF_HUB_OFFLINE`` honoured, see :mod:`.hf`).
 
 Reading (:func:`open_url`): a :class:`~aprfast.remote._ranged.RangedSource` is an
-ordinary :class:`~aprfast.sources.Source`, so :func:`aprfast.open`, ``load_file``,
+ordinary :class:`~aprfast.io.sources.Source`, so :func:`aprfast.open`, ``load_file``,
 ``inspect`` and every reader above them work unchanged; the costs are
 
 - opening (and ``inspect``): one request over HTTP and S3 when header, metadata and
@@ -179,6 +179,6 @@ def _discard(f) -> None:
 
 
 # sources.open_source (below this package) sends URLs here.
-from ..sources import register_url_opener  # noqa: E402
+from ..io.sources import register_url_opener  # noqa: E402
 
 register_url_opener(is_url, open_url)

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .._crc import crc32, crc32_combine
 from ..errors import AprError, AprIOError
-from ..sources import Source
+from ..io.sources import Source
 
 __all__ = ["RangedSource", "RemoteChangedError", "TransientError", "HEAD_BYTES", "TAIL_BYTES", "MERGE_GAP",
            "PART_BYTES"]

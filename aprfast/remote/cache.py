@@ -5,7 +5,7 @@ into ``APR_CACHE`` (:func:`aprfast.config.cache_dir`, ``~/.cache/apr`` by defaul
 Layout: ``{cache}/{scheme}/{where}/{path}`` (``hf/org/repo/model.apr``,
 ``https/example.org/models/m.apr``, ``s3/bucket/key.apr``) and ``{cache}/checksum.json``
 recording each file's URL, size and SHA-256.  Files are written through
-:class:`aprfast.atomic.AtomicFile`, so an interrupted download leaves no partial file;
+:class:`aprfast.io.atomic.AtomicFile`, so an interrupted download leaves no partial file;
 ``clear`` removes only what ``checksum.json`` records (and then-empty directories),
 never anything else a user keeps in that directory.
 """
@@ -74,7 +74,7 @@ def _load_checksums(root: Path) -> dict:
 
 
 def _save_checksums(root: Path, records: dict) -> None:
-    from ..writer import AtomicFile
+    from ..files.writer import AtomicFile
 
     data = json.dumps(records, indent=1, sort_keys=True).encode()
     atomic = AtomicFile(root / CHECKSUMS)
@@ -89,7 +89,7 @@ def _save_checksums(root: Path, records: dict) -> None:
 def download(url: str, *, cache_dir=None, storage_options=None, force: bool = False) -> Path:
     """Copy the file at ``url`` into the cache and return its local path (already there
     with its recorded size: returned without a request unless ``force``)."""
-    from ..writer import AtomicFile
+    from ..files.writer import AtomicFile
 
     root = _cache_root(cache_dir)
     repo = _hf_repo(url)

@@ -74,7 +74,7 @@ def open_hf(url: str, storage_options=None, *, mode=None):
     """A Source for an ``hf://`` URL: the cached file when there is one, else ranged reads."""
     where = resolve(url, storage_options)
     if where[0] == "local":
-        from ..sources import open_source
+        from ..io.sources import open_source
 
         return open_source(where[1], mode=mode)
     from .fsspec import FsspecSource

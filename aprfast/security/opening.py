@@ -11,9 +11,9 @@ import numpy as np
 
 from .._crc import crc32
 from ..errors import ChecksumError, CorruptError, DecryptError, SignatureError
-from ..sources import BufferSource, Source
+from ..io.sources import BufferSource, Source
 from . import block as blk
-from .digests import digest_name, hasher
+from ..crypto.digests import digest_name, hasher
 from .sealing import (CONTEXT_CHUNK, INDEX_CHUNK, KEY_SIZE, METADATA_CHUNK, SIGNATURE_CONTEXT, SPECIAL, chunk_aad,
                       context_digest, names_aad, nonce, run_jobs)
 
@@ -108,7 +108,7 @@ def _check_signature(block, header, metadata, index, keys, path):
         if _required(keys):
             raise SignatureError("the file is not signed but a signature is required", path=path)
         return UNSIGNED, None
-    from .. import crypto
+    from ..crypto import core as crypto
 
     signer = bytes(block.signer)
     trusted = keys.get("trusted_keys")
@@ -126,8 +126,8 @@ def _check_signature(block, header, metadata, index, keys, path):
 def _content_cipher(block, keys, path):
     """(ChunkCipher, mode) from the key block; (None, mode) when the caller gave no key
     and may list the file anyway (``keys["listing"]``, aprfast.inspect)."""
-    from .. import crypto
-    from .aead import ChunkCipher
+    from ..crypto import core as crypto
+    from ..crypto.aead import ChunkCipher
 
     password, private_key = keys.get("password"), keys.get("private_key")
     stored = block.key_block

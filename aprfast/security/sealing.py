@@ -19,7 +19,7 @@ import threading
 
 from .._crc import crc32
 from . import block as blk
-from .digests import hasher
+from ..crypto.digests import hasher
 
 __all__ = ["SecurityOptions", "Sealer", "run_jobs", "nonce", "chunk_aad", "context_digest", "names_aad",
            "SPECIAL", "CONTEXT_CHUNK", "METADATA_CHUNK", "INDEX_CHUNK", "SIGNATURE_CONTEXT", "chunk_bounds"]
@@ -41,7 +41,7 @@ def run_jobs(fn, jobs: list, nbytes: int, threads: int = 0) -> list:
     where waiting on the same pool could deadlock."""
     if nbytes < PARALLEL_BYTES or len(jobs) < 2 or threading.current_thread().name.startswith("aprfast-codec"):
         return [fn(job) for job in jobs]
-    from ..tensor_codecs import _pool
+    from ..codecs.blocks import _pool
 
     return list(_pool(threads).map(fn, jobs))
 
@@ -94,11 +94,11 @@ class SecurityOptions:
         if not blk.MIN_CHUNK_SHIFT <= chunk_shift <= blk.MAX_CHUNK_SHIFT:
             raise ValueError(f"chunk_shift must be {blk.MIN_CHUNK_SHIFT}..{blk.MAX_CHUNK_SHIFT}")
         self.password, self.recipients = password, recipients
-        from .. import crypto  # imported when used: `import aprfast` stays light
+        from ..crypto import core as crypto  # imported when used: `import aprfast` stays light
 
         self.signing_key = bytes(signing_key) if signing_key is not None else None
         self.signer = bytes(crypto.public_key_of(self.signing_key)) if self.signing_key is not None else None
-        from .digests import digest_id
+        from ..crypto.digests import digest_id
 
         self.digest_id = digest_id(digest or "sha256") if (digest or signing_key is not None) else 0
         self.chunk_shift = chunk_shift
@@ -126,7 +126,7 @@ class SecurityOptions:
 def _key_block(key: bytearray, options: SecurityOptions) -> bytes:
     """The content key sealed as v1 seals a payload (FORMAT §10): password blob,
     single-recipient blob, or multi-recipient blob."""
-    from .. import crypto
+    from ..crypto import core as crypto
 
     if options.password is not None:
         return bytes(crypto.encrypt_with_password(key, options.password))
@@ -158,8 +158,8 @@ class Sealer:
 
     def finish(self, header: bytes, metadata: bytes, index: bytes, *, threads: int = 0):
         """(metadata as stored, index as stored, the block, the data items to write)."""
-        from .. import crypto
-        from .aead import ChunkCipher
+        from ..crypto import core as crypto
+        from ..crypto.aead import ChunkCipher
 
         opts, flags = self.options, self.options.flags
         head = blk.encode_fixed(flags, opts.digest_id, opts.chunk_shift, len(self.key_block), self.size,

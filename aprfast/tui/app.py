@@ -7,7 +7,7 @@ the comparison (``c``).  Statistics come from :func:`aprfast.stats.tensor_stats`
 when a tensor is first selected and kept: small tensors at once, large ones on a worker
 thread (the C engine releases the GIL), one at a time, the newest request first, so
 moving through a big model never queues work.  The comparison is
-:func:`aprfast.diff.diff_models` on a worker thread, with its progress in the summary."""
+:func:`aprfast.tools.diff.diff_models` on a worker thread, with its progress in the summary."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from textual.worker import get_current_worker  # noqa: E402
 
 from ..api import open as open_apr  # noqa: E402
 from ..cli._common import fmt  # noqa: E402
-from ..expectations import check_expected, expectation_for  # noqa: E402
-from ..stats import tensor_stats  # noqa: E402
+from ..numerics.expectations import check_expected, expectation_for  # noqa: E402
+from ..numerics.stats import tensor_stats  # noqa: E402
 from . import render  # noqa: E402
 from .views import ComparePane, HelpScreen, ModuleTree, TensorTable, TextPane  # noqa: E402
 
@@ -131,7 +131,7 @@ class ModelApp(App):
     def __init__(self, path, other=None, *, keys=None, other_keys=None, tolerance=None, threads: int = 0,
                  bins: int = BINS, sync_bytes: int = SYNC_BYTES):
         super().__init__()
-        from ..diff import DEFAULT_TOLERANCE
+        from ..tools.diff import DEFAULT_TOLERANCE
 
         self.path, self.other_path = str(path), (str(other) if other is not None else None)
         self.keys, self.other_keys = dict(keys or {}), dict(other_keys or keys or {})
@@ -374,7 +374,7 @@ class ModelApp(App):
     def _diff(self) -> None:
         """The worker: diff_models over both files, its progress in the summary line."""
         from ..convert import detect
-        from ..diff import diff_models
+        from ..tools.diff import diff_models
 
         worker = get_current_worker()
 

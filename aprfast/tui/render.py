@@ -201,7 +201,7 @@ def sparkline(counts, width: int = 40) -> str:
 
 # --- two models --------------------------------------------------------------------------------
 def compare_summary(report) -> list:
-    """Seed 001 §4.13.3's summary box from an :class:`aprfast.diff.DiffReport`."""
+    """Seed 001 §4.13.3's summary box from an :class:`aprfast.tools.diff.DiffReport`."""
     from ..cli.diff import similarity_text
 
     changed = len(report.drifted)

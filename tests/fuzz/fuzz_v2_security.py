@@ -44,10 +44,10 @@ except ImportError:  # seeds and replays need no atheris
 if atheris is not None:
     with atheris.instrument_imports(include=["aprfast"]):
         import aprfast
-        import aprfast.reader  # noqa: F401
+        import aprfast.files.reader  # noqa: F401
         import aprfast.security  # noqa: F401
         import aprfast.stream  # noqa: F401
-        import aprfast.tensor_codecs  # noqa: F401
+        import aprfast.codecs.blocks  # noqa: F401
 else:
     import aprfast
 

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import aprfast  # noqa: E402
-from aprfast import licensing, v1  # noqa: E402
+from aprfast.v1 import licensing, api as v1  # noqa: E402
 from aprfast.dtypes import DTYPES  # noqa: E402
 import harness  # noqa: E402
 from harness import CONTROL, KEYS, PASSWORD  # noqa: E402
@@ -117,11 +117,11 @@ def v2_seeds():
 
 
 def compressed_v2_seeds():
-    """APR2 files with per-tensor LZ4 / zstd block tables (aprfast.tensor_codecs).  The
+    """APR2 files with per-tensor LZ4 / zstd block tables (aprfast.codecs.blocks).  The
     writer's block size is set to the smallest a reader accepts (4 KiB, through the
     module's default) so a 16 KiB tensor has four blocks: compressed, compressed,
     compressed and one stored raw (random bytes do not shrink)."""
-    from aprfast import tensor_codecs
+    from aprfast.codecs import blocks as tensor_codecs
 
     r = rng(9)
     multi = np.concatenate([np.zeros(2048, np.float32), np.arange(1024, dtype=np.float32),
@@ -299,7 +299,7 @@ def unseal_streaming(data: bytes, mode: int, unpack: bool = False) -> bytes:
     """A STREAMING file with every chunk opened (``mode``: the fuzz credentials of
     harness CONTROL.MODE) and, with ``unpack``, decompressed: the header and index still
     say ENCRYPTED / SEALED and the codec, for fix_v1_streaming's SEAL / PACK to redo."""
-    from aprfast import codecs
+    from aprfast.codecs import payload as codecs
 
     parts = harness.StreamingParts(data)
     assert parts.ok and parts.nchunks == parts.ccount

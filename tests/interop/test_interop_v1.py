@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aprfast import crypto, licensing, v1
+from aprfast.crypto import core as crypto
+from aprfast.v1 import licensing, api as v1
 from aprfast.layouts.v1 import Flag, ModelType
 
 GOLDEN_V1_SPEC = Path(__file__).parent / "harness" / "specs" / "golden_v1.json"

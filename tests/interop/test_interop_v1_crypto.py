@@ -39,7 +39,8 @@ from pathlib import Path
 
 import pytest
 
-from aprfast import crypto, v1
+from aprfast.crypto import core as crypto
+from aprfast.v1 import api as v1
 from aprfast.errors import DecryptError, SignatureError
 from aprfast.layouts.v1 import Flag
 

@@ -1,0 +1,618 @@
+"""Reading v2 files: :class:`AprFile` (what ``aprfast.open`` returns) and eager loads.
+
+An AprFile parses the header and index once, then hands out tensors: zero-copy
+read-only views of the mapped file by default, or owned arrays in aligned memory
+(``copy=True``, or whenever the source is read with ``pread``).  Slices read only the
+bytes they need.  All methods are safe to call from several threads at once.
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+from .. import _memory, layouts
+from ..io import pickling as _pickling
+from ..numerics import quantization
+from ..codecs import blocks as tensor_codecs
+from .._crc import crc32
+from ..dtypes import numpy_dtype
+from ..errors import ChecksumError, LayoutError
+from ..limits import Limits
+from ..security import refuse_keys
+from ..io.sources import open_source
+from ..tensors import QuantizedTensor, RawTensor, TensorInfo
+
+__all__ = ["AprFile", "TensorSlice", "QuantizedSlice", "aligned_empty"]
+
+
+def aligned_empty(nbytes: int, alignment: int = 64, *, filled_by_read: bool = False) -> np.ndarray:
+    """A writable uint8 array of ``nbytes`` whose data starts on ``alignment``
+    (``filled_by_read``: one read fills it next; see ``_memory.AlignedBuffer``)."""
+    return np.frombuffer(_memory.AlignedBuffer(nbytes, alignment, filled_by_read=filled_by_read), np.uint8, nbytes)
+
+
+#: get_tensor remembers this many zero-copy views per file (one small object each), so
+#: asking again for a tensor costs a view() instead of building an array.
+_MAX_REMEMBERED_VIEWS = 4096
+
+
+class AprFile:
+    """An open ``.apr`` v2 file (either layout).  Use as a context manager.
+
+    ``mode`` is "mmap" (default for files) or "pread"; ``limits`` bounds what the
+    parser believes; ``unknown_dtypes="raw"`` returns tensors of unknown dtype ids as
+    :class:`RawTensor` instead of failing at open; ``verify=True`` checks the whole-file
+    CRC32 at open; ``alignment`` is the alignment of owned arrays.  ``keys``: a dict of
+    ``password``, ``private_key``, ``trusted_keys``, ``require_signature``,
+    ``allow_unencrypted`` as :func:`aprfast.open` takes them (an encrypted or signed
+    APR2 file is read through :class:`aprfast.security.SecureSource`).
+    """
+
+    def __init__(self, target, *, mode: str | None = None, limits: Limits | None = None,
+                 unknown_dtypes: str = "error", verify: bool = False, alignment: int = 64, keys=None):
+        if unknown_dtypes not in ("error", "raw"):
+            raise ValueError(f"unknown_dtypes must be 'error' or 'raw', not {unknown_dtypes!r}")
+        self.alignment = alignment
+        self._makers = {}
+        self._views = {}  # name -> a zero-copy view handed out before (get_tensor's fast path)
+        self._copies = {}  # name -> (offset, size, shape, maker) of a plain mapped tensor copied before
+        self._slices = {}  # name -> the TensorSlice get_slice made before
+        self._whole = None
+        self._tables = {}
+        self._source = open_source(target, mode=mode)
+        try:
+            layout = layouts.detect(self._source)
+            if layout is layouts.apr2:
+                self._file = layout.parse(self._source, limits or Limits(), strict_dtypes=unknown_dtypes == "error",
+                                          keys=keys)
+            else:
+                refuse_keys(keys or {}, self._source.path)
+                self._file = layout.parse(self._source, limits or Limits(), strict_dtypes=unknown_dtypes == "error")
+            self._raw_source = self._source
+            if self._file.security is not None:  # tensor bytes checked and decrypted as they are read
+                self._source = self._file.source
+            if verify:
+                self.verify()
+        except BaseException:
+            self._source.close()
+            raise
+
+    # --- what the file holds ------------------------------------------------------
+    @property
+    def layout(self) -> str:
+        """"aprender" (APR\\0) or "apr2" (the spec's APR2)."""
+        return self._file.layout
+
+    @property
+    def header(self) -> dict:
+        return dict(self._file.header)
+
+    @property
+    def metadata(self) -> dict:
+        """The metadata exactly as the writer was given it (``{}`` for none).  The keys a
+        layout adds to every file (aprender's typed defaults, APR2's ``apr_version``)
+        are in :attr:`stored_metadata`."""
+        return layouts.caller_metadata(self._file)
+
+    @property
+    def stored_metadata(self) -> dict:
+        """Every key the file's metadata block holds, layout defaults included."""
+        return self._file.metadata
+
+    @property
+    def path(self):
+        return self._source.path
+
+    @property
+    def security(self) -> dict | None:
+        """For an encrypted or signed APR2 file: encrypted, names_encrypted, signed,
+        digest, chunk_size, chunk_count, encryption (key mode), signature ("trusted",
+        "self-signed", "unsigned"), signer (hex).  None for other files."""
+        sec = self._file.security
+        return sec.describe() if sec is not None else None
+
+    def keys(self) -> list:
+        return list(self._file.names)
+
+    def __iter__(self):
+        return iter(self._file.names)
+
+    def __len__(self) -> int:
+        return len(self._file.names)
+
+    def __contains__(self, name) -> bool:
+        return name in self._file.position
+
+    def info(self, name: str) -> TensorInfo:
+        """dtype, shape, absolute offset and stored byte size of one tensor."""
+        return self._file.info(name)
+
+    # --- tensors ------------------------------------------------------------------
+    def get_tensor(self, name: str, copy: bool = False, dequantize: bool = False):
+        """The tensor ``name``: a NumPy array, or a QuantizedTensor/RawTensor for packed
+        or unknown dtypes.  Without ``copy`` it is a read-only view of the mapped file
+        when the file is mapped; with ``copy`` an owned, aligned, writable array.
+        ``dequantize=True`` turns packed tensors into owned float32 arrays (other
+        tensors come back as without it).
+
+        A compressed tensor (APR2 per-tensor LZ4/zstd) is always an owned array, whatever
+        ``copy`` says: zero-copy is impossible, since its bytes in the file are not its
+        values.  All its blocks are decoded at once, in C, on every core.
+
+        A tensor of an encrypted or signed APR2 file is an owned array too: its chunks
+        are read into it, checked against their digests and decrypted in place
+        (AES-256-GCM through OpenSSL or libsodium, without the GIL, chunks on every
+        core), so the bytes served are the bytes checked."""
+        if not copy:
+            seen = self._views.get(name)
+            if seen is not None and not self._source.closed:
+                return seen.view()  # a new array object over the same bytes: 4x cheaper than building one
+        elif not dequantize:
+            plan = self._copies.get(name)
+            if plan is not None:  # a plain tensor of a mapped file: one lookup, one C copy
+                offset, size, shape, make = plan
+                return make(shape, _memory.copy_range(self._mapped(), offset, size, self.alignment), 0, size)
+        type_id, offset, size, shape = self._file.row(name)
+        make = self._makers.get(type_id) or self._maker(type_id)
+        codec = self._file.codec(name)
+        if codec:
+            raw = tensor_codecs.read_range(self, name, 0, codec[1])
+            tensor = make(shape, raw.base, 0, codec[1])
+        elif copy or not self._source.zero_copy:
+            if self._source.zero_copy:  # a memcpy from the map: no system call
+                owned = _memory.copy_range(self._mapped(), offset, size, self.alignment)
+                if len(self._copies) < _MAX_REMEMBERED_VIEWS:
+                    self._copies[name] = (offset, size, shape, make)
+            else:
+                owned = _memory.AlignedBuffer(size, self.alignment)
+                self._source.readinto(offset, owned)
+            tensor = make(shape, owned, 0, size)
+        else:
+            tensor = make(shape, self._mapped(), offset, size)
+            if type(tensor) is np.ndarray and len(self._views) < _MAX_REMEMBERED_VIEWS:
+                # the remembered array is never handed out: a caller may reshape theirs in place
+                self._views[name] = tensor
+                tensor = tensor.view()
+        if dequantize and isinstance(tensor, QuantizedTensor):
+            return quantization.dequantize(tensor)
+        return tensor
+
+    def _table(self, name):
+        """The checked block-table header of a compressed tensor (read once)."""
+        table = self._tables.get(name)
+        if table is None:
+            _type, offset, size, _shape = self._file.row(name)
+            flags, raw_size = self._file.codec(name)
+            table = self._tables[name] = tensor_codecs.read_table(self._source, name, offset, size, raw_size, flags)
+        return table
+
+    def _raw_bytes(self, info, start: int, stop: int) -> np.ndarray:
+        """Bytes [start, stop) of a tensor's values: decoded blocks when compressed, else
+        read from the file (an owned uint8 array either way)."""
+        if self._file.codec(info.name):
+            return tensor_codecs.read_range(self, info.name, start, stop)
+        out = aligned_empty(stop - start, self.alignment)
+        if stop > start:
+            self._source.readinto(info.offset + start, out)
+        return out
+
+    def _maker(self, type_id):
+        make = self._makers[type_id] = _maker(self._file.ids, type_id)
+        return make
+
+    def _mapped(self) -> np.ndarray:
+        """The whole mapped file as one uint8 array.  Tensor views are made from it
+        (cheaply, with np.ndarray) and keep it as their base; it holds a buffer export
+        of the map, so the map cannot be unmapped under any live view, even after
+        close()."""
+        whole = self._whole
+        if whole is None or self._source.closed:  # buffer() raises once closed; a cached
+            # array set by a read that raced close() must not outlive the handle
+            whole = self._whole = np.frombuffer(self._source.buffer(), np.uint8)
+        return whole
+
+    def get_slice(self, name: str, dequantize: bool = False):
+        """A lazy handle whose ``[...]`` reads only the rows/blocks a NumPy basic index needs.
+
+        Packed tensors of per-row block types (GGML, K-quants) give a QuantizedSlice:
+        ``[a:b]`` reads rows a..b along axis 0 and returns a QuantizedTensor (float32
+        with ``dequantize=True``).  For a compressed tensor (APR2 per-tensor codec) only
+        the blocks holding the axis-0 rows the key touches are read and decoded.  For
+        an encrypted or signed APR2 file only the 1 MiB chunks the key touches are read,
+        checked and decrypted."""
+        made = self._slices.get(name)
+        if made is not None:  # stateless apart from its cached view: shared, built once
+            return made
+        info = self._file.info(name)
+        if info.dtype is not None and info.dtype.packed:
+            return QuantizedSlice(self, info, dequantize)
+        made = TensorSlice(self, info)
+        if len(self._slices) < _MAX_REMEMBERED_VIEWS:
+            self._slices[name] = made
+        return made
+
+    def tensors(self, copy: bool = False) -> dict:
+        """Every tensor, by name (compressed ones owned, see get_tensor)."""
+        return {name: self.get_tensor(name, copy) for name in self._file.names}
+
+    # --- integrity and lifetime ---------------------------------------------------
+    def verify(self) -> None:
+        """Check the footer CRC32 over every byte before it; raise ChecksumError if not.
+        An encrypted or signed APR2 file then has every chunk checked (digest, AES-GCM
+        tag), which reads every tensor once (the signature was checked at open)."""
+        end = self._file.footer_crc_offset
+        raw = self._raw_source
+        if raw.zero_copy:
+            actual = crc32(raw.view(0, end))
+        else:
+            actual = _crc_by_chunks(raw, end)
+        if actual != self._file.stored_crc:
+            raise ChecksumError(f"footer CRC32 is {self._file.stored_crc:#010x} but bytes 0..{end} give "
+                                f"{actual:#010x}", path=self.path)
+        if self._file.security is not None:
+            self._file.security.verify_all(raw)
+
+    def close(self) -> None:
+        self._whole = None  # views handed out keep the map alive; this handle need not
+        self._views, self._copies, self._slices = {}, {}, {}
+        self._source.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._source.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __reduce__(self):
+        # pickles as the path/URL and arguments that opened it: the other side reopens it
+        return _pickling.reduce_handle(self)
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{len(self)} tensors"
+        return f"<aprfast.AprFile {self.path or '<buffer>'} layout={self.layout} {state}>"
+
+    # --- eager loading ------------------------------------------------------------
+    def load_all(self, *, verify: bool = True, threads: int = 0) -> dict:
+        """Read the whole data section into one aligned buffer with parallel reads,
+        checking the footer CRC on the way, and return every tensor as an owned array
+        viewing that buffer (each 64-byte aligned, like the file)."""
+        f = self._file
+        if getattr(f.entries, "compressed", 0):  # decoded batch by batch: see tensor_codecs.load_all
+            arena, decoded, crc = tensor_codecs.load_all(self, verify=verify, threads=threads)
+            if verify and crc != f.stored_crc:
+                raise ChecksumError(f"footer CRC32 is {f.stored_crc:#010x} but the file's bytes give "
+                                    f"{crc:#010x}", path=self.path)
+            return _slice_arena(f, arena, decoded)
+        # a local file fills the arena with one parallel pread, which populates it as it goes
+        arena = aligned_empty(f.data_len, max(self.alignment, 64), filled_by_read=self._source.reads_by_pread)
+        prefix_crc = crc32(self._source.read(0, f.data_start, "header")) if verify else None
+        crc = self._source.readinto(f.data_start, arena, threads=threads, crc=prefix_crc)
+        if verify and crc != f.stored_crc:
+            raise ChecksumError(f"footer CRC32 is {f.stored_crc:#010x} but the file's bytes give {crc:#010x}",
+                                path=self.path)
+        return _slice_arena(f, arena)
+
+
+def _crc_by_chunks(source, end: int, chunk: int = 8 << 20) -> int:
+    """CRC32 of ``[0, end)`` read in bounded chunks, for sources that are not mapped."""
+    buf = aligned_empty(min(end, chunk))
+    crc = 0
+    for start in range(0, end, chunk):
+        n = min(chunk, end - start)
+        crc = source.readinto(start, buf[:n], crc=crc)
+    return crc
+
+
+def _slice_arena(parsed, arena: np.ndarray, decoded=None) -> dict:
+    """Tensors as views of the arena (which holds the data section), or, for the
+    compressed ones in ``decoded`` (name -> (buffer, offset, size)), of their buffer."""
+    buffer = arena.base if arena.base is not None else arena
+    base = parsed.data_start
+    makers = {}
+    out = {}
+    for name, (type_id, offset, size, shape) in zip(parsed.names, parsed.rows):
+        make = makers.get(type_id)
+        if make is None:
+            make = makers[type_id] = _maker(parsed.ids, type_id)
+        if decoded and name in decoded:
+            out[name] = make(shape, *decoded[name])
+        else:
+            out[name] = make(shape, buffer, offset - base, size)
+    return out
+
+
+def _maker(ids, type_id):
+    """A function (shape, buffer, offset, size) -> tensor for one dtype id."""
+    if not ids.knows(type_id):
+        return lambda shape, buf, start, size: RawTensor(None, shape, _bytes_at(buf, start, size), type_id)
+    dtype = ids.dtype(type_id)
+    if dtype.packed:
+        return lambda shape, buf, start, size: QuantizedTensor(dtype, shape, _bytes_at(buf, start, size))
+    np_dtype = numpy_dtype(dtype)
+    # ``buf`` is an AlignedBuffer or an ndarray (never a bare memoryview of a map):
+    # np.ndarray keeps it as the base, which keeps the memory alive.
+    return lambda shape, buf, start, size: np.ndarray(shape, np_dtype, buf, start)
+
+
+def _bytes_at(buffer, start, size) -> np.ndarray:
+    return np.frombuffer(buffer, np.uint8, size, start)
+
+
+class TensorSlice:
+    """``file.get_slice(name)[key]``: owned arrays read with as few bytes as the key needs.
+
+    Supports NumPy basic indexing (ints, slices with steps, ``...``, ``None``) and
+    :meth:`intervals` for tensor-parallel shards along one axis.
+    """
+
+    #: Above this many separate runs a single bounding read is cheaper than many preads.
+    MAX_RUNS = 4096
+
+    def __init__(self, file: AprFile, info: TensorInfo):
+        if info.dtype is None or info.dtype.packed:
+            raise LayoutError(f"tensor {info.name!r} is {info.dtype_name}; slicing reads elementwise "
+                              "dtypes only (read packed tensors whole with get_tensor)")
+        self._file = file
+        self.info = info
+        self.shape = info.shape
+        self.dtype = numpy_dtype(info.dtype)
+        self._whole = None
+        self._compressed = bool(file._file.codec(info.name))
+
+    def get_shape(self) -> list:
+        return list(self.shape)
+
+    def get_dtype(self) -> str:
+        return self.info.dtype.name
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __getitem__(self, key) -> np.ndarray:
+        if self._compressed:
+            return self._decoded(key)
+        if self._file._source.zero_copy and _plain_key(key):
+            # Ints and slices on a mapped file: NumPy's own indexing over a view of the
+            # map touches only the pages the key needs; the checks below are for pread.
+            return np.array(self._mapped_view()[key], copy=True)
+        box, local_key = _bounding_box(key, self.shape)
+        region = self._read_box(box)
+        return np.array(region[local_key], copy=True)
+
+    def _decoded(self, key) -> np.ndarray:
+        """A compressed tensor: decode only the blocks holding the axis-0 rows ``key``
+        touches (the blocks split the C-order bytes, so rows are byte ranges)."""
+        box, local_key = _bounding_box(key, self.shape)
+        item = self.dtype.itemsize
+        if not self.shape:
+            return np.array(self._file._raw_bytes(self.info, 0, item).view(self.dtype).reshape(())[local_key],
+                            copy=True)
+        lo, hi = box[0]
+        row = item * int(np.prod(self.shape[1:], dtype=np.int64))
+        rows = self._file._raw_bytes(self.info, lo * row, hi * row).view(self.dtype)
+        rows = rows.reshape((hi - lo,) + tuple(self.shape[1:]))
+        region = rows[(slice(None),) + tuple(slice(a, b) for a, b in box[1:])]
+        return np.array(region[local_key], copy=True)
+
+    def _mapped_view(self) -> np.ndarray:
+        whole = self._whole
+        if whole is None or self._file._source.closed:  # _mapped() raises once closed
+            whole = self._whole = np.ndarray(self.shape, self.dtype, self._file._mapped(), self.info.offset)
+        return whole
+
+    def intervals(self, ranges, axis: int = 0) -> np.ndarray:
+        """Rows ``[start, stop)`` for each range along ``axis``, concatenated in order."""
+        if not self.shape:
+            raise IndexError("a 0-d tensor has no axis to take intervals along")
+        axis = _axis(axis, len(self.shape))
+        parts = []
+        for start, stop in ranges:
+            if not 0 <= start <= stop <= self.shape[axis]:
+                raise IndexError(f"interval [{start}, {stop}) is outside axis {axis} of length "
+                                 f"{self.shape[axis]}")
+            key = (slice(None),) * axis + (slice(start, stop),)
+            parts.append(self[key])
+        if not parts:
+            shape = list(self.shape)
+            shape[axis] = 0
+            return np.empty(shape, self.dtype)
+        return np.concatenate(parts, axis=axis)
+
+    def _read_box(self, box) -> np.ndarray:
+        """The sub-array covering ``box`` (per-axis [lo, hi)), read with bounded I/O."""
+        source = self._file._source
+        item = self.dtype.itemsize
+        if source.zero_copy:  # slicing a map touches only the pages the key needs
+            whole = np.ndarray(self.shape, self.dtype, self._file._mapped(), self.info.offset)
+            return whole[tuple(slice(lo, hi) for lo, hi in box)]
+        return _read_box_pread(source, self.info.offset, self.shape, item, box, self.dtype, self.MAX_RUNS)
+
+
+def _plain_key(key) -> bool:
+    """Whether ``key`` is an int, a slice, or a tuple of them (exact types: bools and
+    arrays take the checked path)."""
+    kind = type(key)
+    if kind is int or kind is slice:
+        return True
+    return kind is tuple and all(type(k) is int or type(k) is slice for k in key)
+
+
+def _axis(axis, ndim):
+    if not -ndim <= axis < ndim:
+        raise IndexError(f"axis {axis} is out of range for {ndim} dims")
+    return axis % ndim
+
+
+def _bounding_box(key, shape):
+    """Per-axis [lo, hi) covering what ``key`` selects, and ``key`` shifted into that box."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if sum(1 for k in key if k is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if n_real > len(shape):
+        raise IndexError(f"too many indices: tensor has {len(shape)} dims, {n_real} were indexed")
+    expanded = []
+    for k in key:
+        if k is Ellipsis:
+            expanded.extend([slice(None)] * (len(shape) - n_real))
+        else:
+            expanded.append(k)
+    if Ellipsis not in key:
+        expanded.extend([slice(None)] * (len(shape) - n_real))
+    box, local, axis = [], [], 0
+    for k in expanded:
+        if k is None:
+            local.append(None)
+            continue
+        dim = shape[axis]
+        axis += 1
+        if isinstance(k, slice):
+            start, stop, step = k.indices(dim)
+            idx = range(start, stop, step)
+            if len(idx) == 0:
+                box.append((0, 0))
+                local.append(slice(0, 0))
+                continue
+            lo, hi = min(idx[0], idx[-1]), max(idx[0], idx[-1]) + 1
+            box.append((lo, hi))
+            new_stop = idx[-1] - lo + (1 if step > 0 else -1)
+            local.append(slice(idx[0] - lo, None if new_stop < 0 else new_stop, step))
+        else:
+            try:
+                i = int(np.asarray(k).item()) if not isinstance(k, (int, np.integer)) else int(k)
+            except (TypeError, ValueError):
+                raise IndexError(f"only integers, slices, '...' and None are valid indices, not {k!r}") from None
+            if isinstance(k, (bool, np.bool_)):
+                raise IndexError("boolean indices are not basic indexing")
+            if not -dim <= i < dim:
+                raise IndexError(f"index {i} is out of bounds for axis {axis - 1} with size {dim}")
+            i %= dim
+            box.append((i, i + 1))
+            local.append(0)
+    return box, tuple(local)
+
+
+def _read_box_pread(source, offset, shape, item, box, dtype, max_runs) -> np.ndarray:
+    box_shape = tuple(hi - lo for lo, hi in box)
+    out = np.empty(box_shape, dtype)
+    if out.size == 0:
+        return out
+    # Axes after the last partially-selected one are whole, so each run along that
+    # axis is one contiguous byte range in the file.
+    last = max((d for d, (lo, hi) in enumerate(box) if hi - lo != shape[d]), default=-1)
+    strides = np.cumprod((1,) + tuple(reversed(shape)))[::-1][1:] if shape else ()
+    if last < 0:
+        source.readinto(offset, out.reshape(-1).view(np.uint8))
+        return out
+    run_elems = box_shape[last] * int(np.prod(shape[last + 1:], dtype=np.int64))
+    outer = box_shape[:last]
+    runs = int(np.prod(outer, dtype=np.int64)) if outer else 1
+    if runs > max_runs:
+        # Too many small runs: read the rows spanning the box once and slice in memory.
+        lo0, hi0 = box[0]
+        row = int(np.prod(shape[1:], dtype=np.int64))
+        rows = np.empty((hi0 - lo0,) + tuple(shape[1:]), dtype)
+        source.readinto(offset + lo0 * row * item, rows.reshape(-1).view(np.uint8))
+        return rows[(slice(None),) + tuple(slice(lo, hi) for lo, hi in box[1:])]
+    flat = out.reshape(runs, run_elems)
+    pieces = []
+    for r, index in enumerate(np.ndindex(*outer) if outer else [()]):
+        start = sum((box[d][0] + index[d]) * int(strides[d]) for d in range(last)) + box[last][0] * int(strides[last])
+        pieces.append((offset + start * item, flat[r].view(np.uint8)))
+    many = getattr(source, "readinto_many", None)
+    if many is not None:  # a remote source: nearby runs merged into one request, requests in parallel
+        many(pieces)
+        return out
+    for position, piece in pieces:
+        source.readinto(position, piece)
+    return out
+
+
+class QuantizedSlice:
+    """``file.get_slice(name)[a:b]`` for a packed tensor of a per-row block type.
+
+    GGML blocks never span rows, so a range of indices along axis 0 is a run of whole
+    blocks: ``[a:b]`` (step 1; trailing full slices or ``...`` allowed) reads only those
+    bytes and returns a QuantizedTensor of shape ``(b - a, *shape[1:])``, or its float32
+    values when made with ``dequantize=True``.  A 1-D tensor is a single row, so its
+    bounds must fall on block boundaries.  APR_Q4 (blocks run across rows), APR_Q8 and
+    Q8_TENSOR (one scale for the whole tensor) are read whole, with ``get_tensor``.
+    """
+
+    def __init__(self, file: AprFile, info: TensorInfo, dequantize: bool = False):
+        d = info.dtype
+        if not d.blocks_per_row:
+            why = "one scale covers the whole tensor" if d.tensor_header else "its blocks run across rows"
+            raise LayoutError(f"tensor {info.name!r} is {d.name}: {why}, so it has no row slices; "
+                              "read it whole with get_tensor")
+        if not info.shape:
+            raise LayoutError(f"tensor {info.name!r} is a 0-d {d.name} tensor; read it with get_tensor")
+        self._file = file
+        self.info = info
+        self.shape = info.shape
+        self.dequantize = dequantize
+
+    def get_shape(self) -> list:
+        return list(self.shape)
+
+    def get_dtype(self) -> str:
+        return self.info.dtype.name
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        start, stop = self._row_range(key)
+        d, shape = self.info.dtype, (stop - start,) + tuple(self.shape[1:])
+        codec = self._file._file.codec(self.info.name)
+        total = codec[1] if codec else self.info.nbytes  # a compressed tensor's nbytes is what it stores
+        if len(self.shape) == 1:
+            skip = start // d.block_elems * d.block_bytes
+        else:  # every index along axis 0 holds the same number of whole blocks
+            skip = start * (total // self.shape[0]) if self.shape[0] else 0
+        nbytes = d.nbytes(shape)
+        if codec:  # decode only the blocks holding those rows
+            tensor = QuantizedTensor(d, shape, self._file._raw_bytes(self.info, skip, skip + nbytes))
+            return quantization.dequantize(tensor) if self.dequantize else tensor
+        owned = _memory.AlignedBuffer(nbytes, self._file.alignment)
+        if nbytes:
+            self._file._source.readinto(self.info.offset + skip, owned)
+        tensor = QuantizedTensor(d, shape, np.frombuffer(owned, np.uint8, nbytes))
+        return quantization.dequantize(tensor) if self.dequantize else tensor
+
+    def _row_range(self, key):
+        """[start, stop) along axis 0 for a key that selects whole blocks, else an error."""
+        name, d, shape = self.info.name, self.info.dtype, self.shape
+        parts = key if isinstance(key, tuple) else (key,)
+        if sum(1 for k in parts if k is Ellipsis) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+        if sum(1 for k in parts if k is not Ellipsis) > len(shape):
+            raise IndexError(f"too many indices: tensor has {len(shape)} dims")
+        at = next((i for i, k in enumerate(parts) if k is Ellipsis), None)
+        if at is not None:  # expand it to full slices, so every key has its axis
+            parts = parts[:at] + (slice(None),) * (len(shape) - len(parts) + 1) + parts[at + 1:]
+        first = parts[0] if parts else slice(None)
+        whole_rows = isinstance(first, slice) and first.indices(shape[0])[2] == 1 and all(
+            _whole_axis(k, shape[axis]) for axis, k in enumerate(parts[1:], 1))
+        if not whole_rows:
+            raise LayoutError(f"tensor {name!r} is {d.name}: packed tensors are sliced by whole rows along "
+                              f"axis 0 (t[a:b]), not with {key!r}")
+        start, stop, _ = first.indices(shape[0])
+        stop = max(start, stop)
+        if len(shape) == 1 and start != stop and (start % d.block_elems or (stop % d.block_elems and stop != shape[0])):
+            raise LayoutError(f"tensor {name!r} is one {d.name} row of {shape[0]} elements; [{start}:{stop}] "
+                              f"does not fall on its {d.block_elems}-element block boundaries")
+        return start, stop
+
+
+def _whole_axis(key, dim) -> bool:
+    return isinstance(key, slice) and key.indices(dim) == (0, dim, 1)

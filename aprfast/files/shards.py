@@ -1,0 +1,734 @@
+"""Sharded ``.apr`` models (seed 001 §3.8): several complete ``.apr`` files plus a JSON
+manifest, written as a set and read as one model.
+
+Files, for ``save_file(tensors, "out/model.apr", max_shard_size=...)``::
+
+    out/model-00001-of-00003.apr   every shard a complete .apr file (any layout)
+    out/model-00002-of-00003.apr
+    out/model-00003-of-00003.apr
+    out/model.apr.index.json       the manifest, written last
+
+The manifest (docs/FORMAT.md has the field table)::
+
+    {"apr_version": "2.0.0", "sharded": true, "shard_count": 3,
+     "shards": [{"file": "model-00001-of-00003.apr", "size": 1234, "crc32": "89abcdef"}, ...],
+     "tensor_shard_map": {"encoder.conv1.weight": 0, ...},
+     "metadata": {...}}
+
+``size`` is the shard file's byte count, ``crc32`` the CRC32 (IEEE, as zlib) of all its
+bytes but the last four (for an aprender-layout shard: its footer CRC; see
+:func:`_size_and_crc`) as 8 lowercase hex digits, ``tensor_shard_map`` each tensor's 0-based position in
+``shards``, ``metadata`` the caller's metadata (each shard also carries it, plus
+aprender's ``sharding`` object).  ``file`` is a bare file name in the manifest's
+directory: a path, an absolute name or ``..`` is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import secrets
+import stat
+import threading
+
+from .. import _metascan
+from ..io import pickling as _pickling, platform as _platform
+from .._crc import crc32, crc32_combine
+from ..errors import (AprError, AprIOError, ChecksumError, CorruptError, FormatError, LayoutError,
+                     LimitError, TensorNotFoundError, os_error)
+from ..limits import Limits
+
+__all__ = ["MANIFEST_SUFFIX", "ShardedFile", "save_sharded", "find_manifest", "find_remote_manifest",
+           "fetch_manifest", "RemoteManifest", "parse_size"]
+
+MANIFEST_SUFFIX = ".apr.index.json"
+APR_VERSION = "2.0.0"
+#: A manifest is a name per tensor plus a line per shard; beyond this it is refused unread.
+MAX_MANIFEST_SIZE = 256 * 1024 * 1024
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE = re.compile(r"\s*(\d+)\s*([A-Za-z]*)\s*")
+_HEX8 = re.compile(r"[0-9a-f]{8}")
+#: The manifest's crc32 covers every shard byte but these last ones (see _size_and_crc).
+_CRC_TAIL = 4
+_KEYS = ("apr_version", "sharded", "shard_count", "shards", "tensor_shard_map")
+
+
+# --- names ---------------------------------------------------------------------------
+def parse_size(value) -> int:
+    """``max_shard_size`` as bytes: an int, or a string such as "500MB" / "2GiB"."""
+    if isinstance(value, bool):
+        raise TypeError("max_shard_size must be an int or a size string, not a bool")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str):
+        match = _SIZE.fullmatch(value)
+        unit = match and _UNITS.get(match.group(2).upper())
+        if not unit:
+            raise ValueError(f"max_shard_size {value!r} is not a size (e.g. 500000000, '500MB', '2GiB')")
+        size = int(match.group(1)) * unit
+    else:
+        raise TypeError(f"max_shard_size must be an int or a size string, not {type(value).__name__}")
+    if size <= 0:
+        raise ValueError(f"max_shard_size must be positive, not {value!r}")
+    return size
+
+
+def _stem(path: str) -> str:
+    base = os.path.basename(path)
+    return base[:-4] if base.endswith(".apr") else base
+
+
+def shard_name(stem: str, index: int, count: int) -> str:
+    """``{stem}-0000N-of-0000M.apr``, N 1-based (seed 001 §3.8's file names)."""
+    return f"{stem}-{index + 1:05d}-of-{count:05d}.apr"
+
+
+def manifest_path_for(path) -> str:
+    """Where ``save_file(..., path, max_shard_size=...)`` puts the manifest."""
+    path = os.fspath(path)
+    return os.path.join(os.path.dirname(path), _stem(path) + MANIFEST_SUFFIX)
+
+
+def find_manifest(target):
+    """The manifest ``target`` names, or None when it names a single file: a directory
+    holding one ``*.apr.index.json`` (several: FormatError), a path ending in ``.json``, or a missing
+    ``x.apr`` whose ``x.apr.index.json`` exists (what a sharded save_file to ``x.apr``
+    left).  Decided by name and a stat, so opening a single file reads nothing more."""
+    if not isinstance(target, (str, os.PathLike)):
+        return None
+    path = os.fspath(target)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if path.endswith(".json"):
+        return path
+    try:  # one stat answers both "a directory?" and "does it exist?"
+        kind = os.stat(path).st_mode
+    except (OSError, ValueError):
+        kind = None
+    if kind is not None and stat.S_ISDIR(kind):
+        return _manifest_in(path)
+    if not path.endswith(".apr") or kind is not None:
+        return None
+    candidate = manifest_path_for(path)
+    return candidate if os.path.isfile(candidate) else None
+
+
+# --- sharded models at a URL -------------------------------------------------------------
+#: ``{stem}-00001-of-0000N.apr``: the first shard of a set (N of at least 2).
+_FIRST_SHARD = re.compile(r"(.+)-00001-of-(\d{5})\.apr")
+
+
+class RemoteManifest:
+    """A manifest fetched from a URL: its URL, bytes and version (ETag / Last-Modified
+    as the remote source learnt it; what a pickled handle is checked against)."""
+
+    def __init__(self, url: str, raw: bytes, version):
+        self.url, self.raw, self.version = url, raw, version
+
+
+def _url_base(url: str) -> str:
+    """The "directory" of an object URL (query and fragment dropped), ending in "/"."""
+    return url.split("#", 1)[0].split("?", 1)[0].rsplit("/", 1)[0] + "/"
+
+
+def _url_name(url: str) -> str:
+    return url.split("#", 1)[0].split("?", 1)[0].rsplit("/", 1)[-1]
+
+
+def fetch_manifest(url: str, storage_options=None) -> RemoteManifest:
+    """The manifest object at ``url`` (one request when it fits the first 64 KiB a remote
+    source reads), refused unread above MAX_MANIFEST_SIZE."""
+    from ..io.sources import open_source
+
+    source = open_source(url, mode="pread", storage_options=storage_options)
+    try:
+        if source.size > MAX_MANIFEST_SIZE:
+            raise LimitError(f"shard manifest of {source.size} bytes exceeds {MAX_MANIFEST_SIZE}", path=url)
+        raw = bytes(source.read(0, source.size, "shard manifest"))
+        return RemoteManifest(url, raw, getattr(source, "version", None))
+    finally:
+        source.close()
+
+
+def find_remote_manifest(url: str, storage_options=None):
+    """The manifest a URL names, or None when it names a single file, decided by name:
+    a URL ending in ``.json`` is a manifest (returned as is, fetched when opened); the
+    first shard of a set, ``{stem}-00001-of-0000N.apr``, stands for the whole model when
+    ``{stem}.apr.index.json`` is next to it (fetched here: one request; when it is
+    missing the shard opens as a single file).  A URL ``x.apr`` with no object behind
+    it is tried as ``x.apr.index.json`` by the caller (:func:`manifest_url_for_missing`),
+    so a single file costs no extra request."""
+    name = _url_name(url)
+    if name.endswith(".json"):
+        return url
+    m = _FIRST_SHARD.fullmatch(name)
+    if m is None or int(m.group(2)) < 2:
+        return None
+    from ..errors import AprFileNotFoundError
+
+    try:
+        return fetch_manifest(_url_base(url) + m.group(1) + MANIFEST_SUFFIX, storage_options)
+    except AprFileNotFoundError:
+        return None
+
+
+def manifest_url_for_missing(url: str):
+    """Where a sharded save of ``x.apr`` put its manifest, for a URL ``x.apr`` (else None)."""
+    name = _url_name(url)
+    return _url_base(url) + name[:-4] + MANIFEST_SUFFIX if name.endswith(".apr") and len(name) > 4 else None
+
+
+def _manifest_in(directory: str):
+    try:
+        found = sorted(n for n in os.listdir(directory) if n.endswith(MANIFEST_SUFFIX))
+    except OSError as exc:
+        raise os_error(exc, "cannot list the directory", path=directory) from exc
+    if not found:
+        return None  # not a sharded model: opened as a file, which the OS refuses (E007)
+    if len(found) > 1:
+        raise FormatError(f"directory holds {len(found)} *{MANIFEST_SUFFIX} manifests ({', '.join(found)}); "
+                          "give the manifest's path", path=directory)
+    return os.path.join(directory, found[0])
+
+
+# --- writing ---------------------------------------------------------------------------
+def split(inputs, max_bytes: int) -> list:
+    """Inputs grouped into shards in the given order: a shard is closed when the next
+    tensor would take it past ``max_bytes`` of tensor data; a tensor larger than
+    ``max_bytes`` gets a shard of its own."""
+    groups, current, used = [], [], 0
+    for t in inputs:
+        if current and used + t.nbytes > max_bytes:
+            groups.append(current)
+            current, used = [], 0
+        current.append(t)
+        used += t.nbytes
+    if current or not groups:
+        groups.append(current)
+    return groups
+
+
+def save_sharded(inputs, path, metadata, max_shard_size, *, plan_shard, write_plan, durable: bool = True):
+    """Write ``inputs`` as shards of at most ``max_shard_size`` tensor bytes plus the
+    manifest; return the manifest's path, or None when everything fit one shard (then
+    ``path`` is written as a plain file).  ``plan_shard(inputs, metadata)`` lays out one
+    file, ``write_plan(target, plan)`` writes it atomically.
+
+    All shards are written under temporary names first, then renamed into place, the
+    manifest last: a failure before the renames leaves nothing, and one during them
+    removes the shards already renamed (files of an earlier save with the same names are
+    replaced, not restored)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError("max_shard_size needs a path to write the shards next to, not a file object")
+    metadata = dict(metadata or {})
+    if "sharding" in metadata:
+        raise LayoutError("metadata key 'sharding' is written by the sharded writer; remove it")
+    groups = split(inputs, parse_size(max_shard_size))
+    path = os.fspath(path)
+    if len(groups) == 1:
+        write_plan(path, plan_shard(groups[0], metadata))
+        return None
+    directory, stem, count = os.path.dirname(path) or ".", _stem(path), len(groups)
+    names = [shard_name(stem, i, count) for i in range(count)]
+    total = sum(t.nbytes for t in inputs)
+    token = secrets.token_hex(6)
+    temps, placed = [], []
+    try:
+        shards = []
+        for i, group in enumerate(groups):
+            temp = os.path.join(directory, f".{names[i]}.{token}.part")
+            temps.append(temp)
+            shard_meta = dict(metadata, sharding={"shard_count": count, "shard_index": i, "total_size": total,
+                                                  "pattern": f"{stem}-{{index:05}}-of-{{count:05}}.apr"})
+            write_plan(temp, plan_shard(group, shard_meta))
+            size, crc = _size_and_crc(temp)
+            shards.append({"file": names[i], "size": size, "crc32": f"{crc:08x}"})
+        manifest = {"apr_version": APR_VERSION, "sharded": True, "shard_count": count, "shards": shards,
+                    "tensor_shard_map": {t.name: i for i, g in enumerate(groups) for t in g},
+                    "metadata": metadata}
+        blob = json.dumps(manifest, indent=2, sort_keys=False, ensure_ascii=False).encode("utf-8")
+        manifest_temp = os.path.join(directory, f".{stem}{MANIFEST_SUFFIX}.{token}.part")
+        temps.append(manifest_temp)
+        _write_small(manifest_temp, blob, durable)
+        for temp, name in zip(temps, names):
+            final = os.path.join(directory, name)
+            _platform.replace(temp, final)
+            placed.append(final)
+        final_manifest = manifest_path_for(path)
+        _platform.replace(manifest_temp, final_manifest)
+    except BaseException as exc:
+        for leftover in temps + placed:
+            _remove_quietly(leftover)
+        if isinstance(exc, OSError) and not isinstance(exc, AprError):
+            raise os_error(exc, "cannot write the shards", path=path) from exc
+        raise
+    if durable:
+        _platform.fsync_directory(directory)
+    return final_manifest
+
+
+def _size_and_crc(path: str):
+    """The shard's size and the CRC32 of all its bytes but the last four.
+
+    Not the whole file: a file that ends with the CRC32 of everything before it (the
+    aprender layout's footer) has the same whole-file CRC as any other such file
+    (CRC-32's residue, 0x2144df1c), which would name no shard.  Without its last four
+    bytes an aprender shard's CRC is its footer's, and the last four are checked by the
+    shard's own footer CRC (aprender) or file-size field (APR2)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size <= _CRC_TAIL:
+            return size, crc32(f.read(0))
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            with memoryview(m) as view:
+                body = view[:size - _CRC_TAIL]
+                try:
+                    return size, crc32(body)
+                finally:
+                    body.release()
+
+
+def _write_small(path: str, blob: bytes, durable: bool) -> None:
+    with open(path, "wb") as f:
+        f.write(blob)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# --- the manifest ----------------------------------------------------------------------
+def read_manifest(path: str, limits: Limits) -> dict:
+    """The manifest at ``path``, every field checked (CorruptError naming the field)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_MANIFEST_SIZE:
+                raise LimitError(f"shard manifest of {size} bytes exceeds {MAX_MANIFEST_SIZE}", path=path)
+            raw = f.read()
+    except OSError as exc:
+        raise os_error(exc, "cannot read the shard manifest", path=path) from exc
+    return parse_manifest(raw, limits, path)
+
+
+def parse_manifest(raw, limits: Limits, path) -> dict:
+    """The manifest in ``raw`` (its bytes), every field checked."""
+    raw = bytes(raw)
+    text = _metascan.json_text(raw, path)  # depth, memory budget and UTF-8 checked before parsing
+    try:
+        value = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise CorruptError(f"shard manifest is not valid JSON: {exc}", path=path) from None
+    return _checked_manifest(value, limits, path, len(raw))
+
+
+def _no_duplicate_keys(pairs):
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice")
+        out[key] = value
+    return out
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _checked_manifest(value: dict, limits: Limits, path, size: int) -> dict:
+    missing = [k for k in _KEYS if k not in value]
+    if missing:
+        raise CorruptError(f"shard manifest lacks {', '.join(missing)}", path=path)
+    if value["sharded"] is not True:
+        raise CorruptError(f"shard manifest says sharded={value['sharded']!r}", path=path)
+    count, shards, where = value["shard_count"], value["shards"], value["tensor_shard_map"]
+    if not _is_count(count) or count < 1:
+        raise CorruptError(f"shard manifest: shard_count must be a positive integer, not {count!r}", path=path)
+    if not isinstance(shards, list) or len(shards) != count:
+        raise CorruptError(f"shard manifest: shard_count {count} but shards lists "
+                           f"{len(shards) if isinstance(shards, list) else type(shards).__name__}", path=path)
+    if not isinstance(where, dict):
+        raise CorruptError("shard manifest: tensor_shard_map must be an object", path=path)
+    if len(where) > limits.max_tensor_count:
+        raise LimitError(f"shard manifest maps {len(where)} tensors, above the limit of {limits.max_tensor_count} "
+                         "(aprfast.limits.MAX_TENSOR_COUNT)", path=path)
+    if count > max(len(where), 1):  # the writer never writes an empty shard; each shard costs a stat at open
+        raise CorruptError(f"shard manifest lists {count} shards for {len(where)} tensors", path=path)
+    checked = [_checked_shard(i, s, path) for i, s in enumerate(shards)]
+    files = [s["file"] for s in checked]
+    if len(set(files)) != len(files):
+        raise CorruptError(f"shard manifest lists a shard file twice: {files}", path=path)
+    for name, index in where.items():
+        if not _is_count(index) or index >= count:
+            raise CorruptError(f"shard manifest: tensor {name!r} maps to shard {index!r}, not one of 0..{count - 1}",
+                               path=path)
+    metadata = value.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise CorruptError("shard manifest: metadata must be an object", path=path)
+    return {"shards": checked, "tensor_shard_map": where, "metadata": metadata, "apr_version": value["apr_version"],
+            "size": size}
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def _checked_shard(i: int, shard, path) -> dict:
+    if not isinstance(shard, dict) or not all(k in shard for k in ("file", "size", "crc32")):
+        raise CorruptError(f"shard manifest: shards[{i}] must be an object with file, size and crc32", path=path)
+    name, size, crc = shard["file"], shard["size"], shard["crc32"]
+    if not isinstance(name, str) or not _plain_file_name(name):
+        raise CorruptError(f"shard manifest: shards[{i}].file {name!r} is not a plain file name in the manifest's "
+                           "directory", path=path)
+    if not _is_count(size):
+        raise CorruptError(f"shard manifest: shards[{i}].size must be a byte count, not {size!r}", path=path)
+    if not isinstance(crc, str) or not _HEX8.fullmatch(crc):
+        raise CorruptError(f"shard manifest: shards[{i}].crc32 must be 8 lowercase hex digits, not {crc!r}",
+                           path=path)
+    return {"file": name, "size": size, "crc32": int(crc, 16)}
+
+
+def _plain_file_name(name: str) -> bool:
+    """A name that stays in the manifest's directory on every platform: no separator,
+    no drive, not "." or "..", no NUL."""
+    return (bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
+            and "\x00" not in name and ":" not in name and not os.path.isabs(name))
+
+
+# --- reading -----------------------------------------------------------------------------
+class ShardedFile:
+    """A sharded model read as one: the manifest at open (each shard's presence and size
+    checked with a stat), each shard opened only when a tensor in it is asked for.
+    Same methods as :class:`aprfast.files.reader.AprFile`.
+
+    ``open_one(target, **open_options)`` opens one shard as a single file, whatever its
+    name (so a shard named like a first shard is never taken for the whole set): the
+    API layer above passes its opener in, since the readers stand above this module."""
+
+    layout = "sharded"
+    security = None
+
+    def __init__(self, manifest_path, *, open_one, open_options: dict, limits: Limits | None = None,
+                 storage_options=None):
+        self._open_one = open_one
+        #: a manifest at a URL (http(s), fsspec, hf): shards are objects next to it, opened
+        #: lazily as remote handles (one per shard, kept); sizes are checked when a shard
+        #: is opened (its first request says its length), not with a request per shard at open
+        self._remote = isinstance(manifest_path, RemoteManifest) or _is_url(manifest_path)
+        self.manifest_version = None
+        if self._remote:
+            fetched = manifest_path if isinstance(manifest_path, RemoteManifest) else \
+                fetch_manifest(manifest_path, storage_options)
+            self._path = fetched.url
+            self._dir = _url_base(fetched.url)
+            self.manifest_version = fetched.version
+            self._options = dict(open_options, limits=limits, storage_options=storage_options)
+            manifest = parse_manifest(fetched.raw, limits or Limits(), fetched.url)
+        else:
+            self._path = os.fspath(manifest_path)
+            self._dir = os.path.dirname(os.path.abspath(self._path))
+            self._options = dict(open_options, limits=limits)
+            manifest = read_manifest(self._path, limits or Limits())
+        self._manifest_size = manifest["size"]
+        self._shards = manifest["shards"]
+        self._where = manifest["tensor_shard_map"]
+        self._metadata = manifest["metadata"]
+        self._version = manifest["apr_version"]
+        self._names = sorted(self._where, key=lambda n: n.encode("utf-8", "surrogatepass"))
+        self._open = {}
+        self._opening = threading.Lock()  # two threads asking for one shard must not open it twice
+        self._closed = False
+        if self._remote:
+            for shard in self._shards:
+                _check_url_name(shard["file"], self._path)
+        else:
+            for shard in self._shards:
+                self._check_size(shard)
+
+    def _shard_path(self, shard) -> str:
+        if self._remote:
+            return self._dir + _url_part(shard["file"], self._dir)
+        return os.path.join(self._dir, shard["file"])
+
+    def _check_size(self, shard) -> None:
+        if self._remote:
+            return  # checked against the opened shard's length (_check_remote_size)
+        path = self._shard_path(shard)
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError as exc:
+            raise os_error(exc, f"shard {shard['file']!r} named by the manifest is missing",
+                           path=path) from exc
+        except OSError as exc:
+            raise os_error(exc, f"cannot stat shard {shard['file']!r}", path=path) from exc
+        if size != shard["size"]:
+            raise ChecksumError(f"shard {shard['file']!r} is {size} bytes but the manifest says {shard['size']}",
+                                path=path)
+
+    # --- what the model holds -------------------------------------------------------
+    @property
+    def path(self):
+        return self._path
+
+    @property
+    def metadata(self) -> dict:
+        return dict(self._metadata)
+
+    stored_metadata = metadata
+
+    @property
+    def header(self) -> dict:
+        """The manifest's summary, with the keys a single file's header has (``magic``,
+        ``version``, ``flags``, ``file_size``: all shards' bytes, ``metadata_size``: the
+        manifest's bytes) so reports built for files show a sharded model too."""
+        return {"magic": "manifest", "version": self._version, "flags": 0, "flag_names": [],
+                "file_size": sum(s["size"] for s in self._shards), "metadata_size": self._manifest_size,
+                "apr_version": self._version, "shard_count": len(self._shards),
+                "shards": [{"file": s["file"], "size": s["size"], "crc32": f"{s['crc32']:08x}"}
+                           for s in self._shards]}
+
+    def keys(self) -> list:
+        return list(self._names)
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name) -> bool:
+        return name in self._where
+
+    def shard_of(self, name: str) -> str:
+        """The file name of the shard holding ``name``."""
+        return self._shards[self._index_of(name)]["file"]
+
+    def _index_of(self, name) -> int:
+        try:
+            return self._where[name]
+        except (KeyError, TypeError):
+            shown = ", ".join(repr(n) for n in self._names[:8]) + (", ..." if len(self._names) > 8 else "")
+            raise TensorNotFoundError(f"no tensor named {name!r}; the model has {len(self._names)}: {shown}",
+                                      path=self._path) from None
+
+    def _file_for(self, name):
+        return self._shard(self._index_of(name))
+
+    def _shard(self, index: int):
+        """Shard ``index``, opened (and its tensor list checked against the manifest) on first use."""
+        f = self._open.get(index)
+        if f is not None and not self._closed:
+            return f
+        with self._opening:
+            return self._open_shard(index)
+
+    def _open_shard(self, index: int):
+        if self._closed:
+            raise AprIOError("the sharded model is closed", path=self._path)
+        f = self._open.get(index)
+        if f is None:
+            shard = self._shards[index]
+            self._check_size(shard)  # may have changed since the manifest was read
+            target = self._shard_path(shard)
+            if self._remote:
+                # the object's length (learnt by its first request) against the manifest
+                # before its header is parsed, so a wrong shard is named as such
+                from ..io.sources import open_source
+
+                options = dict(self._options)
+                target = open_source(target, mode=options.pop("mode", None),
+                                     storage_options=options.pop("storage_options", None))
+                try:
+                    self._check_remote_size(shard, target)
+                    f = self._open_one(target, **options)
+                except BaseException:
+                    target.close()
+                    raise
+            else:
+                f = self._open_one(target, **self._options)
+            try:
+                self._check_contents(index, f)
+            except BaseException:
+                f.close()
+                raise
+            self._open[index] = f
+        return f
+
+    def _check_remote_size(self, shard, source) -> None:
+        size = source.size
+        if size != shard["size"]:
+            raise ChecksumError(f"shard {shard['file']!r} is {size} bytes but the manifest says {shard['size']}",
+                                path=self._shard_path(shard))
+
+    def _check_remote_crc(self, index: int, f) -> None:
+        """The manifest's CRC of a remote shard whose own CRC ``f`` has just checked
+        (verify / load_all): for a v2 shard from its footer's CRC of the bytes before the
+        footer, combined with the footer's bytes up to the last four (no second read of
+        the data); other files are read once more."""
+        shard = self._shards[index]
+        source, parsed = _source_of(f), getattr(f, "_file", None)
+        end, body_end = getattr(parsed, "footer_crc_offset", None), shard["size"] - _CRC_TAIL
+        if end is not None and 0 <= end <= body_end and isinstance(parsed.stored_crc, int):
+            tail = bytes(source.read(end, body_end - end, "footer")) if body_end > end else b""
+            actual = crc32_combine(parsed.stored_crc, crc32(tail), len(tail))
+        else:
+            from .reader import _crc_by_chunks
+
+            actual = _crc_by_chunks(source, max(body_end, 0))
+        if actual != shard["crc32"]:
+            raise ChecksumError(f"shard {shard['file']!r} has CRC32 {actual:08x} but the manifest says "
+                                f"{shard['crc32']:08x}", path=self._shard_path(shard))
+
+    def _check_contents(self, index: int, f) -> None:
+        expected = {n for n, i in self._where.items() if i == index}
+        actual = set(f.keys())
+        if expected != actual:
+            extra, missing = sorted(actual - expected)[:5], sorted(expected - actual)[:5]
+            raise CorruptError(f"shard {self._shards[index]['file']!r} does not hold what the manifest maps to it "
+                               f"(missing {missing}, unexpected {extra})", path=f.path)
+
+    def info(self, name: str):
+        return self._file_for(name).info(name)
+
+    # --- tensors ---------------------------------------------------------------------
+    def get_tensor(self, name: str, copy: bool = False, dequantize: bool = False):
+        return self._file_for(name).get_tensor(name, copy=copy, dequantize=dequantize)
+
+    def get_slice(self, name: str, dequantize: bool = False):
+        return self._file_for(name).get_slice(name, dequantize=dequantize)
+
+    def tensors(self, copy: bool = False) -> dict:
+        return {name: self.get_tensor(name, copy) for name in self._names}
+
+    def describe(self) -> dict:
+        """Every tensor's dtype, shape, offset and size in its shard, plus the shard's
+        file name (opens every shard's index)."""
+        out = {}
+        for index in range(len(self._shards)):
+            f = self._shard(index)
+            for name in f.keys():
+                entry = f.info(name).as_dict()
+                entry["shard"] = self._shards[index]["file"]
+                out[name] = entry
+        return {name: out[name] for name in self._names}
+
+    # --- integrity and lifetime ------------------------------------------------------
+    def verify(self) -> None:
+        """Each shard's whole-file CRC32 against the manifest (ChecksumError naming the
+        shard), then each shard's own checks."""
+        for index, shard in enumerate(self._shards):
+            if self._remote:  # the shard's own CRC first: it reads every byte once, the manifest's follows
+                f = self._shard(index)
+                f.verify()
+                self._check_remote_crc(index, f)
+                continue
+            self._check_crc(shard)
+            self._shard(index).verify()
+
+    def _check_crc(self, shard) -> None:
+        path = self._shard_path(shard)
+        self._check_size(shard)
+        try:
+            size, actual = _size_and_crc(path)
+        except OSError as exc:
+            raise os_error(exc, f"cannot read shard {shard['file']!r}", path=path) from exc
+        if actual != shard["crc32"]:
+            raise ChecksumError(f"shard {shard['file']!r} has CRC32 {actual:08x} but the manifest says "
+                                f"{shard['crc32']:08x}", path=path)
+
+    def load_all(self, *, verify: bool = True, threads: int = 0) -> dict:
+        """Every tensor as an owned array, shard by shard (each CRC-checked against the
+        manifest and its own footer when ``verify``)."""
+        out = {}
+        for index, shard in enumerate(self._shards):
+            if verify and not self._remote:
+                self._check_crc(shard)
+            f = self._shard(index)
+            if hasattr(f, "load_all"):
+                out.update(f.load_all(verify=verify, threads=threads))
+            else:
+                if verify:
+                    f.verify()
+                out.update(f.tensors(copy=True))
+            if verify and self._remote:
+                self._check_remote_crc(index, f)
+        return {name: out[name] for name in self._names}
+
+    def close(self) -> None:
+        with self._opening:
+            self._closed = True
+            opened, self._open = self._open, {}
+        for f in opened.values():
+            f.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def opened_shards(self) -> list:
+        """File names of the shards opened so far (lazy opening is observable)."""
+        return [self._shards[i]["file"] for i in sorted(self._open)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __reduce__(self):
+        # pickles as the path and arguments that opened it: the other side reopens it
+        return _pickling.reduce_handle(self)
+
+    def __repr__(self):
+        state = "closed" if self._closed else f"{len(self)} tensors in {len(self._shards)} shards"
+        return f"<aprfast.ShardedFile {self._path} {state}>"
+
+
+def _is_url(target) -> bool:
+    from ..remote import is_url
+
+    return isinstance(target, str) and "://" in target and is_url(target)
+
+
+def _check_url_name(name: str, path) -> None:
+    """A shard name in a remote manifest becomes the last part of a URL: besides what
+    every manifest refuses ("/", "..", ":"), characters that would change what the URL
+    addresses (a query, a fragment, percent-escapes a server could decode to "../",
+    spaces and controls) are refused."""
+    if any(c in name for c in "?#%\\") or any(ord(c) < 0x21 or ord(c) == 0x7F for c in name):
+        raise CorruptError(f"shard manifest: shard file {name!r} cannot name an object next to a remote "
+                           "manifest (?, #, %, spaces and control characters are refused)", path=path)
+
+
+def _url_part(name: str, base: str) -> str:
+    """``name`` as the last part of a URL under ``base``: percent-encoded for http(s)
+    (non-ASCII names), as is for fsspec paths, which are not percent-decoded."""
+    if base.lower().startswith(("http://", "https://")):
+        from urllib.parse import quote
+
+        return quote(name, safe="")
+    return name
+
+
+def _source_of(f):
+    return getattr(f, "_raw_source", None) or getattr(f, "_source", None)
+
+
+def inspect(manifest_path, *, open_one, limits: Limits | None = None, storage_options=None) -> dict:
+    """``aprfast.inspect`` of a sharded model: the manifest, and every tensor's entry
+    with its shard (each shard's header and index are read, no tensor data; at a URL,
+    one request per shard when its prefix fits 64 KiB).  ``open_one`` as for
+    :class:`ShardedFile`."""
+    with ShardedFile(manifest_path, open_one=open_one, open_options={"unknown_dtypes": "raw"}, limits=limits,
+                     storage_options=storage_options) as f:
+        return {"layout": f.layout, "header": f.header, "metadata": f.metadata, "tensors": f.describe()}

@@ -1,0 +1,192 @@
+"""float32 <-> float16 / bfloat16 conversion at C speed, threads and SIMD included.
+
+Each function gives exactly the bits NumPy and ml_dtypes give (the kernels in
+``csrc/half.c`` are tested against them), shapes kept:
+
+* :func:`to_float16` - as ``astype(np.float16)``: round to nearest even, subnormals
+  kept, overflow to infinity, NaN payloads kept.
+* :func:`to_bfloat16` - as ``astype(ml_dtypes.bfloat16)``: round to nearest even,
+  every NaN becomes the quiet NaN of its sign.  Returns ``ml_dtypes.bfloat16`` arrays
+  when ml_dtypes is installed, else the ``uint16`` bit patterns.
+* :func:`to_float32` - widens float16 or bfloat16 exactly.
+
+float64 inputs convert as NumPy/ml_dtypes convert them: straight to float16 (one
+rounding), through float32 to bfloat16 (ml_dtypes' own path); overflow gives infinity
+without a warning, as in the kernels.  ``out`` is reused when
+given: C-contiguous, writable, the right element count and dtype (float16/bfloat16
+or their ``uint16`` bits; float32 for :func:`to_float32`).  ``threads`` caps the
+threads used for large arrays: 0 = the cores idle at the time of the call (every
+online core on an idle machine, one when other processes keep them busy: a thread
+that must wait for a core costs more than it saves); arrays under 2 Mi elements are
+converted on the calling thread whatever it says, as a second thread does not pay there.
+
+Without ``out``, results of 32 MiB and more live in aprfast's aligned buffers (see
+:func:`empty_output`), so a loop of same-size conversions reuses already-touched memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import _half, _memory
+from .._backend import BACKEND
+from ..dtypes import bfloat16, by_name
+from ..errors import LayoutError
+from ..tensors import RawTensor
+
+__all__ = ["to_float16", "to_bfloat16", "to_float32"]
+
+_F16 = np.dtype("<f2")
+_U16 = np.dtype("<u2")
+_F32 = np.dtype(np.float32)
+_BITS = np.dtype(np.uint16)  # the native-order object: .view() takes it several times faster than "<u2"
+_BF16 = np.dtype(bfloat16) if bfloat16 is not None else None
+
+#: Outputs of at least this many bytes come from aprfast's buffer cache (csrc/buffers.c),
+#: smaller ones from np.empty.  Why: glibc's malloc reuses freed blocks below its mmap
+#: threshold, which stops rising at 32 MiB, so a loop of same-size NumPy allocations
+#: under it gets already-touched memory back, while from 32 MiB on every np.empty maps,
+#: faults in and zeroes fresh pages (about 15 ms of a 17 ms f16 -> f32 conversion to 64
+#: MiB here).  The cache keeps freed huge-page blocks from that size on.  Below it the
+#: cache was measured slower than glibc (1 MiB: 112 against 45 us; 16 MiB: 1.6 against
+#: 0.87 ms), because it gives each freed block of 4 KiB pages back with MADV_FREE.
+CACHED_OUTPUT_MIN = 32 << 20
+
+
+def to_float16(array, out=None, *, threads: int = 0) -> np.ndarray:
+    """``array`` (float32, float64, float16 or bfloat16) rounded to float16."""
+    values = _float_array(array, "to_float16")
+    result = _output(out, values.shape, (_F16, _U16), _F16, "to_float16")
+    bits = _flat(result).view(_BITS)
+    if values.dtype == np.float64:  # NumPy rounds f64 -> f16 once; through f32 would round twice
+        with np.errstate(over="ignore"):  # overflow gives inf, as in the kernels
+            # NumPy's own cast (astype's), straight into the result: no temporary.
+            np.copyto(bits.view(_F16), values.reshape(-1), casting="unsafe")
+    elif values.dtype == _F16:
+        bits[...] = values.reshape(-1).view(_BITS)
+    else:
+        _half.f32_to_f16(_flat(_widened(values, threads)), bits, threads=threads)
+    return result
+
+
+def to_bfloat16(array, out=None, *, threads: int = 0) -> np.ndarray:
+    """``array`` (float32, float64, float16 or bfloat16) rounded to bfloat16: an
+    ``ml_dtypes.bfloat16`` array, or its ``uint16`` bits without ml_dtypes."""
+    values = _float_array(array, "to_bfloat16")
+    wanted = _BF16 if _BF16 is not None else _U16
+    result = _output(out, values.shape, tuple(d for d in (_BF16, _U16) if d is not None), wanted, "to_bfloat16")
+    bits = _flat(result).view(_BITS)
+    if _BF16 is not None and values.dtype == _BF16:
+        bits[...] = values.reshape(-1).view(_BITS)
+    else:  # float64 goes through float32, exactly as ml_dtypes converts it
+        _half.f32_to_bf16(_flat(_widened(values, threads)), bits, threads=threads)
+    return result
+
+
+def to_float32(array, out=None, *, threads: int = 0, dtype=None) -> np.ndarray:
+    """float16 or bfloat16 values widened to float32 (exact).
+
+    ``dtype`` ("f16" or "bf16") says what 16-bit patterns mean when ``array`` holds
+    raw bits (``uint16``, as bf16 tensors come back without ml_dtypes); a RawTensor
+    of dtype F16/BF16 carries its own.  float32 and float64 inputs are copied/rounded.
+    """
+    if isinstance(array, RawTensor):
+        if array.dtype is None or array.dtype.name not in ("F16", "BF16"):
+            raise LayoutError(f"to_float32 widens F16 or BF16 tensors, not {array!r}")
+        dtype = array.dtype.name if dtype is None else dtype
+        array = array.data.view(_U16).reshape(array.shape)
+    values = _little_endian(_c_order(np.asarray(array)))
+    kind = _half_kind(values.dtype, dtype)
+    result = _output(out, values.shape, (_F32,), _F32, "to_float32")
+    flat = _flat(result)
+    if kind == "F16":
+        _half.f16_to_f32(_flat(values).view(_BITS), flat, threads=threads)
+    elif kind == "BF16":
+        _half.bf16_to_f32(_flat(values).view(_BITS), flat, threads=threads)
+    else:
+        with np.errstate(over="ignore"):  # float32 copied, float64 rounded once (inf on overflow)
+            flat[...] = values.reshape(-1)
+    return result
+
+
+def empty_output(shape, dtype) -> np.ndarray:
+    """An uninitialised C-ordered array for a result the caller fills completely: from
+    the buffer cache from :data:`CACHED_OUTPUT_MIN` bytes on, else ``np.empty``."""
+    dtype = np.dtype(dtype)
+    if not isinstance(shape, tuple):  # np.empty also takes one int, or any sequence
+        shape = tuple(shape) if np.iterable(shape) else (shape,)
+    count = int(math.prod(shape))  # np.prod costs 6 us: most of a small call
+    # The pure backend keeps no cache: its AlignedBuffer maps memory afresh each time.
+    if count * dtype.itemsize < CACHED_OUTPUT_MIN or BACKEND == "python":
+        return np.empty(shape, dtype)
+    return np.frombuffer(_memory.AlignedBuffer(count * dtype.itemsize, 64), dtype, count).reshape(shape)
+
+
+def _float_array(array, what: str) -> np.ndarray:
+    values = _c_order(np.asarray(array))
+    if values.dtype.kind == "f" or (_BF16 is not None and values.dtype == _BF16):
+        return _little_endian(values)
+    raise LayoutError(f"{what} converts floating-point arrays (float16, bfloat16, float32, float64), "
+                      f"not {values.dtype}")
+
+
+def _little_endian(values: np.ndarray) -> np.ndarray:
+    """The kernels read little-endian bits (every platform aprfast builds for)."""
+    order = values.dtype.byteorder
+    if order == ">" or (order == "=" and not np.little_endian):
+        return values.astype(values.dtype.newbyteorder("<"))
+    return values
+
+
+def _widened(values: np.ndarray, threads: int) -> np.ndarray:
+    """float32 values (exactly widened from 16 bits, or as they are)."""
+    if values.dtype == _F32:
+        return values
+    if values.dtype.itemsize == 2:
+        return to_float32(values, threads=threads)
+    with np.errstate(over="ignore"):  # overflow gives inf, as in the kernels
+        return values.astype(_F32)
+
+
+def _half_kind(dtype: np.dtype, declared) -> str | None:
+    if declared is not None:
+        name = by_name(declared).name
+        if name not in ("F16", "BF16"):
+            raise LayoutError(f"to_float32 widens F16 or BF16 bits, not {name}")
+        if dtype.itemsize != 2:
+            raise LayoutError(f"dtype={declared!r} describes 16-bit values, but the array holds {dtype}")
+        return name
+    if dtype == _F16 or (dtype.kind == "f" and dtype.itemsize == 2):
+        return "F16"
+    if _BF16 is not None and dtype == _BF16:
+        return "BF16"
+    if dtype.kind == "f":
+        return None
+    raise LayoutError(f"to_float32 cannot tell what {dtype} values are; pass dtype='f16' or dtype='bf16' "
+                      "for raw 16-bit patterns")
+
+
+def _output(out, shape, accepted, default, what: str) -> np.ndarray:
+    if out is None:
+        return empty_output(shape, default)
+    if not isinstance(out, np.ndarray):
+        raise LayoutError(f"{what}: out must be a NumPy array, not {type(out).__name__}")
+    if out.dtype not in accepted:
+        raise LayoutError(f"{what}: out has dtype {out.dtype}; expected {' or '.join(str(d) for d in accepted)}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise LayoutError(f"{what}: out must be C-contiguous and writable")
+    size = int(math.prod(shape))
+    if out.size != size:
+        raise LayoutError(f"{what}: out holds {out.size} elements, the input {size}")
+    return out if out.shape == tuple(shape) else out.reshape(shape)
+
+
+def _flat(array: np.ndarray) -> np.ndarray:
+    return array.reshape(-1)
+
+
+def _c_order(array: np.ndarray) -> np.ndarray:
+    # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
+    return array if array.flags.c_contiguous else array.copy(order="C")
