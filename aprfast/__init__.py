@@ -39,7 +39,7 @@ from .errors import (
     VersionError,
 )
 from .files.safe_open import safe_open
-from .files import distributed  # aprfast.distributed.load_shard: tensor-parallel loading
+from . import distributed  # aprfast.distributed.load_shard: tensor-parallel loading
 from .limits import Limits
 from .numerics.precision import to_bfloat16, to_float16, to_float32
 from .numerics.quantization import QuantizationReport, dequantize, quantize, quantize_tensors, register_quantizer

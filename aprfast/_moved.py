@@ -6,7 +6,7 @@ path (the same module object, so monkeypatching and ``isinstance`` behave as bef
 Public old paths warn once with a :class:`DeprecationWarning` naming the new one, as
 numpy did when it moved ``numpy.core``.  Two kinds answer silently:
 
-* paths that stay public (``aprfast.stats``, ``aprfast.distributed``): documented names;
+* paths that stay public (``aprfast.stats``): documented names;
 * private paths (``aprfast._pickling`` ...): only pickles made before the move name them
   (a handle pickles as ``aprfast._pickling._reopen``), and unpickling must not warn about
   a path the user never wrote.
@@ -40,7 +40,6 @@ MOVED = {
     "aprfast.writer": ("aprfast.files.writer", True),
     "aprfast.shards": ("aprfast.files.shards", True),
     "aprfast.safe_handle": ("aprfast.files.safe_open", True),
-    "aprfast.distributed": ("aprfast.files.distributed", False),
     "aprfast.frameworks": ("aprfast.files.frameworks", True),
     "aprfast.v1reader": ("aprfast.v1.reader", True),
     "aprfast.licensing": ("aprfast.v1.licensing", True),

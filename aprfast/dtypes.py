@@ -268,6 +268,14 @@ class IdTable:
     def names(self):
         return list(self._by_name)
 
+    #: callables(table, type_id) told of every add/remove: the layouts keep per-table caches
+    #: (size rules, names) that must follow a custom quantizer registered at run time
+    watchers: list = []
+
+    def _changed(self, type_id: int) -> None:
+        for watcher in IdTable.watchers:
+            watcher(self, type_id)
+
     def add(self, type_id: int, dtype: DType) -> None:
         """Give ``dtype`` the id ``type_id`` (custom quantizers); refuses an id or dtype in use."""
         if type_id in self._by_id or dtype.name in self._by_name:
@@ -276,12 +284,14 @@ class IdTable:
                               f"({taken.name if taken else 'free'}) or has an id for {dtype.name}")
         self._by_id[type_id] = dtype
         self._by_name[dtype.name] = type_id
+        self._changed(type_id)
 
     def remove(self, type_id: int) -> None:
         """Drop an id given with :meth:`add`."""
         dtype = self._by_id.pop(type_id, None)
         if dtype is not None:
             self._by_name.pop(dtype.name, None)
+        self._changed(type_id)
 
 
 #: aprender's `TensorDType` (apr-format 0.72): current ids, plus the pre-GH-438 ids

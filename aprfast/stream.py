@@ -37,7 +37,7 @@ from ._crc import crc32, crc32_combine
 from .errors import AprError, AprIOError, ChecksumError, CorruptError, LimitError, SignatureError
 from .layouts import v1 as v1_layout
 from .limits import MAX_ALIGNMENT, Limits
-from .files.reader import _maker
+from .files.reader import array_maker
 from .security import refuse_keys
 from .io.sources import BufferSource
 
@@ -550,7 +550,7 @@ class _V2Stream:
     def _make(self, type_id):
         make = self._makers.get(type_id)
         if make is None:
-            make = self._makers[type_id] = _maker(self._file.ids, type_id)
+            make = self._makers[type_id] = array_maker(self._file.ids, type_id)
         return make
 
     def _skip_to(self, end: int, scratch, what: str) -> None:

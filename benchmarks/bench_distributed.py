@@ -37,7 +37,7 @@ import numpy as np
 
 import aprfast
 from aprfast.io import sources
-from aprfast.files.distributed import load_shard, shard_plan
+from aprfast.distributed import load_shard, shard_plan
 
 from timing import Row, Table, fmt_bytes, interleaved, version
 

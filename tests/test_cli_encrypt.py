@@ -233,7 +233,8 @@ _DECRYPT_PEAK = """
 import json, sys
 import numpy as np
 import aprfast
-from aprfast import crypto, protection
+from aprfast import crypto
+from aprfast.tools import protection
 
 def status(key):
     with open("/proc/self/status") as f:

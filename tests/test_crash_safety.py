@@ -35,7 +35,9 @@ CHILD_PRELUDE = r"""
 import os, sys
 import numpy as np
 import aprfast
-from aprfast import atomic as atomic_files, v1, writer
+from aprfast import v1
+from aprfast.io import atomic as atomic_files
+from aprfast.files import writer
 
 def new_tensors(mb):
     n = (mb << 20) // 4 // 4
@@ -366,7 +368,8 @@ def test_saves_survive_a_concurrent_sweeper(tmp_path, monkeypatch):
     monkeypatch.setattr(atomic_files, "_proc_links_work", False)
     sweeper = spawn(r"""
 import os, sys
-from aprfast import atomic as atomic_files, writer
+from aprfast.io import atomic as atomic_files
+from aprfast.files import writer
 directory, stop = sys.argv[1], sys.argv[2]
 rounds = 0
 while not os.path.exists(stop) or rounds < 10:

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast.files import distributed
+from aprfast import distributed
 from aprfast.io import sources
-from aprfast.files.distributed import load_shard, part_bounds, shard_plan
+from aprfast.distributed import load_shard, part_bounds, shard_plan
 from aprfast.errors import LayoutError, TensorNotFoundError
 from aprfast.tensors import QuantizedTensor
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast.files.distributed import PicklingRefusedError, allow_pickled_keys
+from aprfast.distributed import PicklingRefusedError, allow_pickled_keys
 from aprfast.errors import AprIOError, SignatureError
 from aprfast.files.reader import AprFile
 from aprfast.files.shards import ShardedFile
@@ -180,7 +180,7 @@ def test_dask_workers_take_handles(tmp_path, dask_client):
 
 
 def test_dask_slices_on_workers(tmp_path, dask_client):
-    from aprfast.files.distributed import load_shard
+    from aprfast.distributed import load_shard
 
     path = tmp_path / "m.apr"
     aprfast.save_file(BIG, path)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast.files.distributed import PicklingRefusedError
+from aprfast.distributed import PicklingRefusedError
 from aprfast.errors import AprIOError
 
 from pipeline_cases import EXAMPLE, check_written, load_example, models, write_models

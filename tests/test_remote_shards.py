@@ -198,7 +198,7 @@ def test_sharded_model_on_s3(s3_server, tmp_path, layout):
 
 
 def test_load_shard_of_a_remote_sharded_model_reads_about_half(http_server, tmp_path):
-    from aprfast.files.distributed import load_shard
+    from aprfast.distributed import load_shard
 
     tensors = _model()
     _local, files = _save(tmp_path, tensors)

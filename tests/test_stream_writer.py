@@ -63,7 +63,7 @@ def no_spool(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a planned Writer must not create a spool file")
 
-    monkeypatch.setattr(writer_module, "_open_anonymous", refuse)
+    monkeypatch.setattr(writer_module, "open_anonymous", refuse)
 
 
 # --- the bytes ---------------------------------------------------------------------------

@@ -216,7 +216,7 @@ def test_the_reservation_is_the_file_size(tmp_path, monkeypatch):
         v1.save_model(os.urandom(100_000), path, model_type="Custom", password=password, durable=False)
         assert sizes[-1] == os.path.getsize(path)
     v1.save_model(os.urandom(1000), tmp_path / "d.apr", model_type="Custom", durable=True)
-    assert len(sizes) == 2  # durable saves do not reserve (see aprfast.io.atomic._reserve)
+    assert len(sizes) == 2  # durable saves do not reserve (see aprfast.io.atomic.reserve_blocks)
 
 
 @pytest.mark.parametrize("forced", [0, 1, 2])

@@ -17,7 +17,7 @@ import sys
 
 from .. import __version__
 from .. import config as apr_config
-from ..convert._common import DestinationExistsError
+from ..convert import DestinationExistsError
 from ..errors import AprError, AprFileNotFoundError, AprIOError
 from . import (convert, debug, decrypt, diff, encrypt, explain, export, import_, inspect, keygen, lint, merge,
                quantize, sign, tensors, trace, tui, validate, verify)

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+from ..tools.text import fmt, shape_text  # noqa: F401  (the cli modules take them from here)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_FORMAT, EXIT_VALIDATION = 0, 1, 2, 3, 4, 5
 
@@ -82,19 +83,6 @@ def clean(value):
 def print_json(report) -> None:
     json.dump(clean(report), sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
-
-
-def fmt(value) -> str:
-    """A number for humans: ints as they are, floats to 4 significant digits."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def shape_text(shape) -> str:
-    return "x".join(str(d) for d in shape) or "scalar"
 
 
 def password_from(args) -> str | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from ..tools.diff import DEFAULT_TOLERANCE, diff_models, load_mapping
+from ..tools.text import similarity_text
 from ._common import (EXIT_OK, EXIT_VALIDATION, UsageError, add_key_options, add_progress_option, fmt, keys_from,
                       non_negative_int, print_json, progress_for)
 
@@ -72,12 +73,6 @@ def _verdict(report, same) -> str:
     if all(t.identical == t.count for t in report.tensors) and not report.metadata_differs:
         return "IDENTICAL"
     return "MATCH"
-
-
-def similarity_text(value: float) -> str:
-    """A percentage that reads 100.00% only when it is exactly 100%."""
-    text = f"{value * 100:.2f}%"
-    return ">99.99%" if text == "100.00%" and value < 1.0 else text
 
 
 def format_report(report, same) -> str:

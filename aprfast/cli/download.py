@@ -18,9 +18,9 @@ def add_parser(commands) -> None:
 
 def run(args) -> int:
     from ..config import cache_dir
-    from ..remote.cache import _hf_repo, cache_path_for, download
+    from ..remote.cache import hf_repo, cache_path_for, download
 
-    if _hf_repo(args.url) is None:  # a whole hf:// repository has no single file path
+    if hf_repo(args.url) is None:  # a whole hf:// repository has no single file path
         try:
             cache_path_for(args.url)
         except ValueError as exc:

@@ -14,6 +14,7 @@ from ..convert import names as _names
 from ..errors import CODES
 from ..numerics.expectations import check_expected, expectation_for
 from ..numerics.stats import tensor_stats
+from ..tools.text import detect_architecture
 from ._common import EXIT_ERROR, EXIT_OK, UsageError, add_key_options, fmt, open_model, print_json
 
 #: Meaning, common causes and what to do, per code (seed 001 §7 and §4.12).
@@ -149,17 +150,6 @@ def _guess_role(name) -> str:
         if re.search(pattern, name):
             return role
     return "unknown"
-
-
-def detect_architecture(names, metadata=None) -> dict | None:
-    """``{"architecture", "purpose", "id"}`` of the model, or None: the detector
-    ``aprfast.convert(arch="auto")`` uses (GGUF's ``general.architecture``, else the
-    tensor names, in any of the namings it maps)."""
-    found = _names.detect_arch(names, metadata)
-    if found is None:
-        return None
-    display, purpose = ARCHITECTURES[found]
-    return {"architecture": display, "purpose": purpose, "id": found}
 
 
 def _architecture(path, args) -> int:

@@ -15,7 +15,7 @@ import dataclasses
 import fnmatch
 import os
 
-from ..convert._common import DestinationExistsError
+from ..convert import DestinationExistsError
 from ..numerics.quantization import quant_type, quant_types, quantize_tensors
 from ._common import (EXIT_OK, UsageError, add_key_options, add_progress_option, non_negative_int, open_model,
                       print_json, progress_for)

@@ -51,7 +51,7 @@ def add_parser(commands) -> None:
 
 def run(args) -> int:
     if args.chrome and os.path.exists(args.chrome) and not args.force:
-        from ..convert._common import DestinationExistsError
+        from ..convert import DestinationExistsError
 
         raise DestinationExistsError("destination exists; pass --force to replace it", path=args.chrome)
     if not args.tolerance >= 0:  # also refuses NaN

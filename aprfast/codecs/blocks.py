@@ -98,7 +98,7 @@ def compress_inputs(ordered, compression, level=None, *, block_size=None, thread
     views = [_flat(item.data) if item.nbytes else None for item in ordered]
     pieces = [(i, start) for i, v in enumerate(views) if v is not None for start in range(0, len(v), size)]
     work = (views[i][start:start + size] for i, start in pieces)
-    packed = list(_pool(threads).map(squeeze, work, chunksize=8)) if len(pieces) > 1 else list(map(squeeze, work))
+    packed = list(worker_pool(threads).map(squeeze, work, chunksize=8)) if len(pieces) > 1 else list(map(squeeze, work))
     out, at = [], 0
     for item, view in zip(ordered, views):
         if view is None:
@@ -176,7 +176,7 @@ _POOL = None
 _POOL_LOCK = threading.Lock()
 
 
-def _pool(threads: int = 0) -> ThreadPoolExecutor:
+def worker_pool(threads: int = 0) -> ThreadPoolExecutor:
     """One shared pool (the codecs release the GIL while they work)."""
     global _POOL
     with _POOL_LOCK:
@@ -379,7 +379,7 @@ def _zstd_python(src, arrays, dst, which):
         out[int(do[k]):int(do[k]) + want] = np.frombuffer(got, np.uint8)
         return None
 
-    for k, problem in zip(which, _pool().map(one, which)):
+    for k, problem in zip(which, worker_pool().map(one, which)):
         if problem is not None:
             return int(k), problem
     return None

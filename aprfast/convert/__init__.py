@@ -21,7 +21,7 @@ import numpy as np
 from .. import dtypes as _dtypes
 from ..errors import FormatError, LayoutError, os_error
 from ..numerics.precision import to_bfloat16, to_float16, to_float32
-from ..numerics.quantization import _selector, dequantize as _dequantize, quant_type, quantize as _quantize
+from ..numerics.quantization import type_selector, dequantize as _dequantize, quant_type, quantize as _quantize
 from ..tensors import RawTensor
 from . import apr as _apr, burnpack as _bpk, gguf as _gguf, mle as _mle, onnx as _onnx, pytorch as _pt
 from . import safetensors as _st
@@ -345,7 +345,7 @@ def _quant_selector(quantize):
         quant_type(quantize).require_quantizer()  # unknown or dequantize-only types refused before any write
         return quantize
     if isinstance(quantize, (dict, list, tuple)):
-        select = _selector(None, quantize)
+        select = type_selector(None, quantize)
         return lambda name, shape: select(name, shape)[0]
     raise TypeError(f"quantize= takes a type name, a dict/list of (glob, type) rules or a callable, "
                     f"not {type(quantize).__name__}")

@@ -201,10 +201,10 @@ def reserve(fd: int, size: int, durable: bool, path) -> None:
     byte is written."""
     if durable:
         return
-    from ..io.atomic import _reserve
+    from ..io.atomic import reserve_blocks
 
     try:
-        _reserve(fd, size)
+        reserve_blocks(fd, size)
     except OSError as exc:
         raise os_error(exc, "cannot reserve space for the output", path=path) from exc
 

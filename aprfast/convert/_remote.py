@@ -61,9 +61,9 @@ class LocalCopy:
 
 def local_source(url: str, *, storage_options=None, destination=None, tokenizer: bool = True) -> LocalCopy:
     """A :class:`LocalCopy` whose ``path`` the converters read for ``url``."""
-    from ..remote import _scheme
+    from ..remote import url_scheme
 
-    if _scheme(url) == "hf":
+    if url_scheme(url) == "hf":
         return LocalCopy(_hf_local(url, storage_options, tokenizer))
     parent = os.path.dirname(os.path.abspath(os.fspath(destination))) if destination is not None else None
     temporary = tempfile.mkdtemp(prefix=".aprfast-source-", dir=parent if parent and os.path.isdir(parent) else None)

@@ -154,7 +154,7 @@ class AprFile:
                 offset, size, shape, make = plan
                 return make(shape, _memory.copy_range(self._mapped(), offset, size, self.alignment), 0, size)
         type_id, offset, size, shape = self._file.row(name)
-        make = self._makers.get(type_id) or self._maker(type_id)
+        make = self._makers.get(type_id) or self.array_maker(type_id)
         codec = self._file.codec(name)
         if codec:
             raw = tensor_codecs.read_range(self, name, 0, codec[1])
@@ -197,8 +197,8 @@ class AprFile:
             self._source.readinto(info.offset + start, out)
         return out
 
-    def _maker(self, type_id):
-        make = self._makers[type_id] = _maker(self._file.ids, type_id)
+    def array_maker(self, type_id):
+        make = self._makers[type_id] = array_maker(self._file.ids, type_id)
         return make
 
     def _mapped(self) -> np.ndarray:
@@ -246,7 +246,7 @@ class AprFile:
         if raw.zero_copy:
             actual = crc32(raw.view(0, end))
         else:
-            actual = _crc_by_chunks(raw, end)
+            actual = crc_by_chunks(raw, end)
         if actual != self._file.stored_crc:
             raise ChecksumError(f"footer CRC32 is {self._file.stored_crc:#010x} but bytes 0..{end} give "
                                 f"{actual:#010x}", path=self.path)
@@ -299,7 +299,7 @@ class AprFile:
         return _slice_arena(f, arena)
 
 
-def _crc_by_chunks(source, end: int, chunk: int = 8 << 20) -> int:
+def crc_by_chunks(source, end: int, chunk: int = 8 << 20) -> int:
     """CRC32 of ``[0, end)`` read in bounded chunks, for sources that are not mapped."""
     buf = aligned_empty(min(end, chunk))
     crc = 0
@@ -319,7 +319,7 @@ def _slice_arena(parsed, arena: np.ndarray, decoded=None) -> dict:
     for name, (type_id, offset, size, shape) in zip(parsed.names, parsed.rows):
         make = makers.get(type_id)
         if make is None:
-            make = makers[type_id] = _maker(parsed.ids, type_id)
+            make = makers[type_id] = array_maker(parsed.ids, type_id)
         if decoded and name in decoded:
             out[name] = make(shape, *decoded[name])
         else:
@@ -327,7 +327,7 @@ def _slice_arena(parsed, arena: np.ndarray, decoded=None) -> dict:
     return out
 
 
-def _maker(ids, type_id):
+def array_maker(ids, type_id):
     """A function (shape, buffer, offset, size) -> tensor for one dtype id."""
     if not ids.knows(type_id):
         return lambda shape, buf, start, size: RawTensor(None, shape, _bytes_at(buf, start, size), type_id)
@@ -383,14 +383,14 @@ class TensorSlice:
             # Ints and slices on a mapped file: NumPy's own indexing over a view of the
             # map touches only the pages the key needs; the checks below are for pread.
             return np.array(self._mapped_view()[key], copy=True)
-        box, local_key = _bounding_box(key, self.shape)
+        box, local_key = bounding_box(key, self.shape)
         region = self._read_box(box)
         return np.array(region[local_key], copy=True)
 
     def _decoded(self, key) -> np.ndarray:
         """A compressed tensor: decode only the blocks holding the axis-0 rows ``key``
         touches (the blocks split the C-order bytes, so rows are byte ranges)."""
-        box, local_key = _bounding_box(key, self.shape)
+        box, local_key = bounding_box(key, self.shape)
         item = self.dtype.itemsize
         if not self.shape:
             return np.array(self._file._raw_bytes(self.info, 0, item).view(self.dtype).reshape(())[local_key],
@@ -451,7 +451,7 @@ def _axis(axis, ndim):
     return axis % ndim
 
 
-def _bounding_box(key, shape):
+def bounding_box(key, shape):
     """Per-axis [lo, hi) covering what ``key`` selects, and ``key`` shifted into that box."""
     if not isinstance(key, tuple):
         key = (key,)

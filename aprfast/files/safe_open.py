@@ -72,7 +72,7 @@ class safe_open:  # noqa: N801 - the name safetensors users import
         if _is_meta(self.device):
             return torch_meta(name, self._file.info(name))
         if self.framework == "torch" and self.device != "cpu":
-            from ..torch import tensor_to_device  # through pinned staging, as load_file does
+            from .staging import tensor_to_device  # through pinned staging, as load_file does
 
             return tensor_to_device(self._file, name, self.device)
         tensor = self._file.get_tensor(name)

@@ -581,9 +581,9 @@ class ShardedFile:
             tail = bytes(source.read(end, body_end - end, "footer")) if body_end > end else b""
             actual = crc32_combine(parsed.stored_crc, crc32(tail), len(tail))
         else:
-            from .reader import _crc_by_chunks
+            from .reader import crc_by_chunks
 
-            actual = _crc_by_chunks(source, max(body_end, 0))
+            actual = crc_by_chunks(source, max(body_end, 0))
         if actual != shard["crc32"]:
             raise ChecksumError(f"shard {shard['file']!r} has CRC32 {actual:08x} but the manifest says "
                                 f"{shard['crc32']:08x}", path=self._shard_path(shard))

@@ -22,7 +22,7 @@ from ..io import platform as _platform
 from .. import dtypes, layouts
 from .._crc import crc32, crc32_combine
 from .._memory import append_padded
-from ..io.atomic import AtomicFile, _kernel_copy, _open_anonymous, _reserve
+from ..io.atomic import AtomicFile, kernel_copy, open_anonymous, reserve_blocks
 from ..dtypes import DType, check_shape
 from ..errors import AprError, AprIOError, LayoutError, UnknownDTypeError
 from ..tensors import TensorInput, as_input
@@ -75,7 +75,7 @@ class _Sink:
         """Copy ``n`` bytes whose CRC is ``crc`` from ``spool_fd`` without passing them
         through Python when the kernel can."""
         self.flush()
-        if not (self._fd is not None and _kernel_copy(spool_fd, self._fd, offset, n)):
+        if not (self._fd is not None and kernel_copy(spool_fd, self._fd, offset, n)):
             self._copy_through_memory(spool_fd, offset, n)
         self.crc = crc32_combine(self.crc, crc, n)
 
@@ -244,7 +244,7 @@ def _emit_to(target, emit, durable: bool, size: int, storage_options=None) -> No
         atomic = AtomicFile(target, durable=durable)
         try:
             if not durable:
-                _reserve(atomic.fd, size)
+                reserve_blocks(atomic.fd, size)
             emit(_Sink(fd=atomic.fd))
         except BaseException as exc:
             atomic.abort()
@@ -398,7 +398,7 @@ class Writer:
         try:
             # Beside the target (same filesystem, so copy_file_range can reflink), and
             # nameless: a killed Writer leaves nothing behind (see AtomicFile).
-            self._spool = os.fdopen(_open_anonymous(spool_dir), "w+b", buffering=0)
+            self._spool = os.fdopen(open_anonymous(spool_dir), "w+b", buffering=0)
         except OSError as exc:
             raise AprIOError(f"cannot create a spool file in {spool_dir or 'the temp dir'}: {exc.strerror}",
                              path=_name_of(target)) from exc
@@ -493,7 +493,7 @@ class Writer:
 
     def _start_output(self) -> None:
         if isinstance(self._atomic, AtomicFile) and not self._durable:
-            _reserve(self._atomic.fd, self._plan.total_size)
+            reserve_blocks(self._atomic.fd, self._plan.total_size)
         self._sink.write(self._plan.prefix, len(self._plan.prefix))
         self._push()
 

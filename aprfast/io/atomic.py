@@ -123,7 +123,7 @@ class AtomicFile:
         try:
             os.fchmod(fd, os.fstat(unnamed).st_mode & 0o7777)
             size = os.fstat(unnamed).st_size
-            if not _kernel_copy(unnamed, fd, 0, size):
+            if not kernel_copy(unnamed, fd, 0, size):
                 _copy_through_memory(unnamed, fd, 0, size)
         finally:
             os.close(unnamed)
@@ -205,7 +205,7 @@ def _create_named_temp(directory: str, base: str, mode: int, extra_flags: int = 
     raise OSError(errno.EEXIST, "no usable temporary file name after 100 tries")
 
 
-def _open_anonymous(directory, mode: int = 0o600) -> int:
+def open_anonymous(directory, mode: int = 0o600) -> int:
     """A descriptor of a file with no name (a spool): O_TMPFILE, or a recognisable
     temporary file unlinked at once, so a kill in between leaves a name the sweep
     knows.  On Windows the name stays until the file is closed."""
@@ -320,7 +320,7 @@ def _same_file(a, b) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _kernel_copy(src_fd, dst_fd, offset, n) -> bool:
+def kernel_copy(src_fd, dst_fd, offset, n) -> bool:
     """True if the kernel copied the range; False if it can't (then nothing was copied)."""
     if not _platform.uses("copy_file_range"):
         return False
@@ -353,7 +353,7 @@ def _copy_through_memory(src_fd: int, dst_fd: int, offset: int, n: int) -> None:
         n -= len(chunk)
 
 
-def _reserve(fd: int, size: int) -> None:
+def reserve_blocks(fd: int, size: int) -> None:
     """Reserve the file's blocks in one go.  Measured on ext4: writing into reserved
     blocks is 2-5x faster than page-by-page allocation, but when the data is fsynced
     right after, converting the reserved extents made the flush slower and erratic, so

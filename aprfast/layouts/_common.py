@@ -489,6 +489,9 @@ def update_rule(ids: IdTable, type_id: int) -> None:
         a[type_id], b[type_id] = d.block_elems, d.block_bytes
 
 
+IdTable.watchers.append(update_rule)  # a quantizer registered later changes a table's rules
+
+
 def parse_index(source, *, start, end, count, spec_layout, ids, rules, data_len, limits: Limits,
                 strict_dtypes: bool, pad_to: int = 1):
     """Read and validate ``count`` index entries in ``[start, end)``, failing at the first

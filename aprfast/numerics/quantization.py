@@ -29,7 +29,6 @@ from .. import _quant
 from .. import dtypes as _dtypes
 from ..dtypes import APR2_IDS, APRENDER_IDS, DType, bfloat16, element_count
 from ..errors import CorruptError, LayoutError, UnknownDTypeError
-from ..layouts import _common
 from .precision import empty_output, to_float32
 from ..tensors import QuantizedTensor, RawTensor
 
@@ -411,7 +410,6 @@ def register_quantizer(name: str, quantize, dequantize, bits_per_weight: float, 
     except LayoutError:
         _dtypes.remove_dtype(key)
         raise
-    _common.update_rule(APR2_IDS, apr2_id)
     kind = _TYPES[key] = _Custom(key, quantize, dequantize, bits_per_weight, bits, symmetric)
     return kind
 
@@ -423,7 +421,6 @@ def unregister_quantizer(name: str) -> None:
         raise LayoutError(f"{kind.name} is built in and cannot be unregistered")
     type_id = APR2_IDS.id_of(kind.dtype)
     APR2_IDS.remove(type_id)
-    _common.update_rule(APR2_IDS, type_id)
     _dtypes.remove_dtype(kind.name)
     del _TYPES[kind.name]
 
@@ -575,7 +572,7 @@ def quantize_tensors(tensors, default="q4_0", rules=None, *, threads: int = 0, s
     """
     if not hasattr(tensors, "items"):
         raise TypeError(f"tensors must be a mapping of name to array, not {type(tensors).__name__}")
-    select = _selector(default, rules)
+    select = type_selector(default, rules)
     out, entries = {}, []
     for name, value in tensors.items():
         shape, original, values = _describe(value)
@@ -602,7 +599,7 @@ def quantize_tensors(tensors, default="q4_0", rules=None, *, threads: int = 0, s
     return out, report
 
 
-def _selector(default, rules):
+def type_selector(default, rules):
     """A function (name, shape) -> (QuantType or None, reason when None); every type
     named is checked before any work is done."""
     default_kind = _quantizer_for(default)

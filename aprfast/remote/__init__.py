@@ -46,7 +46,7 @@ def is_url(target) -> bool:
     return m is not None and len(m.group(1)) > 1
 
 
-def _scheme(url: str) -> str:
+def url_scheme(url: str) -> str:
     return _SCHEME.match(url).group(1).lower()
 
 
@@ -57,7 +57,7 @@ def open_url(url: str, storage_options=None, *, mode=None):
     ``mode`` applies to an ``hf://`` file found in huggingface_hub's cache (a local file);
     remote objects are never mapped, so "private" is refused for them."""
     options = dict(storage_options or {})
-    if _scheme(url) == "hf":
+    if url_scheme(url) == "hf":
         from .hf import open_hf
 
         source = open_hf(url, options, mode=mode)
@@ -67,7 +67,7 @@ def open_url(url: str, storage_options=None, *, mode=None):
     if mode == "private":
         raise ValueError("mode='private' maps a local file; a remote object is read with ranged requests")
     connections = options.pop("connections", 8)
-    if _scheme(url) in ("http", "https") and not options.pop("fsspec", False) and \
+    if url_scheme(url) in ("http", "https") and not options.pop("fsspec", False) and \
             set(options) <= {"headers", "timeout"}:
         from .http import HttpSource
 
@@ -84,11 +84,11 @@ def open_stream(url: str, storage_options=None):
     """A forward-only binary file object reading the whole object (for :func:`aprfast.stream`)."""
     options = dict(storage_options or {})
     options.pop("connections", None)
-    if _scheme(url) == "hf":
+    if url_scheme(url) == "hf":
         from .hf import open_hf_stream
 
         return open_hf_stream(url, options)
-    if _scheme(url) in ("http", "https") and set(options) <= {"headers", "timeout"}:
+    if url_scheme(url) in ("http", "https") and set(options) <= {"headers", "timeout"}:
         import urllib.request
 
         request = urllib.request.Request(url, headers=dict(options.get("headers") or {}))

@@ -58,7 +58,7 @@ class RangedSource(Source):
         self._tail = memoryview(b"")
         self._tail_start = size
         self._cache_lock = threading.Lock()
-        self._pool = None
+        self.worker_pool = None
         self._pool_lock = threading.Lock()
         super().__init__(size)
 
@@ -207,9 +207,9 @@ class RangedSource(Source):
         if len(items) == 1:
             return [fn(items[0])]
         with self._pool_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.connections, thread_name_prefix="aprfast-remote")
-            pool = self._pool
+            if self.worker_pool is None:
+                self.worker_pool = ThreadPoolExecutor(self.connections, thread_name_prefix="aprfast-remote")
+            pool = self.worker_pool
         futures = [pool.submit(fn, item) for item in items]
         results, error = [], None
         for future in futures:  # wait for every request before raising: none writes into freed memory
@@ -249,7 +249,7 @@ class RangedSource(Source):
         raise NotImplementedError
 
     def _free(self) -> None:
-        pool, self._pool = self._pool, None
+        pool, self.worker_pool = self.worker_pool, None
         if pool is not None:
             pool.shutdown(wait=False)
         self._head = self._tail = memoryview(b"")

@@ -74,7 +74,7 @@ def _load_checksums(root: Path) -> dict:
 
 
 def _save_checksums(root: Path, records: dict) -> None:
-    from ..files.writer import AtomicFile
+    from ..io.atomic import AtomicFile
 
     data = json.dumps(records, indent=1, sort_keys=True).encode()
     atomic = AtomicFile(root / CHECKSUMS)
@@ -89,10 +89,10 @@ def _save_checksums(root: Path, records: dict) -> None:
 def download(url: str, *, cache_dir=None, storage_options=None, force: bool = False) -> Path:
     """Copy the file at ``url`` into the cache and return its local path (already there
     with its recorded size: returned without a request unless ``force``)."""
-    from ..files.writer import AtomicFile
+    from ..io.atomic import AtomicFile
 
     root = _cache_root(cache_dir)
-    repo = _hf_repo(url)
+    repo = hf_repo(url)
     if repo is not None:
         return _download_hf_repo(url, root, *repo, force=force)
     relative = cache_path_for(url)
@@ -135,7 +135,7 @@ def download(url: str, *, cache_dir=None, storage_options=None, force: bool = Fa
     return target
 
 
-def _hf_repo(url: str):
+def hf_repo(url: str):
     """(repo_type, repo_id, revision) for an ``hf://`` URL naming a whole repository."""
     m = re_hf_repo.fullmatch(url)
     if not m:

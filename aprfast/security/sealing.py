@@ -41,9 +41,9 @@ def run_jobs(fn, jobs: list, nbytes: int, threads: int = 0) -> list:
     where waiting on the same pool could deadlock."""
     if nbytes < PARALLEL_BYTES or len(jobs) < 2 or threading.current_thread().name.startswith("aprfast-codec"):
         return [fn(job) for job in jobs]
-    from ..codecs.blocks import _pool
+    from ..codecs.blocks import worker_pool
 
-    return list(_pool(threads).map(fn, jobs))
+    return list(worker_pool(threads).map(fn, jobs))
 
 
 def nonce(i: int, k: int) -> bytes:

@@ -384,14 +384,14 @@ def _b42_sparsity(x):
 
 # --- C, D: the few decidable from a file --------------------------------------------------
 def _c51_inspect_speed(x):
-    import aprfast
+    from .. import api
 
     started = time.perf_counter()
     if x.keys:  # what `apr inspect --password-env ...` does: open with the keys, list
-        with aprfast.open(x.path, unknown_dtypes="raw", **x.keys) as f:
+        with api.open(x.path, unknown_dtypes="raw", **x.keys) as f:
             [f.info(n) for n in f.keys()]
     else:
-        aprfast.inspect(x.path)
+        api.inspect(x.path)
     took = time.perf_counter() - started
     return (PASS if took < INSPECT_BUDGET_S else FAIL), f"inspect took {took * 1000:.1f} ms"
 
@@ -432,7 +432,7 @@ def _d87_names(x):
 
 
 def _d95_architecture(x):
-    from ..cli.explain import detect_architecture
+    from .text import detect_architecture
 
     found = detect_architecture(x.names, x.metadata)
     if found:
@@ -509,10 +509,10 @@ def quality_report(path, *, threads: int = 0, progress=None, **keys) -> dict:
     "category", "claim", "status", "detail"}], "shapes": [...]}``.  A file that cannot
     be opened at all scores 0 with ``"error"`` set.
     """
-    import aprfast
+    from .. import api
 
     try:
-        f = aprfast.open(path, unknown_dtypes="raw", **keys)
+        f = api.open(path, unknown_dtypes="raw", **keys)
     except (AprIOError, DecryptError):  # not the file's quality: missing, unreadable or no key
         raise
     except AprError as exc:

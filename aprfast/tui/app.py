@@ -24,7 +24,7 @@ from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input, T
 from textual.worker import get_current_worker  # noqa: E402
 
 from ..api import open as open_apr  # noqa: E402
-from ..cli._common import fmt  # noqa: E402
+from ..tools.text import fmt  # noqa: E402
 from ..numerics.expectations import check_expected, expectation_for  # noqa: E402
 from ..numerics.stats import tensor_stats  # noqa: E402
 from . import render  # noqa: E402
@@ -199,7 +199,7 @@ class ModelApp(App):
         self.sub_title = f"[{NAV_VIEWS[self.nav]} | {DETAIL_VIEWS[self.detail]} View]"
 
     def _metadata_text(self) -> str:
-        from ..cli.explain import detect_architecture
+        from ..tools.text import detect_architecture
 
         metadata = dict(self.file.metadata or {})
         arch = detect_architecture(self.names)

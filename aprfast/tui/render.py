@@ -5,7 +5,7 @@ widgets in :mod:`aprfast.tui.views` only place this text."""
 
 from __future__ import annotations
 
-from ..cli._common import fmt, shape_text
+from ..tools.text import fmt, shape_text
 from ..dtypes import element_count
 
 #: Eighths of a cell, for bars whose height is not a whole number of rows.
@@ -202,7 +202,7 @@ def sparkline(counts, width: int = 40) -> str:
 # --- two models --------------------------------------------------------------------------------
 def compare_summary(report) -> list:
     """Seed 001 §4.13.3's summary box from an :class:`aprfast.tools.diff.DiffReport`."""
-    from ..cli.diff import similarity_text
+    from ..tools.text import similarity_text
 
     changed = len(report.drifted)
     return [f"Comparing: {report.a} vs {report.b}",

@@ -17,7 +17,7 @@ from textual.containers import Vertical, VerticalScroll  # noqa: E402
 from textual.screen import ModalScreen  # noqa: E402
 from textual.widgets import DataTable, Static, Tree  # noqa: E402
 
-from ..cli._common import fmt, shape_text  # noqa: E402
+from ..tools.text import fmt, shape_text  # noqa: E402
 from . import render  # noqa: E402
 
 #: Seed 001 §4.13.5's keys (and this UI's one addition, ``m``), as the help overlay lists them.

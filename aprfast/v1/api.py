@@ -373,10 +373,10 @@ def _emit_sealed(header: Header, metadata_block: bytes, sealing, stored, path, d
 
 def _reserve(fd: int, size: int) -> None:
     """The file's blocks in one go before a save that is not fsynced, as the v2 writer
-    does (aprfast.io.atomic._reserve: 2-5x faster writes on ext4; a full disk fails first)."""
-    from ..io.atomic import _reserve as reserve
+    does (aprfast.io.atomic.reserve_blocks: 2-5x faster writes on ext4; a full disk fails first)."""
+    from ..io.atomic import reserve_blocks
 
-    reserve(fd, size)
+    reserve_blocks(fd, size)
 
 
 def _write_all(fd: int, data) -> None:
@@ -1289,13 +1289,13 @@ class _Chunks:
 
     def array(self, read, name: str):
         """The whole tensor as an owned array (or RawTensor/QuantizedTensor)."""
-        from ..files.reader import _maker
+        from ..files.reader import array_maker
 
         from ..dtypes import APR2_IDS
 
         t = self.index.tensors[name]
         buffer, _ = self.tensor_bytes(read, name)
-        return _maker(APR2_IDS, t.dtype_id)(t.shape, buffer, 0, t.nbytes)
+        return array_maker(APR2_IDS, t.dtype_id)(t.shape, buffer, 0, t.nbytes)
 
     def all_tensors(self, read) -> dict:
         return {name: self.array(read, name) for name in self.index.tensors}

@@ -39,7 +39,7 @@ from ..layouts import trueno
 from ..layouts import v1 as layout
 from ..layouts.v1 import Flag, Header
 from ..limits import Limits
-from ..files.reader import AprFile, _bounding_box, aligned_empty
+from ..files.reader import AprFile, bounding_box, aligned_empty
 from ..io.sources import open_source
 from ..tensors import TensorInfo
 
@@ -347,9 +347,9 @@ class V1File:
         if src.zero_copy:
             actual = crc32(src.view(0, crc_offset))
         else:
-            from ..files.reader import _crc_by_chunks
+            from ..files.reader import crc_by_chunks
 
-            actual = _crc_by_chunks(src, crc_offset)
+            actual = crc_by_chunks(src, crc_offset)
         stored = int.from_bytes(src.read(crc_offset, layout.CRC_SIZE, "CRC32"), "little")
         if stored != actual:
             raise ChecksumError(f"CRC32 stored in the last 4 bytes is {stored:#010x} but bytes 0..{crc_offset} give "
@@ -494,7 +494,7 @@ class ChunkSlice:
     def __getitem__(self, key) -> np.ndarray:
         if not self.shape:
             return np.array(self._file.get_tensor(self._record.name)[key], copy=True)
-        box, local = _bounding_box(key, self.shape)
+        box, local = bounding_box(key, self.shape)
         lo, hi = box[0]
         row = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
         if hi <= lo or row == 0:

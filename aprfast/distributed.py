@@ -39,12 +39,12 @@ import sys
 
 import numpy as np
 
-from ..numerics import quantization
-from ..io.pickling import PicklingRefusedError, allow_pickled_keys
-from ..errors import LayoutError
-from .frameworks import framework_name, to_framework
-from .reader import TensorSlice
-from ..tensors import QuantizedTensor
+from .numerics import quantization
+from .io.pickling import PicklingRefusedError, allow_pickled_keys
+from .errors import LayoutError
+from .files.frameworks import framework_name, to_framework
+from .files.reader import TensorSlice
+from .tensors import QuantizedTensor
 
 __all__ = ["load_shard", "shard_plan", "part_bounds", "UNEVEN", "allow_pickled_keys", "PicklingRefusedError"]
 
@@ -259,7 +259,7 @@ class _Opened:
             if self._options:
                 raise TypeError(f"open options {sorted(self._options)} given with a handle that is already open")
             return self._target
-        from ..api import open as open_apr
+        from .api import open as open_apr
 
         self._owned = open_apr(self._target, **self._options)
         return self._owned
