@@ -12,7 +12,7 @@ Every variant whose bytes come in a usable order streams with bounded memory:
 * v1 STREAMING (chunk index): header, metadata and index are read first; the index
   signature is verified (signed, trusted keys given) and the file key opened (encrypted)
   before anything is yielded; then each chunk is checked as ``V1File`` checks it (CRC32,
-  signed SHA-256, AES-GCM tag, bounded decompression, by ``v1._Chunks`` itself) as it
+  signed SHA-256, AES-GCM tag, bounded decompression, by ``v1.chunks.ChunkReader`` itself) as it
   arrives, and a tensor is yielded once all its chunks have.  Memory: the prefix, one
   tensor, one chunk stored and decoded.
 * Other v1 tensor files (plain, whole-payload compressed or encrypted, trueno-native):
@@ -633,13 +633,13 @@ def _plain_tensors(header, prefix, keys, path) -> bool:
     """Whether the payload is a v2 container stored as is and nothing at the file's end
     must vouch for it first: no compression, no encryption, no signature (a signed
     file's metadata is not even decoded before its whole-file signature verified)."""
-    from .v1 import api as v1
+    from . import v1
     from .layouts.v1 import Flag
 
     if header.flags & (Flag.SIGNED | Flag.ENCRYPTED) or keys["require_signature"] or header.compression:
         return False
     metadata = v1_layout.decode_metadata(prefix[v1_layout.HEADER_SIZE:], path=path)
-    return v1._payload_kind(header, metadata, path) == "tensors"
+    return v1.checks.payload_kind(header, metadata, path) == "tensors"
 
 
 def _v1_size(header, index_size: int = 0) -> int:
@@ -654,7 +654,7 @@ def _v1_size(header, index_size: int = 0) -> int:
 
 class _V1ChunkStream:
     """A v1 STREAMING file: header, metadata and chunk index first (signature and file
-    key checked there), then each chunk checked as it arrives by ``v1._Chunks``, each
+    key checked there), then each chunk checked as it arrives by ``v1.chunks.ChunkReader``, each
     tensor yielded when its chunks are in, then the signature block and the file CRC."""
 
     layout = v1_layout.NAME
@@ -662,7 +662,7 @@ class _V1ChunkStream:
     buffered = False
 
     def __init__(self, inp, head, header, limits, strict, verify, keys):
-        from .v1 import api as v1
+        from . import v1
         from .layouts import chunk_index
 
         self._input, self._header, self.verified = inp, header, False
@@ -673,16 +673,16 @@ class _V1ChunkStream:
         index_size = chunk_index.peek_size(bytes(prefix[meta_end:]), path=path, limits=limits)
         _grow(inp, prefix, meta_end + index_size, "the chunk index")
         self._prefix = bytes(prefix)
-        read = v1._reader_of(memoryview(self._prefix))
-        regions = self._regions = v1._locate(header, read, inp.size or _v1_size(header, index_size), path, limits)
+        read = v1.checks.reader_of(memoryview(self._prefix))
+        regions = self._regions = v1.checks.locate(header, read, inp.size or _v1_size(header, index_size), path, limits)
         self.signature, self.signer = self._check_signature(read, keys)
         metadata = v1_layout.decode_metadata(self._prefix[meta_end - header.metadata_size:meta_end], path=path)
-        v1._payload_kind(header, metadata, path)  # the flag and the payload marker must agree
-        self.license = v1._decode_license(metadata, path)
+        v1.checks.payload_kind(header, metadata, path)  # the flag and the payload marker must agree
+        self.license = v1.checks.decode_license(metadata, path)
         for key in v1_layout.INTERNAL_KEYS:
             metadata.pop(key, None)
         self.metadata = metadata
-        self._chunks = v1._open_chunks(read, header, regions, path, limits, strict, keys["password"],
+        self._chunks = v1.chunks.open_chunks(read, header, regions, path, limits, strict, keys["password"],
                                        keys["private_key"], keys["allow_unencrypted"],
                                        check_digests=regions.signature is not None)
         self.encryption = self._chunks.encryption
@@ -695,7 +695,7 @@ class _V1ChunkStream:
         them now (TRUSTED; the block's key must then be that one); without, it can be
         checked only when the embedded key arrives (SELF_SIGNED, at the end: an
         untrusted key vouches for nothing before that anyway)."""
-        from .v1 import api as v1
+        from . import v1
 
         header, regions, path = self._header, self._regions, self._input.path
         if regions.signature is None:
@@ -708,7 +708,7 @@ class _V1ChunkStream:
         key_at, failures = regions.signature[1], []
         for key in (bytes(k) for k in trusted):
             try:
-                return v1._verify_index_signature(_serving_key(read, key_at, key), header, regions, [key], True,
+                return v1.checks.verify_index_signature(_serving_key(read, key_at, key), header, regions, [key], True,
                                                   path)
             except SignatureError as exc:
                 failures.append(exc.message)
@@ -769,7 +769,7 @@ class _V1ChunkStream:
                              path=self._input.path) from None
 
     def _read_chunk(self, offset: int, n: int, what: str):
-        """``v1._Chunks``'s read(offset, n, what), served from the stream: the chunks are
+        """``v1.chunks.ChunkReader``'s read(offset, n, what), served from the stream: the chunks are
         asked for in file order, so ``offset`` is always where the stream stands."""
         inp = self._input
         if offset != inp.pos:  # chunks tile the payload in index order (the parser checks)
@@ -790,7 +790,7 @@ class _V1ChunkStream:
     def _check_tail(self) -> None:
         """The signature block (its key must be the one that verified the index), the
         file CRC, and the end of the stream."""
-        from .v1 import api as v1
+        from . import v1
 
         inp, path, regions = self._input, self._input.path, self._regions
         block = b""
@@ -818,14 +818,14 @@ class _V1ChunkStream:
                 raise SignatureError(f"the signature block names key {embedded.hex()}, not the trusted key "
                                      f"{self.signer.hex()} that verified the chunk index", path=path)
             return
-        read = _serving_key(v1._reader_of(memoryview(self._prefix)), self._regions.signature[1], embedded)
-        self.signature, self.signer = v1._verify_index_signature(read, self._header, self._regions, None, False,
+        read = _serving_key(v1.checks.reader_of(memoryview(self._prefix)), self._regions.signature[1], embedded)
+        self.signature, self.signer = v1.checks.verify_index_signature(read, self._header, self._regions, None, False,
                                                                  path)
 
 
 def _serving_key(read, key_at: int, key: bytes):
     """``read`` over the prefix, answering the signer key's place (at the file's end, not
-    yet streamed) with ``key``: so v1._verify_index_signature itself checks a candidate."""
+    yet streamed) with ``key``: so v1.checks.verify_index_signature itself checks a candidate."""
     def serve(offset, n, what="range"):
         return key if offset == key_at and n == len(key) else read(offset, n, what)
     return serve
@@ -872,19 +872,19 @@ class _V1PlainStream:
     buffered = False
 
     def __init__(self, inp, prefix: bytes, header, limits, strict, verify, keys):
-        from .v1 import api as v1
+        from . import v1
 
         path = inp.path
         self._input, self._header, self.verified = inp, header, False
-        self._regions = v1._locate(header, v1._reader_of(memoryview(prefix)), inp.size or _v1_size(header), path,
+        self._regions = v1.checks.locate(header, v1.checks.reader_of(memoryview(prefix)), inp.size or _v1_size(header), path,
                                    limits)
         metadata = v1_layout.decode_metadata(prefix[v1_layout.HEADER_SIZE:], path=path)
-        self.license = v1._decode_license(metadata, path)
+        self.license = v1.checks.decode_license(metadata, path)
         for key in v1_layout.INTERNAL_KEYS:
             metadata.pop(key, None)
         self.metadata = metadata
         self.signature, self.signer, self.encryption = v1.UNSIGNED, None, "none"
-        v1._refuse_downgrade(header, keys["password"], keys["private_key"], keys["allow_unencrypted"], path)
+        v1.checks.refuse_downgrade(header, keys["password"], keys["private_key"], keys["allow_unencrypted"], path)
         if header.uncompressed_size != header.payload_size:
             raise CorruptError(f"uncompressed payload is {header.payload_size} bytes but the header says "
                                f"{header.uncompressed_size}", path=path)
@@ -900,9 +900,9 @@ class _V1PlainStream:
         return self._inner.names()
 
     def info(self, name: str):
-        from .v1.reader import _shifted
+        from .v1.reader import shifted
 
-        return _shifted(self._inner.info(name), self._regions.payload[0])
+        return shifted(self._inner.info(name), self._regions.payload[0])
 
     def describe(self) -> dict:
         start = self._regions.payload[0]

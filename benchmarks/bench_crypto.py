@@ -41,7 +41,7 @@ import tempfile
 import numpy as np
 
 from aprfast.crypto import core as crypto
-from aprfast.v1 import api as v1
+from aprfast import v1
 
 import timing
 from timing import Row, Samples, Table, interleaved, unlinker

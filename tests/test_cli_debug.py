@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast.v1 import api as v1
+from aprfast import v1
 from aprfast.cli import debug as debug_module
 from aprfast.cli import main
 

@@ -250,7 +250,7 @@ def test_progress_reports_tensor_bytes_up_to_the_total(model):
 
 
 def test_v1_container_scores_what_applies_to_it(tmp_path, rng):
-    from aprfast.v1 import api as v1
+    from aprfast import v1
 
     path = tmp_path / "v1.apr"
     # aprender's v1 Metadata is a typed struct: model sizes live in its `custom` table
@@ -282,7 +282,7 @@ def test_non_zero_padding_fails_item_22_and_extended_file_fails_to_open(tmp_path
 
 
 def test_validate_shapes_reads_a_v1_containers_custom_sizes(tmp_path, rng, capsys):
-    from aprfast.v1 import api as v1
+    from aprfast import v1
 
     path = tmp_path / "v1.apr"
     v1.save_model(whisperish(rng), path, metadata={"custom": {"n_vocab": 63}})

@@ -158,7 +158,7 @@ def test_diff_chrome_trace_has_one_process_per_file(model, tmp_path, capsys):
 
 
 def test_v1_container_is_decoded_at_open(tmp_path, tensors, capsys):
-    from aprfast.v1 import api as v1
+    from aprfast import v1
 
     path = tmp_path / "v1.apr"
     v1.save_model({"a.weight": tensors["a.weight"]}, path, compression="zstd")

@@ -427,7 +427,7 @@ def test_compare_uses_diff_models_numbers(changed, ModelApp):
 
 # --- every variant aprfast.open reads -----------------------------------------------------------------
 def variants(tmp_path, tensors):
-    from aprfast.v1 import api as v1
+    from aprfast import v1
 
     small = {k: v for k, v in tensors.items() if k != "step"}
     yield "apr2", {}, lambda p: aprfast.save_file(tensors, p, layout="apr2")

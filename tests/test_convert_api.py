@@ -216,7 +216,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
 @pytest.mark.parametrize("kind", ["zstd apr2", "v1 zstd", "v1 plain"])
 @pytest.mark.parametrize("dest", ["o.safetensors", "o.gguf", "o.apr"])
 def test_every_apr_variant_is_a_source(tmp_path, rng, kind, dest):
-    from aprfast.v1 import api as v1
+    from aprfast import v1
     tensors = {"z": np.zeros((64, 64), np.float32), "r": rng.standard_normal((8, 8)).astype(np.float32)}
     if kind == "zstd apr2":
         aprfast.save_file(tensors, tmp_path / "s.apr", compression="zstd")

@@ -24,7 +24,7 @@ import pytest
 import aprfast
 from aprfast.io import atomic as atomic_files
 from aprfast.crypto import core as crypto
-from aprfast.v1 import api as v1
+from aprfast import v1
 from aprfast.files import writer
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kill -9, flock and rlimits are POSIX")

@@ -37,7 +37,7 @@ import aprfast
 import aprfast.cli
 import hostile_builders as hb
 from aprfast import CorruptError, LimitError, _metascan
-from aprfast.v1 import api as v1
+from aprfast import v1
 from aprfast.layouts import _common
 from aprfast.layouts import v1 as v1_layout
 

@@ -26,7 +26,8 @@ import aprfast
 from aprfast import _memory, limits
 from aprfast.codecs import payload as codecs
 from aprfast.crypto import core as crypto
-from aprfast.v1 import licensing, api as v1
+from aprfast import v1
+from aprfast.v1 import licensing
 from aprfast.errors import AprIOError, CorruptError, DecryptError, LimitError
 from aprfast.layouts import v1 as layout
 from aprfast.layouts.v1 import Flag, Header

@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aprfast.crypto import core as crypto
-from aprfast.v1 import licensing, api as v1
+from aprfast import v1
+from aprfast.v1 import licensing
 from aprfast.codecs.payload import Compression
 from aprfast.errors import (AprError, ChecksumError, CorruptError, DecryptError, FormatError, LayoutError,
                             LimitError, ModelTypeMismatchError, SignatureError, VersionError)
@@ -700,7 +701,7 @@ def test_paths_file_objects_and_buffers(tmp_path):
 def test_a_failed_save_leaves_the_target_untouched(tmp_path, monkeypatch):
     path = tmp_path / "m.apr"
     path.write_bytes(b"old")
-    import aprfast.v1.api as module
+    import aprfast.v1.writer as module
 
     def broken(fd, data):
         raise OSError(28, "No space left on device")

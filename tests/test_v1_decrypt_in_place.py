@@ -9,7 +9,7 @@ import pytest
 
 import aprfast
 from aprfast.crypto import core as crypto
-from aprfast.v1 import api as v1
+from aprfast import v1
 from aprfast.errors import DecryptError
 
 

@@ -1,10 +1,10 @@
 """A plain v1 file (bytes payload, not compressed, encrypted or signed) loaded from a
 path is read once with pread straight into the bytes returned, its CRC32 computed on
-the way (v1._load_read), instead of mapping the file, checksumming the map and copying
+the way (v1.load._load_read), instead of mapping the file, checksumming the map and copying
 the payload out (issue 9: v1 plain load).  Whatever the bytes, it must answer exactly as
 the full path does: the same payload, or the same error, in the same order of checks.
 Also the save side: an uncompressed payload is not copied first, and a save that is
-not fsynced reserves its blocks (v1._reserve) and still leaves nothing when it fails."""
+not fsynced reserves its blocks (v1.writer._reserve) and still leaves nothing when it fails."""
 
 import errno
 import os
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from aprfast import _memory
-from aprfast.v1 import api as v1
+from aprfast import v1
 from aprfast.errors import AprError, AprIOError, ChecksumError
 from aprfast.layouts import v1 as layout
 
@@ -47,13 +47,13 @@ def test_the_read_path_is_taken_and_gives_bytes(tmp_path, monkeypatch):
     payload = os.urandom(3 << 20)
     v1.save_model(payload, path, model_type="Custom", metadata=META)
     calls = []
-    real = v1._load_read
-    monkeypatch.setattr(v1, "_load_read", lambda *a: calls.append(real(*a)) or calls[-1])
+    real = v1.load._load_read
+    monkeypatch.setattr(v1.load, "_load_read", lambda *a: calls.append(real(*a)) or calls[-1])
     model = v1.load_model(path)
     assert calls and calls[0] is model
     assert type(model.payload) is bytes and model.payload == payload
     # nothing maps the file on this path: the source's map was never made
-    monkeypatch.setattr(v1, "_whole_file", lambda src: pytest.fail("the file was mapped"))
+    monkeypatch.setattr(v1.load, "whole_file", lambda src: pytest.fail("the file was mapped"))
     assert v1.load_model(path).payload == payload
 
 
@@ -129,7 +129,7 @@ def test_other_files_take_the_full_path(tmp_path, kind):
         v1.save_model(b"abc" * 1000, path, model_type="Custom", metadata=META, **kwargs)
     src = v1.open_source(path)
     try:
-        assert v1._load_read(src, None, None, None, None, False, v1.MAX_UNCOMPRESSED_SIZE, True) is None
+        assert v1.load._load_read(src, None, None, None, None, False, v1.MAX_UNCOMPRESSED_SIZE, True) is None
     finally:
         src.close()
 
@@ -198,7 +198,7 @@ def test_a_failure_mid_save_leaves_nothing(tmp_path, monkeypatch, password):
             raise OSError(errno.EIO, "Input/output error")
         os.write(fd, bytes(data))
 
-    monkeypatch.setattr(v1, "_write_all", failing)
+    monkeypatch.setattr(v1.writer, "_write_all", failing)
     with pytest.raises(AprIOError, match="Input/output"):
         v1.save_model(os.urandom(9 << 20), tmp_path / "m.apr", model_type="Custom", password=password,
                       durable=False)
@@ -221,7 +221,7 @@ def test_the_reservation_is_the_file_size(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("forced", [0, 1, 2])
 def test_every_thread_count_reads_the_same(tmp_path, monkeypatch, forced):
-    monkeypatch.setattr(v1, "_READ_THREADS", forced)
+    monkeypatch.setattr(v1.load, "_READ_THREADS", forced)
     path = tmp_path / "m.apr"
     payload = os.urandom((9 << 20) + 3)
     v1.save_model(payload, path, model_type="Custom", metadata=META)
@@ -232,8 +232,8 @@ def test_every_thread_count_reads_the_same(tmp_path, monkeypatch, forced):
 
 def test_the_thread_count_is_left_to_the_idle_core_rule(monkeypatch):
     # 0: pread_into's default, which counts the cores idle at the call (csrc/parallel.h)
-    monkeypatch.setattr(v1, "_READ_THREADS", None)
-    assert v1._read_threads() == 0
+    monkeypatch.setattr(v1.load, "_READ_THREADS", None)
+    assert v1.load._read_threads() == 0
 
 
 def test_password_files_answer_as_the_full_path(tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from aprfast.crypto import core as crypto
-from aprfast.v1 import api as v1
+from aprfast import v1
 from aprfast.errors import DecryptError
 
 SALT, NONCE = bytes(range(16)), bytes(range(100, 112))
@@ -113,7 +113,7 @@ def test_a_failed_sealed_save_leaves_nothing(monkeypatch, tmp_path):
             raise OSError(28, "No space left on device")
         os.write(fd, bytes(data))
 
-    monkeypatch.setattr(v1, "_write_all", failing)
+    monkeypatch.setattr(v1.writer, "_write_all", failing)
     with pytest.raises(OSError, match="No space"):
         v1.save_model(os.urandom(1 << 20), path, model_type="Custom", password="pw")
     assert os.listdir(tmp_path) == []

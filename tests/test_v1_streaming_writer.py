@@ -16,7 +16,7 @@ import pytest
 
 import aprfast
 from aprfast.crypto import core as crypto
-from aprfast.v1 import api as v1
+from aprfast import v1
 
 METADATA = {"created_at": "1700000000", "aprender_version": "0.1.0", "model_name": "s"}
 SEED = bytes(range(32))
@@ -96,7 +96,7 @@ def test_a_failing_save_leaves_no_file(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("codec failed")
 
-    monkeypatch.setattr(v1.codecs, "compress", broken)
+    monkeypatch.setattr(v1.writer.codecs, "compress", broken)
     with pytest.raises(RuntimeError, match="codec failed"):
         save(tmp_path / "m.apr", compression="zstd")
     assert not (tmp_path / "m.apr").exists()
@@ -147,7 +147,7 @@ def test_a_spool_that_cannot_be_written_is_an_io_error(tmp_path, monkeypatch):
     def full(fd, data):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(v1, "_write_all", full)
+    monkeypatch.setattr(v1.writer, "_write_all", full)
     with pytest.raises(AprIOError, match="spooling the chunks.*No space left"):
         save(tmp_path / "m.apr", compression="zstd")
     assert not (tmp_path / "m.apr").exists()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ml_dtypes import bfloat16
 
 from aprfast.crypto import core as crypto
-from aprfast.v1 import api as v1
+from aprfast import v1
 from aprfast.errors import (AprError, CorruptError, LayoutError, LimitError, SignatureError, TensorNotFoundError,
                             UnknownDTypeError)
 from aprfast.layouts import trueno

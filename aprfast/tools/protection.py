@@ -210,7 +210,7 @@ def _write_parts(path, parts) -> None:
 def _resave(model, output, *, signing_key=None, **encryption) -> None:
     """Save a loaded v1 model again with the same type, metadata, compression, quality
     score, license and (STREAMING) layout, and the encryption given."""
-    from ..v1 import api as v1
+    from .. import v1
     from ..layouts.v1 import Flag
 
     flags = model.header.flag_set
@@ -246,7 +246,7 @@ def encrypt_file(path, output, *, password=None, recipients=None, signing_key=No
     public keys, writing ``output``.  An encrypted file is refused (decrypt it first).
     A v2 file is saved again in the apr2 layout with its tensors sealed (FORMAT §3.2;
     ``encrypt_names`` seals metadata and index too), its metadata and compression kept."""
-    from ..v1 import api as v1
+    from .. import v1
 
     if (password is None) == (not recipients):
         raise ValueError("give a password or recipients (public keys), one of the two")
@@ -275,7 +275,7 @@ def decrypt_file(path, output, *, password=None, private_key=None, trusted_keys=
     with its metadata and compression in the layout save_file picks (aprender's when it
     can hold the file); an uncompressed, unsigned result is written one tensor at a
     time (memory: the largest tensor)."""
-    from ..v1 import api as v1
+    from .. import v1
 
     if (password is None) == (private_key is None):
         raise ValueError("give a password or a private key, one of the two")

@@ -1,15 +1,59 @@
-"""The v1 model container ("APRN", seed 000): :func:`save_model`, :func:`load_model`,
-:func:`inspect_model`, licensing and lazy tensor files (:class:`~aprfast.v1.reader.V1File`).
+"""The v1 container (``APRN``, aprender's ``save``/``load`` format): the public API.
+
+* :func:`save_model` writes a payload (raw bytes, e.g. a bincode-serialised aprender
+  model, or a dict of named arrays) with aprender's header, MessagePack metadata,
+  optional compression, encryption, signature and license, and the trailing CRC32.
+* :func:`load_model` checks everything in the order the Andon protocol asks (magic,
+  CRC32, header, model type, signature, decryption, decompression) and returns a
+  :class:`V1Model`.
+* :func:`inspect_model` reads only the header and metadata, like aprender's ``inspect``.
+* ``save_model(tensors, streaming=True)`` writes the STREAMING chunk index
+  (:mod:`aprfast.layouts.chunk_index`) and ``trueno_native=True`` the TRUENO_NATIVE
+  tensor index (:mod:`aprfast.layouts.trueno`); :class:`aprfast.v1.reader.V1File` reads
+  them lazily, :func:`load_model` eagerly.
+
+The bytes live in :mod:`aprfast.layouts.v1`, compression in :mod:`aprfast.codecs`,
+encryption and signatures in :mod:`aprfast.crypto`, licenses in :mod:`aprfast.v1.licensing`.
+docs/FORMAT.md (v1 section) records every byte and decision.
 """
 
-from . import api as _api
-from .api import *  # noqa: F403  (the public names, listed in api.__all__)
-from .api import __all__  # noqa: F401
+from __future__ import annotations
+
+from ..codecs.payload import MAX_UNCOMPRESSED_SIZE, Compression
+from ..layouts import v1 as layout
+from ..layouts.v1 import Flag, Header, ModelType
+from ..io.sources import open_source
+from .checks import (CHUNKED_PAYLOAD_FORMAT, DEFAULT_APRENDER_VERSION, FILE_KEY_SIZE, PAYLOAD_FORMAT_KEY,  # noqa: F401
+                     SELF_SIGNED, TENSOR_ALIGNMENT, TENSOR_PAYLOAD_FORMAT, TRUENO_PAYLOAD_FORMAT, TRUSTED, UNSIGNED,
+                     V1Model, check_license)
+from .load import load_model, trueno_view  # noqa: F401
+from .writer import save_model  # noqa: F401
+
+__all__ = [
+    "save_model", "load_model", "inspect_model", "check_license", "V1Model", "ModelType", "Compression", "Flag",
+    "Header", "MAX_UNCOMPRESSED_SIZE", "PAYLOAD_FORMAT_KEY", "TENSOR_PAYLOAD_FORMAT", "UNSIGNED", "TRUSTED",
+    "SELF_SIGNED", "generate_signing_key", "generate_x25519_key", "public_key_of",
+]
+
+
+_KEY_HELPERS = ("generate_signing_key", "generate_x25519_key", "public_key_of")
 
 
 def __getattr__(name):
-    # every other name of the old flat module aprfast.v1
+    # Key helpers come from aprfast.crypto, imported on first use so that plain files
+    # never load the crypto libraries.
+    if name in _KEY_HELPERS:
+        from ..crypto import core as crypto
+
+        return getattr(crypto, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --- inspection and licenses -------------------------------------------------------
+def inspect_model(source) -> dict:
+    """Header and metadata without checking the CRC or decrypting (aprender's inspect)."""
+    src = open_source(source)
     try:
-        return getattr(_api, name)
-    except AttributeError:
-        raise AttributeError(f"module 'aprfast.v1' has no attribute {name!r}") from None
+        return layout.inspect(src)
+    finally:
+        src.close()

@@ -30,7 +30,7 @@ import mmap
 import numpy as np
 
 from ..io import pickling as _pickling, platform as _platform
-from . import api as v1
+from .. import v1
 from .._crc import crc32
 from ..codecs.payload import MAX_UNCOMPRESSED_SIZE, Compression
 from ..errors import (AprError, AprIOError, ChecksumError, CorruptError, FormatError, LayoutError,
@@ -92,9 +92,9 @@ class V1File:
     def _open(self, password, private_key, trusted_keys, require_signature, allow_unencrypted, max_uncompressed):
         src, path = self._source, self._source.path
         head = bytes(src.read(0, min(layout.HEADER_SIZE, src.size), "v1 header"))
-        v1._check_magic(head, path)
+        v1.checks.check_magic(head, path)
         header = self._header = Header.from_bytes(head, path=path)
-        regions = self._regions = v1._locate(header, src.read, src.size, path, self._limits)
+        regions = self._regions = v1.checks.locate(header, src.read, src.size, path, self._limits)
         streaming = bool(header.flag_set & Flag.STREAMING)
         if header.flags & Flag.SIGNED or require_signature:
             # Before the metadata is decoded or anything else is believed, as load_model
@@ -102,18 +102,18 @@ class V1File:
             # and its chunks are checked against their signed digests when read; any
             # other signed file is hashed whole here.
             if streaming:
-                self.signature, self.signer = v1._verify_index_signature(src.read, header, regions, trusted_keys,
+                self.signature, self.signer = v1.checks.verify_index_signature(src.read, header, regions, trusted_keys,
                                                                          require_signature, path)
             else:
-                self.signature, self.signer = v1._verify_signature(self._signed_view(), regions, trusted_keys,
+                self.signature, self.signer = v1.checks.verify_signature(self._signed_view(), regions, trusted_keys,
                                                                    require_signature, path)
         metadata_bytes = src.read(regions.metadata[0], regions.metadata[1] - regions.metadata[0], "v1 metadata")
         metadata = layout.decode_metadata(metadata_bytes, path=path)
-        self.kind = _kind(v1._payload_kind(header, metadata, path), header)
+        self.kind = _kind(v1.checks.payload_kind(header, metadata, path), header)
         if self.kind == "whole":
             # Read whole anyway: every check load_model makes, in its order, then the
             # decoded buffer served by an AprFile (arrays view it; nothing is copied).
-            model = v1._load(src, None, password, private_key, trusted_keys, require_signature, max_uncompressed,
+            model = v1.load.load_payload(src, None, password, private_key, trusted_keys, require_signature, max_uncompressed,
                              allow_unencrypted, tensor_buffer=True, verified=(self.signature, self.signer))
             self._adopt(model)
             try:
@@ -122,17 +122,17 @@ class V1File:
             except AprError as exc:
                 raise type(exc)(f"tensor payload: {exc.message}", path=path) from None
             return
-        self.license = v1._decode_license(metadata, path)
+        self.license = v1.checks.decode_license(metadata, path)
         for key in layout.INTERNAL_KEYS:
             metadata.pop(key, None)
         self._metadata = metadata
         if self.kind == "streaming":
-            self._chunks = v1._open_chunks(src.read, header, regions, path, self._limits, self._strict, password,
+            self._chunks = v1.chunks.open_chunks(src.read, header, regions, path, self._limits, self._strict, password,
                                            private_key, allow_unencrypted,
                                            check_digests=bool(header.flags & Flag.SIGNED))
             self.encryption = self._chunks.encryption
             return
-        v1._refuse_downgrade(header, password, private_key, allow_unencrypted, path)
+        v1.checks.refuse_downgrade(header, password, private_key, allow_unencrypted, path)
         if self.kind == "trueno":
             start, end = regions.payload
             self._base = self._payload_array(start, end)
@@ -222,7 +222,7 @@ class V1File:
         ``nbytes`` its ``size_bytes``."""
         if self._inner is not None:
             info = self._inner.info(name)
-            return info if self.kind == "whole" else _shifted(info, self._regions.payload[0])
+            return info if self.kind == "whole" else shifted(info, self._regions.payload[0])
         if self._chunks is not None:
             t = self._record(name)
             first = self._chunks.index.chunks[t.first].offset if t.count else 0
@@ -355,7 +355,7 @@ class V1File:
             raise ChecksumError(f"CRC32 stored in the last 4 bytes is {stored:#010x} but bytes 0..{crc_offset} give "
                                 f"{actual:#010x}", path=path)
         if self._header.flags & Flag.SIGNED:
-            v1._verify_signature(self._signed_view(), self._regions, [self.signer] if self.signer else None,
+            v1.checks.verify_signature(self._signed_view(), self._regions, [self.signer] if self.signer else None,
                                  False, path)
         if self._chunks is not None:
             self._chunks.verify(src.read)
@@ -429,7 +429,7 @@ def _kind(payload_kind: str, header: Header) -> str:
                       "aprfast.v1.load_model()")
 
 
-def _shifted(info: TensorInfo, by: int) -> TensorInfo:
+def shifted(info: TensorInfo, by: int) -> TensorInfo:
     return TensorInfo(info.name, info.dtype, info.dtype_id, info.shape, info.offset + by, info.nbytes, info.flags)
 
 

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from aprfast.crypto import core as crypto
-from aprfast.v1 import licensing, api as v1
+from aprfast import v1
+from aprfast.v1 import licensing
 from aprfast.layouts.v1 import Flag, ModelType
 
 GOLDEN_V1_SPEC = Path(__file__).parent / "harness" / "specs" / "golden_v1.json"

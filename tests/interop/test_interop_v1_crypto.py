@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 
 from aprfast.crypto import core as crypto
-from aprfast.v1 import api as v1
+from aprfast import v1
 from aprfast.errors import DecryptError, SignatureError
 from aprfast.layouts.v1 import Flag
 
