@@ -37,6 +37,7 @@ from ._crc import crc32, crc32_combine
 from .errors import AprError, AprIOError, ChecksumError, CorruptError, LimitError, SignatureError
 from .layouts import v1 as v1_layout
 from .limits import MAX_ALIGNMENT, Limits
+from .files.handle import Handle
 from .files.reader import array_maker
 from .security import refuse_keys
 from .io.sources import BufferSource
@@ -266,7 +267,7 @@ def _allocate(name, size: int, path):
         raise LimitError(f"{name} declares {size} bytes, which cannot be allocated: {exc}", path=path) from None
 
 
-class TensorStream:
+class TensorStream(Handle):
     """The iterator :func:`stream` returns; also a context manager (closing a path it opened).
 
     ``layout``, ``header``, ``metadata``, ``names()``, ``info(name)`` and ``describe()``
@@ -400,16 +401,18 @@ class TensorStream:
 
     def close(self) -> None:
         """Stop reading; close the file if ``stream`` was given a path."""
+        self._closed = True
         self._run.close()
         self._body.close()
         self._input.close()
 
-    def __enter__(self):
-        return self
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (the stream's input is released)."""
+        return self.__dict__.get("_closed", False)
 
-    def __exit__(self, *exc):
-        self.close()
-        return False
+    def _describe(self) -> str:
+        return f"layout={self.layout}"
 
     def __del__(self):
         # A stream of a path abandoned mid-way still closes the file it opened.

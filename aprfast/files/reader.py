@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _memory, layouts
-from ..io import pickling as _pickling
+from .handle import TensorMapping
 from ..numerics import quantization
 from ..codecs import blocks as tensor_codecs
 from .._crc import crc32
@@ -37,7 +37,7 @@ def aligned_empty(nbytes: int, alignment: int = 64, *, filled_by_read: bool = Fa
 _MAX_REMEMBERED_VIEWS = 4096
 
 
-class AprFile:
+class AprFile(TensorMapping):
     """An open ``.apr`` v2 file (either layout).  Use as a context manager.
 
     ``mode`` is "mmap" (default for files) or "pread"; ``limits`` bounds what the
@@ -262,20 +262,8 @@ class AprFile:
     def closed(self) -> bool:
         return self._source.closed
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __reduce__(self):
-        # pickles as the path/URL and arguments that opened it: the other side reopens it
-        return _pickling.reduce_handle(self)
-
-    def __repr__(self):
-        state = "closed" if self.closed else f"{len(self)} tensors"
-        return f"<aprfast.AprFile {self.path or '<buffer>'} layout={self.layout} {state}>"
+    def _describe(self) -> str:
+        return f"{self.path or '<buffer>'} layout={self.layout}"
 
     # --- eager loading ------------------------------------------------------------
     def load_all(self, *, verify: bool = True, threads: int = 0) -> dict:

@@ -34,7 +34,8 @@ import stat
 import threading
 
 from .. import _metascan
-from ..io import pickling as _pickling, platform as _platform
+from ..io import platform as _platform
+from .handle import TensorMapping
 from .._crc import crc32, crc32_combine
 from ..errors import (AprError, AprIOError, ChecksumError, CorruptError, FormatError, LayoutError,
                      LimitError, TensorNotFoundError, os_error)
@@ -405,7 +406,7 @@ def _plain_file_name(name: str) -> bool:
 
 
 # --- reading -----------------------------------------------------------------------------
-class ShardedFile:
+class ShardedFile(TensorMapping):
     """A sharded model read as one: the manifest at open (each shard's presence and size
     checked with a stat), each shard opened only when a tensor in it is asked for.
     Same methods as :class:`aprfast.files.reader.AprFile`.
@@ -678,20 +679,11 @@ class ShardedFile:
         """File names of the shards opened so far (lazy opening is observable)."""
         return [self._shards[i]["file"] for i in sorted(self._open)]
 
-    def __enter__(self):
-        return self
+    def _describe(self) -> str:
+        return str(self._path)
 
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __reduce__(self):
-        # pickles as the path and arguments that opened it: the other side reopens it
-        return _pickling.reduce_handle(self)
-
-    def __repr__(self):
-        state = "closed" if self._closed else f"{len(self)} tensors in {len(self._shards)} shards"
-        return f"<aprfast.ShardedFile {self._path} {state}>"
+    def _state(self) -> str:
+        return f"{len(self)} tensors in {len(self._shards)} shards"
 
 
 def _is_url(target) -> bool:

@@ -29,7 +29,8 @@ import mmap
 
 import numpy as np
 
-from ..io import pickling as _pickling, platform as _platform
+from ..files.handle import TensorMapping
+from ..io import platform as _platform
 from .. import v1
 from .._crc import crc32
 from ..codecs.payload import MAX_UNCOMPRESSED_SIZE, Compression
@@ -46,7 +47,7 @@ from ..tensors import TensorInfo
 __all__ = ["V1File", "ChunkSlice"]
 
 
-class V1File:
+class V1File(TensorMapping):
     """An open v1 tensor file (plain, compressed, encrypted, STREAMING or TRUENO_NATIVE).
 
     ``password`` / ``private_key`` open encrypted files (a plaintext file is then
@@ -200,9 +201,6 @@ class V1File:
         if self._inner is not None:
             return self._inner.keys()
         return list(self._chunks.index.tensors if self._chunks is not None else self._entries)
-
-    def __iter__(self):
-        return iter(self.keys())
 
     def __len__(self) -> int:
         if self._inner is not None:
@@ -374,20 +372,8 @@ class V1File:
     def closed(self) -> bool:
         return self._source.closed
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __reduce__(self):
-        # pickles as the path/URL and arguments that opened it: the other side reopens it
-        return _pickling.reduce_handle(self)
-
-    def __repr__(self):
-        state = "closed" if self.closed else f"{len(self)} tensors"
-        return f"<aprfast.V1File {self.path or '<buffer>'} kind={self.kind} {state}>"
+    def _describe(self) -> str:
+        return f"{self.path or '<buffer>'} kind={self.kind}"
 
     # --- helpers --------------------------------------------------------------------
     def _check_name(self, name):
@@ -407,10 +393,6 @@ class V1File:
         if entry is None:
             raise TensorNotFoundError(f"no tensor named {name!r}", path=self.path)
         return entry
-
-    def _check_open(self):
-        if self._source.closed:
-            raise AprIOError("the file is closed", path=self.path)
 
     def _base_shift(self) -> int:
         """Subtract from absolute offsets to index ``_base`` (0 when it is the whole map)."""
