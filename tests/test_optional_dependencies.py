@@ -104,14 +104,15 @@ def test_every_extra_named_in_the_code_exists_in_pyproject():
 
 
 def test_every_extra_named_in_docs_examples_and_tests_exists_in_pyproject():
-    """``aprfast[NAME]`` in the README, docs/, examples/ and the tests' skip reasons (such as
-    the examples' extras, dask and ray, which no aprfast module imports) is declared."""
+    """``aprfast[NAME]`` in the README, docs/ (the site's pages, in subfolders too), examples/
+    and the tests' skip reasons (such as the examples' extras, dask and ray, which no aprfast
+    module imports) is declared."""
     import glob
     import re
 
     root, extras = _declared_extras()
-    files = [os.path.join(root, "README.md")] + [p for pattern in ("docs/*.md", "examples/*.py", "tests/*.py")
-                                                  for p in glob.glob(os.path.join(root, pattern))]
+    files = [os.path.join(root, "README.md")] + [p for pattern in ("docs/**/*.md", "examples/*.py", "tests/*.py")
+                                                  for p in glob.glob(os.path.join(root, pattern), recursive=True)]
     named = {}
     for name in files:
         if not os.path.exists(name):

@@ -5,7 +5,7 @@ over files holding the same tensors, and asserts the same outcome: the same name
 values (bit for bit), dtypes, shapes and writability, and, where safetensors raises,
 an aprfast error that the same ``except`` clause catches (safetensors' SafetensorError
 standing for aprfast.AprError).  Where aprfast deliberately does more or otherwise, the
-test at the end of each section states aprfast's behaviour; the README lists them.
+test at the end of each section states aprfast's behaviour; docs/guide/safetensors.md lists them.
 """
 
 import errno

@@ -90,6 +90,11 @@ def _main(argv, settings) -> int:
         return EXIT_ERROR
 
 
+def build_parser(settings=None) -> argparse.ArgumentParser:
+    """The ``apr`` argument parser, one subparser per command (what the docs' CLI reference is generated from)."""
+    return _parser(settings)
+
+
 def _parser(settings=None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="apr", allow_abbrev=False,
                                      description="Inspect and work with .apr model files.",
