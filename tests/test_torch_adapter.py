@@ -264,7 +264,9 @@ def test_safe_open_on_a_device_reads_through_staging(tmp_path, monkeypatch):
     # no GPU needed: the handle is told it is on cuda:0 and the staging call is recorded
     tensors, path = _model(tmp_path)
     calls = []
-    monkeypatch.setattr(aprfast_torch, "tensor_to_device",
+    from aprfast.files import staging
+
+    monkeypatch.setattr(staging, "tensor_to_device",
                         lambda file, name, device: calls.append((name, device)) or tensors[name])
     with aprfast.safe_open(path, "pt") as f:
         f.device = torch.device("cuda:0")

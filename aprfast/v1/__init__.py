@@ -33,10 +33,13 @@ __all__ = [
     "save_model", "load_model", "inspect_model", "check_license", "V1Model", "ModelType", "Compression", "Flag",
     "Header", "MAX_UNCOMPRESSED_SIZE", "PAYLOAD_FORMAT_KEY", "TENSOR_PAYLOAD_FORMAT", "UNSIGNED", "TRUSTED",
     "SELF_SIGNED", "generate_signing_key", "generate_x25519_key", "public_key_of",
+    "embed_watermark", "verify_watermark", "extract_watermark", "buyer_fingerprint",
 ]
 
 
 _KEY_HELPERS = ("generate_signing_key", "generate_x25519_key", "public_key_of")
+#: seed 000 §8.3: buyer fingerprints for licensed models (aprfast.v1.watermark)
+_WATERMARK = ("embed_watermark", "verify_watermark", "extract_watermark", "buyer_fingerprint")
 
 
 def __getattr__(name):
@@ -46,6 +49,10 @@ def __getattr__(name):
         from ..crypto import core as crypto
 
         return getattr(crypto, name)
+    if name in _WATERMARK:
+        from . import watermark
+
+        return getattr(watermark, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
