@@ -12,13 +12,14 @@ _moved.install()  # old module paths (aprfast.reader, ...) answer with the moved
 
 # First: aprfast._crc, ... become the compiled modules or their pure twins.  ``backend``
 # is "c" or "python" (APRFAST_BACKEND; see aprfast._backend).
+from . import distributed  # aprfast.distributed.load_shard: tensor-parallel loading
 from ._backend import BACKEND as backend
 from ._crc import crc32, crc32_combine
+from ._optional import MissingDependencyError
 from ._version import __version__
 from .api import inspect, load, load_file, open, save, save_file
 from .convert import convert
 from .dtypes import DType
-from ._optional import MissingDependencyError
 from .errors import (
     AprError,
     AprFileInUseError,
@@ -38,15 +39,14 @@ from .errors import (
     UnknownDTypeError,
     VersionError,
 )
+from .files.reader import AprFile, QuantizedSlice, TensorSlice, aligned_empty
 from .files.safe_open import safe_open
-from . import distributed  # aprfast.distributed.load_shard: tensor-parallel loading
+from .files.writer import Writer
 from .limits import Limits
 from .numerics.precision import to_bfloat16, to_float16, to_float32
 from .numerics.quantization import QuantizationReport, dequantize, quantize, quantize_tensors, register_quantizer
-from .files.reader import AprFile, QuantizedSlice, TensorSlice, aligned_empty
 from .stream import stream
 from .tensors import QuantizedTensor, RawTensor, TensorInfo
-from .files.writer import Writer
 
 __all__ = [
     "__version__", "backend",

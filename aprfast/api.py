@@ -6,15 +6,15 @@ import io
 import os
 
 from . import layouts, remote
-from .files import shards
-from .io.pickling import reopenable
 from .errors import AprFileNotFoundError, LayoutError
-from .limits import Limits
+from .files import shards
 from .files.reader import AprFile
-from .security import SecurityOptions, refuse_keys
-from .io.sources import Source, open_source
-from .tensors import as_inputs
 from .files.writer import save_to
+from .io.pickling import reopenable
+from .io.sources import Source, open_source
+from .limits import Limits
+from .security import SecurityOptions, refuse_keys
+from .tensors import as_inputs
 
 __all__ = ["save_file", "save", "load_file", "load", "open", "inspect"]
 

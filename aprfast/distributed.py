@@ -39,11 +39,11 @@ import sys
 
 import numpy as np
 
-from .numerics import quantization
-from .io.pickling import PicklingRefusedError, allow_pickled_keys
 from .errors import LayoutError
 from .files.frameworks import framework_name, to_framework
 from .files.reader import TensorSlice
+from .io.pickling import PicklingRefusedError, allow_pickled_keys
+from .numerics import quantization
 from .tensors import QuantizedTensor
 
 __all__ = ["load_shard", "shard_plan", "part_bounds", "UNEVEN", "allow_pickled_keys", "PicklingRefusedError"]

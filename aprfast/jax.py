@@ -11,8 +11,8 @@ import numpy as np
 
 from . import api
 from .files.frameworks import check_metadata, check_names, to_framework
-from .files.safe_open import safe_open
 from .files.reader import AprFile
+from .files.safe_open import safe_open
 
 __all__ = ["save_file", "save", "load_file", "load"]
 

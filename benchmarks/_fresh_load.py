@@ -68,7 +68,6 @@ def loader(tool, path):
         import mmap
 
         import numpy as np
-
         from timing import read_into
 
         advice = "MADV_HUGEPAGE" if tool.startswith("fresh huge") else "MADV_NOHUGEPAGE"

@@ -59,11 +59,11 @@ import time
 import zlib
 
 import numpy as np
-
-import aprfast
 import timing
 from models import model
 from timing import Row, Samples, Table, interleaved, read_into, unlinker
+
+import aprfast
 
 try:
     import safetensors.numpy as st_numpy
@@ -72,8 +72,8 @@ except ImportError:  # pragma: no cover
     sys.exit("the benchmarks compare against safetensors: pip install .[bench]")
 
 try:
-    import torch
     import safetensors.torch as st_torch
+    import torch
     TORCH_WHY = None
 except ImportError as exc:
     torch = st_torch = None

@@ -35,14 +35,13 @@ import subprocess
 import sys
 import tempfile
 
+import gguf
 import numpy as np
-
-import aprfast
+import safetensors.numpy as sn
 import timing
 from timing import Row, Samples, Table, interleaved
 
-import gguf
-import safetensors.numpy as sn
+import aprfast
 
 MiB = 1 << 20
 N_TENSORS = 16

@@ -39,12 +39,11 @@ import sys
 import tempfile
 
 import numpy as np
-
-from aprfast.crypto import core as crypto
-from aprfast import v1
-
 import timing
 from timing import Row, Samples, Table, interleaved, unlinker
+
+from aprfast import v1
+from aprfast.crypto import core as crypto
 
 try:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -54,8 +53,10 @@ except ImportError as exc:
     CRYPTOGRAPHY_WHY = (f"not installed ({exc.name}): the 1 MiB-chunk AESGCM limit needs it; "
                         "pip install cryptography")
 
-from nacl._sodium import ffi as sodium_ffi, lib as sodium_lib
-from argon2.low_level import Type as Argon2Type, hash_secret_raw
+from argon2.low_level import Type as Argon2Type
+from argon2.low_level import hash_secret_raw
+from nacl._sodium import ffi as sodium_ffi
+from nacl._sodium import lib as sodium_lib
 
 MiB = 1 << 20
 CHUNK = MiB

@@ -34,12 +34,11 @@ import sys
 import tempfile
 
 import numpy as np
+from timing import Row, Table, fmt_bytes, interleaved, version
 
 import aprfast
-from aprfast.io import sources
 from aprfast.distributed import load_shard, shard_plan
-
-from timing import Row, Table, fmt_bytes, interleaved, version
+from aprfast.io import sources
 
 MiB = 1 << 20
 WORLD = 2

@@ -31,13 +31,12 @@ import os
 import sys
 
 import numpy as np
+import timing
+from timing import Row, Table, interleaved
 
 import aprfast
 from aprfast import _half
 from aprfast._memory import release_buffer_cache
-
-import timing
-from timing import Row, Table, interleaved
 
 try:
     import ml_dtypes

@@ -36,12 +36,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
-import aprfast
 import timing
 from models import model
 from timing import Row, Samples, Table, interleaved
+
+import aprfast
 
 try:
     import safetensors.numpy as st_numpy

@@ -27,13 +27,12 @@ import time
 import warnings
 
 import numpy as np
+import timing
+from timing import Row, Table, interleaved
 
 import aprfast
 from aprfast import _quant
 from aprfast._memory import release_buffer_cache
-
-import timing
-from timing import Row, Table, interleaved
 
 try:
     import gguf

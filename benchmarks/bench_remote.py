@@ -33,11 +33,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-
-import aprfast
-
 import timing
 from timing import Row, Table, interleaved
+
+import aprfast
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 from servers import HttpObjectServer, S3Server, free_port  # noqa: E402 - the loopback servers the tests use

@@ -30,12 +30,11 @@ import sys
 import tempfile
 
 import numpy as np
+from timing import Row, Table, interleaved
 
 import aprfast
-from aprfast.tools.quality import quality_report
 from aprfast.numerics.stats import tensor_stats
-
-from timing import Row, Table, interleaved
+from aprfast.tools.quality import quality_report
 
 MiB = 1 << 20
 BINS = 64

@@ -90,8 +90,9 @@ def convert_one(model, destination, *, quantize="Q8_0", precision=None, storage_
     is reopened on this worker, which refused it if the file changed since it was pickled
     (when the task was submitted); the conversion then streams the file by the handle's
     path (the converter keeps its own reader), and the handle is closed at the end."""
-    import aprfast
     import s3fs
+
+    import aprfast
 
     handle = None if isinstance(model, (str, os.PathLike)) else model
     source = handle.path if handle is not None else os.fspath(model)

@@ -17,7 +17,6 @@ import aprfast
 from aprfast.errors import AprError, AprIOError, LayoutError, TensorNotFoundError
 
 
-
 def sample_tensors():
     rng = np.random.default_rng(7)
     return {

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast.errors import (ChecksumError, CorruptError, FormatError, LimitError, UnknownDTypeError,
-                            VersionError)
+from aprfast.errors import ChecksumError, CorruptError, FormatError, LimitError, UnknownDTypeError, VersionError
 from aprfast.limits import Limits
 
 _NAMES = {"float32": "F32", "float16": "F16", "float64": "F64", "int8": "I8", "uint8": "U8",

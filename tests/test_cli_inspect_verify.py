@@ -5,10 +5,9 @@ import json
 import shutil
 
 import pytest
+from test_cli_inspect import TINY
 
 from aprfast.cli import main
-
-from test_cli_inspect import TINY
 
 APR = "import sys, runpy; sys.argv[0] = 'apr'; runpy.run_module('aprfast.cli', run_name='__main__')"
 

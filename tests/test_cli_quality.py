@@ -10,9 +10,9 @@ import pytest
 
 import aprfast
 from aprfast.cli import main
+from aprfast.numerics.quantization import quantize
 from aprfast.tools import quality
 from aprfast.tools.quality import quality_report, shape_checks
-from aprfast.numerics.quantization import quantize
 
 RUNTIME_ITEMS = (36, 39, 40, 43, 44, 45, 46, 47, 100)
 

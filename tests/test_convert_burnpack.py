@@ -6,17 +6,19 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 cbor2 = pytest.importorskip("cbor2")
 
+from refusals import assert_source_refuses
+
 import aprfast  # noqa: E402
-from aprfast.convert import burnpack as bp, detect  # noqa: E402
+from aprfast.convert import burnpack as bp  # noqa: E402
+from aprfast.convert import detect
 from aprfast.convert._common import Spec  # noqa: E402
 from aprfast.dtypes import by_name  # noqa: E402
-from aprfast.errors import (AprError, CorruptError, FormatError, LayoutError, LimitError,  # noqa: E402
-                            UnknownDTypeError, VersionError)
-from refusals import assert_source_refuses
+from aprfast.errors import AprError, CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, VersionError  # noqa: E402
 
 # Written by burn-pack 0.23.0-pre.1 (tests/interop/harness-burnpack, `write`) for
 #   w: F32 [2, 2] = 1 2 3 4, param_id 42;  b: Bool [3] = 1 0 1 (in that order);

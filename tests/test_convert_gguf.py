@@ -327,7 +327,8 @@ def test_every_truncation_and_header_byte_flip_is_a_typed_error_or_a_clean_read(
     assert refused >= len(data) - 1  # every truncation but the whole file (and maybe its padding) is refused
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
          "I32": np.int32, "I64": np.int64}

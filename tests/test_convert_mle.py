@@ -10,13 +10,12 @@ import zlib
 
 import numpy as np
 import pytest
+from refusals import assert_source_refuses
 
 import aprfast
 from aprfast.cli import main as apr
 from aprfast.convert import detect, mle
-from aprfast.errors import (AprError, ChecksumError, CorruptError, FormatError, LimitError, SignatureError,
-                            VersionError)
-from refusals import assert_source_refuses
+from aprfast.errors import AprError, ChecksumError, CorruptError, FormatError, LimitError, SignatureError, VersionError
 
 FIELDS = "<4sIII10Q4I2I"
 

@@ -13,14 +13,22 @@ import zipfile
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import aprfast
 from aprfast.convert import detect, open_source
 from aprfast.convert import pytorch as cpt
 from aprfast.convert._pickle_vm import MAX_MARK_DEPTH, PickleRefusedError
-from aprfast.errors import (AprError, ChecksumError, CorruptError, FormatError, LimitError, UnknownDTypeError,
-                            VersionError)
+from aprfast.errors import (
+    AprError,
+    ChecksumError,
+    CorruptError,
+    FormatError,
+    LimitError,
+    UnknownDTypeError,
+    VersionError,
+)
 
 try:
     import torch

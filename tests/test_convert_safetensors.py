@@ -7,7 +7,8 @@ import struct
 import numpy as np
 import pytest
 import safetensors
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import aprfast
 from aprfast.convert import DestinationExistsError

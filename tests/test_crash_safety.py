@@ -22,10 +22,9 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast.io import atomic as atomic_files
-from aprfast.crypto import core as crypto
 from aprfast import v1
-from aprfast.files import writer
+from aprfast.crypto import core as crypto
+from aprfast.io import atomic as atomic_files
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kill -9, flock and rlimits are POSIX")
 

@@ -5,11 +5,10 @@ example on Ray: tests/test_ray_pipeline.py."""
 
 import numpy as np
 import pytest
-
-import aprfast
-
 from pipeline_cases import check_written, load_example, models, write_models
 from servers import s3_server  # noqa: F401 - the fixture
+
+import aprfast
 
 pytest.importorskip("distributed")
 pytest.importorskip("s3fs")

@@ -11,16 +11,15 @@ import socket
 
 import numpy as np
 import pytest
+from servers import http_server, s3_server  # noqa: F401 - fixtures
+from test_open_every_variant import TENSORS, VARIANTS
 
 import aprfast
 from aprfast import distributed
-from aprfast.io import sources
 from aprfast.distributed import load_shard, part_bounds, shard_plan
 from aprfast.errors import LayoutError, TensorNotFoundError
+from aprfast.io import sources
 from aprfast.tensors import QuantizedTensor
-
-from servers import http_server, s3_server  # noqa: F401 - fixtures
-from test_open_every_variant import TENSORS, VARIANTS
 
 # A model whose split tensors dominate its bytes: two 2-D weights split along rows and
 # columns (the column split has more rows than one slice call reads run by run), a norm kept whole.

@@ -26,14 +26,15 @@ import tracemalloc
 from dataclasses import dataclass, field
 from unittest import mock
 
+import hostile_builders as hb
 import numpy as np
 import pytest
+from hostile_builders import APR2, APRENDER, LAYOUTS, Entry, Parts, build
 from hypothesis import given
 from hypothesis import strategies as st
 
 import aprfast
 import aprfast._memory
-import hostile_builders as hb
 from aprfast import (
     AprError,
     ChecksumError,
@@ -45,7 +46,6 @@ from aprfast import (
     UnknownDTypeError,
     VersionError,
 )
-from hostile_builders import APR2, APRENDER, LAYOUTS, Entry, Parts, build
 
 MiB = 1 << 20
 MAX_PEAK_BYTES = 8 * MiB

@@ -19,22 +19,22 @@ import os
 import re
 import struct
 import subprocess
-import tempfile
 import sys
+import tempfile
 import textwrap
 import zlib
 
+import hostile_builders as hb
 import numpy as np
 import pytest
-
-import aprfast
-import hostile_builders as hb
+from hostile_builders import APR2, APRENDER, LAYOUTS, Entry, Parts, build
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import aprfast
 from aprfast import ChecksumError, CorruptError, FormatError, LimitError, TensorNotFoundError, VersionError
 from aprfast.dtypes import by_name
 from aprfast.tensors import QuantizedTensor
-from hostile_builders import APR2, APRENDER, LAYOUTS, Entry, Parts, build
 
 MiB = 1 << 20
 HUGE_DIM = 3689702637583728644  # finding 5: below 2**62, but 4 bytes per element pass it

@@ -12,12 +12,12 @@ import threading
 
 import numpy as np
 import pytest
+from hostile_builders import APR2, APRENDER, Entry, build, honest
 
 import aprfast
 from aprfast.errors import AprError, CorruptError
-from aprfast.layouts._common import TensorIndex
 from aprfast.files.reader import AprFile
-from hostile_builders import APR2, APRENDER, Entry, build, honest
+from aprfast.layouts._common import TensorIndex
 
 NAMES = ["a", "b.weight", "ünïcödé", "名前.bias", "z" * 200, "\U0001F600.emoji", "layers.10.x", "layers.9.x"]
 

@@ -26,7 +26,6 @@ from aprfast.v1.licensing import (
     InferenceCounter,
     License,
     LicenseError,
-    LicenseFlags as F,
     check_license,
     compliance_metadata,
     decode_license_block,
@@ -36,6 +35,9 @@ from aprfast.v1.licensing import (
     licensee_hash,
     read_license_block,
     to_aprender_entry,
+)
+from aprfast.v1.licensing import (
+    LicenseFlags as F,
 )
 
 LICENSE_ID = uuid.UUID("123e4567-e89b-12d3-a456-426614174000")

@@ -27,6 +27,7 @@ import time
 import tracemalloc
 import zlib
 
+import hostile_builders as hb
 import msgpack
 import numpy as np
 import pytest
@@ -35,9 +36,7 @@ from hypothesis import strategies as st
 
 import aprfast
 import aprfast.cli
-import hostile_builders as hb
-from aprfast import CorruptError, LimitError, _metascan
-from aprfast import v1
+from aprfast import CorruptError, LimitError, _metascan, v1
 from aprfast.layouts import _common
 from aprfast.layouts import v1 as v1_layout
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast.crypto import core as crypto
 from aprfast import v1
+from aprfast.crypto import core as crypto
 from aprfast.errors import DecryptError, SignatureError
 from aprfast.files.reader import AprFile
 from aprfast.v1.reader import V1File

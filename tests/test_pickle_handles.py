@@ -8,6 +8,8 @@ import pickle
 
 import numpy as np
 import pytest
+from servers import http_server, s3_server  # noqa: F401 - fixtures
+from test_open_every_variant import PUBLIC, SEED, VARIANTS
 
 import aprfast
 from aprfast.distributed import PicklingRefusedError, allow_pickled_keys
@@ -15,9 +17,6 @@ from aprfast.errors import AprIOError, SignatureError
 from aprfast.files.reader import AprFile
 from aprfast.files.shards import ShardedFile
 from aprfast.v1.reader import V1File
-
-from servers import http_server, s3_server  # noqa: F401 - fixtures
-from test_open_every_variant import PUBLIC, SEED, VARIANTS
 
 SECRET_VARIANTS = sorted(k for k, (_, keys) in VARIANTS.items() if "password" in keys or "private_key" in keys)
 BIG = {"w": np.arange(256 * 1024, dtype=np.float32).reshape(1024, 256), "b": np.arange(7, dtype=np.int16)}

@@ -14,8 +14,9 @@ import pytest
 
 import aprfast
 from aprfast import _memory
-from aprfast.io import platform as _platform, atomic
 from aprfast.errors import AprFileInUseError, AprIOError, AprPermissionError
+from aprfast.io import atomic
+from aprfast.io import platform as _platform
 
 BIG = (8 << 20) + 4096  # past csrc/pio.c's PARALLEL_MIN: the read is split over threads
 

@@ -7,8 +7,8 @@ from hypothesis.extra.numpy import array_shapes, arrays
 from ml_dtypes import bfloat16
 
 import aprfast
-from aprfast.numerics import precision
 from aprfast.errors import LayoutError
+from aprfast.numerics import precision
 
 # Every float32 bit pattern: NaN payloads, subnormals, +-0, +-inf, ties.
 f32_bits = arrays(np.uint32, array_shapes(min_dims=0, max_dims=3, max_side=9)).map(lambda a: a.view(np.float32))

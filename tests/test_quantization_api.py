@@ -19,9 +19,9 @@ from hypothesis.extra.numpy import arrays
 from ml_dtypes import bfloat16
 
 import aprfast
-from aprfast.numerics import quantization as Q
 from aprfast.dtypes import DTYPES
 from aprfast.errors import CorruptError, LayoutError, UnknownDTypeError
+from aprfast.numerics import quantization as Q
 
 GGML = {"Q8_0": GT.Q8_0, "Q4_0": GT.Q4_0, "Q4_1": GT.Q4_1, "Q5_0": GT.Q5_0, "Q5_1": GT.Q5_1,
         "Q4_K": GT.Q4_K, "Q6_K": GT.Q6_K}

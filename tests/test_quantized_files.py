@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aprfast
-from aprfast.numerics import quantization as Q
 from aprfast.dtypes import DTYPES
 from aprfast.errors import CorruptError, LayoutError, UnknownDTypeError
+from aprfast.numerics import quantization as Q
 
 QUANTIZABLE = ["Q8_0", "Q4_0", "Q4_1", "APR_Q8", "APR_Q4", "Q8_TENSOR"]
 LAYOUT_TYPES = {

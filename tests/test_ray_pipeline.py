@@ -21,13 +21,12 @@ import uuid
 
 import numpy as np
 import pytest
+from pipeline_cases import EXAMPLE, check_written, load_example, models, write_models
+from servers import s3_server  # noqa: F401 - the fixture
 
 import aprfast
 from aprfast.distributed import PicklingRefusedError
 from aprfast.errors import AprIOError
-
-from pipeline_cases import EXAMPLE, check_written, load_example, models, write_models
-from servers import s3_server  # noqa: F401 - the fixture
 
 
 def _ray_installed() -> bool:

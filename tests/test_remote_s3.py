@@ -7,8 +7,8 @@ from servers import s3_server  # noqa: F401 - the fixture
 
 import aprfast
 from aprfast import remote
-from aprfast.files import writer
 from aprfast.errors import AprFileNotFoundError, AprIOError
+from aprfast.files import writer
 from aprfast.remote import RemoteChangedError
 
 pytest.importorskip("s3fs")

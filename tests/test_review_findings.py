@@ -8,7 +8,6 @@ file allocated 1 GiB, and a pipe was reported as an empty file.
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import sys
 import textwrap
@@ -23,14 +22,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aprfast
-from aprfast import _memory, limits
+from aprfast import _memory, limits, v1
 from aprfast.codecs import payload as codecs
 from aprfast.crypto import core as crypto
-from aprfast import v1
-from aprfast.v1 import licensing
 from aprfast.errors import AprIOError, CorruptError, DecryptError, LimitError
 from aprfast.layouts import v1 as layout
 from aprfast.layouts.v1 import Flag, Header
+from aprfast.v1 import licensing
 
 PINNED = {"created_at": "1700000000", "aprender_version": "0.0.0-test"}
 FLAGS_AT = 21

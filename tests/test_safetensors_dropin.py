@@ -342,8 +342,9 @@ def torch():
 
 @pytest.fixture(scope="module")
 def pt(torch):
-    import aprfast.torch as apr_torch
     import safetensors.torch as st_torch
+
+    import aprfast.torch as apr_torch
 
     ST.torch, APR.torch = st_torch, apr_torch
     return SimpleNamespace(st=st_torch, apr=apr_torch)
@@ -691,8 +692,9 @@ def jx():
     if os.environ.get("APRFAST_SANITIZED"):  # see test_frameworks._import_jax
         pytest.skip("jaxlib aborts under the preloaded ASan runtime (tested in the normal run)")
     jax = pytest.importorskip("jax")
-    import aprfast.jax as apr_jax
     import safetensors.flax as st_flax
+
+    import aprfast.jax as apr_jax
 
     ST.jax, APR.jax = st_flax, apr_jax
     return jax

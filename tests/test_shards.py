@@ -11,9 +11,18 @@ import numpy as np
 import pytest
 
 import aprfast
+from aprfast.errors import (
+    AprError,
+    AprFileNotFoundError,
+    AprIOError,
+    ChecksumError,
+    CorruptError,
+    FormatError,
+    LayoutError,
+    LimitError,
+    TensorNotFoundError,
+)
 from aprfast.files import shards
-from aprfast.errors import (AprError, AprFileNotFoundError, AprIOError, ChecksumError, CorruptError, FormatError,
-                            LayoutError, LimitError, TensorNotFoundError)
 from aprfast.limits import Limits
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast.io import sources
 from aprfast.errors import AprIOError
+from aprfast.io import sources
 
 
 def _open_fds() -> int:

@@ -23,8 +23,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aprfast
-from aprfast import (AprError, ChecksumError, CorruptError, LayoutError, LimitError, QuantizedTensor, RawTensor,
-                     UnknownDTypeError)
+from aprfast import (
+    AprError,
+    ChecksumError,
+    CorruptError,
+    LayoutError,
+    LimitError,
+    QuantizedTensor,
+    RawTensor,
+    UnknownDTypeError,
+)
 
 MiB = 1 << 20
 LAYOUTS = ["aprender", "apr2"]

@@ -27,10 +27,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aprfast
-from aprfast import AprError, ChecksumError, CorruptError, DecryptError, FormatError, LimitError, QuantizedTensor, RawTensor, SignatureError
-from aprfast.crypto import core as crypto
+from aprfast import (
+    AprError,
+    ChecksumError,
+    CorruptError,
+    DecryptError,
+    FormatError,
+    LimitError,
+    QuantizedTensor,
+    RawTensor,
+    SignatureError,
+    v1,
+)
 from aprfast.codecs import blocks as tensor_codecs
-from aprfast import v1
+from aprfast.crypto import core as crypto
 from aprfast.layouts import chunk_index
 from aprfast.stream import PENDING
 

@@ -21,8 +21,8 @@ from ml_dtypes import bfloat16
 
 import aprfast
 from aprfast import AprError, CorruptError, LayoutError, RawTensor
-from aprfast.io import atomic
 from aprfast.files import writer as writer_module
+from aprfast.io import atomic
 
 MiB = 1 << 20
 LAYOUTS = ["aprender", "apr2"]

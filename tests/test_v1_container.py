@@ -20,14 +20,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aprfast.crypto import core as crypto
 from aprfast import v1
-from aprfast.v1 import licensing
 from aprfast.codecs.payload import Compression
-from aprfast.errors import (AprError, ChecksumError, CorruptError, DecryptError, FormatError, LayoutError,
-                            LimitError, ModelTypeMismatchError, SignatureError, VersionError)
+from aprfast.crypto import core as crypto
+from aprfast.errors import (
+    AprError,
+    ChecksumError,
+    CorruptError,
+    DecryptError,
+    FormatError,
+    LayoutError,
+    LimitError,
+    ModelTypeMismatchError,
+    SignatureError,
+    VersionError,
+)
 from aprfast.layouts import v1 as layout
 from aprfast.layouts.v1 import Flag, Header, ModelType
+from aprfast.v1 import licensing
 
 GOLDEN_SHA256 = "a5f8d2ae45d9c3f751d8ad89d6804c18f7c0d5b6ae16cb056396e51b31f76d30"
 GOLDEN_WEIGHTS = [1.0, 2.0, 0.5, -0.5, 4.0, -2.0, 0.25, 8.0]

@@ -13,8 +13,7 @@ import zlib
 import numpy as np
 import pytest
 
-from aprfast import _memory
-from aprfast import v1
+from aprfast import _memory, v1
 from aprfast.errors import AprError, AprIOError, ChecksumError
 from aprfast.layouts import v1 as layout
 

@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from aprfast.crypto import core as crypto
 from aprfast import v1
+from aprfast.crypto import core as crypto
 from aprfast.errors import DecryptError
 
 SALT, NONCE = bytes(range(16)), bytes(range(100, 112))

@@ -18,10 +18,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ml_dtypes import bfloat16
 
-from aprfast.crypto import core as crypto
 from aprfast import v1
-from aprfast.errors import (AprError, ChecksumError, CorruptError, DecryptError, LayoutError, LimitError,
-                            SignatureError, TensorNotFoundError, UnknownDTypeError, VersionError)
+from aprfast.crypto import core as crypto
+from aprfast.errors import (
+    AprError,
+    ChecksumError,
+    CorruptError,
+    DecryptError,
+    LayoutError,
+    LimitError,
+    SignatureError,
+    TensorNotFoundError,
+    UnknownDTypeError,
+    VersionError,
+)
 from aprfast.layouts import chunk_index
 from aprfast.layouts.v1 import Flag
 from aprfast.v1.reader import V1File

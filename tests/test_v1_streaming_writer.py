@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import aprfast
-from aprfast.crypto import core as crypto
 from aprfast import v1
+from aprfast.crypto import core as crypto
 
 METADATA = {"created_at": "1700000000", "aprender_version": "0.1.0", "model_name": "s"}
 SEED = bytes(range(32))

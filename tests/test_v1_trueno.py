@@ -16,10 +16,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ml_dtypes import bfloat16
 
-from aprfast.crypto import core as crypto
 from aprfast import v1
-from aprfast.errors import (AprError, CorruptError, LayoutError, LimitError, SignatureError, TensorNotFoundError,
-                            UnknownDTypeError)
+from aprfast.crypto import core as crypto
+from aprfast.errors import (
+    AprError,
+    CorruptError,
+    LayoutError,
+    LimitError,
+    SignatureError,
+    TensorNotFoundError,
+    UnknownDTypeError,
+)
 from aprfast.layouts import trueno
 from aprfast.layouts.v1 import Flag
 from aprfast.v1.reader import V1File

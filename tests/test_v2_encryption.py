@@ -7,17 +7,29 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_v2_helpers import (
+    OTHER_PUBLIC,
+    OTHER_SECRET,
+    PASSWORD,
+    RECIPIENT_PUBLIC,
+    RECIPIENT_SECRET,
+    MiB,
+    extent,
+    fix_crcs,
+    flip,
+    layout_of,
+    model,
+)
 
 import aprfast
 from aprfast import layouts
-from aprfast.errors import ChecksumError, CorruptError, DecryptError, LayoutError, LimitError, VersionError
-from aprfast.security import SecurityOptions
 from aprfast.crypto.aead import ChunkCipher
-from aprfast.tensors import as_inputs
+from aprfast.errors import ChecksumError, CorruptError, DecryptError, LayoutError, LimitError, VersionError
 from aprfast.files.writer import save_to
-from test_v2_helpers import (OTHER_PUBLIC, OTHER_SECRET, PASSWORD, RECIPIENT_PUBLIC, RECIPIENT_SECRET, MiB, extent,
-                             fix_crcs, flip, layout_of, model)
+from aprfast.security import SecurityOptions
+from aprfast.tensors import as_inputs
 
 KEY_KINDS = {
     "password": (dict(password=PASSWORD), dict(password=PASSWORD)),
@@ -414,8 +426,8 @@ def test_random_access_on_a_compressed_encrypted_tensor():
 @pytest.mark.parametrize("write, read", [("libsodium", "cryptography"), ("cryptography", "libsodium")])
 def test_files_are_the_same_whichever_aes_gcm_backend(monkeypatch, tensors, write, read):
     """libsodium (ctypes, detached) and OpenSSL (cryptography, in place) seal the same bytes."""
-    from aprfast.crypto import core as crypto
     from aprfast.crypto import aead
+    from aprfast.crypto import core as crypto
 
     if aead._SODIUM is None:
         pytest.skip("libsodium's AES-GCM is not available on this CPU")

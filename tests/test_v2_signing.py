@@ -9,11 +9,11 @@ import threading
 
 import numpy as np
 import pytest
+from test_v2_helpers import PASSWORD, SIGNING_PUBLIC, SIGNING_SEED, MiB, extent, fix_crcs, flip, layout_of, model
 
 import aprfast
 from aprfast.crypto import core as crypto
 from aprfast.errors import ChecksumError, CorruptError, DecryptError, SignatureError, VersionError
-from test_v2_helpers import (PASSWORD, SIGNING_PUBLIC, SIGNING_SEED, MiB, extent, fix_crcs, flip, layout_of, model)
 
 
 @pytest.fixture(scope="module")
@@ -263,8 +263,8 @@ _FILES = {}
 
 @pytest.mark.parametrize("kind", ["signed", "sealed", "sealed-names-zstd"])
 def test_any_damaged_byte_never_gives_wrong_tensors(kind):
-    from hypothesis import given, settings, strategies as st
-
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
     from test_v2_helpers import RECIPIENT_SECRET
 
     data = _FILES.setdefault(kind, _small_file(kind))

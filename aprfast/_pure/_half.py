@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._views import default_threads as _default_threads, typed_view
+from ._views import default_threads as _default_threads
+from ._views import typed_view
 
 PATHS = {"portable": 0, "auto": -1}
 

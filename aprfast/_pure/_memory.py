@@ -18,7 +18,8 @@ import threading
 import numpy as np
 
 from ._crc import crc32
-from ._views import check_int, check_uint, default_threads as _default_threads, typed_view
+from ._views import check_int, check_uint, typed_view
+from ._views import default_threads as _default_threads
 
 #: Buffers of this many bytes and more are mapped, 2 MiB aligned (csrc/buffers.h).
 MAP_THRESHOLD = 32 << 20

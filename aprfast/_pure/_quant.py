@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._half import f16_bits_to_f32_bits, f32_bits_to_f16_bits
-from ._views import check_uint, default_threads as _default_threads, typed_view
+from ._views import check_uint, typed_view
+from ._views import default_threads as _default_threads
 
 QK = 32     # elements in a GGML / APR block
 QK_K = 256  # elements in a K-quant super-block

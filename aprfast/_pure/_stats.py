@@ -21,7 +21,8 @@ import numpy as np
 
 from . import _quant
 from ._half import bf16_bits_to_f32_bits, f16_bits_to_f32_bits
-from ._views import check_uint, default_threads as _default_threads, typed_view
+from ._views import check_uint, typed_view
+from ._views import default_threads as _default_threads
 
 KINDS = {"F32": 0, "F64": 1, "F16": 2, "BF16": 3, "I8": 4, "I16": 5, "I32": 6, "I64": 7,
          "U8": 8, "U16": 9, "U32": 10, "U64": 11}

@@ -19,12 +19,31 @@ from .. import __version__
 from .. import config as apr_config
 from ..convert import DestinationExistsError
 from ..errors import AprError, AprFileNotFoundError, AprIOError
-from . import (convert, debug, decrypt, diff, encrypt, explain, export, import_, inspect, keygen, lint, merge,
-               quantize, sign, tensors, trace, tui, validate, verify)
-from . import cache, download
+from . import (
+    cache,
+    convert,
+    debug,
+    decrypt,
+    diff,
+    download,
+    encrypt,
+    explain,
+    export,
+    import_,
+    inspect,
+    keygen,
+    lint,
+    merge,
+    quantize,
+    sign,
+    tensors,
+    trace,
+    tui,
+    validate,
+    verify,
+)
 from . import config as config_command
-from ._common import (EXIT_ERROR, EXIT_FORMAT, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, EXIT_VALIDATION,
-                      UsageError)
+from ._common import EXIT_ERROR, EXIT_FORMAT, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, EXIT_VALIDATION, UsageError
 
 __all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_NOT_FOUND", "EXIT_FORMAT", "EXIT_VALIDATION"]
 

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+
 from ..tools.text import fmt, shape_text  # noqa: F401  (the cli modules take them from here)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_FORMAT, EXIT_VALIDATION = 0, 1, 2, 3, 4, 5

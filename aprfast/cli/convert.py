@@ -24,8 +24,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ._common import (EXIT_ERROR, EXIT_OK, EXIT_VALIDATION, UsageError, add_progress_option, print_json,
-                      progress_for)
+from ._common import EXIT_ERROR, EXIT_OK, EXIT_VALIDATION, UsageError, add_progress_option, print_json, progress_for
 
 #: The seed's names for the integer quantizations (§13.2 `--quantize int8`).
 QUANTIZE_ALIASES = {"int8": "Q8_0", "int4": "Q4_0"}
@@ -176,7 +175,6 @@ def convert_and_report(source, destination, options, to, verb, as_json) -> int:
     import warnings
 
     from ..convert import DestinationExistsError, QualityGateError, TensorValidationError, convert
-
     from ..remote import is_url
 
     if not is_url(source) and not os.path.lexists(source):  # a URL (hf://, https://, s3://) is fetched by convert

@@ -15,11 +15,18 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 
 from ..errors import AprError, DecryptError
-from ._common import EXIT_FORMAT, EXIT_OK, EXIT_VALIDATION, UsageError, add_key_options, non_negative_int, \
-    open_model, print_json
+from ._common import (
+    EXIT_FORMAT,
+    EXIT_OK,
+    EXIT_VALIDATION,
+    UsageError,
+    add_key_options,
+    non_negative_int,
+    open_model,
+    print_json,
+)
 
 _READ_CHUNK = 1 << 20
 _MAX_RUN = 1 << 20

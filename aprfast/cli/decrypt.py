@@ -8,8 +8,15 @@ from __future__ import annotations
 import sys
 
 from ..tools.protection import decrypt_file
-from ._common import (EXIT_OK, UsageError, add_key_options, add_signing_key_option, keys_from, print_json,
-                      signing_key_from)
+from ._common import (
+    EXIT_OK,
+    UsageError,
+    add_key_options,
+    add_signing_key_option,
+    keys_from,
+    print_json,
+    signing_key_from,
+)
 
 
 def add_parser(commands) -> None:

@@ -15,8 +15,18 @@ import sys
 
 from ..tools.diff import DEFAULT_TOLERANCE, diff_models, load_mapping
 from ..tools.text import similarity_text
-from ._common import (EXIT_OK, EXIT_VALIDATION, UsageError, add_key_options, add_progress_option, fmt, keys_from,
-                      non_negative_int, print_json, progress_for)
+from ._common import (
+    EXIT_OK,
+    EXIT_VALIDATION,
+    UsageError,
+    add_key_options,
+    add_progress_option,
+    fmt,
+    keys_from,
+    non_negative_int,
+    print_json,
+    progress_for,
+)
 
 #: Metadata values longer than this are shortened in the human report (vocabularies).
 _SHOWN_VALUE = 60

@@ -14,7 +14,8 @@ import json
 import sys
 
 from ..api import inspect as inspect_file
-from ..convert.mle import format_inspect as format_mle, inspect_mle, is_mle
+from ..convert.mle import format_inspect as format_mle
+from ..convert.mle import inspect_mle, is_mle
 from ..dtypes import element_count
 from ..errors import ChecksumError, SignatureError
 from ..tools.quality import VOCAB_KEYS, VOCAB_SIZE_KEYS

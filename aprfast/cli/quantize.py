@@ -17,8 +17,16 @@ import os
 
 from ..convert import DestinationExistsError
 from ..numerics.quantization import quant_type, quant_types, quantize_tensors
-from ._common import (EXIT_OK, UsageError, add_key_options, add_progress_option, non_negative_int, open_model,
-                      print_json, progress_for)
+from ._common import (
+    EXIT_OK,
+    UsageError,
+    add_key_options,
+    add_progress_option,
+    non_negative_int,
+    open_model,
+    print_json,
+    progress_for,
+)
 
 #: Names of embedding and output-projection tensors (Hugging Face, GGUF, whisper spellings).
 EMBEDDING_GLOBS = ("*embed_tokens*", "*token_embedding*", "*tok_embeddings*", "*wte*", "*wpe*",

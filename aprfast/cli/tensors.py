@@ -9,8 +9,17 @@ import sys
 
 from ..numerics.expectations import check_value
 from ..numerics.stats import tensor_stats
-from ._common import (EXIT_ERROR, EXIT_OK, EXIT_VALIDATION, add_key_options, fmt, non_negative_int, open_model,
-                      print_json, shape_text)
+from ._common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_VALIDATION,
+    add_key_options,
+    fmt,
+    non_negative_int,
+    open_model,
+    print_json,
+    shape_text,
+)
 
 
 def add_parser(commands) -> None:

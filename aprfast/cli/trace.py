@@ -28,9 +28,17 @@ import time
 
 from ..io import platform as _platform
 from ..numerics.stats import tensor_stats
-from ._common import (EXIT_OK, EXIT_VALIDATION, UsageError, add_key_options, fmt, non_negative_int, open_model,
-                      print_json, shape_text)
-
+from ._common import (
+    EXIT_OK,
+    EXIT_VALIDATION,
+    UsageError,
+    add_key_options,
+    fmt,
+    non_negative_int,
+    open_model,
+    print_json,
+    shape_text,
+)
 
 _CHUNK = 1 << 22  # read in 4 MiB pieces: the bytes are counted, never kept
 

@@ -15,12 +15,24 @@ from __future__ import annotations
 
 import sys
 
-from ..convert.mle import format_validate as format_mle, is_mle, validate_mle
+from ..convert.mle import format_validate as format_mle
+from ..convert.mle import is_mle, validate_mle
 from ..errors import ChecksumError, DecryptError, SignatureError
 from ..numerics.expectations import check_expected
 from ..numerics.stats import tensor_stats
-from ._common import (EXIT_OK, EXIT_VALIDATION, UsageError, add_key_options, add_progress_option, keys_from,
-                      non_negative_int, open_model, paint, print_json, progress_for)
+from ._common import (
+    EXIT_OK,
+    EXIT_VALIDATION,
+    UsageError,
+    add_key_options,
+    add_progress_option,
+    keys_from,
+    non_negative_int,
+    open_model,
+    paint,
+    print_json,
+    progress_for,
+)
 
 CHECKS = ("checksum", "nan-check", "zero-check", "shapes", "stats")
 #: What `apr validate FILE` runs with no check named (--shapes and --stats are asked for explicitly).

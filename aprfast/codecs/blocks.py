@@ -29,9 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import _blocks, _memory
-from .payload import ZSTD_MAX_RATIO, ZSTD_SLACK
 from .._optional import require
 from ..errors import CorruptError, LayoutError, VersionError
+from .payload import ZSTD_MAX_RATIO, ZSTD_SLACK
 
 __all__ = ["CODECS", "LZ4", "ZSTD", "LZ4_BLOCK_SIZE", "ZSTD_BLOCK_SIZE", "compress_inputs", "codec_id",
            "read_table", "read_range", "decode_stored", "load_all"]

@@ -63,10 +63,13 @@ from ..errors import AprIOError, DecryptError, FormatError, LimitError, Signatur
 try:
     import nacl.bindings as _nb
     import nacl.exceptions as _nacl_exc
+    from argon2.low_level import Type as _Argon2Type
+    from argon2.low_level import hash_secret_raw as _argon2_hash_raw
+
     # PyNaCl's own cffi module: the one way to let libsodium read our buffers and write
     # into buffers we own (nacl.bindings takes and returns only immutable bytes copies).
-    from nacl._sodium import ffi as _ffi, lib as _lib
-    from argon2.low_level import Type as _Argon2Type, hash_secret_raw as _argon2_hash_raw
+    from nacl._sodium import ffi as _ffi
+    from nacl._sodium import lib as _lib
 except ImportError as _error:  # pragma: no cover - depends on the environment
     from .._optional import MissingDependencyError
 

@@ -8,20 +8,19 @@ bytes they need.  All methods are safe to call from several threads at once.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from .. import _memory, layouts
-from .handle import TensorMapping
-from ..numerics import quantization
-from ..codecs import blocks as tensor_codecs
 from .._crc import crc32
+from ..codecs import blocks as tensor_codecs
 from ..dtypes import numpy_dtype
 from ..errors import ChecksumError, LayoutError
-from ..limits import Limits
-from ..security import refuse_keys
 from ..io.sources import open_source
+from ..limits import Limits
+from ..numerics import quantization
+from ..security import refuse_keys
 from ..tensors import QuantizedTensor, RawTensor, TensorInfo
+from .handle import TensorMapping
 
 __all__ = ["AprFile", "TensorSlice", "QuantizedSlice", "aligned_empty"]
 

@@ -34,12 +34,21 @@ import stat
 import threading
 
 from .. import _metascan
-from ..io import platform as _platform
-from .handle import TensorMapping
 from .._crc import crc32, crc32_combine
-from ..errors import (AprError, AprIOError, ChecksumError, CorruptError, FormatError, LayoutError,
-                     LimitError, TensorNotFoundError, os_error)
+from ..errors import (
+    AprError,
+    AprIOError,
+    ChecksumError,
+    CorruptError,
+    FormatError,
+    LayoutError,
+    LimitError,
+    TensorNotFoundError,
+    os_error,
+)
+from ..io import platform as _platform
 from ..limits import Limits
+from .handle import TensorMapping
 
 __all__ = ["MANIFEST_SUFFIX", "ShardedFile", "save_sharded", "find_manifest", "find_remote_manifest",
            "fetch_manifest", "RemoteManifest", "parse_size"]

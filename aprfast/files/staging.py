@@ -11,7 +11,6 @@ from .._crc import crc32
 from ..errors import ChecksumError
 from .frameworks import to_framework, torch_meta
 
-
 #: Two staging buffers of this size (pinned for CUDA): the file is read into one while
 #: the other's copy to the device runs, so the model never sits in pageable memory.
 STAGING_BYTES = 64 << 20

@@ -18,13 +18,13 @@ import os
 
 import numpy as np
 
-from ..io import platform as _platform
 from .. import dtypes, layouts
 from .._crc import crc32, crc32_combine
 from .._memory import append_padded
-from ..io.atomic import AtomicFile, kernel_copy, open_anonymous, reserve_blocks
 from ..dtypes import DType, check_shape
 from ..errors import AprError, AprIOError, LayoutError, UnknownDTypeError
+from ..io import platform as _platform
+from ..io.atomic import AtomicFile, kernel_copy, open_anonymous, reserve_blocks
 from ..tensors import TensorInput, as_input
 
 __all__ = ["Writer", "write_plan"]

@@ -16,9 +16,9 @@ import stat
 import sys
 import tempfile
 
-from . import platform as _platform
 from .._memory import preallocate
 from ..errors import AprError, AprIOError
+from . import platform as _platform
 
 __all__ = ["AtomicFile", "sweep_abandoned_temps"]
 

@@ -18,14 +18,28 @@ from __future__ import annotations
 
 import struct
 
-from . import serde_json as _serde_json
-from ..codecs import blocks as tensor_codecs
 from .. import security as _security
+from ..codecs import blocks as tensor_codecs
 from ..dtypes import APR2_IDS
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, VersionError
 from ..limits import MAX_ALIGNMENT, Limits
-from ._common import (STREAM_END, ParsedFile, Plan, align, checked_inputs, encode_index, find_aliases, footer,
-                      lay_out_data, lay_out_in_order, lay_out_shared, parse_index, rule_tables, sorted_json)
+from . import serde_json as _serde_json
+from ._common import (
+    STREAM_END,
+    ParsedFile,
+    Plan,
+    align,
+    checked_inputs,
+    encode_index,
+    find_aliases,
+    footer,
+    lay_out_data,
+    lay_out_in_order,
+    lay_out_shared,
+    parse_index,
+    rule_tables,
+    sorted_json,
+)
 
 NAME = "apr2"
 MAGIC = b"APR2"

@@ -14,13 +14,25 @@ import struct
 
 import numpy as np
 
-from . import serde_json as _serde_json
 from .._crc import crc32
 from ..dtypes import APRENDER_IDS
 from ..errors import ChecksumError, CorruptError, FormatError, LayoutError, LimitError, VersionError
 from ..limits import Limits
-from ._common import (STREAM_END, ParsedFile, Plan, align, checked_inputs, encode_index, footer, lay_out_data,
-                      lay_out_in_order, parse_index, rule_tables, sorted_json)
+from . import serde_json as _serde_json
+from ._common import (
+    STREAM_END,
+    ParsedFile,
+    Plan,
+    align,
+    checked_inputs,
+    encode_index,
+    footer,
+    lay_out_data,
+    lay_out_in_order,
+    parse_index,
+    rule_tables,
+    sorted_json,
+)
 
 NAME = "aprender"
 MAGIC = b"APR\x00"

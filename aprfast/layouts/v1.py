@@ -20,11 +20,11 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 
-from . import rmp as _rmp
 from .._crc import crc32
 from ..codecs.payload import Compression
 from ..errors import ChecksumError, CorruptError, FormatError, LayoutError, LimitError, VersionError
 from ..limits import MAX_METADATA_SIZE
+from . import rmp as _rmp
 
 __all__ = [
     "NAME", "MAGIC", "HEADER_SIZE", "CRC_SIZE", "SIGNATURE_SIZE", "PUBLIC_KEY_SIZE", "SIGNATURE_BLOCK_SIZE",

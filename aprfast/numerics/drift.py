@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from .stats import tensor_stats
 from ..tensors import RawTensor
+from .stats import tensor_stats
 
 __all__ = ["numeric_values", "compare_values", "cosine", "CHUNK"]
 

@@ -29,8 +29,8 @@ from .. import _quant
 from .. import dtypes as _dtypes
 from ..dtypes import APR2_IDS, APRENDER_IDS, DType, bfloat16, element_count
 from ..errors import CorruptError, LayoutError, UnknownDTypeError
-from .precision import empty_output, to_float32
 from ..tensors import QuantizedTensor, RawTensor
+from .precision import empty_output, to_float32
 
 __all__ = [
     "QuantType", "QuantizationReport", "TensorReport", "quantize", "dequantize", "quantize_tensors",

@@ -8,7 +8,7 @@
   :mod:`.aead` - AES-256-GCM with detached tags over aprfast.crypto's backends.
 """
 
-from .opening import Security, SecureSource, open_security, refuse_keys
+from .opening import SecureSource, Security, open_security, refuse_keys
 from .sealing import SecurityOptions
 
 __all__ = ["SecurityOptions", "Security", "SecureSource", "open_security", "refuse_keys"]

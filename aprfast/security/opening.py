@@ -10,12 +10,23 @@ from collections import OrderedDict
 import numpy as np
 
 from .._crc import crc32
+from ..crypto.digests import digest_name, hasher
 from ..errors import ChecksumError, CorruptError, DecryptError, SignatureError
 from ..io.sources import BufferSource, Source
 from . import block as blk
-from ..crypto.digests import digest_name, hasher
-from .sealing import (CONTEXT_CHUNK, INDEX_CHUNK, KEY_SIZE, METADATA_CHUNK, SIGNATURE_CONTEXT, SPECIAL, chunk_aad,
-                      context_digest, names_aad, nonce, run_jobs)
+from .sealing import (
+    CONTEXT_CHUNK,
+    INDEX_CHUNK,
+    KEY_SIZE,
+    METADATA_CHUNK,
+    SIGNATURE_CONTEXT,
+    SPECIAL,
+    chunk_aad,
+    context_digest,
+    names_aad,
+    nonce,
+    run_jobs,
+)
 
 __all__ = ["open_security", "refuse_keys", "Security", "SecureSource", "ENCRYPTED", "SIGNED"]
 

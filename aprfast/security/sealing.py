@@ -18,8 +18,8 @@ import struct
 import threading
 
 from .._crc import crc32
-from . import block as blk
 from ..crypto.digests import hasher
+from . import block as blk
 
 __all__ = ["SecurityOptions", "Sealer", "run_jobs", "nonce", "chunk_aad", "context_digest", "names_aad",
            "SPECIAL", "CONTEXT_CHUNK", "METADATA_CHUNK", "INDEX_CHUNK", "SIGNATURE_CONTEXT", "chunk_bounds"]

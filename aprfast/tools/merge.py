@@ -40,9 +40,9 @@ import os
 
 import numpy as np
 
-from ..numerics.drift import numeric_values
 from ..dtypes import by_name
 from ..errors import LayoutError
+from ..numerics.drift import numeric_values
 from ..tensors import RawTensor
 
 __all__ = ["merge_models", "merge_tensor", "METHODS", "average", "weighted", "slerp", "ties", "dare"]

@@ -24,9 +24,9 @@ from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input, T
 from textual.worker import get_current_worker  # noqa: E402
 
 from ..api import open as open_apr  # noqa: E402
-from ..tools.text import fmt  # noqa: E402
 from ..numerics.expectations import check_expected, expectation_for  # noqa: E402
 from ..numerics.stats import tensor_stats  # noqa: E402
+from ..tools.text import fmt  # noqa: E402
 from . import render  # noqa: E402
 from .views import ComparePane, HelpScreen, ModuleTree, TensorTable, TextPane  # noqa: E402
 

@@ -5,8 +5,8 @@ widgets in :mod:`aprfast.tui.views` only place this text."""
 
 from __future__ import annotations
 
-from ..tools.text import fmt, shape_text
 from ..dtypes import element_count
+from ..tools.text import fmt, shape_text
 
 #: Eighths of a cell, for bars whose height is not a whole number of rows.
 _BLOCKS = " ▁▂▃▄▅▆▇█"

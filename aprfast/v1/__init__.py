@@ -20,12 +20,23 @@ docs/FORMAT.md (v1 section) records every byte and decision.
 from __future__ import annotations
 
 from ..codecs.payload import MAX_UNCOMPRESSED_SIZE, Compression
+from ..io.sources import open_source
 from ..layouts import v1 as layout
 from ..layouts.v1 import Flag, Header, ModelType
-from ..io.sources import open_source
-from .checks import (CHUNKED_PAYLOAD_FORMAT, DEFAULT_APRENDER_VERSION, FILE_KEY_SIZE, PAYLOAD_FORMAT_KEY,  # noqa: F401
-                     SELF_SIGNED, TENSOR_ALIGNMENT, TENSOR_PAYLOAD_FORMAT, TRUENO_PAYLOAD_FORMAT, TRUSTED, UNSIGNED,
-                     V1Model, check_license)
+from .checks import (  # noqa: F401
+    CHUNKED_PAYLOAD_FORMAT,
+    DEFAULT_APRENDER_VERSION,
+    FILE_KEY_SIZE,
+    PAYLOAD_FORMAT_KEY,
+    SELF_SIGNED,
+    TENSOR_ALIGNMENT,
+    TENSOR_PAYLOAD_FORMAT,
+    TRUENO_PAYLOAD_FORMAT,
+    TRUSTED,
+    UNSIGNED,
+    V1Model,
+    check_license,
+)
 from .load import load_model, trueno_view  # noqa: F401
 from .writer import save_model  # noqa: F401
 

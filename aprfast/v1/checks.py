@@ -9,12 +9,10 @@ from dataclasses import dataclass, field
 
 from .._version import __version__
 from ..codecs.payload import Compression
-from ..errors import (CorruptError, DecryptError, FormatError, LimitError, ModelTypeMismatchError, SignatureError)
+from ..errors import CorruptError, DecryptError, FormatError, LimitError, ModelTypeMismatchError, SignatureError
 from ..layouts import chunk_index
 from ..layouts import v1 as layout
 from ..layouts.v1 import Flag, Header, ModelType
-
-
 
 #: ``metadata["custom"][PAYLOAD_FORMAT_KEY] == TENSOR_PAYLOAD_FORMAT`` marks a payload that
 #: is a whole v2 tensor container (aprender's ``APR\\0`` layout) instead of bincode.

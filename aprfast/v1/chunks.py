@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import hashlib
 
-from ..codecs import payload as codecs
 from .._crc import crc32
+from ..codecs import payload as codecs
 from ..codecs.payload import Compression
-from ..errors import (AprError, ChecksumError, CorruptError, DecryptError, SignatureError)
+from ..errors import AprError, ChecksumError, CorruptError, DecryptError, SignatureError
 from ..layouts import chunk_index
 from ..layouts import v1 as layout
 from ..layouts.v1 import Flag, Header
@@ -173,9 +173,8 @@ class ChunkReader:
 
     def array(self, read, name: str):
         """The whole tensor as an owned array (or RawTensor/QuantizedTensor)."""
-        from ..files.reader import array_maker
-
         from ..dtypes import APR2_IDS
+        from ..files.reader import array_maker
 
         t = self.index.tensors[name]
         buffer, _ = self.tensor_bytes(read, name)

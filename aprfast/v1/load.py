@@ -3,18 +3,30 @@ protocol asks (magic, CRC32, header, model type, signature, decryption, decompre
 
 from __future__ import annotations
 
-
-from ..io import platform as _platform
-from ..codecs import payload as codecs
 from .._crc import crc32
+from ..codecs import payload as codecs
 from ..codecs.payload import MAX_UNCOMPRESSED_SIZE, Compression
-from ..errors import (AprError, DecryptError)
+from ..errors import AprError, DecryptError
+from ..io import platform as _platform
+from ..io.sources import open_source
 from ..layouts import trueno
 from ..layouts import v1 as layout
 from ..layouts.v1 import Flag, Header
-from ..io.sources import open_source
+from .checks import (
+    V1Model,
+    check_fields,
+    checked_header,
+    decode_license,
+    decrypt_payload,
+    locate,
+    payload_kind,
+    reader_of,
+    refuse_downgrade,
+    verify_index_signature,
+    verify_signature,
+    whole_file,
+)
 from .chunks import open_chunks
-from .checks import V1Model, check_fields, checked_header, decode_license, decrypt_payload, locate, payload_kind, reader_of, refuse_downgrade, verify_index_signature, verify_signature, whole_file
 
 
 # --- loading --------------------------------------------------------------------------

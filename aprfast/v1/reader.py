@@ -29,19 +29,18 @@ import mmap
 
 import numpy as np
 
-from ..files.handle import TensorMapping
-from ..io import platform as _platform
 from .. import v1
 from .._crc import crc32
 from ..codecs.payload import MAX_UNCOMPRESSED_SIZE, Compression
-from ..errors import (AprError, AprIOError, ChecksumError, CorruptError, FormatError, LayoutError,
-                     TensorNotFoundError)
+from ..errors import AprError, AprIOError, ChecksumError, CorruptError, FormatError, LayoutError, TensorNotFoundError
+from ..files.handle import TensorMapping
+from ..files.reader import AprFile, aligned_empty, bounding_box
+from ..io import platform as _platform
+from ..io.sources import open_source
 from ..layouts import trueno
 from ..layouts import v1 as layout
 from ..layouts.v1 import Flag, Header
 from ..limits import Limits
-from ..files.reader import AprFile, bounding_box, aligned_empty
-from ..io.sources import open_source
 from ..tensors import TensorInfo
 
 __all__ = ["V1File", "ChunkSlice"]

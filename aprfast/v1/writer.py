@@ -9,18 +9,27 @@ import os
 import time
 from collections.abc import Mapping
 
-from ..io import platform as _platform
-from ..codecs import payload as codecs
 from .._crc import crc32
+from ..codecs import payload as codecs
 from ..codecs.payload import MAX_UNCOMPRESSED_SIZE, Compression
-from ..errors import (AprError, AprIOError, LayoutError)
+from ..errors import AprError, AprIOError, LayoutError
+from ..files.writer import save_to
+from ..io import platform as _platform
 from ..layouts import chunk_index, trueno
 from ..layouts import plan as plan_layout
 from ..layouts import v1 as layout
 from ..layouts.v1 import Flag, Header, ModelType
 from ..tensors import as_inputs
-from ..files.writer import save_to
-from .checks import CHUNKED_PAYLOAD_FORMAT, DEFAULT_APRENDER_VERSION, FILE_KEY_SIZE, PAYLOAD_FORMAT_KEY, TENSOR_ALIGNMENT, TENSOR_PAYLOAD_FORMAT, TRUENO_PAYLOAD_FORMAT, tag_size
+from .checks import (
+    CHUNKED_PAYLOAD_FORMAT,
+    DEFAULT_APRENDER_VERSION,
+    FILE_KEY_SIZE,
+    PAYLOAD_FORMAT_KEY,
+    TENSOR_ALIGNMENT,
+    TENSOR_PAYLOAD_FORMAT,
+    TRUENO_PAYLOAD_FORMAT,
+    tag_size,
+)
 
 
 # --- saving --------------------------------------------------------------------------

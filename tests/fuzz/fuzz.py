@@ -32,26 +32,26 @@ import atheris
 
 with atheris.instrument_imports(include=["aprfast"]):
     import aprfast  # noqa: F401
-    import aprfast.layouts.rmp  # noqa: F401
-    import aprfast.layouts.serde_json  # noqa: F401
     import aprfast.api  # noqa: F401
     import aprfast.codecs  # noqa: F401
-    import aprfast.crypto  # noqa: F401
-    import aprfast.dtypes  # noqa: F401
-    import aprfast.layouts  # noqa: F401
-    import aprfast.v1.licensing  # noqa: F401
-    import aprfast.numerics.quantization  # noqa: F401
-    import aprfast.files.reader  # noqa: F401
-    import aprfast.io.sources  # noqa: F401
-    import aprfast.tensors  # noqa: F401
-    import aprfast.v1  # noqa: F401
-    import aprfast.v1.reader  # noqa: F401
-    import aprfast.stream  # noqa: F401
     import aprfast.codecs.blocks  # noqa: F401
-    import aprfast.layouts.chunk_index  # noqa: F401
-    import aprfast.layouts.trueno  # noqa: F401
     import aprfast.convert._pickle_vm  # noqa: F401
     import aprfast.convert.pytorch  # noqa: F401
+    import aprfast.crypto  # noqa: F401
+    import aprfast.dtypes  # noqa: F401
+    import aprfast.files.reader  # noqa: F401
+    import aprfast.io.sources  # noqa: F401
+    import aprfast.layouts  # noqa: F401
+    import aprfast.layouts.chunk_index  # noqa: F401
+    import aprfast.layouts.rmp  # noqa: F401
+    import aprfast.layouts.serde_json  # noqa: F401
+    import aprfast.layouts.trueno  # noqa: F401
+    import aprfast.numerics.quantization  # noqa: F401
+    import aprfast.stream  # noqa: F401
+    import aprfast.tensors  # noqa: F401
+    import aprfast.v1  # noqa: F401
+    import aprfast.v1.licensing  # noqa: F401
+    import aprfast.v1.reader  # noqa: F401
 
 import harness  # noqa: E402  (imported after aprfast is instrumented)
 

@@ -44,18 +44,18 @@ except ImportError:  # seeds and replays need no atheris
 if atheris is not None:
     with atheris.instrument_imports(include=["aprfast"]):
         import aprfast
+        import aprfast.codecs.blocks  # noqa: F401
         import aprfast.files.reader  # noqa: F401
         import aprfast.security  # noqa: F401
         import aprfast.stream  # noqa: F401
-        import aprfast.codecs.blocks  # noqa: F401
 else:
     import aprfast
 
 import hashlib  # noqa: E402
 
+import harness  # noqa: E402  (imported after aprfast is instrumented)
 import numpy as np  # noqa: E402
 
-import harness  # noqa: E402  (imported after aprfast is instrumented)
 from aprfast.errors import AprError  # noqa: E402
 
 FIX, CREDENTIALS, TRUSTED, REQUIRE, STREAM, ALLOW = 0x01, 0x06, 0x08, 0x10, 0x20, 0x40

@@ -27,12 +27,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import aprfast  # noqa: E402
-from aprfast import v1
-from aprfast.v1 import licensing  # noqa: E402
-from aprfast.dtypes import DTYPES  # noqa: E402
 import harness  # noqa: E402
 from harness import CONTROL, KEYS, PASSWORD  # noqa: E402
+
+import aprfast  # noqa: E402
+from aprfast import v1
+from aprfast.dtypes import DTYPES  # noqa: E402
+from aprfast.v1 import licensing  # noqa: E402
 
 PINNED = {"created_at": "1700000000", "aprender_version": "0.0.0-fuzz"}
 

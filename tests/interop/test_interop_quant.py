@@ -8,7 +8,6 @@ import subprocess
 
 import numpy as np
 import pytest
-
 from test_quant_kernels import ADVERSARIAL, F32, PATHS, ours_quantize, random_floats
 
 

@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aprfast.crypto import core as crypto
 from aprfast import v1
-from aprfast.v1 import licensing
+from aprfast.crypto import core as crypto
 from aprfast.layouts.v1 import Flag, ModelType
+from aprfast.v1 import licensing
 
 GOLDEN_V1_SPEC = Path(__file__).parent / "harness" / "specs" / "golden_v1.json"
 PINNED = {"created_at": "1700000000", "aprender_version": "0.0.0-interop"}

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import pytest
 
-from aprfast.crypto import core as crypto
 from aprfast import v1
+from aprfast.crypto import core as crypto
 from aprfast.errors import DecryptError, SignatureError
 from aprfast.layouts.v1 import Flag
 
