@@ -11,9 +11,12 @@ from . import _moved
 _moved.install()  # old module paths (aprfast.reader, ...) answer with the moved modules
 
 # First: aprfast._crc, ... become the compiled modules or their pure twins.  ``backend``
-# is "c" or "python" (APRFAST_BACKEND; see aprfast._backend).
-from . import distributed  # aprfast.distributed.load_shard: tensor-parallel loading
+# is "c" or "python" (APRFAST_BACKEND; see aprfast._backend).  Nothing else may be
+# imported before it: every module below takes the kernels it chose.
 from ._backend import BACKEND as backend
+
+# isort: split
+from . import distributed  # aprfast.distributed.load_shard: tensor-parallel loading
 from ._crc import crc32, crc32_combine
 from ._optional import MissingDependencyError
 from ._version import __version__
