@@ -217,7 +217,7 @@ class Bench:
         # one write() to a fresh path; every format writes at least these bytes
         payload = b"".join(v.tobytes() for v in tensors.values())
         dest["raw"] = self.path(name, "out.raw")
-        fns[FLOOR_SAVE] = lambda: write_fresh(dest["raw"], payload)
+        fns[FLOOR_SAVE] = lambda: write_fresh(dest["raw"], payload)  # noqa: F821 (called before the del below)
         paths[FLOOR_SAVE] = dest["raw"]
         setup = {k: unlinker(p) for k, p in paths.items()}
         r = self.time(fns, setup=setup)
@@ -453,7 +453,7 @@ class Bench:
             mm = np.load(npy, mmap_mode="r")
             tools = {"aprfast": lambda: af.get_tensor("w", copy=True),
                      "safe_open(np) get_tensor": lambda: sf.get_tensor("w"),
-                     "np.array(open memmap)": lambda: np.array(mm)}
+                     "np.array(open memmap)": lambda: np.array(mm)}  # noqa: F821 (called before the del below)
             r = self.time(tools, min_sample=0.05)
             self.table.add(Row("big: one tensor from an open file, copy", size_text(tensors["w"].nbytes),
                                r.pop("aprfast"), {"safe_open(np) get_tensor": r.pop("safe_open(np) get_tensor")}, r))

@@ -261,8 +261,10 @@ def main():
 
         gsize = timing.fmt_bytes(os.path.getsize(f"{d}/m.gguf"))
         by_hand = "GGUFReader + GGUFWriter (one GGUF -> GGUF copy)"
-        aprfast.convert(f"{d}/m.gguf", f"{d}/keep.apr", durable=False, validate="off")  # the source of the .apr -> GGUF row
-        gg = interleaved({"to_apr": lambda: aprfast.convert(f"{d}/m.gguf", f"{d}/g1.apr", durable=False, validate="off"),
+        # the source of the .apr -> GGUF row
+        aprfast.convert(f"{d}/m.gguf", f"{d}/keep.apr", durable=False, validate="off")
+        gg = interleaved({"to_apr": lambda: aprfast.convert(f"{d}/m.gguf", f"{d}/g1.apr", durable=False,
+                                                             validate="off"),
                           "to_gguf": lambda: aprfast.convert(f"{d}/keep.apr", f"{d}/g1.gguf", durable=False,
                                                             validate="off"),
                           "both": apr_round_trip,

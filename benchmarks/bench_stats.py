@@ -17,7 +17,8 @@ Rows, each aprfast against that whole NumPy sequence (NumPy runs on one thread):
 each with one thread and with every core; and the second target of issue 13: the 100-point
 quality assessment (``apr validate --quality``: ``aprfast.tools.quality.quality_report``) of a
 model at most twice the time of one owned ``load_file(mmap=False)`` of it (``--model-mib``,
-512 by default, 64 with ``--quick``; both into a fresh path's file, interleaved).  The data is standard-normal float32 with no
+512 by default, 64 with ``--quick``; both into a fresh path's file, interleaved).  The data is
+standard-normal float32 with no
 NaN (NumPy's ``min``/``mean`` would give NaN otherwise, a different answer).  The
 answers are compared before timing: counts and histogram exactly, moments to 1e-6.
 """

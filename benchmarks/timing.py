@@ -281,7 +281,8 @@ class Table:
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")
         lines.append("Median over rounds with min..max; tools run round-robin within each row; ratio = peer "
-                     "median / aprfast median (above 1: aprfast faster, or uses less memory in MiB rows; **bold** below 1). ❌ marks rows "
+                     "median / aprfast median (above 1: aprfast faster, or uses less memory in MiB rows; **bold** "
+                     "below 1). ❌ marks rows "
                      "where aprfast loses to the peer shown; ≈ marks rows whose ranges overlap.")
         for note in self.notes:
             lines.append(f"- {note}")

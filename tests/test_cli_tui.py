@@ -332,7 +332,7 @@ def test_help_overlay_opens_and_closes(model, ModelApp):
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
         text = str(app.screen.query_one("#help-text").content)
-        for key, what in KEYS:
+        for _key, what in KEYS:
             assert what in text
         await pilot.press("escape")
         await pilot.pause()

@@ -704,7 +704,7 @@ def write_sharded(directory, shards: dict, weight_map=None):
     """Shards written by torch.save plus a pytorch_model.bin.index.json as transformers writes it."""
     directory.mkdir(exist_ok=True)
     names = {}
-    for i, (shard, tensors) in enumerate(shards.items()):
+    for _i, (shard, tensors) in enumerate(shards.items()):
         torch.save(tensors, directory / shard)
         names.update({name: shard for name in tensors})
     index = {"metadata": {"total_size": 0}, "weight_map": weight_map or names}

@@ -159,7 +159,8 @@ def test_tensors_without_statistics_are_listed_as_skipped(tmp_path, rng):
 
 
 @pytest.mark.parametrize("destination,options", [("m.gguf", {}), ("m.safetensors", {}),
-                                                 ("shards", {"max_shard_size": 600}), ("z.apr", {"compression": "zstd"})])
+                                                 ("shards", {"max_shard_size": 600}),
+                                                 ("z.apr", {"compression": "zstd"})])
 def test_no_output_is_left_by_any_writer(tmp_path, rng, destination, options):
     if "compression" in options:
         pytest.importorskip("zstandard")

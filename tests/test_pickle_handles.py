@@ -119,7 +119,8 @@ def test_closed_and_unreopenable_handles_raise(tmp_path):
     f.close()
     with pytest.raises(AprIOError, match="closed AprFile cannot be pickled"):
         pickle.dumps(f)
-    with aprfast.open(path.read_bytes()) as g, pytest.raises(PicklingRefusedError, match="not opened by aprfast.open from a path"):
+    refused = pytest.raises(PicklingRefusedError, match="not opened by aprfast.open from a path")
+    with aprfast.open(path.read_bytes()) as g, refused:
         pickle.dumps(g)
     with open(path, "rb") as fileobj, aprfast.open(fileobj) as g:
         with pytest.raises(PicklingRefusedError, match="bytes are not shipped"):

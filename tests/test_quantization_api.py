@@ -644,7 +644,8 @@ def test_built_in_types_cannot_be_unregistered():
         Q.unregister_quantizer("q4_0")
 
 
-@pytest.mark.parametrize("type_name, kernel", [("APR_FQ8_0", "quantize_apr_fq8_0"), ("APR_FQ4_0", "quantize_apr_fq4_0")])
+@pytest.mark.parametrize("type_name, kernel",
+                         [("APR_FQ8_0", "quantize_apr_fq8_0"), ("APR_FQ4_0", "quantize_apr_fq4_0")])
 def test_aprender_format_quantize_variants_round_trip_through_the_spec_layout(type_name, kernel):
     """aprender's format-quantize Q8_0/Q4_0 (flat blocks, last one padded): the API gives
     the kernel's bytes (checked against aprender's rules in test_quant_kernels), and the

@@ -174,7 +174,7 @@ def test_file_urls_write_atomically(tmp_path):
     url = f"file://{tmp_path}/m.apr"
     tensors = {"a": np.arange(5, dtype=np.float32)}
     with pytest.raises(RuntimeError):
-        with aprfast.Writer(url, plan=_planned(tensors)) as w:
+        with aprfast.Writer(url, plan=_planned(tensors)):
             raise RuntimeError("before any tensor")
     assert not (tmp_path / "m.apr").exists()
     aprfast.save_file(tensors, url)

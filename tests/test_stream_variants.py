@@ -699,7 +699,8 @@ def test_an_unencrypted_v1_stream_never_loads_the_crypto_libraries(tmp_path):
     script = ("import sys, aprfast\n"
               "for name, t in aprfast.stream(sys.stdin.buffer): pass\n"
               "with aprfast.open(sys.argv[1]) as f: f.get_tensor('w')\n"
-              "print(sorted(m for m in sys.modules if m in ('aprfast.crypto.core', 'nacl', 'cryptography', 'argon2')))\n")
+              "print(sorted(m for m in sys.modules\n"
+              "             if m in ('aprfast.crypto.core', 'nacl', 'cryptography', 'argon2')))\n")
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(package.__file__))))
     with open(path, "rb") as fh:
         out = subprocess.run([sys.executable, "-c", script, str(path)], stdin=fh, capture_output=True, text=True,

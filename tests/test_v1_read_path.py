@@ -261,7 +261,8 @@ def test_password_files_answer_as_the_full_path(tmp_path):
         fast, full = _both(path, password="pw")
         assert fast == full, data[:40]
     path.write_bytes(good)
-    for kwargs in ({"password": "wrong"}, {"password": b"pw"}, {"password": 123}, {"password": "pw", "expected_type": 1},
+    for kwargs in ({"password": "wrong"}, {"password": b"pw"}, {"password": 123},
+                   {"password": "pw", "expected_type": 1},
                    {"password": "pw", "trusted_keys": [bytes(32)]}, {"password": "pw", "max_uncompressed": 100}, {}):
         try:
             fast, full = _both(path, **kwargs)

@@ -239,7 +239,7 @@ def test_a_stream_raises_at_the_bad_tensor_before_yielding_it(tensors, options, 
     with reader:
         s = aprfast.stream(reader, **keys)
         with pytest.raises(error, match="mid.weight"):
-            for name, value in s:
+            for name, _value in s:
                 yielded.append(name)
     thread.join()
     assert yielded == ["big.weight"]  # index order; the bad one never came out

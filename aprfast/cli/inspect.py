@@ -185,7 +185,8 @@ def format_report(path, report, full: bool = False) -> str:
         text += "\n" + format_quantization(report["quantization"])
     if "verified" in report:
         v = report["verified"]
-        text += f"\nchecksum: {'valid' if v['ok'] else 'INVALID'}" + ("" if v["ok"] else f" [{v['code']}] {v['detail']}")
+        text += f"\nchecksum: {'valid' if v['ok'] else 'INVALID'}"
+        text += "" if v["ok"] else f" [{v['code']}] {v['detail']}"
     return text
 
 

@@ -5,7 +5,8 @@
 means all three.  ``--stats`` checks every tensor against seed 001 §10.9's expected statistics
 (:mod:`aprfast.numerics.expectations`, the rules ``apr tensors --stats`` and ``aprfast.convert``'s inline validation
 use; FAIL on NaN/Inf or a LayerNorm mean outside its range, WARN outside the expected std).  ``--shapes``
-compares metadata sizes (``n_vocab``, ``hidden_size``, ``n_mels``, context lengths) with the tensors' dimensions.  :func:`validate_file` is the same as a function.
+compares metadata sizes (``n_vocab``, ``hidden_size``, ``n_mels``, context lengths) with
+the tensors' dimensions.  :func:`validate_file` is the same as a function.
 
 ``--quality`` prints the 100-point assessment of seed 001 §11 (:func:`aprfast.tools.quality.quality_report`, which
 scores the checksum, NaN/Inf, zero and shape items itself, so the other checks are not run again) and exits 5

@@ -279,7 +279,7 @@ def _ends(source, table: Table, k0: int, k1: int) -> np.ndarray:
 def read_range(file, name: str, start: int, stop: int) -> np.ndarray:
     """Raw bytes ``[start, stop)`` of the compressed tensor ``name`` of an open AprFile,
     decoding only the blocks they touch: an owned uint8 array."""
-    parsed, source = file._file, file._source
+    source = file._source
     table = file._table(name)
     if not 0 <= start <= stop <= table.raw_size:
         raise IndexError(f"bytes [{start}, {stop}) are outside tensor {name!r} of {table.raw_size} bytes")

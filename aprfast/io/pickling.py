@@ -118,7 +118,8 @@ def reduce_handle(handle):
 def _identity(handle):
     """What tells this version of the file from another: (size, mtime_ns, inode) of the
     local file the handle reads (the inode because a replacing save renames a new file
-    into place, possibly within one tick of the clock that stamps mtime) (a sharded model's manifest), or a remote object's version
+    into place, possibly within one tick of the clock that stamps mtime) (a sharded model's
+    manifest), or a remote object's version
     (ETag or Last-Modified, as its source learnt it); None when there is neither."""
     try:
         if getattr(handle, "layout", None) == "sharded":

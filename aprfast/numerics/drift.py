@@ -46,7 +46,8 @@ def numeric_values(value) -> np.ndarray:
 def compare_values(fa: np.ndarray, fb: np.ndarray, threads: int, chunk: int = CHUNK) -> dict:
     """Chunk by chunk in float64: identical elements, largest finite |a-b|, non-finite
     mismatches (from the statistics engine run over the difference), and the dot
-    products for the cosine, the L2 distance and ``a``'s L2 norm (convert's quality gate); ``threads`` for the statistics engine."""
+    products for the cosine, the L2 distance and ``a``'s L2 norm (convert's quality gate);
+    ``threads`` for the statistics engine."""
     identical = nonfinite = 0
     max_abs = 0.0
     dot_ab = dot_aa = dot_bb = dot_dd = 0.0

@@ -62,8 +62,8 @@ def load_model(source, *, expected_type=None, password=None, private_key=None, t
         require_signature = trusted_keys is not None
     src = open_source(source)
     try:
-        return load_payload(src, expected_type, password, private_key, trusted_keys, require_signature, max_uncompressed,
-                     allow_unencrypted)
+        return load_payload(src, expected_type, password, private_key, trusted_keys, require_signature,
+                            max_uncompressed, allow_unencrypted)
     finally:
         # Arrays handed out keep the map alive; closing only drops our handle.
         src.close()

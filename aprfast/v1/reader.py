@@ -113,8 +113,9 @@ class V1File(TensorMapping):
         if self.kind == "whole":
             # Read whole anyway: every check load_model makes, in its order, then the
             # decoded buffer served by an AprFile (arrays view it; nothing is copied).
-            model = v1.load.load_payload(src, None, password, private_key, trusted_keys, require_signature, max_uncompressed,
-                             allow_unencrypted, tensor_buffer=True, verified=(self.signature, self.signer))
+            model = v1.load.load_payload(src, None, password, private_key, trusted_keys, require_signature,
+                                         max_uncompressed, allow_unencrypted, tensor_buffer=True,
+                                         verified=(self.signature, self.signer))
             self._adopt(model)
             try:
                 self._inner = AprFile(np.frombuffer(model.payload, np.uint8), limits=self._limits,

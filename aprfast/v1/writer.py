@@ -486,7 +486,7 @@ def _save_chunked_spooled(inputs, head: dict, metadata_block: bytes, limit: int,
         aad_parts = (header, hashlib.sha256(metadata_block).digest(), trial[:chunk_index.HEADER_SIZE])
         crcs, sums = [], [] if signing_key is not None else None
         stored_spool = _Spool() if key is not None else packed_spool
-        for i, (owner, ref, n, raw_size) in enumerate(pieces):
+        for i, (owner, ref, n, _raw_size) in enumerate(pieces):
             packed = ref if isinstance(ref, memoryview) else packed_spool.read(ref, n)
             stored = packed
             if key is not None:

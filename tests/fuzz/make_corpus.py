@@ -239,7 +239,7 @@ def v1_seeds():
         v1.save_model(small_tensors(), metadata=RICH_META, license=lic), compression=3, encrypted=True))
     seeds.update(indexed_v1_seeds())
     # Sanity: every seed loads with its own control byte.
-    for name, (control, data) in seeds.items():
+    for _name, (control, data) in seeds.items():
         harness.target_v1_load(bytes([control, 0]) + data)  # raises if a seed does not load
     return seeds
 

@@ -32,7 +32,7 @@ def crate_inputs() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(31337)
     tensors = {f"random{n:04d}": random_floats(rng, n) for n in (1, 7, 31, 32, 33, 95, 500, 1000)}
     tensors["empty"] = np.zeros(0, F32)
-    for i, (name, block) in enumerate(ADVERSARIAL.items()):
+    for i, (_name, block) in enumerate(ADVERSARIAL.items()):
         tensors[f"adv{i:02d}"] = np.concatenate([block, np.linspace(-2, 2, 45, dtype=F32)])
         tensors[f"adv{i:02d}alone"] = block
     tensors["wide"] = (rng.standard_normal(900) * 10.0 ** rng.integers(-30, 30, 900)).astype(F32)
