@@ -25,7 +25,6 @@ URL syntax), checked before anything is fetched.
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import shutil
@@ -87,7 +86,11 @@ def _plain(name, index) -> str:
 
 
 def _companions(local_index: str, url: str) -> list:
-    """The shard file names an index at ``local_index`` names (none for a model file)."""
+    """The shard file names an index at ``local_index`` names (none for a model file),
+    read by the parsers a local index goes through (``safetensors.parse_index`` for a
+    ``weight_map``, ``shards.parse_manifest`` for an ``.apr`` manifest), so a fetched
+    index is refused, typed, exactly where the same file on disk would be; then each
+    name must also be free of URL syntax (:func:`_plain`)."""
     name = _name_of(url)
     if not name.endswith(_INDEX_SUFFIXES):
         return []
@@ -96,17 +99,18 @@ def _companions(local_index: str, url: str) -> list:
         raise LimitError(f"index file is {size} bytes, more than {MAX_INDEX_BYTES}", path=url)
     try:
         with open(local_index, "rb") as f:
-            doc = json.loads(f.read())
-    except ValueError as exc:
-        raise FormatError(f"the index is not JSON: {exc}", path=url) from None
-    if not isinstance(doc, dict):
-        raise FormatError("the index is not a JSON object", path=url)
+            raw = f.read(MAX_INDEX_BYTES + 1)
+    except OSError as exc:
+        raise AprIOError(f"cannot read the fetched index: {exc}", path=url) from exc
     if name.endswith(".apr.index.json"):
-        shards = doc.get("shards")
-        names = [s.get("file") if isinstance(s, dict) else None for s in shards] if isinstance(shards, list) else None
+        from ..limits import Limits
+        from ..shards import parse_manifest
+
+        names = [shard["file"] for shard in parse_manifest(raw, Limits(), url)["shards"]]
     else:
-        weight_map = doc.get("weight_map")
-        names = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else None
+        from .safetensors import parse_index
+
+        names = sorted(set(parse_index(raw, url, "a checkpoint index").values()))
     if not names:
         raise FormatError("the index names no shards", path=url)
     return [_plain(n, url) for n in names]

@@ -27,6 +27,7 @@ import errno
 import math
 import mmap
 import os
+import stat
 import struct
 import zipfile
 
@@ -692,40 +693,42 @@ def save_shared(src, destination, pairs, transform, progress, durable: bool) -> 
 
 # --- sharded checkpoints (transformers' pytorch_model.bin.index.json) --------------------------
 def _weight_map(index_path) -> dict:
-    """The ``weight_map`` of an index file (tensor -> shard file name beside it)."""
-    from .safetensors import MAX_INDEX_BYTES, _load_json
+    """The ``weight_map`` of an index file (tensor -> shard file name beside it), every
+    shard name checked to be a plain file name (``safetensors.read_index``)."""
+    from .safetensors import read_index
 
-    try:
-        size = os.path.getsize(index_path)
-        if size > MAX_INDEX_BYTES:
-            raise LimitError(f"index file is {size} bytes, more than {MAX_INDEX_BYTES}", path=index_path)
-        with open(index_path, "rb") as f:
-            data = f.read(MAX_INDEX_BYTES + 1)
-    except OSError as exc:
-        raise os_error(exc, "cannot read the sharded checkpoint index", path=index_path) from exc
-    index = _load_json(data, "sharded checkpoint index", index_path)
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise FormatError("not a checkpoint index: no \"weight_map\" object of tensor -> shard file name",
-                          path=index_path)
-    return weight_map
+    return read_index(index_path, "a checkpoint index")
 
 
 def is_bin_index(path) -> bool:
     """True for an index whose shards are PyTorch files (``.bin``/``.pt``/``.pth``
-    names, the first one a zip), not safetensors."""
+    names, the first one a zip), not safetensors.  Every shard name is checked (a plain
+    file name beside the index) before any shard is looked at, and the first is opened
+    only when it is a regular file (never a FIFO or a device, which could block)."""
+    from .safetensors import shard_file
+
     try:
         shards = set(_weight_map(path).values())
     except AprError:
         return False
     if not shards or not all(name.endswith(_SHARD_SUFFIXES) for name in shards):
         return False
-    first = os.path.join(os.path.dirname(os.path.abspath(path)), min(shards))
     try:
-        with open(first, "rb") as f:
-            return f.read(4) == ZIP_MAGIC
+        first = shard_file(os.path.dirname(os.path.abspath(path)), min(shards), path)
+    except AprError:
+        return True  # the source names the missing (or not regular) shard
+    try:
+        fd = os.open(first, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
-        return True  # the source names the missing shard
+        return True
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since it was looked at
+            return True
+        return _platform.pread(fd, 4, 0) == ZIP_MAGIC
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 class ShardedPyTorchSource:
@@ -753,12 +756,9 @@ class ShardedPyTorchSource:
             raise
 
     def _add_shard(self, directory: str, shard: str, weight_map: dict) -> None:
-        if shard in ("", ".", "..") or "/" in shard or "\\" in shard or "\0" in shard:
-            raise CorruptError(f"shard name {shard!r} is not a plain file name beside the index", path=self.path)
-        shard_path = os.path.join(directory, shard)
-        if not os.path.isfile(shard_path):
-            raise CorruptError(f"shard {shard!r} listed in the index is missing", path=self.path)
-        src = PyTorchSource(shard_path)
+        from .safetensors import shard_file
+
+        src = PyTorchSource(shard_file(directory, shard, self.path))
         self._shards.append(src)
         for key, value in src.metadata.items():
             self.metadata.setdefault(key, value)
