@@ -149,18 +149,55 @@ def _fetch(url: str, path: str, storage_options) -> None:
             if not size:
                 return
             f.truncate(size)
-            with mmap.mmap(f.fileno(), size) as m:
-                view = memoryview(m)
+            m = mmap.mmap(f.fileno(), size)
+            try:
+                _read_into(source, m)
+            finally:
                 try:
-                    source.readinto(0, view)
-                finally:
-                    view.release()
+                    m.close()
+                except BufferError:  # a view still exported: the map goes with the last one
+                    pass
     except OSError as exc:
         if isinstance(exc, AprIOError):
             raise
         raise AprIOError(f"cannot write the fetched copy: {exc}", path=path) from exc
     finally:
         source.close()
+
+
+def _read_into(source, mapping) -> None:
+    """``source.readinto(0, ...)`` into the whole of ``mapping``.  When the read fails
+    (a typed error: RemoteChangedError, AprIOError), the frames in its traceback still
+    hold slices of the view (the ranged reader waits for every request before raising,
+    so nothing writes into them any more): their locals are dropped, so the view and
+    then the map can be released and the typed error goes through, not a BufferError
+    ("cannot close exported pointers exist") raised while cleaning up."""
+    view = memoryview(mapping)
+    try:
+        source.readinto(0, view)
+    except BaseException as exc:
+        _drop_frames(exc)
+        raise
+    finally:
+        try:
+            view.release()
+        except BufferError:  # a slice held elsewhere: released when it goes
+            pass
+
+
+def _drop_frames(exc) -> None:
+    """Clear the locals of the finished frames of ``exc``'s traceback and of the
+    exceptions it was raised from or during (executing frames are left alone)."""
+    import traceback
+
+    seen, pending = set(), [exc]
+    while pending:
+        exc = pending.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        pending += [exc.__cause__, exc.__context__]
 
 
 # --- hf:// through huggingface_hub ----------------------------------------------------------
