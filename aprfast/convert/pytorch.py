@@ -39,7 +39,7 @@ from .._crc import crc32
 from ..errors import (AprError, ChecksumError, CorruptError, FormatError, LimitError, UnknownDTypeError, VersionError,
                       os_error)
 from ._common import Spec, check_shape_bytes, value_of
-from ._pickle_vm import MAX_PICKLE_BYTES, Allowed, Buildable, PickledDict, PickleRefusedError, unpickle
+from ._pickle_vm import MAX_PICKLE_BYTES, Allowed, Buildable, PickledDict, PickleRefusedError, build_budget, unpickle
 
 __all__ = ["PyTorchSource", "ShardedPyTorchSource", "PickleRefusedError", "is_pytorch_zip", "is_legacy",
            "is_bin_index", "open_source", "TORCH_DTYPES", "STORAGE_TYPES", "STATE_DICT_KEYS", "WEIGHTS_NAME",
@@ -149,6 +149,8 @@ def _ints(value, what: str) -> tuple:
 
 def _short(value) -> str:
     """A bounded description of a pickled value for an error message."""
+    if isinstance(value, int) and value.bit_length() > 64:  # repr() of a huge int is slow, or refused
+        return f"an int of {value.bit_length()} bits"
     if isinstance(value, (int, float, bool, type(None))):
         return repr(value)[:40]
     if isinstance(value, (str, bytes)):
@@ -461,24 +463,31 @@ def _nested_tensor(obj, depth: int = 0, known=None) -> bool:
     return known[id(obj)]
 
 
-def _flatten(node: dict, path, prefix: str = "", depth: int = 0, seen=None):
+def _flatten(node: dict, path, prefix: str = "", depth: int = 0, seen=None, budget: int = 1 << 26):
     """(name, TorchTensor) pairs of a state dict in its own order, nested dicts joined
     with "." (keys must be str or int), and the names of the non-tensor entries dropped.
     A dict met twice (the memo can place one under many keys) is refused: its names
-    would multiply with every level."""
+    would multiply with every level.  The names built may hold ``budget`` characters in
+    all (LimitError): one long key placed at every level through the memo would
+    otherwise make every name that long."""
     if depth > MAX_NESTING:
-        raise LimitError(f"state dict nests deeper than {MAX_NESTING} levels at {prefix!r}", path=path)
-    seen = ({}, set()) if seen is None else seen
-    known, visited = seen
+        raise LimitError(f"state dict nests deeper than {MAX_NESTING} levels at {prefix[:200]!r}", path=path)
+    seen = ({}, set(), [budget]) if seen is None else seen
+    known, visited, left = seen
     if id(node) in visited:
-        raise CorruptError(f"the state dict holds one dict twice (at {prefix[:-1]!r})", path=path)
+        raise CorruptError(f"the state dict holds one dict twice (at {prefix[:-1][:200]!r})", path=path)
     visited.add(id(node))
     tensors, dropped = [], []
     for key, value in node.items():
-        if isinstance(key, bool) or not isinstance(key, (str, int)):
-            dropped.append(f"{prefix}{_short(key)}")
+        named = isinstance(key, str) or (type(key) is int and key.bit_length() <= 64)
+        name = f"{prefix}{key}" if named else f"{prefix}{_short(key)}"
+        left[0] -= len(name)
+        if left[0] < 0:
+            raise LimitError(f"the state dict's names take more characters than the pickle may build (at "
+                             f"{name[:200]!r}): keys repeated through the pickle's memo", path=path)
+        if not named:
+            dropped.append(name)
             continue
-        name = f"{prefix}{key}"
         if isinstance(value, TorchTensor):
             tensors.append((name, value))
         elif isinstance(value, dict) and _nested_tensor(value, depth + 1, known):
@@ -490,12 +499,19 @@ def _flatten(node: dict, path, prefix: str = "", depth: int = 0, seen=None):
     return tensors, dropped
 
 
-def _metadata(rest: dict, dropped: list) -> dict:
+def _metadata(rest: dict, dropped: list, budget: int = 1 << 26, path=None) -> dict:
     """Simple top-level values of a full checkpoint (epoch, step, names, ...) as .apr
     metadata under their own keys; what cannot be kept is listed under
-    ``pytorch.dropped`` (optimizer state, nested objects, non-tensor state entries)."""
-    out, lost = {}, list(dropped)
+    ``pytorch.dropped`` (optimizer state, nested objects, non-tensor state entries).
+    The values looked at may hold ``budget`` items in all (LimitError): one list placed
+    under many keys through the pickle's memo would otherwise be copied for each."""
+    out, lost, left = {}, list(dropped), budget
     for key, value in rest.items():
+        if type(value) in (list, tuple):
+            left -= len(value)
+            if left < 0:
+                raise LimitError(f"the checkpoint's top-level values hold more than {budget} items (at key "
+                                 f"{_short(key)}): one list repeated through the pickle's memo", path=path)
         kept, ok = _simple(value)
         if isinstance(key, str) and ok:
             out[key] = kept
@@ -548,8 +564,9 @@ class PyTorchSource:
                 raise
             raise type(exc)(exc.message, path=self.path) from None
         state, rest = _find_state_dict(obj, self.path)
-        pairs, dropped = _flatten(state, self.path)
-        self.metadata = _metadata(rest, dropped)
+        budget = build_budget(len(archive.pickle))  # what the pickle itself was allowed to build
+        pairs, dropped = _flatten(state, self.path, budget=budget)
+        self.metadata = _metadata(rest, dropped, len(archive.pickle) + 4096, self.path)
         self._tensors = dict(pairs)
         self.specs = [Spec(name, t.dtype, t.shape) for name, t in pairs]
         self.aliases = self._find_aliases(pairs)
