@@ -5,7 +5,8 @@ Every variant whose bytes come in a usable order streams with bounded memory:
 * v2, both layouts: header, metadata and index come before the data, so the prefix
   (everything before the first tensor byte, whose size the header gives and ``Limits``
   bound) is read into memory and parsed by the same layout code ``aprfast.open`` uses;
-  then each tensor is read into its own aligned buffer and yielded; APR2 tensors stored
+  then each tensor is read into its own aligned buffer (made as its bytes arrive:
+  :func:`_read_extent`) and yielded; APR2 tensors stored
   compressed are decoded from their stored bytes by ``tensor_codecs.decode_stored`` (the
   checks and C decoder ``get_tensor`` uses).  The footer CRC is checked at the end.
   Memory: the prefix, the largest tensor (stored plus raw size when compressed), 64 KiB.
@@ -66,6 +67,12 @@ _CRC_STEP = 1 << 20
 #: Where the footer is not fixed by the index (APR2 of unknown length), at most this
 #: much padding may separate the last tensor from the footer.
 _MAX_TAIL_PAD = MAX_ALIGNMENT - 1
+#: A tensor (or v1 chunk) up to this size gets its buffer at once; a bigger one from a
+#: stream whose length is unknown (a pipe, a socket, a file object) is read into pieces
+#: that double, and gets its buffer only once a third of it has arrived (the pieces are
+#: copied in, the rest read straight into it), so a size merely declared costs memory
+#: only as its bytes arrive: at most 4x the bytes received.
+_ALLOC_AT_ONCE = 1 << 20
 
 
 def _next_aliases(order, k, offsets, sizes) -> bool:
@@ -99,8 +106,12 @@ def stream(fileobj, *, limits: Limits | None = None, unknown_dtypes: str = "erro
     one pass (declaration order for a planned ``Writer``), name order for a v1 STREAMING
     file.  Memory: the prefix (header, metadata, index) plus the largest tensor plus a
     small constant (a compressed APR2 tensor: its stored plus its raw size; a v1
-    STREAMING tensor: plus one chunk).  v1 files without a chunk index are read whole
-    first (``buffered``; see the module docstring).
+    STREAMING tensor: plus one chunk).  A tensor's buffer is made only for bytes that
+    are there: from a stream of unknown length, a tensor above 1 MiB is first read into
+    pieces and gets its buffer once a third of it has arrived (that third is copied
+    once), so a size the index merely declares costs memory only as its bytes arrive.
+    v1 files without a chunk index are read whole first (``buffered``; see the module
+    docstring).
 
     **What is vouched for when.**  Everything before the first tensor (header, metadata,
     index; a v1 STREAMING file's index CRC, its index signature when ``trusted_keys`` are
@@ -215,15 +226,20 @@ class _Input:
         self.pos += n
         return n
 
-    def fill(self, view, what: str, crc) -> int | None:
-        """Fill ``view`` completely, or raise naming ``what`` was being read; return the
-        running CRC over the bytes (``crc`` None: no CRC)."""
+    def known_left(self):
+        """Bytes known to be there still (the input's length was known up front), or None."""
+        return None if self.size is None else self.size - self.pos
+
+    def fill(self, view, what: str, crc, end=None) -> int | None:
+        """Fill ``view`` completely, or raise naming ``what`` was being read (which runs
+        to byte ``end``, by default the end of ``view``); return the running CRC over
+        the bytes (``crc`` None: no CRC)."""
         total, got, done = len(view), 0, 0
         while got < total:
             n = self.readinto(view[got:])
             if n == 0:
                 raise CorruptError(f"stream ended after {self.pos} bytes while reading {what}, which runs "
-                                   f"to byte {self.pos + total - got}", path=self.path)
+                                   f"to byte {self.pos + total - got if end is None else end}", path=self.path)
             got += n
             if crc is not None and (got - done >= _CRC_STEP or got == total):
                 crc = crc32(view[done:got], crc)
@@ -259,12 +275,47 @@ def _grow(inp: _Input, buffer: bytearray, size: int, what: str) -> None:
 
 
 def _allocate(name, size: int, path):
-    """An aligned buffer of ``size`` bytes (lazily mapped from 32 MiB, so a hostile
-    claim costs only the pages the stream really fills), or LimitError."""
+    """An aligned buffer of ``size`` bytes, or LimitError.  (Its pages may be populated
+    at once: call it for bytes known to be there, see :func:`_read_extent`.)"""
     try:
         return _memory.AlignedBuffer(size, 64)
     except MemoryError as exc:
         raise LimitError(f"{name} declares {size} bytes, which cannot be allocated: {exc}", path=path) from None
+
+
+def _read_extent(inp: _Input, size: int, what: str, crc):
+    """``(buffer, crc)``: an aligned buffer holding the next ``size`` bytes of ``inp``
+    (``crc`` extended over them, None: no CRC), allocated only as the bytes arrive.
+
+    Up to _ALLOC_AT_ONCE, or when the input's length is known and holds them (a file, a
+    buffer): one buffer, filled in place.  Otherwise the size is only what the file
+    declares, and a short stream must not cost it: the bytes go into pieces that double
+    from _ALLOC_AT_ONCE until a third of the extent has arrived, then the buffer is made,
+    the pieces copied in and freed, and the rest read straight into it.  Memory stays
+    within 4x the bytes received; an honest tensor pays one copy of at most a third."""
+    known = inp.known_left()
+    if size <= _ALLOC_AT_ONCE or (known is not None and known >= size):
+        buffer = _allocate(what, size, inp.path)
+        return buffer, inp.fill(memoryview(buffer), what, crc)
+    end, third = inp.pos + size, -(-size // 3)
+    pieces, got, step = [], 0, _ALLOC_AT_ONCE
+    while got < third:
+        piece = _allocate(what, min(step, third - got), inp.path)
+        crc = inp.fill(memoryview(piece), what, crc, end)
+        pieces.append(piece)
+        got += len(piece)
+        step *= 2
+    buffer = _allocate(what, size, inp.path)
+    view = memoryview(buffer)
+    at = 0
+    for i, piece in enumerate(pieces):
+        view[at:at + len(piece)] = memoryview(piece)
+        at += len(piece)
+        pieces[i] = None  # freed as soon as it is copied
+    del piece
+    crc = inp.fill(view[at:], what, crc, end)
+    view.release()
+    return buffer, crc
 
 
 class TensorStream(Handle):
@@ -518,8 +569,7 @@ class _V2Stream:
             if skip():
                 self._skip_to(offset + size, scratch, f"tensor {name!r}")
                 continue
-            buffer = _allocate(f"tensor {name!r}", size, inp.path)
-            self._crc = inp.fill(memoryview(buffer), f"tensor {name!r}", self._crc)
+            buffer, self._crc = _read_extent(inp, size, f"tensor {name!r}", self._crc)
             if f.security is not None:  # digests and tags checked, decrypted in place, before use
                 f.security.unseal_extent(i, memoryview(buffer).cast("B"))
             flags = f.entries.flags(i) if compressed else 0
@@ -777,8 +827,7 @@ class _V1ChunkStream:
         inp = self._input
         if offset != inp.pos:  # chunks tile the payload in index order (the parser checks)
             raise CorruptError(f"{what} lies at byte {offset} but the stream stands at {inp.pos}", path=inp.path)
-        buffer = _allocate(what, n, inp.path)
-        inp.fill(memoryview(buffer), what, None)
+        buffer, _ = _read_extent(inp, n, what, None)
         return memoryview(buffer)
 
     def _extend_crc(self, t) -> None:
@@ -842,6 +891,10 @@ class _Window(_Input):
     def __init__(self, outer: _Input, size: int, crc):
         self.pos, self.size, self.path, self.owned = 0, size, outer.path, None
         self._outer, self.crc = outer, crc
+
+    def known_left(self):
+        outer = self._outer.known_left()
+        return None if outer is None else min(outer, self.size - self.pos)
 
     def readinto(self, view) -> int:
         n = min(len(view), self.size - self.pos)

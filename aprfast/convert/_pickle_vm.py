@@ -9,11 +9,21 @@ any other name is refused at once, before anything is built.  REDUCE, NEWOBJ and
 apply only to what came out of that table (BUILD also to the dicts this interpreter
 made), persistent ids go to the caller's ``persistent_load``.
 
-Bounds.  Every length is checked against the bytes left before it is sliced; the memo
-is a dict (a huge index costs one entry, not a list that long), and it, the stack and
-the MARK stack can only grow by one entry per opcode, so memory is linear in the input.
-Dict keys and set items must be scalars or flat tuples of scalars: hashing a deeply
-nested tuple recurses in C, which a hostile file could use to overflow the stack.
+Bounds.  Every length is checked against the bytes left before it is sliced.  The
+stream's size (MAX_PICKLE_BYTES) does not bound what it builds: one byte (EMPTY_LIST,
+EMPTY_SET, MEMOIZE, TUPLE1) makes a 50-250 byte object, so every opcode charges an
+estimate of the memory it adds (CPython's sizes: ``sys.getsizeof`` of what it made, the
+stack, memo and container slots it fills) to a budget of max(METADATA_MEMORY_FACTOR x
+the stream's size, METADATA_MEMORY_FLOOR) bytes (:mod:`aprfast.limits`, as for .apr
+metadata; :func:`build_budget`), and the run stops with LimitError when it is spent.
+Work that is not one step per byte (hashing a tuple or a long int as a dict key, the
+arguments an allowed call walks, both reachable many times through the memo) is
+charged to a second budget of ``WORK_FACTOR`` steps per byte, so every opcode is O(1)
+amortised and the run's time is linear in the stream.  The memo is a list while its
+indices come in order (as every pickler writes them) and a dict beyond (a huge index
+costs one entry, not a list that long).  Dict keys and set items must be scalars or
+flat tuples of scalars: hashing a deeply nested tuple recurses in C, which a hostile
+file could use to overflow the stack.
 The opcodes are those of protocols 0-5 that build data; EXT1/2/4 (the copyreg
 extension registry), INST/OBJ (protocol 0/1 class instantiation), PERSID (text
 persistent ids) and NEXT_BUFFER/READONLY_BUFFER (out-of-band buffers) are refused.
@@ -23,15 +33,28 @@ from __future__ import annotations
 
 import inspect
 import struct
+import sys
 
 from ..errors import CorruptError, FormatError, LimitError
 
-__all__ = ["Allowed", "Buildable", "PickleRefusedError", "PickledDict", "unpickle"]
+__all__ = ["Allowed", "Buildable", "PickleRefusedError", "PickledDict", "unpickle", "build_budget"]
 
 #: The largest pickle stream read at all (a 10,000-tensor state dict pickles to ~1 MB).
 MAX_PICKLE_BYTES = 64 << 20
 #: MARK nesting (tuples in tuples in ...): torch writes a handful.
 MAX_MARK_DEPTH = 1000
+#: Steps of work beyond one per opcode (elements hashed or walked) per byte of stream,
+#: plus WORK_FLOOR: a state dict needs a few per byte.
+WORK_FACTOR = 8
+WORK_FLOOR = 1 << 20
+
+
+def build_budget(size: int) -> int:
+    """Bytes of objects (estimated) a ``size``-byte pickle may build:
+    ``max(METADATA_MEMORY_FACTOR * size, METADATA_MEMORY_FLOOR)`` (:mod:`aprfast.limits`)."""
+    from .. import limits
+
+    return max(limits.METADATA_MEMORY_FACTOR * size, limits.METADATA_MEMORY_FLOOR)
 
 
 class PickleRefusedError(FormatError):
@@ -75,17 +98,40 @@ _MARK = _Mark()
 _SCALARS = (str, int, float, bool, type(None), bytes)
 
 
-def _hashable(value, what: str):
-    """``value`` if it is a scalar or a flat tuple of scalars, else CorruptError."""
-    if isinstance(value, _SCALARS) or (type(value) is tuple and all(isinstance(v, _SCALARS) for v in value)):
+def _hashable(m, value, what: str):
+    """``value`` if it is a scalar or a flat tuple of scalars, else CorruptError.  Hashing
+    a tuple or a long int is not cached by CPython, so it is charged (``m.step``) each
+    time: a tuple of a million items used as a key again and again through the memo
+    would otherwise cost a million steps per opcode."""
+    kind = type(value)
+    if kind is tuple:
+        m.step(len(value))
+        if all(isinstance(v, _SCALARS) for v in value):
+            for v in value:
+                if type(v) is int:
+                    m.step(v.bit_length() >> 6)
+            return value
+    elif isinstance(value, _SCALARS):
+        if kind is int:
+            m.step(value.bit_length() >> 6)
         return value
     raise CorruptError(f"{what} is a {type(value).__name__}; only scalars and flat tuples of scalars are accepted")
+
+
+# Estimated bytes each opcode adds, beyond what its handler charges for the object it
+# makes: a stack (or memo, container) slot, and the fixed-size objects made (CPython,
+# 64-bit: an int outside the small-int cache 32, a float 24, a tuple 40 + 8 per item, an
+# empty list 56, a dict subclass instance 64, an empty set 216).
+_SLOT = 8
+_DICT_ITEM = 64  # a dict entry and its share of the table
+_SET_ITEM = 48
+_MEMO_DICT_ITEM = 104  # a dict entry of the memo's sparse part and its int key
 
 
 class _Machine:
     """One run over ``data``; see :func:`unpickle`."""
 
-    def __init__(self, data, allowed: dict, persistent_load, what: str):
+    def __init__(self, data, allowed: dict, persistent_load, what: str, max_memory: int):
         self.raw = bytes(data)  # bytes.find for protocol-0 lines: no copy per line
         self.data = memoryview(self.raw)
         self.pos = 0
@@ -94,7 +140,30 @@ class _Machine:
         self.what = what
         self.stack = []
         self.marks = []
-        self.memo = {}
+        self.memo = []  # indices 0, 1, 2, ... in order: a list
+        self.sparse = {}  # any other index
+        self.memory_left = self.max_memory = max_memory
+        self.steps_left = WORK_FACTOR * len(self.raw) + WORK_FLOOR
+
+    # --- budgets -------------------------------------------------------------------
+    def charge(self, nbytes: int) -> None:
+        """Count ``nbytes`` of objects (estimated) against the memory budget."""
+        self.memory_left -= nbytes
+        if self.memory_left < 0:
+            raise LimitError(f"{self.what}: builds more than {self.max_memory} bytes of objects (estimated) from "
+                             f"{len(self.raw)} bytes of pickle (at byte {self.pos}; max(aprfast.limits."
+                             "METADATA_MEMORY_FACTOR x its size, METADATA_MEMORY_FLOOR))")
+
+    def charge_object(self, value) -> None:
+        """A new object on the stack: its size and its slot."""
+        self.charge(sys.getsizeof(value) + _SLOT)
+
+    def step(self, n: int) -> None:
+        """Count ``n`` steps of work against the work budget."""
+        self.steps_left -= n
+        if self.steps_left < 0:
+            raise LimitError(f"{self.what}: takes more than {WORK_FACTOR} steps per byte of pickle (at byte "
+                             f"{self.pos}: keys hashed or arguments walked again and again through the memo)")
 
     # --- reading -------------------------------------------------------------------
     def _error(self, message: str) -> CorruptError:
@@ -145,11 +214,27 @@ class _Machine:
 
     # --- memo ----------------------------------------------------------------------
     def put(self, index: int) -> None:
-        self.memo[index] = self.top()
+        value = self.top()
+        memo = self.memo
+        if index == len(memo):
+            self.charge(_SLOT + 1)
+            memo.append(value)
+            if self.sparse:  # every sparse index stays above the list
+                self.sparse.pop(index, None)
+        elif index < len(memo):
+            memo[index] = value
+        else:  # out of order: one dict entry (a list that long would be the index's size)
+            self.charge(_MEMO_DICT_ITEM)
+            self.sparse[index] = value
 
     def get(self, index: int) -> None:
-        try:
+        # an index below the list's length was (re)stored there last: the list grew past
+        # it only by later puts
+        if index < len(self.memo):
             self.stack.append(self.memo[index])
+            return
+        try:
+            self.stack.append(self.sparse[index])
         except KeyError:
             raise self._error(f"reads memo entry {index}, which was never stored") from None
 
@@ -167,15 +252,35 @@ class _Machine:
                                      "callable (nothing was run)")
         if type(args) is not tuple:
             raise self._error(f"{opcode} arguments for {func!r} are a {type(args).__name__}, not a tuple")
+        self._charge_walk(args)
         try:
             func.signature.bind(*args)
         except TypeError:
             raise self._error(f"{opcode} gives {func!r} {len(args)} arguments, which it does not take") from None
-        return func.func(*args)
+        result = func.func(*args)
+        self.charge_object(result)
+        return result
+
+    def _charge_walk(self, args: tuple) -> None:
+        """Steps for what an allowed callable may walk: its arguments, the items of those
+        that are containers or text, and the items' items (an OrderedDict's pairs), so a
+        huge list given again and again through the memo costs each time."""
+        self.step(len(args))
+        for arg in args:
+            if isinstance(arg, (str, bytes, bytearray)):
+                self.step(len(arg))
+            elif isinstance(arg, (tuple, list, dict, set, frozenset)):
+                self.step(len(arg))
+                if isinstance(arg, (tuple, list)):
+                    for item in arg:
+                        if isinstance(item, (tuple, list, str, bytes)):
+                            self.step(len(item))
 
     def build(self, state) -> None:
         target = self.top()
         if type(target) is PickledDict:
+            if target.state is None:
+                self.charge(_MEMO_DICT_ITEM)  # the instance dict that holds it
             target.state = state
             return
         if isinstance(target, Buildable):
@@ -186,7 +291,7 @@ class _Machine:
 
     # --- the loop ------------------------------------------------------------------
     def run(self):
-        table = _OPCODES
+        table, costs = _OPCODES, _COSTS
         while True:
             if self.pos >= len(self.data):
                 raise self._error("stream ends without STOP")
@@ -197,6 +302,9 @@ class _Machine:
                 raise self._refused_opcode(code)
             if handler is _stop:
                 return self.pop()
+            self.memory_left -= costs[code]
+            if self.memory_left < 0:
+                self.charge(0)  # raises, naming the budget
             handler(self)
 
     def _refused_opcode(self, code: int):
@@ -235,7 +343,9 @@ def _int_text(m):
     if text in (b"00", b"01"):  # protocol 0 booleans
         m.stack.append(text == b"01")
         return
-    m.stack.append(_parse_int(m, text.rstrip(b"L")))
+    value = _parse_int(m, text.rstrip(b"L"))
+    m.charge_object(value)
+    m.stack.append(value)
 
 
 def _parse_int(m, text: bytes) -> int:
@@ -255,8 +365,16 @@ def _float_text(m):
 def _long_n(fmt: str):
     def handler(m):
         n = m.unpack(fmt)
-        m.stack.append(int.from_bytes(m.take(n), "little", signed=True))
+        value = int.from_bytes(m.take(n), "little", signed=True)
+        m.charge_object(value)
+        m.stack.append(value)
     return handler
+
+
+def _long_text(m):
+    value = _parse_int(m, m.line().rstrip(b"L"))
+    m.charge_object(value)
+    m.stack.append(value)
 
 
 def _string(fmt: str, kind: str):
@@ -265,16 +383,20 @@ def _string(fmt: str, kind: str):
         n = m.unpack(fmt)
         raw = m.take(n)
         if kind == "bytes":
-            m.stack.append(bytes(raw))
+            value = bytes(raw)
         elif kind == "bytearray":
-            m.stack.append(bytearray(raw))
+            value = bytearray(raw)
         else:
-            m.stack.append(_text(raw, f"{m.what}: a string", "utf-8" if kind == "unicode" else "ascii"))
+            value = _text(raw, f"{m.what}: a string", "utf-8" if kind == "unicode" else "ascii")
+        m.charge_object(value)
+        m.stack.append(value)
     return handler
 
 
 def _unicode_text(m):
-    m.stack.append(_text(m.line(), f"{m.what}: a UNICODE string", "raw_unicode_escape"))
+    value = _text(m.line(), f"{m.what}: a UNICODE string", "raw_unicode_escape")
+    m.charge_object(value)
+    m.stack.append(value)
 
 
 def _string_text(m):
@@ -282,7 +404,9 @@ def _string_text(m):
     if len(text) < 2 or text[:1] != text[-1:] or text[:1] not in (b"'", b'"'):
         raise m._error("STRING argument is not quoted")
     try:
-        m.stack.append(_text(bytes(text[1:-1]).decode("unicode_escape").encode("latin-1"), "a STRING", "ascii"))
+        value = _text(bytes(text[1:-1]).decode("unicode_escape").encode("latin-1"), "a STRING", "ascii")
+        m.charge_object(value)
+        m.stack.append(value)
     except UnicodeError:
         raise m._error("STRING argument has a bad escape") from None
 
@@ -295,20 +419,25 @@ def _tuple_n(n: int):
 
 
 def _tuple(m):
-    m.stack.append(tuple(m.pop_mark()))
+    value = tuple(m.pop_mark())
+    m.charge_object(value)
+    m.stack.append(value)
 
 
 def _list(m):
-    m.stack.append(m.pop_mark())
+    value = m.pop_mark()
+    m.charge_object(value)
+    m.stack.append(value)
 
 
 def _dict(m):
     items = m.pop_mark()
     if len(items) % 2:
         raise m._error("DICT has an odd number of items")
+    m.charge(sys.getsizeof(PickledDict()) + _SLOT + _DICT_ITEM * (len(items) // 2))
     out = PickledDict()
     for i in range(0, len(items), 2):
-        out[_hashable(items[i], "a dict key")] = items[i + 1]
+        out[_hashable(m, items[i], "a dict key")] = items[i + 1]
     m.stack.append(out)
 
 
@@ -319,13 +448,14 @@ def _append(m):
 
 def _appends(m):
     items = m.pop_mark()
+    m.charge(_SLOT * len(items))
     _require(m, m.top(), list, "APPENDS").extend(items)
 
 
 def _setitem(m):
     value = m.pop()
     key = m.pop()
-    _require(m, m.top(), dict, "SETITEM")[_hashable(key, "a dict key")] = value
+    _require(m, m.top(), dict, "SETITEM")[_hashable(m, key, "a dict key")] = value
 
 
 def _setitems(m):
@@ -333,19 +463,23 @@ def _setitems(m):
     target = _require(m, m.top(), dict, "SETITEMS")
     if len(items) % 2:
         raise m._error("SETITEMS has an odd number of items")
+    m.charge(_DICT_ITEM * (len(items) // 2))
     for i in range(0, len(items), 2):
-        target[_hashable(items[i], "a dict key")] = items[i + 1]
+        target[_hashable(m, items[i], "a dict key")] = items[i + 1]
 
 
 def _additems(m):
     items = m.pop_mark()
     target = _require(m, m.top(), set, "ADDITEMS")
+    m.charge(_SET_ITEM * len(items))
     for item in items:
-        target.add(_hashable(item, "a set item"))
+        target.add(_hashable(m, item, "a set item"))
 
 
 def _frozenset(m):
-    m.stack.append(frozenset(_hashable(item, "a set item") for item in m.pop_mark()))
+    items = m.pop_mark()
+    m.charge(sys.getsizeof(frozenset()) + _SLOT + _SET_ITEM * len(items))
+    m.stack.append(frozenset(_hashable(m, item, "a set item") for item in items))
 
 
 def _require(m, target, kind, opcode: str):
@@ -404,11 +538,13 @@ def _binpersid(m):
     pid = m.pop()
     if m.persistent_load is None:
         raise PickleRefusedError(f"{m.what}: a persistent id where none is expected")
-    m.stack.append(m.persistent_load(pid))
+    value = m.persistent_load(pid)
+    m.charge_object(value)
+    m.stack.append(value)
 
 
 def _memoize(m):
-    m.put(len(m.memo))
+    m.put(len(m.memo) + len(m.sparse))  # pickle's own rule: the memo's size
 
 
 def _index(fmt: str, action):
@@ -457,7 +593,7 @@ _OPCODES = {
     ord("N"): _push(None), 0x88: _push(True), 0x89: _push(False),
     ord("I"): _int_text, ord("J"): lambda m: m.stack.append(m.unpack("<i")),
     ord("K"): lambda m: m.stack.append(m.unpack("<B")), ord("M"): lambda m: m.stack.append(m.unpack("<H")),
-    ord("L"): lambda m: m.stack.append(_parse_int(m, m.line().rstrip(b"L"))),
+    ord("L"): _long_text,
     0x8A: _long_n("<B"), 0x8B: _long_n("<i"),
     ord("F"): _float_text, ord("G"): _binfloat,
     ord("S"): _string_text, ord("T"): _string("<i", "ascii"), ord("U"): _string("<B", "ascii"),
@@ -478,16 +614,33 @@ _OPCODES = {
     ord("Q"): _binpersid,
 }
 
+#: Estimated bytes each opcode adds before its handler charges what varies (see _SLOT):
+#: every push a stack slot; fixed-size objects (an int outside the small-int cache, a
+#: float, TUPLE1-3, an empty list, dict or set) their size.
+_COSTS = [0] * 256
+for _code in b"(2N\x88\x89K)hjg\x93cR\x81\x92QaSTUVXBC\x8c\x8d\x8e\x96\x8a\x8bIL":
+    _COSTS[_code] = _SLOT
+for _code, _size in ((ord("J"), 32), (ord("M"), 32), (ord("F"), 24), (ord("G"), 24), (0x85, 48), (0x86, 56),
+                     (0x87, 64), (ord("]"), 56), (ord("}"), sys.getsizeof(PickledDict())), (0x8F, 216), (ord("a"), 0),
+                     (ord("s"), _DICT_ITEM)):
+    _COSTS[_code] = _SLOT + _size
+del _code, _size
+
 #: Opcodes refused by name (they exist, but build objects through machinery never run here).
 _REFUSED = {0x82: "EXT1", 0x83: "EXT2", 0x84: "EXT4", ord("i"): "INST", ord("o"): "OBJ",
             ord("P"): "PERSID", 0x97: "NEXT_BUFFER", 0x98: "READONLY_BUFFER"}
 
 
-def unpickle(data, allowed: dict, *, persistent_load=None, what: str = "pickle"):
+def unpickle(data, allowed: dict, *, persistent_load=None, what: str = "pickle", max_memory=None):
     """The object a pickle stream builds, using only ``allowed`` ((module, name) ->
     :class:`Allowed` or a marker value) for its globals and ``persistent_load(pid)``
-    for persistent ids.  ``what`` names the stream in errors.  Refusals are
-    :class:`PickleRefusedError`; malformed streams :class:`CorruptError`."""
+    for persistent ids.  ``what`` names the stream in errors.  What the run builds is
+    bounded (see the module docstring): at most ``max_memory`` bytes of objects,
+    estimated (default :func:`build_budget` of the stream's size), and ``WORK_FACTOR``
+    steps of work per byte; beyond either, LimitError.  A stream above MAX_PICKLE_BYTES
+    is LimitError before it is read.  Refusals are :class:`PickleRefusedError`;
+    malformed streams :class:`CorruptError`."""
     if len(data) > MAX_PICKLE_BYTES:
         raise LimitError(f"{what} is {len(data)} bytes, more than {MAX_PICKLE_BYTES}")
-    return _Machine(data, allowed, persistent_load, what).run()
+    budget = build_budget(len(data)) if max_memory is None else max_memory
+    return _Machine(data, allowed, persistent_load, what, budget).run()

@@ -25,7 +25,6 @@ URL syntax), checked before anything is fetched.
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import shutil
@@ -87,7 +86,11 @@ def _plain(name, index) -> str:
 
 
 def _companions(local_index: str, url: str) -> list:
-    """The shard file names an index at ``local_index`` names (none for a model file)."""
+    """The shard file names an index at ``local_index`` names (none for a model file),
+    read by the parsers a local index goes through (``safetensors.parse_index`` for a
+    ``weight_map``, ``shards.parse_manifest`` for an ``.apr`` manifest), so a fetched
+    index is refused, typed, exactly where the same file on disk would be; then each
+    name must also be free of URL syntax (:func:`_plain`)."""
     name = _name_of(url)
     if not name.endswith(_INDEX_SUFFIXES):
         return []
@@ -96,17 +99,18 @@ def _companions(local_index: str, url: str) -> list:
         raise LimitError(f"index file is {size} bytes, more than {MAX_INDEX_BYTES}", path=url)
     try:
         with open(local_index, "rb") as f:
-            doc = json.loads(f.read())
-    except ValueError as exc:
-        raise FormatError(f"the index is not JSON: {exc}", path=url) from None
-    if not isinstance(doc, dict):
-        raise FormatError("the index is not a JSON object", path=url)
+            raw = f.read(MAX_INDEX_BYTES + 1)
+    except OSError as exc:
+        raise AprIOError(f"cannot read the fetched index: {exc}", path=url) from exc
     if name.endswith(".apr.index.json"):
-        shards = doc.get("shards")
-        names = [s.get("file") if isinstance(s, dict) else None for s in shards] if isinstance(shards, list) else None
+        from ..limits import Limits
+        from ..shards import parse_manifest
+
+        names = [shard["file"] for shard in parse_manifest(raw, Limits(), url)["shards"]]
     else:
-        weight_map = doc.get("weight_map")
-        names = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else None
+        from .safetensors import parse_index
+
+        names = sorted(set(parse_index(raw, url, "a checkpoint index").values()))
     if not names:
         raise FormatError("the index names no shards", path=url)
     return [_plain(n, url) for n in names]
@@ -145,18 +149,55 @@ def _fetch(url: str, path: str, storage_options) -> None:
             if not size:
                 return
             f.truncate(size)
-            with mmap.mmap(f.fileno(), size) as m:
-                view = memoryview(m)
+            m = mmap.mmap(f.fileno(), size)
+            try:
+                _read_into(source, m)
+            finally:
                 try:
-                    source.readinto(0, view)
-                finally:
-                    view.release()
+                    m.close()
+                except BufferError:  # a view still exported: the map goes with the last one
+                    pass
     except OSError as exc:
         if isinstance(exc, AprIOError):
             raise
         raise AprIOError(f"cannot write the fetched copy: {exc}", path=path) from exc
     finally:
         source.close()
+
+
+def _read_into(source, mapping) -> None:
+    """``source.readinto(0, ...)`` into the whole of ``mapping``.  When the read fails
+    (a typed error: RemoteChangedError, AprIOError), the frames in its traceback still
+    hold slices of the view (the ranged reader waits for every request before raising,
+    so nothing writes into them any more): their locals are dropped, so the view and
+    then the map can be released and the typed error goes through, not a BufferError
+    ("cannot close exported pointers exist") raised while cleaning up."""
+    view = memoryview(mapping)
+    try:
+        source.readinto(0, view)
+    except BaseException as exc:
+        _drop_frames(exc)
+        raise
+    finally:
+        try:
+            view.release()
+        except BufferError:  # a slice held elsewhere: released when it goes
+            pass
+
+
+def _drop_frames(exc) -> None:
+    """Clear the locals of the finished frames of ``exc``'s traceback and of the
+    exceptions it was raised from or during (executing frames are left alone)."""
+    import traceback
+
+    seen, pending = set(), [exc]
+    while pending:
+        exc = pending.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        pending += [exc.__cause__, exc.__context__]
 
 
 # --- hf:// through huggingface_hub ----------------------------------------------------------

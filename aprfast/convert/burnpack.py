@@ -11,7 +11,8 @@ the data section.  The CBOR is serde's encoding (Burn writes it with ciborium) o
 with names sorted (a BTreeMap) and offsets relative to the data section.  The CBOR is
 decoded by ``cbor2`` (extra ``aprfast[burnpack]``), but only after :func:`check_cbor`
 has walked its bytes: every length against the bytes left, the nesting depth, the
-number of items, no tags and no indefinite lengths, no duplicate map keys.  The
+number of items and the memory their decode would take (relative to the file's size,
+and absolute), no tags and no indefinite lengths, no duplicate map keys.  The
 header, tensor count, shapes and offsets are then checked against the file before any
 tensor is read.  docs/FORMAT.md §17 records every decision.
 """
@@ -30,7 +31,8 @@ from ._common import DeclaredWriter, Spec, TensorFileSource, check_shape_bytes, 
 from .safetensors import _write_all, metadata_from_strings, metadata_to_strings, tensor_bytes
 
 __all__ = ["BurnpackSource", "BurnpackWriter", "check_cbor", "MAGIC", "EXTENSION", "ALIGNMENT",
-           "MAX_METADATA_SIZE", "MAX_TENSOR_COUNT", "MAX_CBOR_DEPTH", "MAX_CBOR_ITEMS"]
+           "MAX_METADATA_SIZE", "MAX_TENSOR_COUNT", "MAX_CBOR_DEPTH", "MAX_CBOR_ITEMS", "MAX_CBOR_MEMORY",
+           "cbor_budget"]
 
 #: The first four bytes: Burn's MAGIC_NUMBER 0x4255524E ("BURN") written little-endian.
 MAGIC = b"NRUB"
@@ -45,6 +47,14 @@ MAX_CBOR_DEPTH = 128
 #: CBOR items (every int, string, array, map) the metadata may hold: each becomes a
 #: Python object, so this bounds the memory a small hostile file can demand.
 MAX_CBOR_ITEMS = 16_000_000
+#: What decoding the metadata may build, estimated by :func:`check_cbor` before cbor2
+#: runs (CPython object sizes: an empty map becomes a 64-byte dict, an empty array a
+#: 56-byte list, ...): at most METADATA_MEMORY_FACTOR times the file's size (or the
+#: metadata's, for a bare block) or METADATA_MEMORY_FLOOR, whichever is larger
+#: (:mod:`aprfast.limits`, as for .apr metadata), and never more than this.  Burn's real
+#: metadata costs about 8 bytes of objects per byte of CBOR (tensor descriptors), so
+#: this admits ~100 MiB of it, Burn's own cap.
+MAX_CBOR_MEMORY = 1 << 30
 
 #: Burn DType (serde's CBOR form: a unit variant is its name) -> aprfast dtype name.
 _PLAIN = {"F64": "F64", "F32": "F32", "Flex32": "F32", "F16": "F16", "BF16": "BF16", "I64": "I64",
@@ -77,13 +87,39 @@ def data_section_start(metadata_size: int) -> int:
 
 
 # --- the CBOR guard ----------------------------------------------------------------------
-def check_cbor(data: bytes, path=None) -> None:
+# Estimated bytes of what cbor2 builds for each item (CPython, 64-bit), the slot in its
+# container included: a map's dict grows by about 48 bytes a pair; an array's list by 8
+# an item (9 with over-allocation); text takes up to ~80 bytes of header (non-ASCII);
+# ints outside CPython's small-int cache are new objects.
+_SLOT = 8
+_INT, _SMALL_INT = 32, 0
+_BYTES, _TEXT = 33, 80
+_ARRAY, _ARRAY_ITEM = 56, 9
+_MAP, _MAP_PAIR, _MAP_MIN = 64, 48, 184
+_FLOAT = 24
+_KEY_SET = 40  # check_cbor's own set of a map's raw keys: an entry, plus the bytes object
+
+
+def cbor_budget(size: int) -> int:
+    """Bytes a decode may build for metadata in a ``size``-byte file (or block):
+    ``min(MAX_CBOR_MEMORY, max(METADATA_MEMORY_FACTOR * size, METADATA_MEMORY_FLOOR))``."""
+    from .. import limits
+
+    return min(MAX_CBOR_MEMORY, max(limits.METADATA_MEMORY_FACTOR * size, limits.METADATA_MEMORY_FLOOR))
+
+
+def check_cbor(data: bytes, path=None, *, max_memory=None) -> None:
     """Walk ``data`` as one CBOR item without decoding it: every length must fit the
     bytes left, nesting at most MAX_CBOR_DEPTH, at most MAX_CBOR_ITEMS items, no tags,
     no indefinite lengths (Burn never writes them), no reserved codes, no two equal keys
-    in a map, nothing after the item.  CorruptError (LimitError for the limits) names the
-    offset, so a hostile length is refused before cbor2 allocates for it."""
+    in a map, nothing after the item, and the objects cbor2 would build for it (an
+    estimate of CPython's sizes, this walk's own set of map keys counted too) at most
+    ``max_memory`` bytes (default :func:`cbor_budget` of ``len(data)``).  CorruptError
+    (LimitError for the limits) names the offset, so a hostile length, or millions of
+    empty maps, are refused before cbor2 allocates for them."""
     size, pos, items = len(data), 0, 0
+    allowed = cbor_budget(size) if max_memory is None else max_memory
+    cost = 0
     # one frame per open array/map: [items left, set of raw keys (maps) or None, is_map, expecting_key]
     stack = []
 
@@ -117,18 +153,25 @@ def check_cbor(data: bytes, path=None) -> None:
             if arg > size - pos:
                 fail(f"string at byte {start} declares {arg} bytes, the metadata has {size - pos} left")
             pos += arg
+            cost += _SLOT + (_BYTES if major == 2 else _TEXT) + arg
         elif major == 4:
             if arg > size - pos:
                 fail(f"array at byte {start} declares {arg} items, the metadata has {size - pos} bytes left")
             opened = [arg, None, False, False]
+            cost += _SLOT + _ARRAY + _ARRAY_ITEM * arg
         elif major == 5:
             if arg > (size - pos) // 2:
                 fail(f"map at byte {start} declares {arg} pairs, the metadata has {size - pos} bytes left")
             opened = [2 * arg, set(), True, True]
+            cost += _SLOT + (max(_MAP_MIN, _MAP + _MAP_PAIR * arg) if arg else _MAP)
         elif major == 6:
             fail(f"tag {arg} at byte {start} (Burn's metadata has no tags)")
         elif major == 7 and info == 24 and arg < 32:
             fail(f"invalid simple value {arg} at byte {start}")
+        elif major == 7:
+            cost += _SLOT + (_FLOAT if info >= 24 else 0)
+        else:  # ints: CPython keeps -5..256 cached
+            cost += _SLOT + (_SMALL_INT if (arg <= 256 if major == 0 else arg < 5) else _INT)
         if stack:  # this item fills a slot of the enclosing container
             frame = stack[-1]
             if frame[2] and frame[3]:
@@ -138,9 +181,14 @@ def check_cbor(data: bytes, path=None) -> None:
                 if key in frame[1]:
                     fail(f"map key at byte {start} appears twice in its map")
                 frame[1].add(key)
+                cost += _KEY_SET + _BYTES + len(key)
             if frame[2]:
                 frame[3] = not frame[3]
             frame[0] -= 1
+        if cost > allowed:
+            fail(f"decoding it would build about {cost} bytes of objects by byte {start} ({items} items), more than "
+                 f"the {allowed} allowed (max({_limits_text()}), at most "
+                 "aprfast.convert.burnpack.MAX_CBOR_MEMORY)", LimitError)
         if opened is not None and opened[0]:
             if len(stack) >= MAX_CBOR_DEPTH:
                 fail(f"nests deeper than {MAX_CBOR_DEPTH} levels", LimitError)
@@ -154,9 +202,13 @@ def check_cbor(data: bytes, path=None) -> None:
         fail(f"{size - pos} bytes follow the metadata item at byte {pos}")
 
 
-def _loads(data: bytes, path):
+def _limits_text() -> str:
+    return "aprfast.limits.METADATA_MEMORY_FACTOR x the file's size, METADATA_MEMORY_FLOOR"
+
+
+def _loads(data: bytes, path, file_size=None):
     cbor2 = require("cbor2")
-    check_cbor(data, path)
+    check_cbor(data, path, max_memory=cbor_budget(max(len(data), file_size or 0)))
     try:
         return cbor2.loads(data)
     except (ValueError, TypeError, RecursionError, OverflowError, cbor2.CBORDecodeError) as exc:
@@ -210,7 +262,8 @@ class BurnpackSource(TensorFileSource):
             raise CorruptError(f"Burnpack metadata of {meta_size} bytes runs past the end of the {size}-byte file",
                                path=self.path)
         self.version = version
-        top = _loads(read_exact(self._fd, HEADER_SIZE, meta_size, "the Burnpack metadata", self.path), self.path)
+        top = _loads(read_exact(self._fd, HEADER_SIZE, meta_size, "the Burnpack metadata", self.path), self.path,
+                     size)
         self._data_start = data_section_start(meta_size)
         tensors, user, scalars = self._sections(top)
         entries, param_ids, burn_dtypes = [], {}, {}

@@ -3,8 +3,10 @@
 Reading parses GGUF v2/v3 here (gguf-py is only the test oracle).  GGUF's hostile-file
 history (dimension products that overflow, array lengths of 2**64, offsets past the end)
 is why every count, length, dimension and offset is checked against the bytes left in
-the file before anything is allocated, and why numeric arrays and the total number of
-metadata values are bounded.
+the file before anything is allocated, and why what the metadata becomes is bounded
+before it is built: the number of values, of arrays inside arrays, and the estimated
+memory of the Python objects, relative to the file's size (a numeric array is read as
+one NumPy array and becomes a list only once its estimate fits).
 
 Dimension order: GGUF lists ``ne[0]`` first, the innermost (row) length; aprfast
 shapes are NumPy's, outermost first, so ``shape = reversed(ne)`` both ways.  GGML
@@ -29,8 +31,8 @@ from ..io.atomic import AtomicFile
 from ._common import DeclaredWriter, Spec, TensorFileSource, check_shape_bytes, copy_range, reserve
 from .safetensors import _write_all, tensor_bytes
 
-__all__ = ["GGUFSource", "GGUFWriter", "GGML_TYPES", "MAX_METADATA_VALUES", "apr_metadata", "gguf_metadata",
-           "q8_tensor_header"]
+__all__ = ["GGUFSource", "GGUFWriter", "GGML_TYPES", "MAX_METADATA_VALUES", "MAX_METADATA_ARRAYS",
+           "MAX_METADATA_MEMORY", "metadata_budget", "apr_metadata", "gguf_metadata", "q8_tensor_header"]
 
 MAGIC = b"GGUF"
 #: GGML type id -> aprfast dtype name, for every type aprfast has a dtype for.
@@ -59,6 +61,14 @@ MAX_NESTING = 8
 #: metadata; this bounds the memory a small hostile file can demand.  Real vocabularies
 #: (tokens, scores, types, merges) are a few million values at most.
 MAX_METADATA_VALUES = 16_000_000
+#: Arrays inside arrays, in all: each is a list of its own (56 bytes for 12 bytes of
+#: file when empty), and llama.cpp's own reader accepts none.
+MAX_METADATA_ARRAYS = 1 << 18
+#: The Python objects the metadata becomes (estimated from CPython's sizes before they
+#: are built) may take at most max(METADATA_MEMORY_FACTOR x the file's size,
+#: METADATA_MEMORY_FLOOR) bytes (:mod:`aprfast.limits`, as for .apr metadata), and
+#: never more than this.
+MAX_METADATA_MEMORY = 1 << 30
 #: .apr metadata keys this module adds: the GGUF value type of each key, so a round
 #: trip back to GGUF keeps u32 as u32 and f32 as f32.
 TYPES_KEY = "gguf.kv_types"
@@ -116,34 +126,82 @@ class _Cursor:
             raise CorruptError(f"{what} is not UTF-8 ({exc.reason} at byte {exc.start})", path=self.path) from None
 
 
-class _Budget:
-    def __init__(self, path):
-        self.left, self.path = MAX_METADATA_VALUES, path
+# Estimated CPython bytes of what a metadata value becomes: a list slot, an int outside
+# the small-int cache, a float (float arrays are copied once more by _json_safe: one
+# slot more), a non-empty str's header (up to ~80 for non-ASCII text), a list.
+_SLOT, _INT, _FLOAT, _STR, _LIST = 8, 32, 24, 80, 56
+#: A key's entries (gguf_metadata, gguf_types and the .apr metadata dicts).
+_KEY_ENTRIES = 3 * 48
+#: Per element of a numeric array, its slot included (u8 and bool values are cached).
+_ELEMENT = {U8: _SLOT, BOOL: _SLOT, I8: _SLOT + _INT, U16: _SLOT + _INT, I16: _SLOT + _INT, U32: _SLOT + _INT,
+            I32: _SLOT + _INT, U64: _SLOT + _INT, I64: _SLOT + _INT, F32: 2 * _SLOT + _FLOAT,
+            F64: 2 * _SLOT + _FLOAT}
 
-    def spend(self, n: int, key: str) -> None:
+
+def metadata_budget(file_size: int) -> int:
+    """Bytes the metadata of a ``file_size``-byte GGUF may become as Python objects:
+    ``min(MAX_METADATA_MEMORY, max(METADATA_MEMORY_FACTOR * file_size, METADATA_MEMORY_FLOOR))``."""
+    from .. import limits
+
+    return min(MAX_METADATA_MEMORY, max(limits.METADATA_MEMORY_FACTOR * file_size, limits.METADATA_MEMORY_FLOOR))
+
+
+class _Budget:
+    """What the metadata may still build: values (MAX_METADATA_VALUES), nested arrays
+    (MAX_METADATA_ARRAYS) and estimated bytes (:func:`metadata_budget`), each charged
+    before the objects are made."""
+
+    def __init__(self, path, file_size: int = 0):
+        self.left, self.path = MAX_METADATA_VALUES, path
+        self.memory, self.spent, self.arrays = metadata_budget(file_size), 0, 0
+
+    def spend(self, n: int, key: str, nbytes: int = 0) -> None:
         self.left -= n
         if self.left < 0:
             raise LimitError(f"metadata key {key!r} takes the file past {MAX_METADATA_VALUES} metadata values "
                              "(aprfast.convert.gguf.MAX_METADATA_VALUES)", path=self.path)
+        self.spent += nbytes
+        if self.spent > self.memory:
+            raise LimitError(f"metadata key {key!r} takes the file's metadata past about {self.memory} bytes of "
+                             "Python objects (max(aprfast.limits.METADATA_MEMORY_FACTOR x the file's size, "
+                             "METADATA_MEMORY_FLOOR), at most aprfast.convert.gguf.MAX_METADATA_MEMORY)",
+                             path=self.path)
+
+    def nested(self, key: str) -> None:
+        self.arrays += 1
+        if self.arrays > MAX_METADATA_ARRAYS:
+            raise LimitError(f"metadata key {key!r} takes the file past {MAX_METADATA_ARRAYS} arrays inside arrays "
+                             "(aprfast.convert.gguf.MAX_METADATA_ARRAYS)", path=self.path)
+
+
+def _string_cost(text: str) -> int:
+    return _STR + len(text) if text else 0  # "" is a shared object
 
 
 def _read_value(cur: _Cursor, vtype: int, key: str, budget: _Budget, depth: int = 0):
     """One value and its type description ("U32", ["ARRAY", "STRING"], ...)."""
     if vtype in _SCALAR:
-        budget.spend(1, key)
+        budget.spend(1, key, _SLOT + _INT)
         value = cur.scalar(_SCALAR[vtype], f"value of {key!r}")
         return (float(value) if vtype in (F32, F64) else value), _TYPE_NAMES[vtype]
     if vtype == STRING:
-        budget.spend(1, key)
-        return cur.string(f"string value of {key!r}", MAX_STRING_BYTES), "STRING"
+        budget.spend(1, key, _SLOT)
+        text = cur.string(f"string value of {key!r}", MAX_STRING_BYTES)
+        budget.spend(0, key, _string_cost(text))
+        return text, "STRING"
     if vtype == ARRAY:
         return _read_array(cur, key, budget, depth)
     raise CorruptError(f"metadata key {key!r} has value type {vtype}, which GGUF does not define", path=cur.path)
 
 
 def _read_array(cur: _Cursor, key: str, budget: _Budget, depth: int):
+    """An array's values as a list, charged to ``budget`` before any is made: a numeric
+    array is read as one NumPy array (no Python object per element while it is read and
+    checked) and becomes a list only once its estimated cost fits."""
     if depth >= MAX_NESTING:
         raise LimitError(f"metadata key {key!r} nests arrays more than {MAX_NESTING} deep", path=cur.path)
+    if depth:
+        budget.nested(key)
     etype = cur.scalar("<I", f"array type of {key!r}")
     count = cur.scalar("<Q", f"array length of {key!r}")
     # The smallest element of each type bounds how many can fit in what is left.
@@ -152,15 +210,18 @@ def _read_array(cur: _Cursor, key: str, budget: _Budget, depth: int):
         raise CorruptError(f"metadata key {key!r} is an array of type {etype}, which GGUF does not define",
                            path=cur.path)
     cur.need(count * least, f"array {key!r} of {count} elements")
-    budget.spend(count, key)
     if etype in _SCALAR:
+        budget.spend(count, key, _LIST + count * _ELEMENT[etype])
         fmt = _SCALAR[etype]
         values = np.frombuffer(cur.take(count * least, f"array {key!r}"), np.dtype(fmt)).tolist()
         return values, ["ARRAY", _TYPE_NAMES[etype]]
+    budget.spend(count, key, _LIST + count * _SLOT)
     items, inner = [], _TYPE_NAMES[etype]
     for _ in range(count):
         if etype == STRING:
-            items.append(cur.string(f"string in array {key!r}", MAX_STRING_BYTES))
+            text = cur.string(f"string in array {key!r}", MAX_STRING_BYTES)
+            budget.spend(0, key, _string_cost(text))
+            items.append(text)
         else:
             value, inner = _read_array(cur, key, budget, depth + 1)
             items.append(value)
@@ -200,11 +261,12 @@ class GGUFSource(TensorFileSource):
         self.metadata = apr_metadata(self.gguf_metadata, self.gguf_types, version)
 
     def _read_kv(self, cur: _Cursor, n_kv: int) -> None:
-        self.gguf_metadata, self.gguf_types, budget = {}, {}, _Budget(self.path)
+        self.gguf_metadata, self.gguf_types, budget = {}, {}, _Budget(self.path, cur.size)
         for _ in range(n_kv):
             key = cur.string("metadata key", MAX_KEY_BYTES)
             if key in self.gguf_metadata:
                 raise CorruptError(f"metadata key {key!r} appears twice", path=self.path)
+            budget.spend(0, key, _KEY_ENTRIES + _string_cost(key))
             vtype = cur.scalar("<I", f"value type of {key!r}")
             self.gguf_metadata[key], self.gguf_types[key] = _read_value(cur, vtype, key, budget)
 

@@ -46,8 +46,20 @@ def is_onnx(head: bytes) -> bool:
 
 
 def normalise_name(name: str) -> str:
-    """``/encoder/conv1/weight`` -> ``encoder.conv1.weight`` (see the module docstring)."""
+    """``/encoder/conv1/weight`` -> ``encoder.conv1.weight`` (see the module docstring).
+    ``name`` must be a str: FormatError for anything else (protobuf hands a name that is
+    not valid UTF-8 over as bytes)."""
+    if not isinstance(name, str):
+        raise FormatError(f"initializer name {name!r:.200} is not valid UTF-8 text")
     return name.lstrip("/").replace("/", ".") if "/" in name else name
+
+
+def _text(value, what: str, path=None) -> str:
+    """A protobuf string field as a str: protobuf (upb) hands a field that is not valid
+    UTF-8 over as bytes, which is refused here, named (repr of its bytes)."""
+    if isinstance(value, str):
+        return value
+    raise FormatError(f"{what} {value!r:.200} is not valid UTF-8 text", path=path)
 
 
 def _onnx():
@@ -86,7 +98,7 @@ class OnnxSource:
                                path=self.path) from None
 
     def _parse(self, model) -> None:
-        self.metadata = _metadata(model)
+        self.metadata = _metadata(model, self.path)
         self.specs, self._entries, seen = [], {}, {}
         for tensor in model.graph.initializer:
             spec = self._spec(tensor)
@@ -97,10 +109,12 @@ class OnnxSource:
             self._entries[spec.name] = self._where(tensor, spec)
             self.specs.append(spec)
         if model.graph.sparse_initializer:
-            self.metadata["onnx.dropped_sparse_initializers"] = [t.values.name for t in model.graph.sparse_initializer]
+            self.metadata["onnx.dropped_sparse_initializers"] = [
+                _text(t.values.name, "sparse initializer name", self.path) for t in model.graph.sparse_initializer]
 
     def _spec(self, tensor) -> Spec:
-        where = f"initializer {tensor.name!r}"
+        name = _text(tensor.name, "initializer name", self.path)
+        where = f"initializer {name!r}"
         if tensor.data_type not in ONNX_DTYPES:
             kind = _OTHER.get(tensor.data_type, f"type {tensor.data_type}")
             raise UnknownDTypeError(f"{where}: ONNX {kind} has no aprfast dtype", path=self.path)
@@ -110,8 +124,8 @@ class OnnxSource:
         if any(d < 0 for d in dims):
             raise CorruptError(f"{where}: dims {list(dims)} has a negative dimension", path=self.path)
         dtype = _dtypes.by_name(ONNX_DTYPES[tensor.data_type])
-        check_shape_bytes(tensor.name, dtype, dims, self.path)
-        return Spec(normalise_name(tensor.name), dtype, dims)
+        check_shape_bytes(name, dtype, dims, self.path)
+        return Spec(normalise_name(name), dtype, dims)
 
     def _where(self, tensor, spec: Spec):
         """("external", fd, offset) | ("raw", tensor) | ("typed", tensor), checked."""
@@ -126,7 +140,8 @@ class OnnxSource:
 
     def _external(self, tensor, spec: Spec):
         where = f"initializer {tensor.name!r}"
-        info = {entry.key: entry.value for entry in tensor.external_data}
+        info = {_text(entry.key, f"{where}: external data key", self.path):
+                _text(entry.value, f"{where}: external data value", self.path) for entry in tensor.external_data}
         location = info.get("location")
         if not location:
             raise CorruptError(f"{where}: external data without a location", path=self.path)
@@ -218,18 +233,20 @@ def _uint(text: str, where: str, what: str) -> int:
     return int(text)
 
 
-def _metadata(model) -> dict:
-    """The model's own description (not its graph) as .apr metadata."""
+def _metadata(model, path=None) -> dict:
+    """The model's own description (not its graph) as .apr metadata; a text field that
+    is not valid UTF-8 is a FormatError naming it."""
     meta = {"onnx.ir_version": model.ir_version,
-            "onnx.opset_import": {entry.domain or "ai.onnx": entry.version for entry in model.opset_import}}
+            "onnx.opset_import": {_text(entry.domain, "opset_import domain", path) or "ai.onnx": entry.version
+                                  for entry in model.opset_import}}
     for field in ("producer_name", "producer_version", "domain", "doc_string"):
         value = getattr(model, field)
         if value:
-            meta[f"onnx.{field}"] = value
+            meta[f"onnx.{field}"] = _text(value, f"model {field}", path)
     if model.model_version:
         meta["onnx.model_version"] = model.model_version
     if model.graph.name:
-        meta["onnx.graph_name"] = model.graph.name
+        meta["onnx.graph_name"] = _text(model.graph.name, "graph name", path)
     for prop in model.metadata_props:
-        meta[prop.key] = prop.value
+        meta[_text(prop.key, "metadata_props key", path)] = _text(prop.value, f"metadata_props {prop.key!r:.80}", path)
     return meta

@@ -27,6 +27,7 @@ import errno
 import math
 import mmap
 import os
+import stat
 import struct
 import zipfile
 
@@ -38,7 +39,7 @@ from .._crc import crc32
 from ..errors import (AprError, ChecksumError, CorruptError, FormatError, LimitError, UnknownDTypeError, VersionError,
                       os_error)
 from ._common import Spec, check_shape_bytes, value_of
-from ._pickle_vm import MAX_PICKLE_BYTES, Allowed, Buildable, PickledDict, PickleRefusedError, unpickle
+from ._pickle_vm import MAX_PICKLE_BYTES, Allowed, Buildable, PickledDict, PickleRefusedError, build_budget, unpickle
 
 __all__ = ["PyTorchSource", "ShardedPyTorchSource", "PickleRefusedError", "is_pytorch_zip", "is_legacy",
            "is_bin_index", "open_source", "TORCH_DTYPES", "STORAGE_TYPES", "STATE_DICT_KEYS", "WEIGHTS_NAME",
@@ -148,6 +149,8 @@ def _ints(value, what: str) -> tuple:
 
 def _short(value) -> str:
     """A bounded description of a pickled value for an error message."""
+    if isinstance(value, int) and value.bit_length() > 64:  # repr() of a huge int is slow, or refused
+        return f"an int of {value.bit_length()} bits"
     if isinstance(value, (int, float, bool, type(None))):
         return repr(value)[:40]
     if isinstance(value, (str, bytes)):
@@ -460,24 +463,31 @@ def _nested_tensor(obj, depth: int = 0, known=None) -> bool:
     return known[id(obj)]
 
 
-def _flatten(node: dict, path, prefix: str = "", depth: int = 0, seen=None):
+def _flatten(node: dict, path, prefix: str = "", depth: int = 0, seen=None, budget: int = 1 << 26):
     """(name, TorchTensor) pairs of a state dict in its own order, nested dicts joined
     with "." (keys must be str or int), and the names of the non-tensor entries dropped.
     A dict met twice (the memo can place one under many keys) is refused: its names
-    would multiply with every level."""
+    would multiply with every level.  The names built may hold ``budget`` characters in
+    all (LimitError): one long key placed at every level through the memo would
+    otherwise make every name that long."""
     if depth > MAX_NESTING:
-        raise LimitError(f"state dict nests deeper than {MAX_NESTING} levels at {prefix!r}", path=path)
-    seen = ({}, set()) if seen is None else seen
-    known, visited = seen
+        raise LimitError(f"state dict nests deeper than {MAX_NESTING} levels at {prefix[:200]!r}", path=path)
+    seen = ({}, set(), [budget]) if seen is None else seen
+    known, visited, left = seen
     if id(node) in visited:
-        raise CorruptError(f"the state dict holds one dict twice (at {prefix[:-1]!r})", path=path)
+        raise CorruptError(f"the state dict holds one dict twice (at {prefix[:-1][:200]!r})", path=path)
     visited.add(id(node))
     tensors, dropped = [], []
     for key, value in node.items():
-        if isinstance(key, bool) or not isinstance(key, (str, int)):
-            dropped.append(f"{prefix}{_short(key)}")
+        named = isinstance(key, str) or (type(key) is int and key.bit_length() <= 64)
+        name = f"{prefix}{key}" if named else f"{prefix}{_short(key)}"
+        left[0] -= len(name)
+        if left[0] < 0:
+            raise LimitError(f"the state dict's names take more characters than the pickle may build (at "
+                             f"{name[:200]!r}): keys repeated through the pickle's memo", path=path)
+        if not named:
+            dropped.append(name)
             continue
-        name = f"{prefix}{key}"
         if isinstance(value, TorchTensor):
             tensors.append((name, value))
         elif isinstance(value, dict) and _nested_tensor(value, depth + 1, known):
@@ -489,12 +499,19 @@ def _flatten(node: dict, path, prefix: str = "", depth: int = 0, seen=None):
     return tensors, dropped
 
 
-def _metadata(rest: dict, dropped: list) -> dict:
+def _metadata(rest: dict, dropped: list, budget: int = 1 << 26, path=None) -> dict:
     """Simple top-level values of a full checkpoint (epoch, step, names, ...) as .apr
     metadata under their own keys; what cannot be kept is listed under
-    ``pytorch.dropped`` (optimizer state, nested objects, non-tensor state entries)."""
-    out, lost = {}, list(dropped)
+    ``pytorch.dropped`` (optimizer state, nested objects, non-tensor state entries).
+    The values looked at may hold ``budget`` items in all (LimitError): one list placed
+    under many keys through the pickle's memo would otherwise be copied for each."""
+    out, lost, left = {}, list(dropped), budget
     for key, value in rest.items():
+        if type(value) in (list, tuple):
+            left -= len(value)
+            if left < 0:
+                raise LimitError(f"the checkpoint's top-level values hold more than {budget} items (at key "
+                                 f"{_short(key)}): one list repeated through the pickle's memo", path=path)
         kept, ok = _simple(value)
         if isinstance(key, str) and ok:
             out[key] = kept
@@ -547,8 +564,9 @@ class PyTorchSource:
                 raise
             raise type(exc)(exc.message, path=self.path) from None
         state, rest = _find_state_dict(obj, self.path)
-        pairs, dropped = _flatten(state, self.path)
-        self.metadata = _metadata(rest, dropped)
+        budget = build_budget(len(archive.pickle))  # what the pickle itself was allowed to build
+        pairs, dropped = _flatten(state, self.path, budget=budget)
+        self.metadata = _metadata(rest, dropped, len(archive.pickle) + 4096, self.path)
         self._tensors = dict(pairs)
         self.specs = [Spec(name, t.dtype, t.shape) for name, t in pairs]
         self.aliases = self._find_aliases(pairs)
@@ -692,40 +710,42 @@ def save_shared(src, destination, pairs, transform, progress, durable: bool) -> 
 
 # --- sharded checkpoints (transformers' pytorch_model.bin.index.json) --------------------------
 def _weight_map(index_path) -> dict:
-    """The ``weight_map`` of an index file (tensor -> shard file name beside it)."""
-    from .safetensors import MAX_INDEX_BYTES, _load_json
+    """The ``weight_map`` of an index file (tensor -> shard file name beside it), every
+    shard name checked to be a plain file name (``safetensors.read_index``)."""
+    from .safetensors import read_index
 
-    try:
-        size = os.path.getsize(index_path)
-        if size > MAX_INDEX_BYTES:
-            raise LimitError(f"index file is {size} bytes, more than {MAX_INDEX_BYTES}", path=index_path)
-        with open(index_path, "rb") as f:
-            data = f.read(MAX_INDEX_BYTES + 1)
-    except OSError as exc:
-        raise os_error(exc, "cannot read the sharded checkpoint index", path=index_path) from exc
-    index = _load_json(data, "sharded checkpoint index", index_path)
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise FormatError("not a checkpoint index: no \"weight_map\" object of tensor -> shard file name",
-                          path=index_path)
-    return weight_map
+    return read_index(index_path, "a checkpoint index")
 
 
 def is_bin_index(path) -> bool:
     """True for an index whose shards are PyTorch files (``.bin``/``.pt``/``.pth``
-    names, the first one a zip), not safetensors."""
+    names, the first one a zip), not safetensors.  Every shard name is checked (a plain
+    file name beside the index) before any shard is looked at, and the first is opened
+    only when it is a regular file (never a FIFO or a device, which could block)."""
+    from .safetensors import shard_file
+
     try:
         shards = set(_weight_map(path).values())
     except AprError:
         return False
     if not shards or not all(name.endswith(_SHARD_SUFFIXES) for name in shards):
         return False
-    first = os.path.join(os.path.dirname(os.path.abspath(path)), min(shards))
     try:
-        with open(first, "rb") as f:
-            return f.read(4) == ZIP_MAGIC
+        first = shard_file(os.path.dirname(os.path.abspath(path)), min(shards), path)
+    except AprError:
+        return True  # the source names the missing (or not regular) shard
+    try:
+        fd = os.open(first, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
-        return True  # the source names the missing shard
+        return True
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since it was looked at
+            return True
+        return _platform.pread(fd, 4, 0) == ZIP_MAGIC
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 class ShardedPyTorchSource:
@@ -753,12 +773,9 @@ class ShardedPyTorchSource:
             raise
 
     def _add_shard(self, directory: str, shard: str, weight_map: dict) -> None:
-        if shard in ("", ".", "..") or "/" in shard or "\\" in shard or "\0" in shard:
-            raise CorruptError(f"shard name {shard!r} is not a plain file name beside the index", path=self.path)
-        shard_path = os.path.join(directory, shard)
-        if not os.path.isfile(shard_path):
-            raise CorruptError(f"shard {shard!r} listed in the index is missing", path=self.path)
-        src = PyTorchSource(shard_path)
+        from .safetensors import shard_file
+
+        src = PyTorchSource(shard_file(directory, shard, self.path))
         self._shards.append(src)
         for key, value in src.metadata.items():
             self.metadata.setdefault(key, value)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import struct
 
 import numpy as np
@@ -30,7 +31,7 @@ from ._common import (DeclaredWriter, DestinationExistsError, Spec, TensorFileSo
 
 __all__ = ["SafetensorsSource", "ShardedSource", "SafetensorsWriter", "ShardedWriter", "open_source",
            "is_safetensors", "ST_DTYPES", "INDEX_NAME", "parse_size", "metadata_to_strings",
-           "metadata_from_strings"]
+           "metadata_from_strings", "parse_index", "read_index", "check_shard_name", "shard_file"]
 
 #: safetensors dtype name -> aprfast dtype name.  Every type the installed safetensors
 #: (0.8) knows except F6_E2M3/F6_E3M2, which aprfast has no dtype for (refused).
@@ -149,6 +150,76 @@ class SafetensorsSource(TensorFileSource):
 
 
 
+# --- shard indexes (any format's weight_map) ----------------------------------------------
+def check_shard_name(shard, index_path) -> str:
+    """``shard`` if it is a plain file name beside the index (no directory part, not "."
+    or "..", no NUL), else CorruptError: a hostile index cannot point elsewhere."""
+    if (not isinstance(shard, str) or shard in ("", ".", "..") or "/" in shard or "\\" in shard or "\0" in shard
+            or os.path.isabs(shard)):
+        raise CorruptError(f"shard name {shard!r:.200} is not a plain file name beside the index", path=index_path)
+    return shard
+
+
+def shard_file(directory: str, shard: str, index_path) -> str:
+    """The path of a shard an index names: a plain name (:func:`check_shard_name`) of a
+    regular file in ``directory`` (a symlink to one is followed, as Hugging Face's cache
+    links its snapshots), else CorruptError; nothing is opened (a FIFO or a device
+    would block or never end)."""
+    path = os.path.join(directory, check_shard_name(shard, index_path))
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise CorruptError(f"shard {shard!r} listed in the index is missing", path=index_path) from None
+    except (OSError, ValueError) as exc:
+        raise CorruptError(f"shard {shard!r} listed in the index cannot be looked at ({exc})",
+                           path=index_path) from None
+    if not stat.S_ISREG(mode):
+        raise CorruptError(f"shard {shard!r} listed in the index is not a regular file", path=index_path)
+    return path
+
+
+def parse_index(raw, index_path, kind: str = "a safetensors index") -> dict:
+    """The ``weight_map`` (tensor name -> shard file name) of a sharded checkpoint
+    index's bytes (``model.safetensors.index.json``, ``pytorch_model.bin.index.json``),
+    every field checked before it is used, for local and fetched indexes alike: at most
+    MAX_INDEX_BYTES (LimitError); UTF-8 JSON whose nesting and decoded size are bounded
+    before it is parsed (``aprfast._metascan``: CorruptError, LimitError); no key twice;
+    a ``weight_map`` object of string values (FormatError naming ``kind``), each a plain
+    file name (:func:`check_shard_name`, CorruptError)."""
+    if len(raw) > MAX_INDEX_BYTES:
+        raise LimitError(f"index file is {len(raw)} bytes, more than {MAX_INDEX_BYTES}", path=index_path)
+    from .. import _metascan
+
+    text = _metascan.json_text(bytes(raw), index_path)  # depth, memory budget, UTF-8 checked first
+    try:
+        index = json.loads(text, object_pairs_hook=_no_duplicates)
+    except CorruptError as exc:
+        raise CorruptError(f"sharded checkpoint index: {exc.message}", path=index_path) from None
+    except (ValueError, RecursionError) as exc:
+        raise CorruptError(f"sharded checkpoint index is not valid JSON ({type(exc).__name__}: {str(exc)[:200]})",
+                           path=index_path) from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise FormatError(f"not {kind}: no \"weight_map\" object of tensor -> shard file name", path=index_path)
+    for shard in set(weight_map.values()):
+        check_shard_name(shard, index_path)
+    return weight_map
+
+
+def read_index(index_path, kind: str = "a safetensors index") -> dict:
+    """:func:`parse_index` of the index file at ``index_path`` (its size checked before
+    it is read)."""
+    try:
+        with open(index_path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_INDEX_BYTES:
+                raise LimitError(f"index file is {size} bytes, more than {MAX_INDEX_BYTES}", path=index_path)
+            data = f.read(MAX_INDEX_BYTES + 1)
+    except OSError as exc:
+        raise os_error(exc, "cannot read the sharded checkpoint index", path=index_path) from exc
+    return parse_index(data, index_path, kind)
+
+
 class ShardedSource:
     """A Hugging Face sharded checkpoint (``model.safetensors.index.json`` + shards) as
     one tensor stream.  Shard names must be plain file names beside the index (no
@@ -168,31 +239,12 @@ class ShardedSource:
             raise
 
     def _weight_map(self) -> dict:
-        try:
-            size = os.path.getsize(self.path)
-            if size > MAX_INDEX_BYTES:
-                raise LimitError(f"index file is {size} bytes, more than {MAX_INDEX_BYTES}", path=self.path)
-            with open(self.path, "rb") as f:
-                data = f.read(MAX_INDEX_BYTES + 1)
-        except OSError as exc:
-            raise os_error(exc, "cannot read the sharded checkpoint index", path=self.path) from exc
-        index = _load_json(data, "sharded checkpoint index", self.path)
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise FormatError("not a safetensors index: no \"weight_map\" object of tensor -> shard file name",
-                              path=self.path)
-        for shard in set(weight_map.values()):
-            if shard in ("", ".", "..") or "/" in shard or "\\" in shard or "\0" in shard:
-                raise CorruptError(f"shard name {shard!r} is not a plain file name beside the index", path=self.path)
-        return weight_map
+        return read_index(self.path, "a safetensors index")
 
     def _open_shards(self, directory: str, weight_map: dict) -> None:
         owner = {}
         for shard in sorted(set(weight_map.values())):
-            shard_path = os.path.join(directory, shard)
-            if not os.path.isfile(shard_path):
-                raise CorruptError(f"shard {shard!r} listed in the index is missing", path=self.path)
-            src = SafetensorsSource(shard_path)
+            src = SafetensorsSource(shard_file(directory, shard, self.path))
             self._shards.append(src)
             for key, value in src.metadata.items():
                 self.metadata.setdefault(key, value)
