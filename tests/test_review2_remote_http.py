@@ -156,6 +156,35 @@ def test_a_dripping_body_fails_in_bounded_time(raw_server, call, tmp_path):
     assert len(server.requests) == 1  # not retried
 
 
+def test_a_read_after_opening_that_drips_fails_in_bounded_time(raw_server):
+    big = {"pad": np.zeros(1 << 16, np.float32), "w": np.arange(1 << 14, dtype=np.float32)}
+    data = aprfast.save(big)
+
+    def handler(path, text, send, stop):
+        if "bytes=0-" in text:  # opening: answered at once
+            ranged(data, text, send)
+            return None
+        answer = []
+        ranged(data, text, answer.append)
+        answer, start = b"".join(answer), time.monotonic()
+        for i in range(len(answer)):
+            if stop.wait(0.01) or time.monotonic() - start > 8:  # bounded for a client without bounds
+                break
+            send(answer[i:i + 1])
+        return "close"
+
+    server = raw_server(handler)
+    with aprfast.open(server.url(), storage_options={"timeout": 0.5}) as f:
+        start = time.monotonic()
+        with pytest.raises(RemoteTimeoutError):
+            f.get_tensor("w")
+        assert time.monotonic() - start < 3
+    start = time.monotonic()
+    with pytest.raises(RemoteTimeoutError):
+        aprfast.load_file(server.url(), storage_options={"timeout": 0.5})
+    assert time.monotonic() - start < 3
+
+
 @pytest.mark.parametrize("call", ["open", "stream"])
 def test_dripping_headers_fail_in_bounded_time(raw_server, call, tmp_path):
     server = raw_server(_drip(DATA, 0.02, headers_too=True))
