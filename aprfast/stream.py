@@ -89,7 +89,16 @@ def stream(fileobj, *, limits: Limits | None = None, unknown_dtypes: str = "erro
     """Read an .apr file front to back, yielding ``(name, tensor)`` in file order.
 
     A URL (``http(s)://`` or any fsspec URL; ``storage_options`` go to fsspec) is read
-    with one plain GET from its start (:func:`aprfast.remote.open_stream`).
+    with one plain GET from its start (:func:`aprfast.remote.open_stream`).  For
+    ``http(s)://`` they may hold ``headers`` (never sent to another origin a redirect
+    names), ``timeout`` (per socket operation), ``min_rate`` and ``deadline`` (time
+    spent waiting for the server, past which RemoteTimeoutError, E007), as for
+    :func:`aprfast.open`; a ``user:password@`` URL is sent as Basic auth, and messages
+    show the URL without userinfo or query.  Example::
+
+        for name, tensor in aprfast.stream("https://example.org/m.apr",
+                                           storage_options={"timeout": 10, "deadline": 600}):
+            ...
 
     ``fileobj`` is anything with ``readinto`` or ``read`` (``sys.stdin.buffer``, a pipe,
     ``socket.makefile("rb")``, an HTTP response), a socket (``recv_into``), or for
@@ -161,7 +170,7 @@ class _Input:
         self.owned = None
         if isinstance(target, str) and "://" in target and _remote.is_url(target):
             self.owned = _remote.open_stream(target, storage_options)  # closed by close()
-            self.path = target
+            self.path = _remote.redact_url(target)  # what messages show: no userinfo, no query
             self._readinto = self.owned.readinto
         elif isinstance(target, (str, os.PathLike)):
             self._open_path(os.fspath(target))

@@ -104,7 +104,7 @@ def _companions(local_index: str, url: str) -> list:
         raise AprIOError(f"cannot read the fetched index: {exc}", path=url) from exc
     if name.endswith(".apr.index.json"):
         from ..limits import Limits
-        from ..shards import parse_manifest
+        from ..files.shards import parse_manifest
 
         names = [shard["file"] for shard in parse_manifest(raw, Limits(), url)["shards"]]
     else:

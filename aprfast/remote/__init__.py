@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import re
 
-from ..errors import AprFileNotFoundError, AprIOError
-from ._ranged import HEAD_BYTES, MERGE_GAP, PART_BYTES, TAIL_BYTES, RangedSource, RemoteChangedError
+from ._ranged import (HEAD_BYTES, MERGE_GAP, PART_BYTES, TAIL_BYTES, RangedSource, RemoteChangedError,
+                      RemoteTimeoutError)
+from ._url import RemoteURLError, redact_url
 
 __all__ = ["is_url", "open_url", "open_stream", "RemoteTarget", "RangedSource", "RemoteChangedError",
-           "HEAD_BYTES", "TAIL_BYTES", "MERGE_GAP", "PART_BYTES"]
+           "RemoteTimeoutError", "RemoteURLError", "redact_url", "HEAD_BYTES", "TAIL_BYTES", "MERGE_GAP",
+           "PART_BYTES"]
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
 
@@ -50,10 +52,35 @@ def url_scheme(url: str) -> str:
     return _SCHEME.match(url).group(1).lower()
 
 
+#: The storage_options keys aprfast's own HTTP reader takes (any other key sends an
+#: ``http(s)://`` URL through fsspec's HTTP filesystem).
+HTTP_OPTIONS = frozenset({"headers", "timeout", "min_rate", "deadline"})
+
+
 def open_url(url: str, storage_options=None, *, mode=None):
     """A Source over the object at ``url``.  ``storage_options`` go to fsspec; for
-    ``http(s)://`` they may hold ``headers``, ``timeout`` and ``connections`` (any other
-    key, or ``{"fsspec": True}``, sends the URL through fsspec's HTTP filesystem).
+    ``http(s)://`` they may hold (:class:`~aprfast.remote.http.HttpSource`):
+
+    - ``headers``: sent with every request to the URL's origin, never to another origin
+      a redirect names (userinfo in the URL is sent as Basic auth the same way);
+    - ``timeout``: seconds per socket operation (default 30);
+    - ``min_rate``: bytes per second each request must bring after its first ``timeout``
+      seconds (default 16 KiB/s; 0 or None: no bound), so a server dripping bytes fails
+      in bounded time;
+    - ``deadline``: seconds of waiting the opening (redirects, retries) and each later
+      request may take at most (default None: only the bounds above);
+    - ``connections``: parallel requests (default 8);
+
+    any other key, or ``{"fsspec": True}``, sends the URL through fsspec's HTTP
+    filesystem.  Past a time bound: :class:`~aprfast.remote._ranged.RemoteTimeoutError`
+    (E007); a redirect to a non-http(s) URL:
+    :class:`~aprfast.remote._url.RemoteURLError` (E007).  Error messages show URLs
+    redacted (:func:`redact_url`).  Example::
+
+        aprfast.open("https://example.org/m.apr",
+                     storage_options={"headers": {"Authorization": "Bearer ..."},
+                                      "timeout": 10, "deadline": 60})
+
     ``mode`` applies to an ``hf://`` file found in huggingface_hub's cache (a local file);
     remote objects are never mapped, so "private" is refused for them."""
     options = dict(storage_options or {})
@@ -67,8 +94,7 @@ def open_url(url: str, storage_options=None, *, mode=None):
     if mode == "private":
         raise ValueError("mode='private' maps a local file; a remote object is read with ranged requests")
     connections = options.pop("connections", 8)
-    if url_scheme(url) in ("http", "https") and not options.pop("fsspec", False) and \
-            set(options) <= {"headers", "timeout"}:
+    if url_scheme(url) in ("http", "https") and not options.pop("fsspec", False) and set(options) <= HTTP_OPTIONS:
         from .http import HttpSource
 
         source = HttpSource(url, connections=connections, **options)
@@ -81,54 +107,35 @@ def open_url(url: str, storage_options=None, *, mode=None):
 
 
 def open_stream(url: str, storage_options=None):
-    """A forward-only binary file object reading the whole object (for :func:`aprfast.stream`)."""
+    """A forward-only binary file object reading the whole object (for
+    :func:`aprfast.stream` and ``apr download``).
+
+    ``http(s)://`` goes through :func:`aprfast.remote.http.open_body`: one GET with the
+    same URL parsing (userinfo as Basic auth), redirect policy (the caller's headers
+    never sent to another origin; only http(s) redirects), time bounds (``timeout``,
+    ``min_rate``, ``deadline`` of ``storage_options``, as for :func:`open_url`; the
+    deadline covers the whole body here, counting only time spent waiting for the
+    server) and typed errors (AprIOError and its subclasses, URLs redacted) as
+    :func:`open_url`.  Its ``size`` is the declared Content-Length (None when there is
+    none); a body ending short of it is an AprIOError.  Other URLs go through fsspec."""
     options = dict(storage_options or {})
     options.pop("connections", None)
     if url_scheme(url) == "hf":
         from .hf import open_hf_stream
 
         return open_hf_stream(url, options)
-    if url_scheme(url) in ("http", "https") and set(options) <= {"headers", "timeout"}:
-        import urllib.request
+    if url_scheme(url) in ("http", "https") and set(options) <= HTTP_OPTIONS:
+        from .http import open_body
 
-        request = urllib.request.Request(url, headers=dict(options.get("headers") or {}))
-        try:
-            response = urllib.request.urlopen(request, timeout=options.get("timeout", 30.0))  # noqa: S310
-        except OSError as exc:
-            if getattr(exc, "code", None) in (404, 410):
-                raise AprFileNotFoundError(f"the server answered {exc.code}: no such object", path=url) from exc
-            raise AprIOError(f"cannot open: {exc}", path=url) from exc
-        return _CheckedBody(response, url)
+        return open_body(url, **options)
     from .fsspec import _io_error, filesystem
 
     fs, path = filesystem(url, options)
     try:
         return fs.open(path, "rb", block_size=8 << 20)
     except Exception as exc:  # noqa: BLE001
-        raise _io_error(exc, url, "cannot open") from exc
-
-
-class _CheckedBody:
-    """An HTTP response body read forward, whose end is checked against its
-    Content-Length: http.client reports a connection cut mid-body as a plain end."""
-
-    def __init__(self, response, url):
-        self._response, self.url, self.got = response, url, 0
-        length = response.headers.get("Content-Length")
-        self.length = int(length) if length is not None and length.strip().isdigit() else None
-
-    def readinto(self, view) -> int:
-        try:
-            n = self._response.readinto(view)
-        except OSError as exc:
-            raise AprIOError(f"the body broke off after {self.got} bytes: {exc}", path=self.url) from exc
-        self.got += n
-        if n == 0 and view and self.length is not None and self.got != self.length:
-            raise AprIOError(f"the body ended after {self.got} of {self.length} bytes", path=self.url)
-        return n
-
-    def close(self) -> None:
-        self._response.close()
+        error = _io_error(exc, url, "cannot open")
+    raise error  # out here: chained to nothing that quotes the URL
 
 
 class RemoteTarget:
@@ -145,21 +152,27 @@ class RemoteTarget:
 
         self.url = url
         fs, path = filesystem(url, storage_options)
+        error = None
         try:
             self.file = fs.open(path, "wb", autocommit=False)
         except Exception as exc:  # noqa: BLE001
-            raise _io_error(exc, url, "cannot start the upload") from exc
+            error = _io_error(exc, url, "cannot start the upload")
+        if error is not None:  # out here: chained to nothing that quotes the URL
+            raise error
 
     def commit(self) -> None:
         from .fsspec import _io_error
 
         f, self.file = self.file, None
+        error = None
         try:
             f.close()
             f.commit()
         except Exception as exc:  # noqa: BLE001
             _discard(f)
-            raise _io_error(exc, self.url, "cannot complete the upload") from exc
+            error = _io_error(exc, self.url, "cannot complete the upload")
+        if error is not None:  # out here: chained to nothing that quotes the URL
+            raise error
 
     def abort(self) -> None:
         f, self.file = self.file, None

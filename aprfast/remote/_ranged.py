@@ -17,8 +17,8 @@ from .._crc import crc32, crc32_combine
 from ..errors import AprError, AprIOError
 from ..io.sources import Source
 
-__all__ = ["RangedSource", "RemoteChangedError", "TransientError", "HEAD_BYTES", "TAIL_BYTES", "MERGE_GAP",
-           "PART_BYTES"]
+__all__ = ["RangedSource", "RemoteChangedError", "RemoteTimeoutError", "TransientError", "HEAD_BYTES", "TAIL_BYTES",
+           "MERGE_GAP", "PART_BYTES"]
 
 #: The first request fetches this many bytes from the start of the object: header,
 #: metadata and index of a model of a few hundred tensors (about 100 bytes of index per
@@ -39,6 +39,13 @@ EXTEND_GAP = 1 << 20
 class RemoteChangedError(AprIOError):
     """E007: the remote object changed between two requests (its ETag or Last-Modified
     differs); its bytes are never mixed from two versions.  Open it again."""
+
+
+class RemoteTimeoutError(AprIOError, TimeoutError):
+    """E007: a server took longer than a request or a call may take (the ``timeout``,
+    ``min_rate`` and ``deadline`` of ``storage_options``: see
+    :class:`aprfast.remote.http.Budget`).  Not retried: a server that slow is slow again.
+    Also a ``TimeoutError``."""
 
 
 class TransientError(Exception):

@@ -17,6 +17,7 @@ import threading
 from .._optional import require
 from ..errors import AprFileNotFoundError, AprIOError, AprPermissionError
 from ._ranged import HEAD_BYTES, RangedSource, RemoteChangedError, TransientError
+from ._url import redact_url, scrub
 
 __all__ = ["FsspecSource", "filesystem", "open_fsspec"]
 
@@ -29,7 +30,7 @@ def filesystem(url: str, storage_options=None):
     except ImportError:
         raise
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"fsspec cannot open {url!r}: {exc}") from None
+        raise ValueError(f"fsspec cannot open {redact_url(url)!r}: {scrub(exc, url)}") from None
 
 
 def _version(info: dict):
@@ -43,11 +44,14 @@ def _version(info: dict):
 
 
 def _io_error(exc: BaseException, url: str, what: str) -> AprIOError:
+    """The typed error for a backend's ``exc``; the URL redacted, and so is any part of
+    it the backend's message quotes (raise it chained to nothing: ``exc`` may quote it)."""
+    shown = redact_url(url)
     if isinstance(exc, FileNotFoundError):
-        return AprFileNotFoundError(f"{what}: no such object", path=url)
+        return AprFileNotFoundError(f"{what}: no such object", path=shown)
     if isinstance(exc, PermissionError):
-        return AprPermissionError(f"{what}: access refused ({exc})", path=url)
-    return AprIOError(f"{what}: {type(exc).__name__}: {exc}", path=url)
+        return AprPermissionError(f"{what}: access refused ({scrub(exc, url)})", path=shown)
+    return AprIOError(f"{what}: {type(exc).__name__}: {scrub(exc, url)}", path=shown)
 
 
 def open_fsspec(url: str, storage_options=None, *, connections: int = 8):
@@ -68,9 +72,11 @@ class FsspecSource(RangedSource):
         if fs is None:
             fs, path = filesystem(url, storage_options)
         self.url, self.fs, self._path = url, fs, path
+        self.shown = redact_url(url)
         self._local = threading.local()
         self._files = []
         self._files_lock = threading.Lock()
+        error = None
         try:
             # The first file object's own details are the object's info (one request, not
             # two); a backend whose file objects carry none is asked with info().
@@ -78,19 +84,21 @@ class FsspecSource(RangedSource):
             details = getattr(first, "details", None)
             info = details if isinstance(details, dict) and "size" in details else fs.info(path)
         except Exception as exc:  # noqa: BLE001 - every backend has its own errors
-            raise _io_error(exc, url, "cannot open") from exc
+            error = _io_error(exc, url, "cannot open")
+        if error is not None:  # raised out here: the backend's exception may quote the URL
+            raise error
         size = info.get("size")
         if info.get("type", "file") != "file" or not isinstance(size, int) or size < 0:
             first.close()
             if info.get("type", "file") != "file":
-                raise AprIOError(f"not a file but a {info.get('type')}", path=url)
-            raise AprIOError(f"the filesystem reports a size of {size!r}", path=url)
+                raise AprIOError(f"not a file but a {info.get('type')}", path=self.shown)
+            raise AprIOError(f"the filesystem reports a size of {size!r}", path=self.shown)
         self.version = _version(info)
         self._size = size
         self._local.file = first
         self._files.append(first)
         head = bytearray(min(size, HEAD_BYTES))
-        super().__init__(size, b"", path=url, connections=connections)
+        super().__init__(size, b"", path=self.shown, connections=connections)
         try:
             if head:
                 self._fetch_retrying(0, memoryview(head))
@@ -110,12 +118,12 @@ class FsspecSource(RangedSource):
                 if now is not None and now[0] == self.version[0] and now != self.version:
                     f.close()
                     raise RemoteChangedError(f"the object changed since it was opened ({self.version[0]} "
-                                             f"{self.version[1]!r} -> {now[1]!r}); open it again", path=self.url)
+                                             f"{self.version[1]!r} -> {now[1]!r}); open it again", path=self.shown)
             size = getattr(f, "size", None)
             if isinstance(size, int) and size != self._size:
                 f.close()
                 raise RemoteChangedError(f"the object is now {size} bytes long; it was {self._size} when opened",
-                                         path=self.url)
+                                         path=self.shown)
             self._local.file = f
             with self._files_lock:
                 self._files.append(f)
@@ -138,15 +146,20 @@ class FsspecSource(RangedSource):
         except Exception as exc:  # noqa: BLE001
             name = type(exc).__name__
             if name == "FileExpired":  # fsspec.exceptions.FileExpired: If-Match failed
-                raise RemoteChangedError(f"the object changed since it was opened: {exc}; open it again",
-                                         path=self.url) from None
-            if isinstance(exc, (FileNotFoundError, PermissionError)):
-                raise _io_error(exc, self.url, f"reading {n} bytes at offset {offset}") from exc
-            self._local.file = None  # a fresh file object for the retry
-            raise TransientError(f"{name}: {exc}") from None
+                error = RemoteChangedError(f"the object changed since it was opened: {scrub(exc, self.url)}; "
+                                           "open it again", path=self.shown)
+            elif isinstance(exc, (FileNotFoundError, PermissionError)):
+                error = _io_error(exc, self.url, f"reading {n} bytes at offset {offset}")
+            else:
+                self._local.file = None  # a fresh file object for the retry
+                error = TransientError(f"{name}: {scrub(exc, self.url)}")
+        else:
+            error = None
+        if error is not None:  # raised out here: the backend's exception may quote the URL
+            raise error
         got = min(len(data), n)
         if len(data) > n:
-            raise AprIOError(f"asked for {n} bytes at offset {offset}, got {len(data)}", path=self.url)
+            raise AprIOError(f"asked for {n} bytes at offset {offset}, got {len(data)}", path=self.shown)
         out[:got] = memoryview(data)[:got]
         return got
 

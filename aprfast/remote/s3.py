@@ -53,6 +53,7 @@ import urllib.parse
 
 from ..errors import AprError, AprFileNotFoundError, AprIOError, AprPermissionError
 from ._ranged import HEAD_BYTES, RangedSource, RemoteChangedError, TransientError
+from ._url import redact_url
 
 __all__ = ["S3Source", "is_s3fs", "PRESIGN_EXPIRES", "PRESIGN_REUSE"]
 
@@ -111,16 +112,17 @@ class S3Source(RangedSource):
         from fsspec.asyn import sync
 
         self.url, self.fs, self._sync = url, fs, sync
+        self.shown = redact_url(url)  # what messages show: no userinfo, no query
         bucket, key, version_id = fs.split_path(path)
         if not key:
-            raise AprIOError("an s3:// URL names bucket/key; this one names a bucket", path=url)
+            raise AprIOError("an s3:// URL names bucket/key; this one names a bucket", path=self.shown)
         self._kwargs = {"Bucket": bucket, "Key": key}
         if version_id:
             self._kwargs["VersionId"] = version_id
-        self.path = url  # for the errors raised before RangedSource.__init__ sets it
+        self.path = self.shown  # for the errors raised before RangedSource.__init__ sets it
         self.version = None  # (ETag, LastModified) of the first answer
         size, head = self._open()
-        super().__init__(size, head, path=url, connections=connections)
+        super().__init__(size, head, path=self.shown, connections=connections)
         #: the presigned-URL way of the later GETs, or None (then ``direct_off`` says why)
         self.direct, self.direct_off = None, _direct_refusal(fs, self.version)
         if self.direct_off is None:
@@ -137,7 +139,7 @@ class S3Source(RangedSource):
             except TransientError as exc:
                 attempt += 1
                 if attempt > self.retries:
-                    raise AprIOError(f"cannot open after {attempt} attempts: {exc}", path=self.url) from None
+                    raise AprIOError(f"cannot open after {attempt} attempts: {exc}", path=self.shown) from None
                 time.sleep(self.backoff * (2 ** (attempt - 1)))
 
     def _first(self):
@@ -153,16 +155,16 @@ class S3Source(RangedSource):
                 if not isinstance(length, int) or length > HEAD_BYTES:
                     raise AprIOError(f"the server ignores Range requests (it answered {status} with {length} "
                                      "bytes); random access to a large object needs ranged GETs: download it "
-                                     "first", path=self.url)
+                                     "first", path=self.shown)
                 found["size"], found["n"] = length, length
                 return
             m = _CONTENT_RANGE.fullmatch(str(content_range).strip())
             if not m:
-                raise AprIOError(f"an answer with Content-Range {content_range!r}", path=self.url)
+                raise AprIOError(f"an answer with Content-Range {content_range!r}", path=self.shown)
             first, last, total = (int(g) for g in m.groups())
             if first != 0 or last != min(total, HEAD_BYTES) - 1 or length != last + 1:
                 raise AprIOError(f"asked for bytes 0-{HEAD_BYTES - 1}, the server sent {first}-{last}/{total} "
-                                 f"in {length} bytes", path=self.url)
+                                 f"in {length} bytes", path=self.shown)
             found["size"], found["n"] = total, length
 
         try:
@@ -172,7 +174,7 @@ class S3Source(RangedSource):
                 self.version = None
                 return 0, b""
             raise AprIOError(f"the server refused the range of the first {HEAD_BYTES} bytes (416)",
-                             path=self.url) from None
+                             path=self.shown) from None
         if len(data) != found["n"]:
             raise TransientError(f"the body ended after {len(data)} of {found['n']} bytes")
         self.version = found["version"]
@@ -199,24 +201,24 @@ class S3Source(RangedSource):
             new_etag, new_modified = resp.get("ETag"), str(resp.get("LastModified"))
             if (etag and new_etag != etag) or (not etag and modified and new_modified != modified):
                 raise RemoteChangedError(f"the object changed since it was opened (ETag {etag!r} -> {new_etag!r}); "
-                                         "open it again", path=self.url)
+                                         "open it again", path=self.shown)
             m = _CONTENT_RANGE.fullmatch(str(resp.get("ContentRange") or "").strip())
             if not m:
                 raise AprIOError(f"asked for {n} bytes at offset {offset}, the server answered without a "
-                                 f"Content-Range ({resp.get('ContentRange')!r})", path=self.url)
+                                 f"Content-Range ({resp.get('ContentRange')!r})", path=self.shown)
             first, last, total = (int(g) for g in m.groups())
             if total != self.size:
                 raise RemoteChangedError(f"the object is now {total} bytes long; it was {self.size} when opened",
-                                         path=self.url)
+                                         path=self.shown)
             if first != offset or last != offset + n - 1 or resp.get("ContentLength") != n:
                 raise AprIOError(f"asked for bytes {offset}-{offset + n - 1}, the server sent {first}-{last} in "
-                                 f"{resp.get('ContentLength')} bytes", path=self.url)
+                                 f"{resp.get('ContentLength')} bytes", path=self.shown)
 
         try:
             data = self._call(kwargs, check)
         except _Unsatisfiable:
             raise RemoteChangedError(f"the server refused bytes {offset}-{offset + n - 1} of an object of "
-                                     f"{self.size} bytes: it changed since it was opened", path=self.url) from None
+                                     f"{self.size} bytes: it changed since it was opened", path=self.shown) from None
         got = min(len(data), n)
         out[:got] = memoryview(data)[:got]
         return got
@@ -234,19 +236,19 @@ class S3Source(RangedSource):
             code, error = _error_code(exc)
             if code == "PreconditionFailed":
                 raise RemoteChangedError(f"the object changed since it was opened (If-Match {kwargs.get('IfMatch')!r}"
-                                         " no longer holds); open it again", path=self.url) from None
+                                         " no longer holds); open it again", path=self.shown) from None
             if code == "InvalidRange":
                 size = str(error.get("ActualObjectSize", ""))
                 raise _Unsatisfiable(int(size) if size.isdigit() else None) from None
             if isinstance(exc, FileNotFoundError) or code in ("NoSuchKey", "NoSuchBucket", "404"):
-                raise AprFileNotFoundError("no such object", path=self.url) from None
+                raise AprFileNotFoundError("no such object", path=self.shown) from None
             if isinstance(exc, PermissionError) or code in ("AccessDenied", "403", "InvalidAccessKeyId",
                                                             "SignatureDoesNotMatch"):
-                raise AprPermissionError(f"access refused ({exc})", path=self.url) from None
+                raise AprPermissionError(f"access refused ({exc})", path=self.shown) from None
             # botocore (5xx, throttling, connection errors) and then s3fs (its ``retries``)
             # have retried the request already: retrying here too would multiply them
             raise AprIOError(f"GetObject failed after s3fs's retries: {type(exc).__name__}: {exc}",
-                             path=self.url) from None
+                             path=self.shown) from None
 
 
 def _direct_refusal(fs, version):
@@ -379,10 +381,10 @@ class _Direct:
             self._check_status(resp, offset, n)
             if resp.version[0] != source.version[0]:
                 raise RemoteChangedError(f"the object changed since it was opened (ETag {source.version[0]!r} -> "
-                                         f"{resp.version[0]!r}); open it again", path=source.url)
+                                         f"{resp.version[0]!r}); open it again", path=source.shown)
             from .http import check_range, read_into
 
-            check_range(resp, offset, n, source.size, source.url)
+            check_range(resp, offset, n, source.size, source.shown)
             return read_into(resp, out)
         finally:
             endpoint.release(conn, resp)
@@ -391,7 +393,7 @@ class _Direct:
         """Refuse every answer but 206, typed as the s3fs way types them."""
         from .http import _drain_small
 
-        status, url = resp.status, self.source.url
+        status, url = resp.status, self.source.shown
         if status == 206:
             return
         _drain_small(resp)  # an S3 error document: small; the connection is reused
