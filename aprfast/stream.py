@@ -32,16 +32,16 @@ import stat
 import numpy as np
 
 from . import _memory, layouts
-from .codecs import blocks as tensor_codecs
 from . import remote as _remote
 from ._crc import crc32, crc32_combine
+from .codecs import blocks as tensor_codecs
 from .errors import AprError, AprIOError, ChecksumError, CorruptError, LimitError, SignatureError
-from .layouts import v1 as v1_layout
-from .limits import MAX_ALIGNMENT, Limits
 from .files.handle import Handle
 from .files.reader import array_maker
-from .security import refuse_keys
 from .io.sources import BufferSource
+from .layouts import v1 as v1_layout
+from .limits import MAX_ALIGNMENT, Limits
+from .security import refuse_keys
 
 __all__ = ["stream", "TensorStream", "PENDING"]
 
@@ -941,8 +941,8 @@ class _V1PlainStream:
 
         path = inp.path
         self._input, self._header, self.verified = inp, header, False
-        self._regions = v1.checks.locate(header, v1.checks.reader_of(memoryview(prefix)), inp.size or _v1_size(header), path,
-                                   limits)
+        read = v1.checks.reader_of(memoryview(prefix))
+        self._regions = v1.checks.locate(header, read, inp.size or _v1_size(header), path, limits)
         metadata = v1_layout.decode_metadata(prefix[v1_layout.HEADER_SIZE:], path=path)
         self.license = v1.checks.decode_license(metadata, path)
         for key in v1_layout.INTERNAL_KEYS:

@@ -13,8 +13,22 @@ import tracemalloc
 import zipfile
 
 import pytest
-from test_convert_pytorch import (EMPTY_DICT, EMPTY_TUPLE, PROTO, REDUCE, STOP, floats, glob, i1, long1, state_dict,
-                                  tensor, tup, uni, write_pt)
+from test_convert_pytorch import (
+    EMPTY_DICT,
+    EMPTY_TUPLE,
+    PROTO,
+    REDUCE,
+    STOP,
+    floats,
+    glob,
+    i1,
+    long1,
+    state_dict,
+    tensor,
+    tup,
+    uni,
+    write_pt,
+)
 
 import aprfast
 from aprfast import limits

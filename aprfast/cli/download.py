@@ -20,7 +20,8 @@ def add_parser(commands) -> None:
                                "s3://bucket/key, ...")
     p.add_argument("--force", action="store_true", help="download again even if the cache holds it")
     p.add_argument("--max-size", metavar="SIZE", default=None,
-                   help="refuse a file larger than this (bytes, or 500MB, 8GiB...; 0: no limit; default: 64GiB, 1GiB when the server declares no length)")
+                   help="refuse a file larger than this (bytes, or 500MB, 8GiB...; 0: no limit; default: 64GiB, "
+                        "1GiB when the server declares no length)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(run=run)
 
@@ -28,7 +29,7 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     from ..config import cache_dir
     from ..remote import redact_url
-    from ..remote.cache import hf_repo, cache_path_for, download
+    from ..remote.cache import cache_path_for, download, hf_repo
 
     if hf_repo(args.url) is None:  # a whole hf:// repository has no single file path
         try:

@@ -20,14 +20,22 @@ import numpy as np
 
 from .. import dtypes as _dtypes
 from ..errors import FormatError, LayoutError, os_error
+from ..numerics.drift import numeric_values
 from ..numerics.precision import to_bfloat16, to_float16, to_float32
-from ..numerics.quantization import type_selector, dequantize as _dequantize, quant_type, quantize as _quantize
+from ..numerics.quantization import dequantize as _dequantize
+from ..numerics.quantization import quant_type, type_selector
+from ..numerics.quantization import quantize as _quantize
 from ..tensors import RawTensor
-from . import apr as _apr, burnpack as _bpk, gguf as _gguf, mle as _mle, onnx as _onnx, pytorch as _pt
+from . import apr as _apr
+from . import burnpack as _bpk
+from . import gguf as _gguf
+from . import mle as _mle
+from . import onnx as _onnx
+from . import pytorch as _pt
 from . import safetensors as _st
 from ._common import DestinationExistsError, Scratch, Spec
-from ..numerics.drift import numeric_values
-from .gate import DEFAULT_MAX_DRIFT, QualityGate, QualityGateError, QualityGateWarning, lossy as _lossy
+from .gate import DEFAULT_MAX_DRIFT, QualityGate, QualityGateError, QualityGateWarning
+from .gate import lossy as _lossy
 from .names import NameMapping, NameMappingWarning, detect_arch, map_names
 from .optimize import Optimizer
 from .tokenizer import tokenizer_metadata

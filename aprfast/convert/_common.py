@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..io import platform as _platform
 from .. import dtypes as _dtypes
 from ..dtypes import DType
 from ..errors import AprIOError, CorruptError, LayoutError, LimitError, os_error
+from ..io import platform as _platform
 from ..tensors import QuantizedTensor, RawTensor
 
 __all__ = ["Spec", "DestinationExistsError", "read_exact", "read_array", "check_shape_bytes", "copy_range",

@@ -103,8 +103,8 @@ def _companions(local_index: str, url: str) -> list:
     except OSError as exc:
         raise AprIOError(f"cannot read the fetched index: {exc}", path=url) from exc
     if name.endswith(".apr.index.json"):
-        from ..limits import Limits
         from ..files.shards import parse_manifest
+        from ..limits import Limits
 
         names = [shard["file"] for shard in parse_manifest(raw, Limits(), url)["shards"]]
     else:

@@ -23,11 +23,11 @@ import struct
 
 import numpy as np
 
-from ..io import platform as _platform
 from .. import dtypes as _dtypes
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, VersionError, os_error
-from ..limits import MAX_METADATA_SIZE, MAX_TENSOR_COUNT
+from ..io import platform as _platform
 from ..io.atomic import AtomicFile
+from ..limits import MAX_METADATA_SIZE, MAX_TENSOR_COUNT
 from ._common import DeclaredWriter, Spec, TensorFileSource, check_shape_bytes, copy_range, reserve
 from .safetensors import _write_all, tensor_bytes
 

@@ -33,11 +33,19 @@ import zipfile
 
 import numpy as np
 
-from ..io import platform as _platform
 from .. import dtypes as _dtypes
 from .._crc import crc32
-from ..errors import (AprError, ChecksumError, CorruptError, FormatError, LimitError, UnknownDTypeError, VersionError,
-                      os_error)
+from ..errors import (
+    AprError,
+    ChecksumError,
+    CorruptError,
+    FormatError,
+    LimitError,
+    UnknownDTypeError,
+    VersionError,
+    os_error,
+)
+from ..io import platform as _platform
 from ._common import Spec, check_shape_bytes, value_of
 from ._pickle_vm import MAX_PICKLE_BYTES, Allowed, Buildable, PickledDict, PickleRefusedError, build_budget, unpickle
 

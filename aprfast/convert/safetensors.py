@@ -24,10 +24,19 @@ import numpy as np
 
 from .. import dtypes as _dtypes
 from ..errors import CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, os_error
-from ..tensors import RawTensor
 from ..io.atomic import AtomicFile
-from ._common import (DeclaredWriter, DestinationExistsError, Spec, TensorFileSource, check_shape_bytes, copy_range,
-                      read_exact, reserve, write_all as _write_all)
+from ..tensors import RawTensor
+from ._common import (
+    DeclaredWriter,
+    DestinationExistsError,
+    Spec,
+    TensorFileSource,
+    check_shape_bytes,
+    copy_range,
+    read_exact,
+    reserve,
+)
+from ._common import write_all as _write_all
 
 __all__ = ["SafetensorsSource", "ShardedSource", "SafetensorsWriter", "ShardedWriter", "open_source",
            "is_safetensors", "ST_DTYPES", "INDEX_NAME", "parse_size", "metadata_to_strings",

@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import re
 
-from ._ranged import (HEAD_BYTES, MERGE_GAP, PART_BYTES, TAIL_BYTES, RangedSource, RemoteChangedError,
-                      RemoteTimeoutError)
+from ._ranged import HEAD_BYTES, MERGE_GAP, PART_BYTES, TAIL_BYTES, RangedSource, RemoteChangedError, RemoteTimeoutError
 from ._url import RemoteURLError, redact_url
 
 __all__ = ["is_url", "open_url", "open_stream", "RemoteTarget", "RangedSource", "RemoteChangedError",
