@@ -21,7 +21,7 @@ from aprfast import remote
 from aprfast.convert import detect, open_source
 from aprfast.convert import pytorch as cpt
 from aprfast.convert import safetensors as cst
-from aprfast.errors import AprError, CorruptError, FormatError
+from aprfast.errors import AprError, CorruptError
 
 fifo_only = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
 
@@ -89,7 +89,7 @@ def test_detect_never_opens_a_shard_outside_the_directory(tmp_path, how, index_n
     try:
         name = str(fifo) if how == "absolute" else "../outside/x.bin"
         (model / index_name).write_text(json.dumps({"weight_map": {"w": name}}))
-        outcome, value = _run_with_deadline(lambda: detect(model / index_name))
+        outcome, _ = _run_with_deadline(lambda: detect(model / index_name))
         assert outcome == "returned", f"detect() {outcome}"
         assert not opened.wait(0.3), "detect() opened a file outside the model directory"
         with pytest.raises(CorruptError, match="plain file name"):
@@ -129,7 +129,7 @@ def test_every_shard_name_is_checked_before_any_is_looked_at(tmp_path, monkeypat
 
 
 def test_honest_sharded_indexes_still_detect_and_convert(tmp_path):
-    from test_convert_pytorch import state_dict, tensor, write_pt, floats  # the hand-made torch zips
+    from test_convert_pytorch import floats, state_dict, tensor, write_pt  # the hand-made torch zips
 
     write_pt(tmp_path / "pytorch_model-00001-of-00001.bin", state_dict(w=tensor("0", 2, (2,), (1,))),
              {"0": floats(1, 2)})
