@@ -89,7 +89,7 @@ def test_detect_never_opens_a_shard_outside_the_directory(tmp_path, how, index_n
     try:
         name = str(fifo) if how == "absolute" else "../outside/x.bin"
         (model / index_name).write_text(json.dumps({"weight_map": {"w": name}}))
-        outcome, value = _run_with_deadline(lambda: detect(model / index_name))
+        outcome, _ = _run_with_deadline(lambda: detect(model / index_name))
         assert outcome == "returned", f"detect() {outcome}"
         assert not opened.wait(0.3), "detect() opened a file outside the model directory"
         with pytest.raises(CorruptError, match="plain file name"):
