@@ -15,7 +15,6 @@ numpy did when it moved ``numpy.core``.  Two kinds answer silently:
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.util
 import sys
 import warnings
@@ -51,7 +50,7 @@ MOVED = {
 }
 
 
-class _AliasLoader(importlib.abc.Loader):
+class _AliasLoader:  # the loader protocol (importlib.abc is not imported: it costs 6 modules)
     def __init__(self, new: str, warn: bool):
         self.new = new
         self.warn = warn
@@ -69,7 +68,7 @@ class _AliasLoader(importlib.abc.Loader):
         sys.modules[old] = importlib.import_module(self.new)
 
 
-class _MovedFinder(importlib.abc.MetaPathFinder):
+class _MovedFinder:  # the meta path finder protocol
     def find_spec(self, fullname, path=None, target=None):
         entry = MOVED.get(fullname)
         if entry is None:
