@@ -262,10 +262,30 @@ def _find_manifest(target, storage_options):
     return shards.find_manifest(target)
 
 
+def _model_in_directory(target):
+    """``target`` itself, or for a local directory (which holds no sharded manifest: that
+    was looked for first) the one ``.apr`` file in it; a directory with none or several
+    is an error that says so instead of "Is a directory"."""
+    if not isinstance(target, (str, os.PathLike)) or _is_url(target) or not os.path.isdir(target):
+        return target
+    found = sorted(name for name in os.listdir(target) if name.endswith(".apr") and not name.startswith(".")
+                   and os.path.isfile(os.path.join(target, name)))
+    if len(found) == 1:
+        return os.path.join(target, found[0])
+    if not found:
+        raise AprFileNotFoundError("the directory holds no .apr model (no *.apr file and no *.apr.index.json "
+                                   "manifest)", path=os.fspath(target))
+    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    raise LayoutError(f"the directory holds {len(found)} .apr files ({shown}): name the one to open",
+                      path=os.fspath(target))
+
+
 def _open_source_or_manifest(target, mode, storage_options):
     """The Source of ``target``; for a URL ``x.apr`` with no object behind it, the
     manifest ``x.apr.index.json`` a sharded save of ``x.apr`` leaves, when there is one
-    (as a missing local ``x.apr`` does), else the original not-found error."""
+    (as a missing local ``x.apr`` does), else the original not-found error.  A local
+    directory opens the one ``.apr`` file it holds."""
+    target = _model_in_directory(target)
     try:
         return open_source(target, mode=mode, storage_options=storage_options)
     except AprFileNotFoundError:

@@ -23,14 +23,52 @@ _BY_MAGIC = {aprender.MAGIC: aprender, apr2.MAGIC: apr2, apr1.MAGIC: apr1}
 _KNOWN_OTHERS = {v1.MAGIC: "a v1 APRN model container: read it with aprfast.v1.load_model()"}
 
 
+#: Formats aprfast converts but does not open as a tensor container: the magic says which,
+#: so the error can name the format and the command that converts it (issue 28).
+_CONVERTIBLE = {b"GGUF": "GGUF", b"NRUB": "Burnpack", b"MLE\0": "MLE", b"PK\x03\x04": "PyTorch (a torch.save zip)",
+                b"\x80\x02\x8a\x0a": "PyTorch (a legacy torch.save pickle)"}
+_CONVERT_HINT = ("convert it first: `apr import {path} --output model.apr` or "
+                 "aprfast.convert({path!r}, 'model.apr')")
+
+
+def _foreign_format(head: bytes, size: int) -> str | None:
+    """The name of a format aprfast converts, recognised from a file's first 16 bytes."""
+    for magic, name in _CONVERTIBLE.items():
+        if head.startswith(magic):
+            return name
+    # safetensors: a little-endian u64 header length, then the JSON header's "{"
+    if len(head) >= 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= size - 8:
+        return "safetensors"
+    return None
+
+
 def detect(source):
-    """The layout module for a source, by its magic bytes."""
+    """The layout module for a source, by its magic bytes.
+
+    Args:
+        source: an :class:`aprfast.io.sources.Source`.
+
+    Returns:
+        The layout module (:mod:`~aprfast.layouts.aprender`, :mod:`~aprfast.layouts.apr2`
+        or :mod:`~aprfast.layouts.apr1`).
+
+    Raises:
+        FormatError: the file is too short, or another format; the message names the
+            format when aprfast converts it (GGUF, safetensors, PyTorch, Burnpack, MLE) and
+            how to convert it, or says it is a v1 container.
+    """
     if source.size < 4:
         raise FormatError(f"file is {source.size} bytes, too short to hold a magic number", path=source.path)
     magic = bytes(source.read(0, 4, "magic"))
     layout = _BY_MAGIC.get(magic)
     if layout is None:
         what = _KNOWN_OTHERS.get(magic)
+        if what is None:
+            head = bytes(source.read(0, min(16, source.size), "magic"))
+            foreign = _foreign_format(head, source.size)
+            if foreign is not None:
+                path = source.path or "FILE"
+                what = f"a {foreign} file, not an .apr tensor container: " + _CONVERT_HINT.format(path=str(path))
         detail = f"; it is {what}" if what else ""
         raise FormatError(f"magic {magic!r} is not a tensor container (APR\\0, APR2 or APR1){detail}",
                           path=source.path)

@@ -350,6 +350,10 @@ def _parse_sections(source, limits: Limits, strict_dtypes: bool, file_size) -> P
         raise LimitError(f"metadata of {meta_size} bytes exceeds the limit of {limits.max_metadata_size} "
                          "(aprfast.limits.MAX_METADATA_SIZE)", path=path)
     source.check_range(meta_off, meta_size, "metadata")
+    if file_size is not None and index_off <= data_off and data_off > body_end:
+        raise CorruptError(f"truncated: the header promises at least {data_off + FOOTER_SIZE} bytes (data "
+                           f"section at {data_off}, then the {FOOTER_SIZE}-byte footer), the file has "
+                           f"{file_size}", path=path)
     if not (index_off <= data_off <= body_end):
         raise CorruptError(f"tensor index offset {index_off} and data offset {data_off} must satisfy "
                            f"index <= data <= {body_end} (file size minus footer)", path=path)
