@@ -30,6 +30,8 @@ EXTRAS = {
     "s3fs": ("remote", "s3:// files"),
     "huggingface_hub": ("hf", "hf:// models"),
     "textual": ("tui", "the terminal UI (apr tui)"),
+    "torch": ("torch", "torch tensors (aprfast.torch, safe_open(framework='pt'))"),
+    "jax": ("jax", "JAX arrays (aprfast.jax, safe_open(framework='jax'))"),
 }
 
 

@@ -6,13 +6,16 @@ default device (or ``device``).  Needs the ``jax`` package.
 
 from __future__ import annotations
 
-import jax  # noqa: F401 - fail at import when JAX is missing, as safetensors.flax does
 import numpy as np
 
 from . import api
+from ._optional import require
 from .files.frameworks import check_metadata, check_names, to_framework
 from .files.reader import AprFile
 from .files.safe_open import safe_open
+
+# fail at import when JAX is missing, as safetensors.flax does, with the extra to install
+require("jax")
 
 __all__ = ["save_file", "save", "load_file", "load"]
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import torch
-
 from . import api
+from ._optional import require
 from .files.frameworks import UsageError, check_metadata, check_names, from_torch, to_framework, torch_meta
 from .files.reader import AprFile
 from .files.staging import STAGING_BYTES, load_to_device, tensor_to_device  # noqa: F401  (public here too)
+
+torch = require("torch")  # MissingDependencyError naming aprfast[torch], as every optional import
 
 __all__ = ["save_file", "save", "load_file", "load", "save_model", "load_model", "load_to_device",
            "tensor_to_device"]

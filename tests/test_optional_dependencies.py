@@ -124,3 +124,19 @@ def test_every_extra_named_in_docs_examples_and_tests_exists_in_pyproject():
     assert {"ray", "dask"} <= set(named), sorted(named)
     missing = {extra: where for extra, where in named.items() if extra not in extras}
     assert not missing, f"extras named but not declared in pyproject.toml: {missing}"
+
+
+def test_the_framework_adapters_name_their_extra_when_the_framework_is_missing(tmp_path):
+    # issue 28 item 6: one kind of missing-dependency error, the adapters included
+    code = ("import sys, numpy as np, aprfast\n"
+            "sys.modules['torch'] = None; sys.modules['jax'] = None\n"
+            "aprfast.save_file({'a': np.zeros(2, np.float32)}, sys.argv[1])\n"
+            "for stmt in ('import aprfast.torch', 'import aprfast.jax', "
+            "'aprfast.safe_open(sys.argv[1], \"pt\")', 'aprfast.safe_open(sys.argv[1], \"jax\")'):\n"
+            "    try:\n"
+            "        exec(stmt)\n"
+            "    except aprfast.MissingDependencyError as exc:\n"
+            "        print('aprfast[torch]' in str(exc) or 'aprfast[jax]' in str(exc))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.apr")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True"] * 4

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._optional import require
 from ..errors import AprIOError
 from .frameworks import SliceIndexError, UsageError, framework_name, to_framework, torch_meta
 from .reader import AprFile
@@ -195,8 +196,4 @@ _SAFETENSORS_NAMES = {"F4_E2M1": "F4"}
 
 def _import_framework(framework: str) -> None:
     """Fail at open, with the reason, when the framework is not installed."""
-    try:
-        __import__(framework)
-    except ImportError as exc:
-        raise ImportError(f"framework {framework!r} needs the {framework} package, which is not "
-                          f"installed ({exc})") from exc
+    require(framework)  # MissingDependencyError naming aprfast[torch] or aprfast[jax]
