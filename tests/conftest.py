@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,34 @@ settings.register_profile("ci", max_examples=300, deadline=None,
 settings.register_profile("expensive", max_examples=3000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+_INTEROP = Path(__file__).resolve().parent / "interop"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--interop", action="store_true",
+                     help="also run tests/interop: the real aprender and Burn crates, built with cargo "
+                          "(several minutes the first time); CI runs them (APRFAST_REQUIRE_INTEROP=1)")
+
+
+def _interop_wanted(config) -> bool:
+    if config.getoption("--interop") or os.environ.get("APRFAST_REQUIRE_INTEROP", "").strip() not in ("", "0"):
+        return True
+    # named on the command line (pytest tests/interop, or one of its files)
+    for arg in config.args:
+        path = Path(str(arg).split("::")[0]).resolve()
+        if path == _INTEROP or _INTEROP in path.parents:
+            return True
+    return False
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The default ``pytest`` (the README's) stays fast: the interop tests, which build
+    Rust harnesses, run with ``--interop``, when named, or in CI."""
+    if Path(collection_path).resolve() == _INTEROP and not _interop_wanted(config):
+        return True
+    return None
 
 
 @pytest.fixture
