@@ -108,7 +108,10 @@ def as_input(name, value) -> TensorInput:
             raise LayoutError(f"tensor {name!r}: cannot write a tensor of unknown dtype id {value.dtype_id}")
         return TensorInput(name, value.dtype, value.shape, _c_order(value.data), value.nbytes)
     array = _as_array(name, value)
-    dtype = _dtypes.from_numpy(array.dtype)
+    try:
+        dtype = _dtypes.from_numpy(array.dtype)
+    except LayoutError as exc:  # name the entry of the caller's dict (issue 28 item 9)
+        raise LayoutError(f"tensor {name!r}: {exc.message}", path=exc.path) from None
     if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not _LITTLE):
         array = array.astype(array.dtype.newbyteorder("<"))
     array = _c_order(array)

@@ -744,3 +744,10 @@ def test_a_save_sweeps_a_temp_left_after_its_last_save_there(tmp_path):
     aprfast.save_file({"a": np.zeros(3, np.float32)}, tmp_path / "two.apr")
     assert not orphan.exists()
     assert atomic._SWEPT[str(tmp_path)] == os.stat(tmp_path).st_mtime_ns
+
+
+def test_an_unstorable_value_names_its_key(tmp_path):
+    # issue 28 item 9: the caller's dict entry is named, not only the dtype
+    with pytest.raises(LayoutError, match="tensor 'head.bad': arrays of dtype object cannot be stored"):
+        aprfast.save_file({"ok": np.zeros(2, np.float32), "head.bad": np.array([object()])}, tmp_path / "m.apr")
+    assert not (tmp_path / "m.apr").exists()
