@@ -109,9 +109,11 @@ def load_model(model, filename, strict: bool = True, device="cpu", *, backend: s
     for any second name of a tie)."""
     state = load_file(filename, device=device, backend=backend)
     model_state = model.state_dict()
+    groups = _overlapping_groups(model_state)
+    _drop_ties_the_model_lacks(state, api.inspect(filename).get("metadata") or {}, model_state, groups)
     result = model.load_state_dict(state, strict=False)
     missing, unexpected = set(result.missing_keys), list(result.unexpected_keys)
-    for group in _overlapping_groups(model_state):
+    for group in groups:
         present = [name for name in group if name in state]
         missing -= _filled_through_sharing(model_state, group, present)
         unexpected += _conflicting_ties(model_state, state, present)
@@ -123,6 +125,20 @@ def load_model(model, filename, strict: bool = True, device="cpu", *, backend: s
             error += "\n    Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(unexpected))
         raise RuntimeError(error)
     return missing, unexpected
+
+
+def _drop_ties_the_model_lacks(state: dict, metadata: dict, model_state: dict, groups: list) -> None:
+    """A name the file records as a tie (``{dropped: kept}``, :func:`save_model`'s and
+    safetensors' record) stands for ``kept``'s bytes only in a model that ties the two
+    too.  safetensors' file does not hold such a name at all, so a model without the tie
+    finds it missing (and ``strict`` raises); the same is done here instead of filling an
+    untied parameter with another one's values."""
+    tied = {name: i for i, group in enumerate(groups) for name in group}
+    for dropped, kept in metadata.items():
+        if not (isinstance(kept, str) and dropped != kept and dropped in state and kept in state):
+            continue
+        if dropped in model_state and kept in model_state and tied.get(dropped, -1) != tied.get(kept, -2):
+            del state[dropped]
 
 
 # --- shared memory -------------------------------------------------------------------

@@ -757,3 +757,25 @@ def test_safe_open_jax(tmp_path, jx, framework):
                     jax_facts(f.get_slice("f32")[1:, :2]), f.get_slice("bf16").get_dtype())
 
     same_outcome(read)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_load_model_of_a_tied_file_into_an_untied_model_is_what_safetensors_does(tmp_path, torch, pt, strict):
+    # issue 28 item 9: the tie's second name is not the untied model's parameter
+    Tied, Untied, _ = _models(torch)
+    torch.manual_seed(0)
+    source = Tied()
+
+    def load(lib):
+        path = str(tmp_path / f"tied{lib.suffix}")
+        lib.torch.save_model(source, path)
+        target = Untied()
+        result = lib.torch.load_model(target, path, strict=strict)
+        return result, state_facts(target)["a.weight"]
+
+    outcome_here = same_outcome(load)
+    if strict:
+        assert "Missing key(s)" in str(outcome_here) and "b.weight" in str(outcome_here)
+    else:
+        (missing, unexpected), _ = outcome_here
+        assert missing == {"b.weight", "b.bias"} and unexpected == []
