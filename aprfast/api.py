@@ -100,7 +100,7 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
             broken pipe); a path is left as it was.
         TypeError: ``tensors`` is not a mapping.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> aprfast.save_file({"w": np.arange(6, dtype=np.float32).reshape(2, 3)},
         ...                   "model.apr", metadata={"arch": "tiny"})
@@ -167,7 +167,7 @@ def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64, c
         LayoutError: As for :func:`save_file`.
         TypeError: ``tensors`` is not a mapping.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> blob = aprfast.save({"b": np.ones(3, np.float32)})
         >>> blob[:4]
@@ -250,7 +250,7 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
         DecryptError: A wrong key or password, or a key for a file that is not encrypted.
         SignatureError: A required signature is missing, untrusted or wrong.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> aprfast.save_file({"a": np.zeros((2, 2), np.float16), "b": np.ones(3)}, "m.apr")
         >>> with aprfast.open("m.apr") as f:
@@ -355,7 +355,7 @@ def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Li
         DecryptError: A wrong key or password.
         SignatureError: A required signature is missing or wrong.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> aprfast.save_file({"w": np.arange(3, dtype=np.int64)}, "model.apr")
         >>> tensors = aprfast.load_file("model.apr", mmap=False)
@@ -396,7 +396,7 @@ def load(data, *, verify: bool = True, limits: Limits | None = None, unknown_dty
         DecryptError: A wrong key or password.
         SignatureError: A required signature is missing or wrong.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> aprfast.load(aprfast.save({"x": np.float32([1.5, 2.5])}))
         {'x': array([1.5, 2.5], dtype=float32)}
@@ -477,7 +477,7 @@ def inspect(target, *, limits: Limits | None = None, storage_options=None) -> di
         CorruptError: The header or index contradicts itself.
         LimitError: The file asks for more than ``limits`` allow.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> aprfast.save_file({"w": np.zeros((2, 3), np.float32)}, "m.apr", metadata={"k": "v"})
         >>> info = aprfast.inspect("m.apr")

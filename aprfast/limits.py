@@ -71,7 +71,7 @@ class Limits:
         max_dims: Dimensions of one tensor.
         max_name_bytes: Bytes of one tensor name.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> blob = aprfast.save({"a": np.zeros(1), "b": np.zeros(1)})
         >>> aprfast.Limits().max_dims

@@ -171,7 +171,7 @@ def stream(fileobj, *, limits: Limits | None = None, unknown_dtypes: str = "erro
         ValueError: ``password`` and ``private_key`` both given, or a bad
             ``unknown_dtypes``.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> aprfast.save_file({"a": np.zeros(2, np.float32), "b": np.ones(3, np.float32)}, "m.apr")
         >>> with open("m.apr", "rb") as fh, aprfast.stream(fh) as s:
@@ -380,7 +380,7 @@ class TensorStream(Handle):
     "plain", "whole", "trueno"), ``signature``, ``signer``, ``encryption``, ``license``;
     ``buffered`` is True when the file had to be read whole before its first tensor.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> s = aprfast.stream(aprfast.save({"w": np.zeros(4, np.float16)}))
         >>> s.layout, s.describe()["w"]["shape"], dict(s)["w"].dtype.name

@@ -36,7 +36,7 @@ class TensorInfo:
         nbytes: How many bytes it takes in the file (compressed: the stored size).
         flags: The index entry's flags (APR2: the codec of a compressed tensor).
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> with aprfast.open(aprfast.save({"w": np.zeros((2, 2), np.float32)})) as f:
         ...     info = f.info("w")
@@ -89,7 +89,7 @@ class RawTensor:
     Raises:
         LayoutError: ``data`` is not the size ``dtype`` and ``shape`` take.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> bf16 = aprfast.RawTensor("BF16", (2,), np.uint16([0x3F80, 0x4000]))
         >>> bf16, bf16.nbytes
@@ -141,7 +141,7 @@ class QuantizedTensor(RawTensor):
         LayoutError: The dtype is not a packed one, or ``data`` is not the size the
             dtype and shape take.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> q = aprfast.quantize(np.ones((2, 32), np.float32), "q8_0")
         >>> q, q.dtype.name, q.shape

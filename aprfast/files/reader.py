@@ -45,7 +45,7 @@ def aligned_empty(nbytes: int, alignment: int = 64, *, filled_by_read: bool = Fa
         ValueError: ``alignment`` is not a power of two within the limit, or ``nbytes``
             is negative.
 
-    Example:
+    Examples:
         >>> import aprfast
         >>> buf = aprfast.aligned_empty(100, 64)
         >>> buf.shape, buf.dtype.name, buf.ctypes.data % 64, buf.flags.writeable
@@ -95,7 +95,7 @@ class AprFile(TensorMapping):
         SignatureError: A required signature is missing or wrong.
         ValueError: A bad ``unknown_dtypes``.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> blob = aprfast.save({"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
         >>> with aprfast.open(blob) as f:
@@ -139,7 +139,7 @@ class AprFile(TensorMapping):
     def layout(self) -> str:
         """"aprender" (APR\\0) or "apr2" (the spec's APR2).
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> with aprfast.open(aprfast.save({"w": np.zeros(1)}, layout="apr2")) as f:
             ...     f.layout
@@ -151,7 +151,7 @@ class AprFile(TensorMapping):
     def header(self) -> dict:
         """The decoded file header: magic, version, flags, sizes and offsets.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> with aprfast.open(aprfast.save({"w": np.zeros(1)})) as f:
             ...     f.header["version"], f.header["tensor_count"]
@@ -165,7 +165,7 @@ class AprFile(TensorMapping):
         layout adds to every file (aprender's typed defaults, APR2's ``apr_version``)
         are in :attr:`stored_metadata`.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> with aprfast.open(aprfast.save({"w": np.zeros(1)}, metadata={"arch": "mlp"})) as f:
             ...     f.metadata
@@ -177,7 +177,7 @@ class AprFile(TensorMapping):
     def stored_metadata(self) -> dict:
         """Every key the file's metadata block holds, layout defaults included.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> with aprfast.open(aprfast.save({"w": np.zeros(1)}, layout="apr2")) as f:
             ...     sorted(f.stored_metadata)
@@ -189,7 +189,7 @@ class AprFile(TensorMapping):
     def path(self):
         """The path or URL the file was opened from; None for a buffer.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> aprfast.save_file({"w": np.zeros(1)}, "m.apr")
             >>> with aprfast.open("m.apr") as f:
@@ -205,7 +205,7 @@ class AprFile(TensorMapping):
         "self-signed", "unsigned"), signer (hex).  None for other files.
         See docs/guide/encryption.md.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> blob = aprfast.save({"w": np.zeros(4, np.float32)}, password="pw")
             >>> with aprfast.open(blob, password="pw") as f:
@@ -218,7 +218,7 @@ class AprFile(TensorMapping):
     def keys(self) -> list:
         """The tensor names, in index order.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> with aprfast.open(aprfast.save({"b": np.zeros(1), "a": np.zeros(1)})) as f:
             ...     f.keys()
@@ -247,7 +247,7 @@ class AprFile(TensorMapping):
         Raises:
             TensorNotFoundError: The file has no tensor ``name``.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> with aprfast.open(aprfast.save({"w": np.zeros((2, 3), np.float16)})) as f:
             ...     info = f.info("w")
@@ -288,7 +288,7 @@ class AprFile(TensorMapping):
             DecryptError: A chunk of an encrypted tensor fails its AES-GCM tag.
             SignatureError: A chunk of a signed tensor does not match its digest.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> aprfast.save_file({"w": np.float32([1, 2, 3])}, "m.apr")
             >>> with aprfast.open("m.apr") as f:
@@ -389,7 +389,7 @@ class AprFile(TensorMapping):
             LayoutError: A packed tensor whose blocks do not follow rows (APR_Q4, APR_Q8,
                 Q8_TENSOR) or a 0-d packed tensor: read it with :meth:`get_tensor`.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> blob = aprfast.save({"w": np.arange(12, dtype=np.float32).reshape(4, 3)})
             >>> with aprfast.open(blob) as f:
@@ -420,7 +420,7 @@ class AprFile(TensorMapping):
         Raises:
             AprIOError: The file is closed, or a read failed.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> with aprfast.open(aprfast.save({"w": np.zeros(2, np.float32)})) as f:
             ...     f.tensors(copy=True)
@@ -440,7 +440,7 @@ class AprFile(TensorMapping):
             SignatureError: A chunk of a signed file does not match its digest.
             AprIOError: The file is closed, or a read failed.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> blob = bytearray(aprfast.save({"w": np.zeros(4, np.float32)}))
             >>> blob[-20] ^= 1  # flip a bit of the tensor data
@@ -465,7 +465,7 @@ class AprFile(TensorMapping):
     def close(self) -> None:
         """Release the file (idempotent); arrays already handed out stay valid.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> f = aprfast.open(aprfast.save({"w": np.zeros(2)}))
             >>> w = f.get_tensor("w")
@@ -504,7 +504,7 @@ class AprFile(TensorMapping):
             ChecksumError: ``verify`` and the CRC does not match.
             AprIOError: The file is closed, or a read failed.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> aprfast.save_file({"a": np.ones(2, np.float32), "b": np.zeros(3, np.float32)}, "m.apr")
             >>> with aprfast.open("m.apr", mode="pread") as f:
@@ -581,7 +581,7 @@ class TensorSlice:
     :meth:`intervals` for tensor-parallel shards along one axis.  Made by
     :meth:`AprFile.get_slice`.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> blob = aprfast.save({"w": np.arange(8, dtype=np.float32).reshape(4, 2)})
         >>> with aprfast.open(blob) as f:
@@ -664,7 +664,7 @@ class TensorSlice:
         Raises:
             IndexError: A range outside the axis, an axis out of range, or a 0-d tensor.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> blob = aprfast.save({"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
             >>> with aprfast.open(blob) as f:
@@ -814,7 +814,7 @@ class QuantizedSlice:
         LayoutError: From ``[key]``: a key that is not whole rows along axis 0, or 1-D
             bounds off the block boundaries.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> q = aprfast.quantize(np.ones((4, 32), np.float32), "q8_0")
         >>> with aprfast.open(aprfast.save({"q": q})) as f:

@@ -48,7 +48,7 @@ class safe_open:  # noqa: N801 - the name safetensors users import
         FormatError: Not an ``.apr`` file.
         CorruptError: The file contradicts itself.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> aprfast.save_file({"w": np.arange(6, dtype=np.float32).reshape(3, 2)}, "m.apr")
         >>> with aprfast.safe_open("m.apr", framework="np") as f:
@@ -75,7 +75,7 @@ class safe_open:  # noqa: N801 - the name safetensors users import
     def close(self) -> None:
         """Close the file (idempotent); tensors already handed out stay valid.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> aprfast.save_file({"w": np.zeros(2, np.float32)}, "m.apr")
             >>> f = aprfast.safe_open("m.apr", "np")
@@ -96,7 +96,7 @@ class safe_open:  # noqa: N801 - the name safetensors users import
         Raises:
             AprIOError: The handle is closed.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> aprfast.save_file({"b": np.zeros(1), "a": np.zeros(1)}, "m.apr")
             >>> with aprfast.safe_open("m.apr", "np") as f:
@@ -115,7 +115,7 @@ class safe_open:  # noqa: N801 - the name safetensors users import
         Raises:
             AprIOError: The handle is closed.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> aprfast.save_file({"b": np.zeros(1), "a": np.zeros(1)}, "m.apr")
             >>> with aprfast.safe_open("m.apr", "np") as f:
@@ -135,7 +135,7 @@ class safe_open:  # noqa: N801 - the name safetensors users import
         Raises:
             AprIOError: The handle is closed.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> aprfast.save_file({"w": np.zeros(1)}, "m.apr", metadata={"format": "pt"})
             >>> with aprfast.safe_open("m.apr", "np") as f:
@@ -158,7 +158,7 @@ class safe_open:  # noqa: N801 - the name safetensors users import
             TensorNotFoundError: The file has no tensor ``name`` (also a KeyError).
             AprIOError: The handle is closed.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> aprfast.save_file({"w": np.float32([1, 2])}, "m.apr")
             >>> with aprfast.safe_open("m.apr", "np") as f:
@@ -184,7 +184,7 @@ class safe_open:  # noqa: N801 - the name safetensors users import
         Raises:
             AprIOError: The handle is closed.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> aprfast.save_file({"w": np.float32([1, 2])}, "m.apr")
             >>> with aprfast.safe_open("m.apr", "np") as f:
@@ -207,7 +207,7 @@ class safe_open:  # noqa: N801 - the name safetensors users import
             TensorNotFoundError: The file has no tensor ``name``.
             AprIOError: The handle is closed.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> aprfast.save_file({"w": np.arange(4, dtype=np.float32)}, "m.apr")
             >>> with aprfast.safe_open("m.apr", "np") as f:
@@ -256,7 +256,7 @@ class SafeSlice:
     axis, as in safetensors).  A key outside the tensor raises
     :class:`~aprfast.files.frameworks.SliceIndexError` (an IndexError and an AprError).
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> aprfast.save_file({"w": np.arange(6, dtype=np.float32).reshape(3, 2)}, "m.apr")
         >>> with aprfast.safe_open("m.apr", "np") as f:
@@ -274,7 +274,7 @@ class SafeSlice:
     def get_shape(self) -> list:
         """The tensor's shape, read from the index (no data is read).
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> aprfast.save_file({"w": np.zeros((2, 3), np.float32)}, "m.apr")
             >>> with aprfast.safe_open("m.apr", "np") as f:
@@ -286,7 +286,7 @@ class SafeSlice:
     def get_dtype(self) -> str:
         """The dtype as safetensors names it ("F32", "BF16", "F8_E4M3", "F4", ...).
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> aprfast.save_file({"w": np.zeros(2, np.float16)}, "m.apr")
             >>> with aprfast.safe_open("m.apr", "np") as f:

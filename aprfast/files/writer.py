@@ -386,7 +386,7 @@ class Writer:
         AprIOError: The spool file cannot be created.
         TypeError: ``target`` is neither a path nor a writable file object.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> with aprfast.Writer("model.apr", metadata={"step": 1}) as w:
         ...     w.add("b", np.zeros(2, np.float32))
@@ -451,7 +451,7 @@ class Writer:
             AprIOError: The spool or the target refused the write.
             AprError: The writer is already closed or aborted.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> with aprfast.Writer("m.apr") as w:
             ...     w.add("t", np.arange(4, dtype=np.float32))
@@ -488,7 +488,7 @@ class Writer:
                 written at a path).
             AprIOError: The operating system refused the write; a path is left as it was.
 
-        Example:
+        Examples:
             >>> import numpy as np, aprfast
             >>> w = aprfast.Writer("m.apr")
             >>> w.add("t", np.zeros(3, np.float32))
@@ -520,7 +520,7 @@ class Writer:
         reader sees a stream that ends early, which ``aprfast.stream`` reports as an
         error.  An exception leaving the ``with`` block calls it.
 
-        Example:
+        Examples:
             >>> import os, numpy as np, aprfast
             >>> w = aprfast.Writer("m.apr")
             >>> w.add("t", np.zeros(3, np.float32))

@@ -73,7 +73,7 @@ def to_float16(array, out=None, *, threads: int = 0) -> np.ndarray:
         LayoutError: ``array`` is not floating point, or ``out`` is not a C-contiguous,
             writable NumPy array of the right dtype and element count.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> aprfast.to_float16(np.float32([1.0, 65520.0, 1 / 3])).tolist()
         [1.0, inf, 0.333251953125]
@@ -110,7 +110,7 @@ def to_bfloat16(array, out=None, *, threads: int = 0) -> np.ndarray:
         LayoutError: ``array`` is not floating point, or ``out`` is not a C-contiguous,
             writable NumPy array of the right dtype and element count.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> b = aprfast.to_bfloat16(np.float32([1.0, 3.14159]))
         >>> [hex(bits) for bits in b.view(np.uint16).tolist()]
@@ -149,7 +149,7 @@ def to_float32(array, out=None, *, threads: int = 0, dtype=None) -> np.ndarray:
             BF16 (or for values that are not 16-bit), a RawTensor of another dtype, or
             an unusable ``out``.
 
-    Example:
+    Examples:
         >>> import numpy as np, aprfast
         >>> aprfast.to_float32(np.float16([0.5, -2.0]))
         array([ 0.5, -2. ], dtype=float32)
