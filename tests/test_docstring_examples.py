@@ -44,6 +44,8 @@ MODULES = {
     "aprfast.torch": "torch",
     "aprfast.files.staging": "torch",
     "aprfast.jax": "jax",
+    "aprfast.distributed": None,
+    "aprfast.io.pickling": None,
 }
 
 #: Stubs of compiled modules: module name -> stub file beside it.
@@ -131,7 +133,7 @@ def test_stub_docstrings_match(name):
 #: Public namespaces whose callables must show an example: the package's own ``__all__``
 #: and the documented submodules (docs/api/).
 PUBLIC = {"aprfast": None, "aprfast.convert": None, "aprfast.numpy": None, "aprfast.torch": "torch",
-          "aprfast.jax": "jax"}
+          "aprfast.jax": "jax", "aprfast.distributed": None}
 
 
 def _public_callables():
