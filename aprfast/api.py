@@ -40,15 +40,17 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
     be a writable file object, including a pipe, or a URL (``s3://...``, any fsspec
     URL; ``storage_options`` go to fsspec): the bytes stream into an upload (s3fs: a
     multipart upload) published only once complete, so a failed save leaves no object.
+    See docs/guide/saving-and-loading.md.
 
     ``compression`` ("lz4" or "zstd") stores each tensor as independent blocks (LZ4:
     64 KiB, zstd: 128 KiB) that readers decode independently; it needs the apr2 layout
     ("auto" picks it; "aprender" is refused).  A tensor compression would not shrink is
     stored raw and stays zero-copy.  ``compression_level``: zstd's level (default 3), or
     LZ4 HC's 1-12 (default: LZ4's fast mode).  Compressed tensors are held in memory
-    until the file is written.
+    until the file is written (docs/guide/compression.md).
 
-    **Encryption and signing** (apr2 layout; "auto" picks it; docs/FORMAT.md §3.2):
+    **Encryption and signing** (apr2 layout; "auto" picks it; docs/FORMAT.md §3.2,
+    docs/guide/encryption.md):
     ``password=`` (Argon2id, as v1) or ``recipients=[X25519 public keys]`` seal every
     tensor in 1 MiB chunks with AES-256-GCM under a random per-file key, after
     compression; readers still read one tensor or one slice without the rest.  The
@@ -60,13 +62,52 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
     tensors are held in memory until the file is written; tied weights are stored
     once per name.
 
-    **Sharding** (seed 001 §3.8, :mod:`aprfast.files.shards`): ``max_shard_size`` (bytes, or a
-    string such as "2GB" / "500MiB") splits the tensors, in the order given, into
-    complete ``.apr`` files of at most that many tensor bytes each (a larger tensor gets
-    a shard of its own), ``{stem}-0000N-of-0000M.apr`` next to ``path``, plus the manifest
-    ``{stem}.apr.index.json``; ``aprfast.open(path)`` then reads them as one model.  When
-    everything fits one shard, ``path`` is written as a plain file.  Not with encryption
-    or signing (the manifest is not authenticated).
+    **Sharding** (docs/guide/sharding.md, :mod:`aprfast.files.shards`): ``max_shard_size``
+    (bytes, or a string such as "2GB" / "500MiB") splits the tensors, in the order given,
+    into complete ``.apr`` files of at most that many tensor bytes each (a larger tensor
+    gets a shard of its own), ``{stem}-0000N-of-0000M.apr`` next to ``path``, plus the
+    manifest ``{stem}.apr.index.json``; ``aprfast.open(path)`` then reads them as one
+    model.  When everything fits one shard, ``path`` is written as a plain file.  Not
+    with encryption or signing (the manifest is not authenticated).
+
+    Args:
+        tensors: A mapping of tensor name (str) to array: NumPy arrays, anything with
+            ``__array__`` or the buffer protocol, :class:`aprfast.RawTensor` or
+            :class:`aprfast.QuantizedTensor`.
+        path: A file path, a writable file object (a pipe too) or a URL.
+        metadata: JSON-serialisable dict stored with the tensors (``None``: none).
+        layout: "auto", "aprender" or "apr2".
+        alignment: Byte alignment of each tensor's data in the file.
+        durable: fsync the file and its directory before returning.
+        compression: "lz4", "zstd" or ``None``.
+        compression_level: The codec's level (``None``: its default).
+        password: Encrypt under this password (str or bytes).
+        recipients: Encrypt for these X25519 public keys (32 bytes each).
+        signing_key: Sign with this Ed25519 seed (32 bytes).
+        digest: "sha256" or "blake3": the per-chunk digest of a signed file.
+        encrypt_names: Encrypt the index and metadata too.
+        max_shard_size: Split into shards of at most this many tensor bytes.
+        storage_options: Options passed to fsspec for a URL ``path``.
+
+    Returns:
+        None.
+
+    Raises:
+        LayoutError: The layout cannot hold what was asked (an unknown layout, an
+            unsupported dtype, a non-str name, metadata that is not JSON, compression or
+            encryption with ``layout="aprender"``, sharding with encryption or to a URL).
+        AprIOError: The operating system refused the write (disk full, no permission,
+            broken pipe); a path is left as it was.
+        TypeError: ``tensors`` is not a mapping.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> aprfast.save_file({"w": np.arange(6, dtype=np.float32).reshape(2, 3)},
+        ...                   "model.apr", metadata={"arch": "tiny"})
+        >>> aprfast.load_file("model.apr")["w"]
+        array([[0., 1., 2.],
+               [3., 4., 5.]], dtype=float32)
+        >>> aprfast.save_file({"w": np.zeros(4096, np.float32)}, "small.apr", compression="zstd")
     """
     if max_shard_size is not None:
         if _is_url(path):
@@ -104,7 +145,36 @@ def _security(password, recipients, signing_key, digest, encrypt_names):
 def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64, compression: str | None = None,
          compression_level: int | None = None, password=None, recipients=None, signing_key=None,
          digest: str | None = None, encrypt_names: bool = False) -> bytes:
-    """The bytes ``save_file`` would write (same arguments)."""
+    """The bytes :func:`save_file` would write, as a ``bytes`` object.
+
+    Args:
+        tensors: A mapping of tensor name to array, as for :func:`save_file`.
+        metadata: JSON-serialisable dict stored with the tensors.
+        layout: "auto", "aprender" or "apr2".
+        alignment: Byte alignment of each tensor's data.
+        compression: "lz4", "zstd" or ``None``.
+        compression_level: The codec's level (``None``: its default).
+        password: Encrypt under this password.
+        recipients: Encrypt for these X25519 public keys.
+        signing_key: Sign with this Ed25519 seed.
+        digest: "sha256" or "blake3" (signed files).
+        encrypt_names: Encrypt the index and metadata too.
+
+    Returns:
+        The complete file.
+
+    Raises:
+        LayoutError: As for :func:`save_file`.
+        TypeError: ``tensors`` is not a mapping.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> blob = aprfast.save({"b": np.ones(3, np.float32)})
+        >>> blob[:4]
+        b'APR\\x00'
+        >>> aprfast.load(blob)["b"]
+        array([1., 1., 1.], dtype=float32)
+    """
     plan = _plan(tensors, metadata, layout, alignment, compression, compression_level,
                  _security(password, recipients, signing_key, digest, encrypt_names))
     out = io.BytesIO()
@@ -120,9 +190,10 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
     """Open any ``.apr`` file (path, URL, file object or bytes-like) for lazy tensor access.
 
     A URL (``http(s)://``, or any fsspec URL such as ``s3://`` with the ``remote``
-    extra) is read with ranged requests (:mod:`aprfast.remote`): one request to open
-    when the prefix fits 64 KiB, one per tensor after that; ``storage_options`` go to
-    fsspec (or ``headers``/``timeout``/``connections`` for the native HTTP reader).
+    extra) is read with ranged requests (:mod:`aprfast.remote`, docs/guide/remote.md):
+    one request to open when the prefix fits 64 KiB, one per tensor after that;
+    ``storage_options`` go to fsspec (or ``headers``/``timeout``/``connections`` for the
+    native HTTP reader).
 
     v2 files of either layout give an :class:`AprFile`; v1 (``APRN``) tensor files give
     an :class:`aprfast.v1.reader.V1File` with the same methods (plain files zero-copy,
@@ -137,6 +208,7 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
     trusted key, content key, header/metadata/index authentication); each tensor chunk
     is checked (digest, AES-GCM tag) when read, so reading one tensor costs one
     signature check plus the chunks read.  Its tensors are owned arrays, never views.
+    See docs/guide/encryption.md.
 
     A sharded model (a ``*.apr.index.json`` manifest, a directory holding one, or the
     ``x.apr`` path a sharded ``save_file`` was given) gives a
@@ -146,6 +218,44 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
     (``{stem}-00001-of-0000N.apr``, when the manifest is next to it) or the ``x.apr``
     given to the sharded save (when no object ``x.apr`` exists) opens the model: one
     request for the manifest, then each shard opened (one request) when first needed.
+    See docs/guide/sharding.md.
+
+    Args:
+        target: A path, a URL, a readable seekable file object, or bytes-like data.
+        mode: "mmap" (the default for local files) or "pread".
+        limits: Bounds on what the parser believes (:class:`aprfast.Limits`).
+        unknown_dtypes: "error" (refuse at open) or "raw" (return tensors of unknown
+            dtype ids as :class:`aprfast.RawTensor`).
+        verify: Check the whole-file CRC32 (and every chunk of a sealed file) at open.
+        alignment: Alignment of owned arrays handed out.
+        password: Password of an encrypted file.
+        private_key: X25519 private key of a recipient of an encrypted file.
+        trusted_keys: Ed25519 public keys; a signature by one of them becomes required.
+        require_signature: Require (True) or waive (False) a trusted signature.
+        allow_unencrypted: Accept a file that is not encrypted although a key was given.
+        storage_options: Options passed to fsspec (or the native HTTP reader) for a URL.
+
+    Returns:
+        An :class:`AprFile`, :class:`aprfast.v1.reader.V1File` or
+        :class:`aprfast.files.shards.ShardedFile`; use it as a context manager.
+
+    Raises:
+        AprFileNotFoundError: ``target`` does not exist.
+        FormatError: The bytes are not an ``.apr`` file (UnknownDTypeError: a dtype id
+            this build does not know, with ``unknown_dtypes="error"``).
+        CorruptError: Sizes, offsets or contents contradict each other
+            (ChecksumError: a CRC does not match, with ``verify=True``).
+        VersionError: A layout version or feature this build does not read.
+        LimitError: The file asks for more than ``limits`` allow.
+        DecryptError: A wrong key or password, or a key for a file that is not encrypted.
+        SignatureError: A required signature is missing, untrusted or wrong.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> aprfast.save_file({"a": np.zeros((2, 2), np.float16), "b": np.ones(3)}, "m.apr")
+        >>> with aprfast.open("m.apr") as f:
+        ...     print(f.keys(), f.get_tensor("b"), f.get_slice("a")[1].tolist())
+        ['a', 'b'] [1. 1. 1.] [0.0, 0.0]
     """
     def sharded(manifest):
         refuse_keys(dict(password=password, private_key=private_key, trusted_keys=trusted_keys,
@@ -212,14 +322,45 @@ def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Li
     With ``mmap`` (the default) arrays are read-only views of the mapped file, valid
     as long as they live.  With ``mmap=False`` the data section is read with parallel
     ``pread`` into one aligned buffer and the arrays are owned and writable; the
-    whole-file CRC is checked on the way unless ``verify=False``.  ``keys``:
-    ``password``, ``private_key``, ``trusted_keys``, ``require_signature``,
-    ``allow_unencrypted``, as for :func:`open`.  Tensors of an encrypted or signed
-    APR2 file are owned arrays whatever ``mmap`` says (each checked as it is read).
+    whole-file CRC is checked on the way unless ``verify=False``.  Tensors of an
+    encrypted or signed APR2 file are owned arrays whatever ``mmap`` says (each checked
+    as it is read).  See docs/guide/saving-and-loading.md.
 
     A URL is always loaded as with ``mmap=False``: the data section in parallel ranged
     requests straight into the aligned buffer, CRC checked on the way unless
     ``verify=False`` (``storage_options`` as for :func:`open`).
+
+    Args:
+        path: A path, a URL or a sharded model's manifest.
+        mmap: Return read-only views of the mapped file instead of owned arrays.
+        verify: Check the CRC: by default only without ``mmap`` (``True`` checks a
+            mapped file too, ``False`` never).
+        limits: Bounds on what the parser believes.
+        unknown_dtypes: "error" or "raw", as for :func:`open`.
+        threads: Threads for the parallel read (0: one per idle core).
+        storage_options: Options for a URL, as for :func:`open`.
+        **keys: ``password``, ``private_key``, ``trusted_keys``, ``require_signature``,
+            ``allow_unencrypted``, as for :func:`open`.
+
+    Returns:
+        A dict of name to NumPy array (or :class:`aprfast.QuantizedTensor` /
+        :class:`aprfast.RawTensor` for packed or unknown dtypes), in file order.
+
+    Raises:
+        AprFileNotFoundError: ``path`` does not exist.
+        ChecksumError: The CRC does not match the bytes.
+        FormatError: Not an ``.apr`` file.
+        CorruptError: The file contradicts itself.
+        LimitError: The file asks for more than ``limits`` allow.
+        DecryptError: A wrong key or password.
+        SignatureError: A required signature is missing or wrong.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> aprfast.save_file({"w": np.arange(3, dtype=np.int64)}, "model.apr")
+        >>> tensors = aprfast.load_file("model.apr", mmap=False)
+        >>> tensors["w"].tolist(), tensors["w"].dtype.name, tensors["w"].flags.writeable
+        ([0, 1, 2], 'int64', True)
     """
     if _is_url(path):
         with open(path, mode="pread", limits=limits, unknown_dtypes=unknown_dtypes, storage_options=storage_options,
@@ -234,8 +375,36 @@ def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Li
 
 def load(data, *, verify: bool = True, limits: Limits | None = None, unknown_dtypes: str = "error",
          **keys) -> dict:
-    """Every tensor of an in-memory file (bytes, bytearray, memoryview; any ``.apr``
-    variant), as owned arrays.  ``keys`` as for :func:`open`."""
+    """Every tensor of an in-memory file (any ``.apr`` variant), as owned arrays.
+
+    Args:
+        data: The file's bytes (bytes, bytearray, memoryview).
+        verify: Check the CRC over the bytes.
+        limits: Bounds on what the parser believes.
+        unknown_dtypes: "error" or "raw", as for :func:`open`.
+        **keys: ``password``, ``private_key``, ``trusted_keys``, ``require_signature``,
+            ``allow_unencrypted``, as for :func:`open`.
+
+    Returns:
+        A dict of name to owned array, in file order.
+
+    Raises:
+        TypeError: ``data`` is a path (use :func:`load_file`).
+        FormatError: Not an ``.apr`` file.
+        ChecksumError: The CRC does not match the bytes.
+        CorruptError: The file contradicts itself.
+        DecryptError: A wrong key or password.
+        SignatureError: A required signature is missing or wrong.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> aprfast.load(aprfast.save({"x": np.float32([1.5, 2.5])}))
+        {'x': array([1.5, 2.5], dtype=float32)}
+        >>> aprfast.load(b"not a model file")
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.FormatError: [E001] ...
+    """
     if isinstance(data, (str, os.PathLike)):
         raise TypeError("load() takes the file's bytes; use load_file() for a path")
     with open(data, limits=limits, unknown_dtypes=unknown_dtypes, **keys) as f:
@@ -300,17 +469,43 @@ def _open_source_or_manifest(target, mode, storage_options):
 
 
 def inspect(target, *, limits: Limits | None = None, storage_options=None) -> dict:
-    """Header, metadata and index of a file, reading nothing else (for a v1 container:
-    its header and metadata, without checking the CRC or decrypting anything; for a
-    sharded model: the manifest, and each tensor's entry with its ``shard``).  A URL
-    costs one request when its prefix fits 64 KiB (:mod:`aprfast.remote`).
+    """Header, metadata and index of a file, reading nothing else.
+
+    For a v1 container: its header and metadata, without checking the CRC or decrypting
+    anything; for a sharded model: the manifest, and each tensor's entry with its
+    ``shard``.  A URL costs one request when its prefix fits 64 KiB (:mod:`aprfast.remote`).
 
     A v2 file's ``tensors`` is ``{name: {"dtype", "shape", "offset", "nbytes"}}`` (plus
     ``raw_size`` and ``flags`` for a compressed tensor) in index order, as a
     :class:`~aprfast.layouts._common.TensorIndex`: a dict that builds an entry when it
     is asked for, so inspecting a million tensors costs about the parse of their index.
     It compares, copies, pickles and JSON-encodes as the plain dict it stands for; the
-    index was checked in full before ``inspect`` returned."""
+    index was checked in full before ``inspect`` returned.
+
+    Args:
+        target: A path, URL, file object or bytes-like data, as for :func:`open`.
+        limits: Bounds on what the parser believes.
+        storage_options: Options for a URL, as for :func:`open`.
+
+    Returns:
+        A dict with ``layout``, ``header``, ``metadata`` (everything the metadata block
+        holds, layout defaults included) and ``tensors``.
+
+    Raises:
+        AprFileNotFoundError: ``target`` does not exist.
+        FormatError: Not an ``.apr`` file.
+        CorruptError: The header or index contradicts itself.
+        LimitError: The file asks for more than ``limits`` allow.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> aprfast.save_file({"w": np.zeros((2, 3), np.float32)}, "m.apr", metadata={"k": "v"})
+        >>> info = aprfast.inspect("m.apr")
+        >>> info["layout"], info["metadata"]["k"]
+        ('aprender', 'v')
+        >>> info["tensors"]["w"]["dtype"], info["tensors"]["w"]["shape"]
+        ('F32', [2, 3])
+    """
     manifest = _find_manifest(target, storage_options)
     if manifest is not None:
         return shards.inspect(manifest, open_one=_open_single, limits=limits, storage_options=storage_options)

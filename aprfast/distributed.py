@@ -1,7 +1,9 @@
 """Tensor-parallel loading: each rank reads only its part of each tensor.
 
-    parts = aprfast.distributed.load_shard("model.apr", rank=0, world_size=2,
-                                           rules={"*.q_proj.weight": 0, "*.o_proj.weight": 1})
+```python
+parts = aprfast.distributed.load_shard("model.apr", rank=0, world_size=2,
+                                       rules={"*.q_proj.weight": 0, "*.o_proj.weight": 1})
+```
 
 :func:`load_shard` returns, for each tensor, the part this rank owns along the dimension
 its rule names, and the whole tensor where no rule applies.  It reads through
@@ -25,10 +27,14 @@ fsspec URLs), and from an open handle.  What "only those bytes" means per file:
 mapping copies the part out of the map, and the kernel reads the pages it touches.
 
 With ``rank``/``world_size`` not given, they come from ``torch.distributed`` when a
-process group is initialised (``group=`` picks one), so under ``torchrun``::
+process group is initialised (``group=`` picks one), so under ``torchrun``:
 
-    torch.distributed.init_process_group("gloo")
-    state = aprfast.distributed.load_shard(path, rules=rules, framework="pt")
+```python
+torch.distributed.init_process_group("gloo")
+state = aprfast.distributed.load_shard(path, rules=rules, framework="pt")
+```
+
+See docs/guide/distributed.md.
 """
 
 from __future__ import annotations
@@ -58,7 +64,31 @@ UNEVEN = ("error", "chunk", "tensor_split")
 
 
 def part_bounds(size: int, rank: int, world_size: int, uneven: str = "error", *, what: str = "dimension"):
-    """``(start, stop)`` of ``rank``'s part of a dimension of ``size`` (see :data:`UNEVEN`)."""
+    """``(start, stop)`` of ``rank``'s part of a dimension of ``size`` (see :data:`UNEVEN`).
+
+    Args:
+        size: The dimension's length.
+        rank: This process's rank, in ``0..world_size - 1``.
+        world_size: How many parts.
+        uneven: "error", "chunk" or "tensor_split" (:data:`UNEVEN`).
+        what: What the dimension is, for the error message.
+
+    Returns:
+        ``(start, stop)``, a half-open range (empty when the rank gets nothing).
+
+    Raises:
+        LayoutError: ``size`` does not divide by ``world_size`` and ``uneven="error"``.
+        ValueError: A rank outside the world, ``world_size < 1``, or an unknown
+            ``uneven``.
+        TypeError: ``rank`` or ``world_size`` is not an int.
+
+    Examples:
+        >>> from aprfast.distributed import part_bounds
+        >>> part_bounds(8, 1, 2)
+        (4, 8)
+        >>> part_bounds(10, 1, 3, "chunk"), part_bounds(10, 1, 3, "tensor_split")
+        ((4, 8), (4, 7))
+    """
     _check_rank(rank, world_size)
     if uneven not in UNEVEN:
         raise ValueError(f"uneven={uneven!r}: one of {', '.join(UNEVEN)}")
@@ -81,7 +111,36 @@ def part_bounds(size: int, rank: int, world_size: int, uneven: str = "error", *,
 def shard_plan(target, *, rank=None, world_size=None, rules=None, uneven: str = "error", names=None, group=None,
                **open_options) -> dict:
     """What :func:`load_shard` would read, without reading any tensor: name ->
-    ``(dim, start, stop)`` for split tensors, None for whole ones."""
+    ``(dim, start, stop)`` for split tensors, None for whole ones.
+
+    Arguments as for :func:`load_shard` (the handle is opened for its index only).
+
+    Args:
+        target: A path, URL, bytes or open handle, as for :func:`load_shard`.
+        rank: This process's rank (default: torch.distributed's).
+        world_size: How many ranks (default: torch.distributed's).
+        rules: Which tensors split along which dimension.
+        uneven: "error", "chunk" or "tensor_split".
+        names: Restrict the plan to these tensors.
+        group: The torch.distributed group to read rank and world size from.
+        **open_options: Keyword arguments of :func:`aprfast.open`.
+
+    Returns:
+        A dict of name to ``(dim, start, stop)`` or None.
+
+    Raises:
+        LayoutError: A dimension that does not divide (``uneven="error"``), a dim out
+            of range, or a packed tensor split along a dim other than 0.
+        ValueError: No rank/world size given and torch.distributed not initialised.
+        TensorNotFoundError: A name in ``names`` that the file lacks.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.distributed import shard_plan
+        >>> aprfast.save_file({"l.weight": np.zeros((4, 2), np.float32), "l.bias": np.zeros(2)}, "m.apr")
+        >>> shard_plan("m.apr", rank=1, world_size=2, rules={"*.weight": 0})
+        {'l.bias': None, 'l.weight': (0, 2, 4)}
+    """
     rank, world_size = _rank_and_world(rank, world_size, group)
     select = _rules(rules)
     with _Opened(target, open_options) as f:
@@ -113,6 +172,39 @@ def load_shard(target, *, rank=None, world_size=None, rules=None, uneven: str = 
     (always owned for "pt").  ``dequantize=True`` turns packed tensors (and parts) into
     float32; otherwise they stay :class:`QuantizedTensor` (which torch has no type for).
     ``names`` restricts the load to those tensors.
+
+    Args:
+        target: A path, URL, bytes or open handle.
+        rank: This process's rank (default: torch.distributed's).
+        world_size: How many ranks (default: torch.distributed's).
+        rules: Which tensors split along which dimension, as above.
+        uneven: "error", "chunk" or "tensor_split" (:data:`UNEVEN`).
+        framework: "np" or "pt".
+        device: Where torch tensors go.
+        names: Load only these tensors.
+        dequantize: Turn packed tensors into float32.
+        copy: Owned arrays for whole tensors too ("np").
+        group: The torch.distributed group to read rank and world size from.
+        **open_options: Keyword arguments of :func:`aprfast.open`.
+
+    Returns:
+        A dict of name to array (or torch tensor), in the file's order.
+
+    Raises:
+        LayoutError: A dimension that does not divide (``uneven="error"``), a dim out
+            of range, or a packed tensor split along a dim other than 0.
+        ValueError: No rank/world size given and torch.distributed not initialised, or
+            a rank outside the world.
+        TensorNotFoundError: A name in ``names`` that the file lacks.
+        AprFileNotFoundError: ``target`` does not exist.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.distributed import load_shard
+        >>> aprfast.save_file({"l.weight": np.arange(8, dtype=np.float32).reshape(4, 2)}, "m.apr")
+        >>> load_shard("m.apr", rank=1, world_size=2, rules={"*.weight": 0})["l.weight"]
+        array([[4., 5.],
+               [6., 7.]], dtype=float32)
     """
     kind = framework_name(framework)
     if kind == "jax":

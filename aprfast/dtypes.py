@@ -49,7 +49,28 @@ _ML_NUMPY = {name: np.dtype(getattr(ml_dtypes, attr)) for name, attr in ML_DTYPE
 @dataclass(frozen=True, eq=False)
 class DType:
     """One element type.  ``itemsize`` is 0 for packed block types.  Each exists once
-    (in ``DTYPES``), so identity is equality and hashing is cheap."""
+    (in ``DTYPES``), so identity is equality and hashing is cheap.
+
+    Look one up with ``aprfast.dtypes.by_name`` (case-insensitive) or read it from
+    ``TensorInfo.dtype``; there is no need to make one.
+
+    Attributes:
+        name: The aprfast name ("F32", "BF16", "Q4_K", ...).
+        numpy: The NumPy dtype string of an elementwise type; None when NumPy lacks it.
+        itemsize: Bytes per element; 0 for packed block types.
+        block_elems: Elements per block of a packed type.
+        block_bytes: Bytes per block of a packed type.
+        blocks_per_row: Blocks never span rows (GGML); False for aprender's APR_Q4.
+        tensor_header: Bytes of the one header of a per-tensor type (APR_Q8: 4,
+            Q8_TENSOR: 8); 0 otherwise.
+
+    Examples:
+        >>> from aprfast.dtypes import by_name
+        >>> by_name("f16").itemsize, by_name("q4_0").packed
+        (2, True)
+        >>> by_name("Q4_0").nbytes((2, 64))  # 2 rows of 2 blocks of 18 bytes
+        72
+    """
 
     name: str
     numpy: str | None = None
@@ -63,10 +84,19 @@ class DType:
 
     @property
     def packed(self) -> bool:
+        """True for packed block (quantized) types."""
         return self.itemsize == 0
 
     def nbytes(self, shape) -> int:
-        """Bytes a tensor of ``shape`` takes in this dtype."""
+        """Bytes a tensor of ``shape`` takes in this dtype.
+
+        Args:
+            shape: The tensor's logical shape.
+
+        Returns:
+            The stored size in bytes (blocks rounded up per row when
+            ``blocks_per_row``).
+        """
         count = element_count(shape)
         if not self.packed:
             return count * self.itemsize

@@ -59,7 +59,28 @@ def _current(name):
 
 @dataclass(frozen=True)
 class Limits:
-    """One set of limits; defaults are the module constants at creation time."""
+    """One set of limits; defaults are the module constants at creation time.
+
+    Pass it as ``limits=`` to :func:`aprfast.open`, :func:`aprfast.load_file`,
+    :func:`aprfast.inspect` or :func:`aprfast.stream`.  See docs/robustness.md.
+
+    Attributes:
+        max_metadata_size: Bytes of JSON metadata parsed.
+        max_index_size: Bytes of binary tensor index parsed.
+        max_tensor_count: Tensors in one file.
+        max_dims: Dimensions of one tensor.
+        max_name_bytes: Bytes of one tensor name.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> blob = aprfast.save({"a": np.zeros(1), "b": np.zeros(1)})
+        >>> aprfast.Limits().max_dims
+        8
+        >>> aprfast.open(blob, limits=aprfast.Limits(max_tensor_count=1))
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.LimitError: [E008] ...
+    """
 
     max_metadata_size: int = _current("MAX_METADATA_SIZE")
     max_index_size: int = _current("MAX_INDEX_SIZE")

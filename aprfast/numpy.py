@@ -2,7 +2,7 @@
 
 ``load_file`` maps the file privately (copy-on-write): the arrays are writable, cost
 no copy and no memory for pages never written, and writes never reach the file.
-``load`` reads an in-memory file into owned arrays.
+``load`` reads an in-memory file into owned arrays.  See docs/guide/safetensors.md.
 """
 
 from __future__ import annotations
@@ -17,14 +17,54 @@ __all__ = ["save_file", "save", "load_file", "load"]
 def save_file(tensor_dict, filename, metadata=None, **options) -> None:
     """Write ``tensor_dict`` (name -> array) to ``filename`` atomically (see
     :func:`aprfast.save_file` for ``options``).  ``metadata`` is str to str, as in
-    safetensors (aprfast.save_file takes any JSON value)."""
+    safetensors (aprfast.save_file takes any JSON value).
+
+    Args:
+        tensor_dict: A dict of name (str) to NumPy array.
+        filename: The path to write.
+        metadata: A dict of str to str, or None.
+        **options: Keyword arguments of :func:`aprfast.save_file` (``layout``,
+            ``compression``, ...).
+
+    Raises:
+        TypeError: A name that is not a str, or metadata that is not str to str (as
+            safetensors raises).
+        LayoutError: As for :func:`aprfast.save_file`.
+        AprIOError: The operating system refused the write.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.numpy import save_file, load_file
+        >>> save_file({"w": np.float32([1, 2])}, "model.apr", metadata={"format": "np"})
+        >>> load_file("model.apr")
+        {'w': array([1., 2.], dtype=float32)}
+    """
     check_names(tensor_dict)
     check_metadata(metadata)
     api.save_file(tensor_dict, filename, metadata, **options)
 
 
 def save(tensor_dict, metadata=None, **options) -> bytes:
-    """The file's bytes."""
+    """The bytes :func:`save_file` would write.
+
+    Args:
+        tensor_dict: A dict of name (str) to NumPy array.
+        metadata: A dict of str to str, or None.
+        **options: Keyword arguments of :func:`aprfast.save`.
+
+    Returns:
+        The complete file.
+
+    Raises:
+        TypeError: A name that is not a str, or metadata that is not str to str.
+        LayoutError: As for :func:`aprfast.save`.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.numpy import save, load
+        >>> load(save({"w": np.zeros(2, np.float32)}))
+        {'w': array([0., 0.], dtype=float32)}
+    """
     check_names(tensor_dict)
     check_metadata(metadata)
     return api.save(tensor_dict, metadata, **options)
@@ -35,7 +75,30 @@ def load_file(filename, *, backend: str = "mmap") -> dict:
 
     ``backend="mmap"`` (the default) maps the file privately (copy-on-write): no copy,
     no memory for pages never written.  ``backend="pread"`` reads the data section
-    into one owned buffer with parallel ``pread``, checking the whole-file CRC."""
+    into one owned buffer with parallel ``pread``, checking the whole-file CRC.
+
+    Args:
+        filename: The path to read.
+        backend: "mmap" or "pread".
+
+    Returns:
+        A dict of name to writable array, in file order.
+
+    Raises:
+        UsageError: An unknown ``backend`` (an AprError and a ValueError).
+        AprFileNotFoundError: ``filename`` does not exist.
+        FormatError: Not an ``.apr`` file.
+        ChecksumError: With ``backend="pread"``, the CRC does not match.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.numpy import save_file, load_file
+        >>> save_file({"w": np.zeros(3, np.float32)}, "model.apr")
+        >>> w = load_file("model.apr")["w"]
+        >>> w[0] = 7  # a private copy-on-write page: the file keeps its zeros
+        >>> load_file("model.apr", backend="pread")["w"]
+        array([0., 0., 0.], dtype=float32)
+    """
     if backend == "mmap":
         with AprFile(filename, mode="private") as f:
             return f.tensors()
@@ -45,7 +108,25 @@ def load_file(filename, *, backend: str = "mmap") -> dict:
 
 
 def load(data) -> dict:
-    """Every tensor of the file held in ``data`` (bytes-like), as owned arrays."""
+    """Every tensor of the file held in ``data`` (bytes-like), as owned arrays.
+
+    Args:
+        data: The file's bytes.
+
+    Returns:
+        A dict of name to owned array.
+
+    Raises:
+        TypeError: ``data`` is a str (use :func:`load_file` for a path).
+        FormatError: Not an ``.apr`` file.
+        ChecksumError: The CRC does not match the bytes.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.numpy import save, load
+        >>> load(save({"b": np.ones(2, np.float32)}))["b"]
+        array([1., 1.], dtype=float32)
+    """
     if isinstance(data, str):  # aprfast.load would take it for a path
         raise TypeError("load takes the file's bytes, not a str (load_file reads a path)")
     return api.load(data)

@@ -94,11 +94,13 @@ def stream(fileobj, *, limits: Limits | None = None, unknown_dtypes: str = "erro
     names), ``timeout`` (per socket operation), ``min_rate`` and ``deadline`` (time
     spent waiting for the server, past which RemoteTimeoutError, E007), as for
     :func:`aprfast.open`; a ``user:password@`` URL is sent as Basic auth, and messages
-    show the URL without userinfo or query.  Example::
+    show the URL without userinfo or query (docs/guide/remote.md):
 
-        for name, tensor in aprfast.stream("https://example.org/m.apr",
-                                           storage_options={"timeout": 10, "deadline": 600}):
-            ...
+    ```python
+    for name, tensor in aprfast.stream("https://example.org/m.apr",
+                                       storage_options={"timeout": 10, "deadline": 600}):
+        ...
+    ```
 
     ``fileobj`` is anything with ``readinto`` or ``read`` (``sys.stdin.buffer``, a pipe,
     ``socket.makefile("rb")``, an HTTP response), a socket (``recv_into``), or for
@@ -140,6 +142,47 @@ def stream(fileobj, *, limits: Limits | None = None, unknown_dtypes: str = "erro
     The header, metadata and index are parsed here, before the first tensor, so
     ``layout``, ``header``, ``metadata``, ``names()`` and ``describe()`` are available
     at once; :meth:`TensorStream.finish` reads the rest without keeping tensors.
+    See docs/guide/streaming.md.
+
+    Args:
+        fileobj: A readable stream, a socket, a URL, a path or bytes-like data.
+        limits: Bounds on what the parser believes (:class:`aprfast.Limits`).
+        unknown_dtypes: "error" or "raw", as for :func:`aprfast.open`.
+        verify: Check the whole-file CRC32 at the end.
+        password: Password of an encrypted file.
+        private_key: X25519 private key of a recipient of an encrypted file.
+        trusted_keys: Ed25519 public keys; a signature by one of them becomes required.
+        require_signature: Require (True) or waive (False) a trusted signature.
+        allow_unencrypted: Accept a file that is not encrypted although a key was given.
+        storage_options: Options for a URL, as for :func:`aprfast.open`.
+
+    Returns:
+        A :class:`TensorStream`: iterate it for ``(name, tensor)`` pairs.
+
+    Raises:
+        FormatError: Not an ``.apr`` file.
+        CorruptError: The prefix contradicts itself, or the stream ends early (raised
+            from ``next()``).
+        ChecksumError: The CRC does not match (from the last ``next()``).
+        LimitError: The prefix asks for more than ``limits`` allow.
+        DecryptError: A wrong key or password.
+        SignatureError: A required signature is missing or wrong.
+        AprIOError: Reading the input failed.
+        ValueError: ``password`` and ``private_key`` both given, or a bad
+            ``unknown_dtypes``.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> aprfast.save_file({"a": np.zeros(2, np.float32), "b": np.ones(3, np.float32)}, "m.apr")
+        >>> with open("m.apr", "rb") as fh, aprfast.stream(fh) as s:
+        ...     print(s.names())
+        ...     for name, tensor in s:
+        ...         print(name, tensor)
+        ...     print(s.verified)
+        ['a', 'b']
+        a [0. 0.]
+        b [1. 1. 1.]
+        True
     """
     return TensorStream(fileobj, limits=limits, unknown_dtypes=unknown_dtypes, verify=verify, password=password,
                         private_key=private_key, trusted_keys=trusted_keys, require_signature=require_signature,
@@ -336,6 +379,12 @@ class TensorStream(Handle):
     (never with ``verify=False``).  v1 streams also have ``kind`` ("streaming",
     "plain", "whole", "trueno"), ``signature``, ``signer``, ``encryption``, ``license``;
     ``buffered`` is True when the file had to be read whole before its first tensor.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> s = aprfast.stream(aprfast.save({"w": np.zeros(4, np.float16)}))
+        >>> s.layout, s.describe()["w"]["shape"], dict(s)["w"].dtype.name
+        ('aprender', [4], 'float16')
     """
 
     def __init__(self, fileobj, *, limits=None, unknown_dtypes="error", verify=True, password=None,
@@ -368,6 +417,7 @@ class TensorStream(Handle):
     # --- what the file holds ----------------------------------------------------------
     @property
     def layout(self) -> str:
+        """"aprender", "apr2", or for a v1 file "v1"."""
         return self._body.layout
 
     @property
@@ -378,6 +428,7 @@ class TensorStream(Handle):
 
     @property
     def metadata(self) -> dict:
+        """The metadata as the writer was given it (as ``AprFile.metadata``)."""
         return self._body.metadata
 
     @property
@@ -387,10 +438,13 @@ class TensorStream(Handle):
 
     @property
     def verified(self) -> bool:
+        """True once the end-of-stream checks (CRC, late signature) passed."""
         return self._body.verified
 
     @property
     def buffered(self) -> bool:
+        """True when the file had to be read whole before its first tensor (v1 files
+        without a chunk index)."""
         return self._body.buffered
 
     @property
@@ -406,14 +460,19 @@ class TensorStream(Handle):
 
     @property
     def signer(self):
+        """Who signed the file (as ``V1File.signer``, or an APR2 file's
+        ``security["signer"]``); None when unsigned."""
         return self._body.signer
 
     @property
     def encryption(self) -> str:
+        """How the file is encrypted (as ``V1File.encryption``, or an APR2 file's
+        ``security["encryption"]``); "none" when it is not."""
         return self._body.encryption
 
     @property
     def license(self):
+        """A v1 file's license block (as ``V1File.license``); None for v2."""
         return self._body.license
 
     def names(self) -> list:
@@ -425,6 +484,7 @@ class TensorStream(Handle):
         return len(self._body.names())
 
     def info(self, name: str):
+        """The :class:`aprfast.TensorInfo` of ``name``, from the index."""
         return self._body.info(name)
 
     def describe(self) -> dict:

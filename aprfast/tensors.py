@@ -23,7 +23,28 @@ __all__ = ["TensorInfo", "RawTensor", "QuantizedTensor", "TensorInput", "as_inpu
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """One index entry: ``offset`` is absolute in the file, ``nbytes`` the stored size."""
+    """One index entry: ``offset`` is absolute in the file, ``nbytes`` the stored size.
+
+    What ``AprFile.info(name)`` returns; frozen.
+
+    Attributes:
+        name: The tensor's name.
+        dtype: Its :class:`aprfast.DType`, or None for a dtype id this build does not know.
+        dtype_id: The dtype id stored in the file (the layout's numbering).
+        shape: The logical shape, a tuple of ints.
+        offset: Where its bytes start, counted from the start of the file.
+        nbytes: How many bytes it takes in the file (compressed: the stored size).
+        flags: The index entry's flags (APR2: the codec of a compressed tensor).
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> with aprfast.open(aprfast.save({"w": np.zeros((2, 2), np.float32)})) as f:
+        ...     info = f.info("w")
+        >>> info.name, info.dtype_name, info.shape, info.end - info.offset
+        ('w', 'F32', (2, 2), 16)
+        >>> info.as_dict()["shape"]
+        [2, 2]
+    """
 
     name: str
     dtype: DType | None
@@ -35,20 +56,47 @@ class TensorInfo:
 
     @property
     def dtype_name(self) -> str:
+        """The dtype's name ("F32", "Q4_K"), or ``"unknown(ID)"``."""
         return self.dtype.name if self.dtype else f"unknown({self.dtype_id})"
 
     @property
     def end(self) -> int:
+        """The offset just past the tensor's bytes."""
         return self.offset + self.nbytes
 
     def as_dict(self) -> dict:
+        """``{"dtype", "shape", "offset", "nbytes"}``: the entry as ``aprfast.inspect``
+        lists it (dtype by name, shape as a list)."""
         return {"dtype": self.dtype_name, "shape": list(self.shape), "offset": self.offset,
                 "nbytes": self.nbytes}
 
 
 @dataclass(frozen=True, eq=False)
 class RawTensor:
-    """Stored bytes with their dtype (``None`` if unknown) and logical shape."""
+    """Stored bytes with their dtype (``None`` if unknown) and logical shape.
+
+    What a reader returns for a tensor of an unknown dtype id (``unknown_dtypes="raw"``),
+    and a way to save the bytes of a dtype NumPy lacks.  ``data`` is any array or buffer:
+    it is kept as a flat ``uint8`` view of its bytes (copied first only if not
+    C-contiguous).  ``dtype`` may be given by name.
+
+    Attributes:
+        dtype: An :class:`aprfast.DType` (or its name), or None when unknown.
+        shape: The logical shape the bytes hold.
+        data: The bytes, as a 1-D ``uint8`` array.
+        dtype_id: The stored dtype id of an unknown dtype; None otherwise.
+
+    Raises:
+        LayoutError: ``data`` is not the size ``dtype`` and ``shape`` take.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> bf16 = aprfast.RawTensor("BF16", (2,), np.uint16([0x3F80, 0x4000]))
+        >>> bf16, bf16.nbytes
+        (RawTensor(BF16, shape=[2], nbytes=4), 4)
+        >>> aprfast.to_float32(aprfast.load(aprfast.save({"x": bf16}))["x"])
+        array([1., 2.], dtype=float32)
+    """
 
     dtype: DType | None
     shape: tuple
@@ -70,6 +118,7 @@ class RawTensor:
 
     @property
     def nbytes(self) -> int:
+        """The size of ``data`` in bytes."""
         return self.data.nbytes
 
     def __eq__(self, other):
@@ -82,7 +131,22 @@ class RawTensor:
 
 
 class QuantizedTensor(RawTensor):
-    """Packed blocks of a quantized dtype, with the logical shape they decode to."""
+    """Packed blocks of a quantized dtype, with the logical shape they decode to.
+
+    What :func:`aprfast.quantize` makes and readers return for packed dtypes; save it
+    as any tensor, turn it into float32 with :func:`aprfast.dequantize`.  See
+    docs/guide/quantization.md.
+
+    Raises:
+        LayoutError: The dtype is not a packed one, or ``data`` is not the size the
+            dtype and shape take.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> q = aprfast.quantize(np.ones((2, 32), np.float32), "q8_0")
+        >>> q, q.dtype.name, q.shape
+        (QuantizedTensor(Q8_0, shape=[2, 32], nbytes=68), 'Q8_0', (2, 32))
+    """
 
     def __post_init__(self):
         super().__post_init__()

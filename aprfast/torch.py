@@ -12,7 +12,7 @@ without being the same tensor (``A`` and ``A[:1]``) are refused with RuntimeErro
 safetensors refuses them, since one of them would be a silent copy.  ``save_model``
 keeps the whole tensor of such a group and records each dropped view in the metadata
 (``{dropped: kept}``, safetensors' record), and ``load_model`` fills the model's tied
-names from the names the file has.
+names from the names the file has.  See docs/guide/safetensors.md.
 """
 
 from __future__ import annotations
@@ -33,12 +33,54 @@ __all__ = ["save_file", "save", "load_file", "load", "save_model", "load_model",
 
 def save_file(tensors, filename, metadata=None, **options) -> None:
     """Write ``tensors`` (name -> torch.Tensor) to ``filename`` atomically.  ``metadata``
-    is str to str, as in safetensors; ``options`` are :func:`aprfast.save_file`'s."""
+    is str to str, as in safetensors; ``options`` are :func:`aprfast.save_file`'s.
+
+    Args:
+        tensors: A dict of name (str) to dense torch.Tensor (any device).
+        filename: The path to write.
+        metadata: A dict of str to str, or None.
+        **options: Keyword arguments of :func:`aprfast.save_file`.
+
+    Raises:
+        ValueError: ``tensors`` is not a dict of tensors, or holds a sparse tensor.
+        RuntimeError: Names share memory without being one tensor.
+        TypeError: A name that is not a str, or metadata that is not str to str.
+        LayoutError: As for :func:`aprfast.save_file`.
+        AprIOError: The operating system refused the write.
+
+    Examples:
+        >>> import torch
+        >>> from aprfast.torch import save_file, load_file
+        >>> save_file({"w": torch.arange(3, dtype=torch.float32)}, "model.apr")
+        >>> load_file("model.apr")
+        {'w': tensor([0., 1., 2.])}
+    """
     check_metadata(metadata)
     api.save_file(_to_numpy(tensors), filename, metadata, **options)
 
 
 def save(tensors, metadata=None, **options) -> bytes:
+    """The bytes :func:`save_file` would write.
+
+    Args:
+        tensors: A dict of name (str) to dense torch.Tensor.
+        metadata: A dict of str to str, or None.
+        **options: Keyword arguments of :func:`aprfast.save`.
+
+    Returns:
+        The complete file.
+
+    Raises:
+        ValueError: ``tensors`` is not a dict of tensors, or holds a sparse tensor.
+        RuntimeError: Names share memory without being one tensor.
+        TypeError: A name that is not a str, or metadata that is not str to str.
+
+    Examples:
+        >>> import torch
+        >>> from aprfast.torch import save, load
+        >>> load(save({"b": torch.ones(2, dtype=torch.bfloat16)}))
+        {'b': tensor([1., 1.], dtype=torch.bfloat16)}
+    """
     check_metadata(metadata)
     return api.save(_to_numpy(tensors), metadata, **options)
 
@@ -52,7 +94,30 @@ def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool = T
     is checked unless ``verify=False``.  ``device="meta"`` reads only the index: tensors
     with shapes and dtypes and no data.  Any other device (``"cuda:0"``, ``0``) gets
     tensors allocated there and filled through pinned staging buffers, reads overlapping
-    copies (:func:`load_to_device`); the model is never built in CPU memory first."""
+    copies (:func:`load_to_device`); the model is never built in CPU memory first.
+
+    Args:
+        filename: The path to read.
+        device: "cpu", "meta", a CUDA device ("cuda:0", an int) or a ``torch.device``.
+        backend: "mmap" or "pread".
+        verify: Check the whole-file CRC.
+
+    Returns:
+        A dict of name to torch.Tensor on ``device``.
+
+    Raises:
+        UsageError: An unknown ``backend`` (an AprError and a ValueError).
+        AprFileNotFoundError: ``filename`` does not exist.
+        FormatError: Not an ``.apr`` file.
+        ChecksumError: The CRC does not match (``verify``).
+
+    Examples:
+        >>> import torch
+        >>> from aprfast.torch import save_file, load_file
+        >>> save_file({"w": torch.zeros(2, 3)}, "model.apr")
+        >>> load_file("model.apr", device="meta")["w"].shape
+        torch.Size([2, 3])
+    """
     if backend not in ("mmap", "pread"):
         raise UsageError(f"backend must be 'mmap' or 'pread', not {backend!r}")
     if str(device) == "meta":
@@ -82,7 +147,27 @@ def save_model(model, filename, metadata=None, force_contiguous: bool = True, **
     of another's storage is left out and recorded in the metadata as ``{view: whole}``,
     as safetensors does; :func:`load_model` fills it through the model's own sharing.
     ``force_contiguous`` is safetensors' argument: aprfast stores non-contiguous
-    tensors as contiguous copies whatever it says."""
+    tensors as contiguous copies whatever it says.
+
+    Args:
+        model: A ``torch.nn.Module``.
+        filename: The path to write.
+        metadata: A dict of str to str, or None (its keys win over the tie records).
+        force_contiguous: Accepted for safetensors' signature.
+        **options: Keyword arguments of :func:`aprfast.save_file`.
+
+    Raises:
+        TypeError: Metadata that is not str to str.
+        LayoutError: As for :func:`aprfast.save_file`.
+        AprIOError: The operating system refused the write.
+
+    Examples:
+        >>> import torch
+        >>> from aprfast.torch import save_model, load_model
+        >>> save_model(torch.nn.Linear(2, 1), "linear.apr")
+        >>> load_model(torch.nn.Linear(2, 1), "linear.apr")
+        (set(), [])
+    """
     check_metadata(metadata)
     state = model.state_dict()
     records = {}  # other name -> the name it shares memory with, safetensors' record
@@ -106,7 +191,30 @@ def load_model(model, filename, strict: bool = True, device="cpu", *, backend: s
     The model's tied names are filled from whichever of them the file holds.  When the
     file holds two tied names with different values, loading both would silently keep
     the last; the extra one is reported as unexpected instead (safetensors does the same
-    for any second name of a tie)."""
+    for any second name of a tie).
+
+    Args:
+        model: A ``torch.nn.Module``.
+        filename: The path to read.
+        strict: Raise when a name is missing or unexpected.
+        device: Where the tensors are loaded, as for :func:`load_file`.
+        backend: "mmap" or "pread".
+
+    Returns:
+        ``(missing, unexpected)``: a set and a list of names.
+
+    Raises:
+        RuntimeError: ``strict`` and a name is missing or unexpected.
+        AprFileNotFoundError: ``filename`` does not exist.
+        FormatError: Not an ``.apr`` file.
+
+    Examples:
+        >>> import torch
+        >>> from aprfast.torch import save_file, load_model
+        >>> save_file({"weight": torch.ones(1, 2)}, "partial.apr")
+        >>> load_model(torch.nn.Linear(2, 1), "partial.apr", strict=False)
+        ({'bias'}, [])
+    """
     state = load_file(filename, device=device, backend=backend)
     model_state = model.state_dict()
     groups = _overlapping_groups(model_state)
@@ -237,6 +345,26 @@ def _equal_bits(a, b) -> bool:
 
 
 def load(data, device="cpu", *, verify: bool = True) -> dict:
+    """Every tensor of the file held in ``data`` (bytes-like), as torch tensors.
+
+    Args:
+        data: The file's bytes.
+        device: Where the tensors go.
+        verify: Check the whole-file CRC.
+
+    Returns:
+        A dict of name to torch.Tensor.
+
+    Raises:
+        FormatError: Not an ``.apr`` file.
+        ChecksumError: The CRC does not match (``verify``).
+
+    Examples:
+        >>> import torch
+        >>> from aprfast.torch import save, load
+        >>> load(save({"w": torch.tensor([1.5])}))
+        {'w': tensor([1.5000])}
+    """
     with AprFile(data) as f:
         return _to_torch(f, f.load_all(verify=verify), device)
 

@@ -58,7 +58,33 @@ def detect(path) -> str:
     """The format of ``path`` from its bytes: "apr", "safetensors", "gguf", "pytorch"
     (a torch.save zip, or torch < 1.6's legacy pickle, refused when opened), "onnx"
     (a ModelProto: ``ir_version`` then another model field), or
-    "safetensors-sharded" (an index file, or a directory holding one)."""
+    "safetensors-sharded" (an index file, or a directory holding one), "burnpack"
+    or "mle".  Only the first bytes are read.
+
+    Args:
+        path: A file or directory path.
+
+    Returns:
+        The format's name.
+
+    Raises:
+        FormatError: The bytes are no format aprfast reads, or a directory holds no
+            model it knows.
+        AprFileNotFoundError: ``path`` does not exist.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.convert import detect
+        >>> aprfast.save_file({"w": np.zeros(2, np.float32)}, "model.apr")
+        >>> detect("model.apr")
+        'apr'
+        >>> with open("notes.txt", "w") as f:
+        ...     _ = f.write("not a model")
+        >>> detect("notes.txt")
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.FormatError: [E001] notes.txt: unrecognised source format ...
+    """
     from ..files.shards import MANIFEST_SUFFIX, find_manifest
 
     path = os.fspath(path)
@@ -101,7 +127,33 @@ def detect(path) -> str:
 
 
 def open_source(path, *, tokenizer: bool = True):
-    """The tensor stream of any supported source, metadata mapped to .apr's."""
+    """The tensor stream of any supported source, metadata mapped to .apr's.
+
+    What :func:`convert` reads from: ``specs`` (each tensor's name, dtype and shape,
+    known before any data is read), ``metadata``, ``read(spec, scratch)`` for one
+    tensor's values, ``tensors()`` to iterate them, and ``close()``.
+
+    Args:
+        path: A file or directory of any format :func:`detect` names.
+        tokenizer: Embed a sibling ``tokenizer.json`` of a safetensors source in the
+            metadata.
+
+    Returns:
+        A source object; its ``format`` is what :func:`detect` said.
+
+    Raises:
+        FormatError: An unrecognised or malformed source.
+        AprFileNotFoundError: ``path`` does not exist.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.convert import open_source
+        >>> aprfast.save_file({"w": np.zeros((2, 3), np.float32)}, "model.apr")
+        >>> source = open_source("model.apr")
+        >>> source.format, [(spec.name, spec.shape) for spec in source.specs]
+        ('apr', [('w', (2, 3))])
+        >>> source.close()
+    """
     kind = detect(path)
     if kind == "apr":
         source = _apr.AprSource(path)
@@ -385,7 +437,7 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     is removed from the front of every name that starts with it (the first that
     matches); ``arch`` ("whisper", "llama", "bert", or "auto": detected from GGUF's
     ``general.architecture`` or the names; see ``convert.names``) maps Hugging Face,
-    GGUF and ONNX names to the canonical ``.apr`` names of seed 001 §10.8, names the
+    GGUF and ONNX names to the canonical ``.apr`` names (docs/guide/converting.md), names the
     mapper does not know kept (NameMappingWarning) and the mapping recorded in the
     output's metadata under ``aprfast.name_mapping``; ``rename`` (``callable(name) ->
     name | None``, or a dict; None drops a tensor) renames what the mapper gave.  Two
@@ -396,7 +448,7 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     names are the output names) quantizes 2-D float tensors whose rows fit the type's
     blocks; others are kept.  ``compression`` ("lz4"/"zstd", .apr only) uses a spooled
     Writer (see ``convert.apr.apr_writer``: memory then grows with the compressed model).
-    ``validate`` (seed 001 §10.9-10.10, ``convert.validation``): "strict" checks every
+    ``validate`` (``convert.validation``; docs/guide/converting.md): "strict" checks every
     tensor written against its expected statistics and aborts at the first failure
     (TensorValidationError, nothing written) unless ``force=True``; "relaxed" warns
     (ValidationWarning) and writes; "off" computes nothing.
@@ -407,7 +459,7 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     ``lowrank`` (a rank, or ``{"rank", "select"}``) stores a 2-D ``W`` as the factors
     ``W.lowrank_a @ W.lowrank_b`` recorded under ``aprfast.lowrank`` in the metadata
     (``convert.optimize``: default selection, ties, skips; ``optimize.reconstruct``).
-    The quality gate (seed 001 §4.8.4, ``convert.gate``) measures every tensor a lossy
+    The quality gate (``convert.gate``) measures every tensor a lossy
     option changes (relative L2 ``||W - W'|| / ||W||``, max ``|W - W'|``) and stops at
     the first above ``max_drift`` (default 0.1; None: no limit) with QualityGateError
     (E002, nothing written) unless ``force=True`` (QualityGateWarning).
@@ -416,7 +468,55 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     "validation", "optimize", "quality"}``: ``names`` the mapping (None without
     ``arch``), ``validation`` the report (tensors checked, failed but written, warned,
     skipped), ``optimize`` what pruning/low-rank did and skipped, ``quality`` the
-    gate's per-tensor drift (None for a lossless conversion).
+    gate's per-tensor drift (None for a lossless conversion).  See
+    docs/guide/converting.md.
+
+    Args:
+        source: A path or URL of the model to read.
+        destination: The path to write.
+        to: The destination format ("apr", "safetensors", "gguf", "burnpack") when its
+            extension does not say.
+        quantize: A quantization type, per-layer rules or a callable, as above.
+        precision: "f32", "f16" or "bf16".
+        compression: "lz4" or "zstd" (``.apr`` destinations).
+        arch: "whisper", "llama", "bert" or "auto": map names to ``.apr``'s.
+        rename: ``callable(name) -> name | None`` or a dict.
+        strip_prefix: A prefix (or tuple of them) removed from names.
+        validate: "strict", "relaxed" or "off".
+        force: Replace an existing destination; write despite failed checks.
+        progress: ``progress(done_bytes, total_bytes)``, called after each tensor.
+        max_shard_size: Write a sharded safetensors checkpoint of shards this large.
+        tokenizer: Embed a safetensors source's sibling ``tokenizer.json``.
+        durable: fsync the output before returning.
+        prune: A sparsity, or a dict of pruning options, as above.
+        lowrank: A rank, or a dict of low-rank options, as above.
+        max_drift: The quality gate's limit on relative L2 drift (None: no limit).
+        storage_options: Options for a URL ``source``, as for :func:`aprfast.open`.
+
+    Returns:
+        The summary dict described above.
+
+    Raises:
+        DestinationExistsError: ``destination`` exists and ``force`` is False (an
+            AprIOError and a FileExistsError).
+        FormatError: The source format is not recognised or is malformed.
+        LayoutError: The destination cannot hold a tensor, two tensors end with one
+            name, or an option is invalid.
+        TensorValidationError: With ``validate="strict"``, a tensor failed its checks
+            (E002; nothing written).
+        QualityGateError: A lossy option drifted a tensor past ``max_drift`` (E002;
+            nothing written).
+        AprFileNotFoundError: ``source`` does not exist.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> aprfast.save_file({"w": np.ones((2, 32), np.float32)}, "model.apr")
+        >>> summary = aprfast.convert("model.apr", "model.safetensors")
+        >>> summary["source_format"], summary["format"], summary["tensors"]
+        ('apr', 'safetensors', 1)
+        >>> summary = aprfast.convert("model.safetensors", "model-q8.apr", quantize="q8_0")
+        >>> aprfast.load_file("model-q8.apr")["w"], summary["quality"]["failed"]
+        (QuantizedTensor(Q8_0, shape=[2, 32], nbytes=68), [])
     """
     precision, quantize = _check_options(validate, precision, quantize)
     kind = _destination_format(destination, to, max_shard_size)

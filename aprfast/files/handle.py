@@ -20,7 +20,7 @@ class Handle:
     Subclasses provide :meth:`close`, :attr:`closed` and, for ``repr``,
     :meth:`_describe` (what is open, e.g. the path) and :meth:`_state` (what it holds).
 
-    Example:
+    Examples:
         >>> import aprfast, numpy as np
         >>> blob = aprfast.save({"w": np.zeros(2, np.float32)})
         >>> with aprfast.open(blob) as f:

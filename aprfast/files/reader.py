@@ -26,8 +26,31 @@ __all__ = ["AprFile", "TensorSlice", "QuantizedSlice", "aligned_empty"]
 
 
 def aligned_empty(nbytes: int, alignment: int = 64, *, filled_by_read: bool = False) -> np.ndarray:
-    """A writable uint8 array of ``nbytes`` whose data starts on ``alignment``
-    (``filled_by_read``: one read fills it next; see ``_memory.AlignedBuffer``)."""
+    """A writable uint8 array of ``nbytes`` whose data starts on ``alignment``.
+
+    The memory is not initialised (as ``numpy.empty``).  It is what owned tensors are
+    made of: reading a file's bytes into it keeps the 64-byte alignment SIMD kernels
+    and ``torch.from_numpy`` like.
+
+    Args:
+        nbytes: Size in bytes.
+        alignment: A power of two up to :data:`aprfast.limits.MAX_ALIGNMENT`.
+        filled_by_read: One read fills it next, so it need not be touched first (see
+            ``_memory.AlignedBuffer``).
+
+    Returns:
+        A 1-D ``uint8`` NumPy array of ``nbytes`` elements.
+
+    Raises:
+        ValueError: ``alignment`` is not a power of two within the limit, or ``nbytes``
+            is negative.
+
+    Examples:
+        >>> import aprfast
+        >>> buf = aprfast.aligned_empty(100, 64)
+        >>> buf.shape, buf.dtype.name, buf.ctypes.data % 64, buf.flags.writeable
+        ((100,), 'uint8', 0, True)
+    """
     return np.frombuffer(_memory.AlignedBuffer(nbytes, alignment, filled_by_read=filled_by_read), np.uint8, nbytes)
 
 
@@ -45,7 +68,41 @@ class AprFile(TensorMapping):
     CRC32 at open; ``alignment`` is the alignment of owned arrays.  ``keys``: a dict of
     ``password``, ``private_key``, ``trusted_keys``, ``require_signature``,
     ``allow_unencrypted`` as :func:`aprfast.open` takes them (an encrypted or signed
-    APR2 file is read through :class:`aprfast.security.SecureSource`).
+    APR2 file is read through :class:`aprfast.security.SecureSource`).  Open files with
+    :func:`aprfast.open`, which also takes URLs, v1 files and sharded models; AprFile
+    is what it returns for a v2 file.  See docs/guide/saving-and-loading.md.
+
+    It is a read-only mapping of names (``keys()``, ``name in f``, ``len(f)``,
+    iteration), and pickles as the arguments that opened it (docs/guide/distributed.md).
+
+    Args:
+        target: A path, a readable seekable file object, or bytes-like data.
+        mode: "mmap", "private" (copy-on-write map) or "pread"; ``None`` picks.
+        limits: Bounds on what the parser believes.
+        unknown_dtypes: "error" or "raw".
+        verify: Check the whole-file CRC32 at open.
+        alignment: Alignment of owned arrays handed out.
+        keys: Key options of an encrypted or signed file, as :func:`aprfast.open`
+            takes them.
+
+    Raises:
+        FormatError: Not a v2 ``.apr`` file (UnknownDTypeError: an unknown dtype id
+            with ``unknown_dtypes="error"``).
+        CorruptError: The header or index contradicts itself (ChecksumError: a CRC
+            mismatch with ``verify=True``).
+        LimitError: The file asks for more than ``limits`` allow.
+        DecryptError: A wrong key, or a key for a file that is not encrypted.
+        SignatureError: A required signature is missing or wrong.
+        ValueError: A bad ``unknown_dtypes``.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> blob = aprfast.save({"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
+        >>> with aprfast.open(blob) as f:
+        ...     print(type(f).__name__, f.layout, len(f), "w" in f)
+        ...     print(f.get_tensor("w")[1])
+        AprFile aprender 1 True
+        [3. 4. 5.]
     """
 
     def __init__(self, target, *, mode: str | None = None, limits: Limits | None = None,
@@ -80,38 +137,93 @@ class AprFile(TensorMapping):
     # --- what the file holds ------------------------------------------------------
     @property
     def layout(self) -> str:
-        """"aprender" (APR\\0) or "apr2" (the spec's APR2)."""
+        """"aprender" (APR\\0) or "apr2" (the spec's APR2).
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> with aprfast.open(aprfast.save({"w": np.zeros(1)}, layout="apr2")) as f:
+            ...     f.layout
+            'apr2'
+        """
         return self._file.layout
 
     @property
     def header(self) -> dict:
+        """The decoded file header: magic, version, flags, sizes and offsets.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> with aprfast.open(aprfast.save({"w": np.zeros(1)})) as f:
+            ...     f.header["version"], f.header["tensor_count"]
+            ('2.0', 1)
+        """
         return dict(self._file.header)
 
     @property
     def metadata(self) -> dict:
         """The metadata exactly as the writer was given it (``{}`` for none).  The keys a
         layout adds to every file (aprender's typed defaults, APR2's ``apr_version``)
-        are in :attr:`stored_metadata`."""
+        are in :attr:`stored_metadata`.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> with aprfast.open(aprfast.save({"w": np.zeros(1)}, metadata={"arch": "mlp"})) as f:
+            ...     f.metadata
+            {'arch': 'mlp'}
+        """
         return layouts.caller_metadata(self._file)
 
     @property
     def stored_metadata(self) -> dict:
-        """Every key the file's metadata block holds, layout defaults included."""
+        """Every key the file's metadata block holds, layout defaults included.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> with aprfast.open(aprfast.save({"w": np.zeros(1)}, layout="apr2")) as f:
+            ...     sorted(f.stored_metadata)
+            ['apr_version']
+        """
         return self._file.metadata
 
     @property
     def path(self):
+        """The path or URL the file was opened from; None for a buffer.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"w": np.zeros(1)}, "m.apr")
+            >>> with aprfast.open("m.apr") as f:
+            ...     f.path
+            'm.apr'
+        """
         return self._source.path
 
     @property
     def security(self) -> dict | None:
         """For an encrypted or signed APR2 file: encrypted, names_encrypted, signed,
         digest, chunk_size, chunk_count, encryption (key mode), signature ("trusted",
-        "self-signed", "unsigned"), signer (hex).  None for other files."""
+        "self-signed", "unsigned"), signer (hex).  None for other files.
+        See docs/guide/encryption.md.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> blob = aprfast.save({"w": np.zeros(4, np.float32)}, password="pw")
+            >>> with aprfast.open(blob, password="pw") as f:
+            ...     f.security["encrypted"], f.security["signed"]
+            (True, False)
+        """
         sec = self._file.security
         return sec.describe() if sec is not None else None
 
     def keys(self) -> list:
+        """The tensor names, in index order.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> with aprfast.open(aprfast.save({"b": np.zeros(1), "a": np.zeros(1)})) as f:
+            ...     f.keys()
+            ['a', 'b']
+        """
         return list(self._file.names)
 
     def __iter__(self):
@@ -124,7 +236,24 @@ class AprFile(TensorMapping):
         return name in self._file.position
 
     def info(self, name: str) -> TensorInfo:
-        """dtype, shape, absolute offset and stored byte size of one tensor."""
+        """dtype, shape, absolute offset and stored byte size of one tensor.
+
+        Args:
+            name: The tensor's name.
+
+        Returns:
+            A :class:`aprfast.TensorInfo`.
+
+        Raises:
+            TensorNotFoundError: The file has no tensor ``name``.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> with aprfast.open(aprfast.save({"w": np.zeros((2, 3), np.float16)})) as f:
+            ...     info = f.info("w")
+            >>> info.dtype_name, info.shape, info.nbytes
+            ('F16', (2, 3), 12)
+        """
         return self._file.info(name)
 
     # --- tensors ------------------------------------------------------------------
@@ -142,7 +271,32 @@ class AprFile(TensorMapping):
         A tensor of an encrypted or signed APR2 file is an owned array too: its chunks
         are read into it, checked against their digests and decrypted in place
         (AES-256-GCM through OpenSSL or libsodium, without the GIL, chunks on every
-        core), so the bytes served are the bytes checked."""
+        core), so the bytes served are the bytes checked.
+
+        Args:
+            name: The tensor's name.
+            copy: Return an owned, aligned, writable array instead of a view.
+            dequantize: Return packed tensors as float32 arrays.
+
+        Returns:
+            A NumPy array, or :class:`aprfast.QuantizedTensor` / :class:`aprfast.RawTensor`.
+
+        Raises:
+            TensorNotFoundError: The file has no tensor ``name`` (also a KeyError).
+            AprIOError: The file is closed, or a read failed.
+            CorruptError: A compressed tensor's blocks do not decode.
+            DecryptError: A chunk of an encrypted tensor fails its AES-GCM tag.
+            SignatureError: A chunk of a signed tensor does not match its digest.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"w": np.float32([1, 2, 3])}, "m.apr")
+            >>> with aprfast.open("m.apr") as f:
+            ...     view = f.get_tensor("w")
+            ...     owned = f.get_tensor("w", copy=True)
+            >>> view.flags.writeable, owned.flags.writeable, owned
+            (False, True, array([1., 2., 3.], dtype=float32))
+        """
         if not copy:
             seen = self._views.get(name)
             if seen is not None and not self._source.closed:
@@ -197,6 +351,8 @@ class AprFile(TensorMapping):
         return out
 
     def array_maker(self, type_id):
+        """The function that builds tensors of dtype id ``type_id`` from this file's bytes
+        (made once per dtype id and remembered; used by the readers built on AprFile)."""
         make = self._makers[type_id] = array_maker(self._file.ids, type_id)
         return make
 
@@ -219,7 +375,28 @@ class AprFile(TensorMapping):
         with ``dequantize=True``).  For a compressed tensor (APR2 per-tensor codec) only
         the blocks holding the axis-0 rows the key touches are read and decoded.  For
         an encrypted or signed APR2 file only the 1 MiB chunks the key touches are read,
-        checked and decrypted."""
+        checked and decrypted.
+
+        Args:
+            name: The tensor's name.
+            dequantize: For a packed tensor, return float32 values from ``[a:b]``.
+
+        Returns:
+            A :class:`TensorSlice`, or a :class:`QuantizedSlice` for a packed tensor.
+
+        Raises:
+            TensorNotFoundError: The file has no tensor ``name``.
+            LayoutError: A packed tensor whose blocks do not follow rows (APR_Q4, APR_Q8,
+                Q8_TENSOR) or a 0-d packed tensor: read it with :meth:`get_tensor`.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> blob = aprfast.save({"w": np.arange(12, dtype=np.float32).reshape(4, 3)})
+            >>> with aprfast.open(blob) as f:
+            ...     print(f.get_slice("w")[1:3, ::2])
+            [[3. 5.]
+             [6. 8.]]
+        """
         made = self._slices.get(name)
         if made is not None:  # stateless apart from its cached view: shared, built once
             return made
@@ -232,14 +409,47 @@ class AprFile(TensorMapping):
         return made
 
     def tensors(self, copy: bool = False) -> dict:
-        """Every tensor, by name (compressed ones owned, see get_tensor)."""
+        """Every tensor, by name (compressed ones owned, see get_tensor).
+
+        Args:
+            copy: Owned arrays instead of views of the mapped file.
+
+        Returns:
+            A dict of name to tensor, in index order.
+
+        Raises:
+            AprIOError: The file is closed, or a read failed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> with aprfast.open(aprfast.save({"w": np.zeros(2, np.float32)})) as f:
+            ...     f.tensors(copy=True)
+            {'w': array([0., 0.], dtype=float32)}
+        """
         return {name: self.get_tensor(name, copy) for name in self._file.names}
 
     # --- integrity and lifetime ---------------------------------------------------
     def verify(self) -> None:
         """Check the footer CRC32 over every byte before it; raise ChecksumError if not.
         An encrypted or signed APR2 file then has every chunk checked (digest, AES-GCM
-        tag), which reads every tensor once (the signature was checked at open)."""
+        tag), which reads every tensor once (the signature was checked at open).
+
+        Raises:
+            ChecksumError: The footer CRC32 does not match the bytes.
+            DecryptError: A chunk of an encrypted file fails its AES-GCM tag.
+            SignatureError: A chunk of a signed file does not match its digest.
+            AprIOError: The file is closed, or a read failed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> blob = bytearray(aprfast.save({"w": np.zeros(4, np.float32)}))
+            >>> blob[-20] ^= 1  # flip a bit of the tensor data
+            >>> with aprfast.open(bytes(blob)) as f:
+            ...     f.verify()
+            Traceback (most recent call last):
+            ...
+            aprfast.errors.ChecksumError: [E004] footer CRC32 is ...
+        """
         end = self._file.footer_crc_offset
         raw = self._raw_source
         if raw.zero_copy:
@@ -253,12 +463,23 @@ class AprFile(TensorMapping):
             self._file.security.verify_all(raw)
 
     def close(self) -> None:
+        """Release the file (idempotent); arrays already handed out stay valid.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> f = aprfast.open(aprfast.save({"w": np.zeros(2)}))
+            >>> w = f.get_tensor("w")
+            >>> f.close()
+            >>> f.closed, w.tolist()
+            (True, [0.0, 0.0])
+        """
         self._whole = None  # views handed out keep the map alive; this handle need not
         self._views, self._copies, self._slices = {}, {}, {}
         self._source.close()
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` ran."""
         return self._source.closed
 
     def _describe(self) -> str:
@@ -268,7 +489,29 @@ class AprFile(TensorMapping):
     def load_all(self, *, verify: bool = True, threads: int = 0) -> dict:
         """Read the whole data section into one aligned buffer with parallel reads,
         checking the footer CRC on the way, and return every tensor as an owned array
-        viewing that buffer (each 64-byte aligned, like the file)."""
+        viewing that buffer (each 64-byte aligned, like the file).  Compressed tensors are
+        decoded batch by batch into the same kind of buffer.  What
+        :func:`aprfast.load_file` with ``mmap=False`` returns.
+
+        Args:
+            verify: Check the footer CRC on the way.
+            threads: Threads for the parallel read (0: one per idle core).
+
+        Returns:
+            A dict of name to owned, writable array, in index order.
+
+        Raises:
+            ChecksumError: ``verify`` and the CRC does not match.
+            AprIOError: The file is closed, or a read failed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"a": np.ones(2, np.float32), "b": np.zeros(3, np.float32)}, "m.apr")
+            >>> with aprfast.open("m.apr", mode="pread") as f:
+            ...     tensors = f.load_all()
+            >>> tensors["a"], tensors["b"].ctypes.data % 64
+            (array([1., 1.], dtype=float32), 0)
+        """
         f = self._file
         if getattr(f.entries, "compressed", 0):  # decoded batch by batch: see tensor_codecs.load_all
             arena, decoded, crc = tensor_codecs.load_all(self, verify=verify, threads=threads)
@@ -335,7 +578,18 @@ class TensorSlice:
     """``file.get_slice(name)[key]``: owned arrays read with as few bytes as the key needs.
 
     Supports NumPy basic indexing (ints, slices with steps, ``...``, ``None``) and
-    :meth:`intervals` for tensor-parallel shards along one axis.
+    :meth:`intervals` for tensor-parallel shards along one axis.  Made by
+    :meth:`AprFile.get_slice`.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> blob = aprfast.save({"w": np.arange(8, dtype=np.float32).reshape(4, 2)})
+        >>> with aprfast.open(blob) as f:
+        ...     s = f.get_slice("w")
+        ...     print(s.get_shape(), s.get_dtype(), len(s))
+        ...     print(s[-1], s[::2, 0], s[..., None].shape)
+        [4, 2] F32 4
+        [6. 7.] [0. 4.] (4, 2, 1)
     """
 
     #: Above this many separate runs a single bounding read is cheaper than many preads.
@@ -353,9 +607,11 @@ class TensorSlice:
         self._compressed = bool(file._file.codec(info.name))
 
     def get_shape(self) -> list:
+        """The tensor's shape, as a list (safetensors' name)."""
         return list(self.shape)
 
     def get_dtype(self) -> str:
+        """The tensor's aprfast dtype name ("F32", "BF16", ...)."""
         return self.info.dtype.name
 
     def __len__(self):
@@ -396,7 +652,26 @@ class TensorSlice:
         return whole
 
     def intervals(self, ranges, axis: int = 0) -> np.ndarray:
-        """Rows ``[start, stop)`` for each range along ``axis``, concatenated in order."""
+        """Rows ``[start, stop)`` for each range along ``axis``, concatenated in order.
+
+        Args:
+            ranges: ``[(start, stop), ...]`` along ``axis``.
+            axis: The axis the ranges index (negative counts from the end).
+
+        Returns:
+            An owned array (empty along ``axis`` when ``ranges`` is empty).
+
+        Raises:
+            IndexError: A range outside the axis, an axis out of range, or a 0-d tensor.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> blob = aprfast.save({"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
+            >>> with aprfast.open(blob) as f:
+            ...     print(f.get_slice("w").intervals([(0, 1), (2, 3)], axis=1))
+            [[0. 2.]
+             [3. 5.]]
+        """
         if not self.shape:
             raise IndexError("a 0-d tensor has no axis to take intervals along")
         axis = _axis(axis, len(self.shape))
@@ -533,6 +808,19 @@ class QuantizedSlice:
     values when made with ``dequantize=True``.  A 1-D tensor is a single row, so its
     bounds must fall on block boundaries.  APR_Q4 (blocks run across rows), APR_Q8 and
     Q8_TENSOR (one scale for the whole tensor) are read whole, with ``get_tensor``.
+    Made by :meth:`AprFile.get_slice`; see docs/guide/quantization.md.
+
+    Raises:
+        LayoutError: From ``[key]``: a key that is not whole rows along axis 0, or 1-D
+            bounds off the block boundaries.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> q = aprfast.quantize(np.ones((4, 32), np.float32), "q8_0")
+        >>> with aprfast.open(aprfast.save({"q": q})) as f:
+        ...     s = f.get_slice("q")
+        ...     print(s.get_shape(), s.get_dtype(), s[1:3])
+        [4, 32] Q8_0 QuantizedTensor(Q8_0, shape=[2, 32], nbytes=68)
     """
 
     def __init__(self, file: AprFile, info: TensorInfo, dequantize: bool = False):
@@ -549,9 +837,11 @@ class QuantizedSlice:
         self.dequantize = dequantize
 
     def get_shape(self) -> list:
+        """The tensor's shape, as a list (safetensors' name)."""
         return list(self.shape)
 
     def get_dtype(self) -> str:
+        """The tensor's aprfast dtype name ("Q8_0", "Q4_K", ...)."""
         return self.info.dtype.name
 
     def __len__(self):

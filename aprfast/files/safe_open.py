@@ -32,6 +32,29 @@ class safe_open:  # noqa: N801 - the name safetensors users import
     ``keys()`` are sorted, ``offset_keys()`` are in file order; ``metadata()`` returns
     the file's metadata (None when it was saved without).  ``filename`` may also be an
     open binary file object.  Reading a closed handle raises :class:`aprfast.AprIOError`.
+    See docs/guide/safetensors.md.
+
+    Args:
+        filename: A path or an open binary file object.
+        framework: "np"/"numpy", "pt"/"torch" or "jax"/"flax".
+        device: Where torch and JAX tensors go ("cpu", "cuda:0", an int, a
+            ``torch.device``, "meta").
+        backend: "mmap" (private copy-on-write views) or "pread" (owned copies).
+
+    Raises:
+        UsageError: An unknown framework, device or backend (an AprError and a
+            ValueError, from :mod:`aprfast.files.frameworks`).
+        ImportError: The framework's package is not installed.
+        AprFileNotFoundError: ``filename`` does not exist.
+        FormatError: Not an ``.apr`` file.
+        CorruptError: The file contradicts itself.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> aprfast.save_file({"w": np.arange(6, dtype=np.float32).reshape(3, 2)}, "m.apr")
+        >>> with aprfast.safe_open("m.apr", framework="np") as f:
+        ...     print(f.keys(), f.get_slice("w")[1:].tolist())
+        ['w'] [[2.0, 3.0], [4.0, 5.0]]
     """
 
     def __init__(self, filename, framework: str, device="cpu", *, backend: str = "mmap"):
@@ -51,24 +74,98 @@ class safe_open:  # noqa: N801 - the name safetensors users import
         return False
 
     def close(self) -> None:
+        """Close the file (idempotent); tensors already handed out stay valid.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"w": np.zeros(2, np.float32)}, "m.apr")
+            >>> f = aprfast.safe_open("m.apr", "np")
+            >>> f.close()
+            >>> f.keys()
+            Traceback (most recent call last):
+            ...
+            aprfast.errors.AprIOError: [E007] ...the file is closed
+        """
         self._file.close()
 
     def keys(self) -> list:
+        """The tensor names, sorted (as safetensors returns them).
+
+        Returns:
+            A list of str.
+
+        Raises:
+            AprIOError: The handle is closed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"b": np.zeros(1), "a": np.zeros(1)}, "m.apr")
+            >>> with aprfast.safe_open("m.apr", "np") as f:
+            ...     f.keys()
+            ['a', 'b']
+        """
         self._require_open()
         return sorted(self._file.keys())
 
     def offset_keys(self) -> list:
-        """Names in the order their data lies in the file."""
+        """Names in the order their data lies in the file.
+
+        Returns:
+            A list of str.
+
+        Raises:
+            AprIOError: The handle is closed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"b": np.zeros(1), "a": np.zeros(1)}, "m.apr")
+            >>> with aprfast.safe_open("m.apr", "np") as f:
+            ...     sorted(f.offset_keys())
+            ['a', 'b']
+        """
         self._require_open()
         return sorted(self._file.keys(), key=lambda name: (self._file.info(name).offset, name))
 
     def metadata(self):
         """The metadata the file was saved with, or None when there was none (as
-        safetensors returns)."""
+        safetensors returns).
+
+        Returns:
+            A dict, or None.
+
+        Raises:
+            AprIOError: The handle is closed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"w": np.zeros(1)}, "m.apr", metadata={"format": "pt"})
+            >>> with aprfast.safe_open("m.apr", "np") as f:
+            ...     f.metadata()
+            {'format': 'pt'}
+        """
         self._require_open()
         return self._file.metadata or None
 
     def get_tensor(self, name: str):
+        """The tensor ``name`` in the handle's framework, on its device.
+
+        Args:
+            name: The tensor's name.
+
+        Returns:
+            A NumPy array, torch tensor or JAX array.
+
+        Raises:
+            TensorNotFoundError: The file has no tensor ``name`` (also a KeyError).
+            AprIOError: The handle is closed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"w": np.float32([1, 2])}, "m.apr")
+            >>> with aprfast.safe_open("m.apr", "np") as f:
+            ...     f.get_tensor("w")
+            array([1., 2.], dtype=float32)
+        """
         self._require_open()
         if _is_meta(self.device):
             return torch_meta(name, self._file.info(name))
@@ -80,10 +177,45 @@ class safe_open:  # noqa: N801 - the name safetensors users import
         return to_framework(name, tensor, self._file.info(name).dtype, self.framework, self.device)
 
     def get_tensors(self) -> dict:
-        """Every tensor, by name, in file order (as safetensors' ``get_tensors``)."""
+        """Every tensor, by name, in file order (as safetensors' ``get_tensors``).
+
+        Returns:
+            A dict of name to tensor in the handle's framework.
+
+        Raises:
+            AprIOError: The handle is closed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"w": np.float32([1, 2])}, "m.apr")
+            >>> with aprfast.safe_open("m.apr", "np") as f:
+            ...     f.get_tensors()
+            {'w': array([1., 2.], dtype=float32)}
+        """
         return {name: self.get_tensor(name) for name in self.offset_keys()}
 
     def get_slice(self, name: str) -> "SafeSlice":
+        """A lazy :class:`SafeSlice` of the tensor ``name``: ``[key]`` reads only what the
+        key needs.
+
+        Args:
+            name: The tensor's name.
+
+        Returns:
+            A :class:`SafeSlice`.
+
+        Raises:
+            TensorNotFoundError: The file has no tensor ``name``.
+            AprIOError: The handle is closed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"w": np.arange(4, dtype=np.float32)}, "m.apr")
+            >>> with aprfast.safe_open("m.apr", "np") as f:
+            ...     s = f.get_slice("w")
+            ...     print(s.get_shape(), s.get_dtype(), s[-2:])
+            [4] F32 [2. 3.]
+        """
         self._require_open()
         return SafeSlice(self, name)
 
@@ -122,7 +254,16 @@ class SafeSlice:
 
     Keys are NumPy's: ints (negative ones count from the end), slices with any step,
     ``...``, ``None``, and lists of ints (``[[]]`` selects nothing along the first
-    axis, as in safetensors).  A key outside the tensor raises :class:`SliceIndexError`."""
+    axis, as in safetensors).  A key outside the tensor raises
+    :class:`~aprfast.files.frameworks.SliceIndexError` (an IndexError and an AprError).
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> aprfast.save_file({"w": np.arange(6, dtype=np.float32).reshape(3, 2)}, "m.apr")
+        >>> with aprfast.safe_open("m.apr", "np") as f:
+        ...     print(f.get_slice("w")[[0, 2], 1])
+        [1. 5.]
+    """
 
     def __init__(self, handle: safe_open, name: str):
         self._handle = handle
@@ -132,10 +273,27 @@ class SafeSlice:
         self._reader = None  # the file's slice reader, made at the first read
 
     def get_shape(self) -> list:
+        """The tensor's shape, read from the index (no data is read).
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"w": np.zeros((2, 3), np.float32)}, "m.apr")
+            >>> with aprfast.safe_open("m.apr", "np") as f:
+            ...     f.get_slice("w").get_shape()
+            [2, 3]
+        """
         return list(self._info.shape)
 
     def get_dtype(self) -> str:
-        """The dtype as safetensors names it ("F32", "BF16", "F8_E4M3", "F4", ...)."""
+        """The dtype as safetensors names it ("F32", "BF16", "F8_E4M3", "F4", ...).
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"w": np.zeros(2, np.float16)}, "m.apr")
+            >>> with aprfast.safe_open("m.apr", "np") as f:
+            ...     f.get_slice("w").get_dtype()
+            'F16'
+        """
         name = self._info.dtype_name
         return _SAFETENSORS_NAMES.get(name, name)
 

@@ -21,7 +21,30 @@ def load_to_device(file, device, *, verify: bool = True, staging_bytes: int = ST
     through two staging buffers, the reads overlapping the copies (CUDA: pinned buffers,
     asynchronous copies, one event per buffer).  The data section is read once, in
     order, with the whole-file CRC checked on the way unless ``verify=False``; a
-    mismatch raises ChecksumError after the copies, before anything is returned."""
+    mismatch raises ChecksumError after the copies, before anything is returned.
+
+    Args:
+        file: An open :class:`aprfast.AprFile` (``mode="pread"`` reads without mapping).
+        device: A torch device ("cpu", "cuda:0", an int, a ``torch.device``).
+        verify: Check the whole-file CRC on the way.
+        staging_bytes: Size of each of the two staging buffers.
+
+    Returns:
+        A dict of name to torch.Tensor on ``device``.
+
+    Raises:
+        ChecksumError: ``verify`` and the CRC does not match.
+        TypeError: A tensor of a dtype torch cannot hold (packed types).
+        AprIOError: A read failed.
+
+    Examples:
+        >>> import torch, aprfast
+        >>> from aprfast.torch import save_file, load_to_device
+        >>> save_file({"w": torch.ones(2)}, "model.apr")
+        >>> with aprfast.open("model.apr", mode="pread") as f:
+        ...     load_to_device(f, "cpu")
+        {'w': tensor([1., 1.])}
+    """
     import torch
 
     device = torch.device(device)
@@ -48,7 +71,30 @@ def tensor_to_device(file, name: str, device, *, staging_bytes: int = STAGING_BY
     """One tensor of an open AprFile, allocated on ``device`` and filled from the file
     through the staging buffers :func:`load_to_device` uses (pinned for CUDA), so it never
     sits in pageable memory: ``safe_open(..., device="cuda:0").get_tensor``.  A
-    compressed tensor (its stored bytes are not its values) is decoded on the CPU first."""
+    compressed tensor (its stored bytes are not its values) is decoded on the CPU first.
+
+    Args:
+        file: An open :class:`aprfast.AprFile`.
+        name: The tensor's name.
+        device: A torch device.
+        staging_bytes: Size of each staging buffer.
+
+    Returns:
+        A torch.Tensor on ``device``.
+
+    Raises:
+        TensorNotFoundError: The file has no tensor ``name``.
+        TypeError: A dtype torch cannot hold (packed types).
+        AprIOError: A read failed.
+
+    Examples:
+        >>> import torch, aprfast
+        >>> from aprfast.torch import save_file, tensor_to_device
+        >>> save_file({"w": torch.arange(3)}, "model.apr")
+        >>> with aprfast.open("model.apr") as f:
+        ...     tensor_to_device(f, "w", "cpu")
+        tensor([0, 1, 2])
+    """
     import torch
 
     device = torch.device(device)

@@ -347,7 +347,8 @@ class Writer:
     """Write a file one tensor at a time; use as a context manager.
 
     ``target`` is a path (written atomically: nothing replaces it unless the ``with``
-    block completes) or a writable file object, which may be a pipe.
+    block completes) or a writable file object, which may be a pipe.  See
+    docs/guide/streaming.md.
 
     Without ``plan``, ``add`` spools each tensor to a nameless temporary file and the
     file is assembled on close, in the same bytes ``save_file`` would produce for the
@@ -367,6 +368,38 @@ class Writer:
     upload published only by a successful ``close()``: with a plan, the bytes stream
     into it as tensors are added (no local copy); without one, they are spooled locally
     first.  An abort or a failure leaves no object at the URL.
+
+    Args:
+        target: A path, a writable file object (a pipe too) or a URL.
+        metadata: JSON-serialisable dict stored with the tensors.
+        plan: ``[(name, dtype, shape), ...]`` declared up front, or ``None`` to spool.
+        layout: "auto", "aprender" or "apr2", as for :func:`aprfast.save_file`.
+        alignment: Byte alignment of each tensor's data in the file.
+        durable: fsync the file and its directory on close.
+        compression: "lz4", "zstd" or ``None`` (not with a plan).
+        compression_level: The codec's level (``None``: its default).
+        storage_options: Options passed to fsspec for a URL ``target``.
+
+    Raises:
+        LayoutError: Compression with a plan or with ``layout="aprender"``; a plan entry
+            with a bad name, dtype or shape.
+        AprIOError: The spool file cannot be created.
+        TypeError: ``target`` is neither a path nor a writable file object.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> with aprfast.Writer("model.apr", metadata={"step": 1}) as w:
+        ...     w.add("b", np.zeros(2, np.float32))
+        ...     w.add("a", np.ones((2, 2), np.float16))
+        >>> aprfast.load_file("model.apr")["a"].shape
+        (2, 2)
+
+        Declared up front, each tensor goes straight to the target:
+
+        >>> with aprfast.Writer("planned.apr", plan=[("x", "F32", (3,))]) as w:
+        ...     w.add("x", np.float32([1, 2, 3]))
+        >>> aprfast.load_file("planned.apr")["x"]
+        array([1., 2., 3.], dtype=float32)
     """
 
     def __init__(self, target, metadata=None, *, plan=None, layout: str = "auto", alignment: int = 64,
@@ -405,7 +438,28 @@ class Writer:
         self._state = "open"
 
     def add(self, name: str, tensor) -> None:
-        """Write one tensor (array, buffer, ``__array__`` object or RawTensor)."""
+        """Write one tensor.
+
+        Args:
+            name: The tensor's name, unique in the file.
+            tensor: A NumPy array, a buffer, an ``__array__`` object,
+                :class:`aprfast.RawTensor` or :class:`aprfast.QuantizedTensor`.
+
+        Raises:
+            LayoutError: ``name`` was already added; the dtype cannot be stored; with a
+                plan, ``tensor`` is not the next declared tensor (name, dtype, shape).
+            AprIOError: The spool or the target refused the write.
+            AprError: The writer is already closed or aborted.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> with aprfast.Writer("m.apr") as w:
+            ...     w.add("t", np.arange(4, dtype=np.float32))
+            ...     w.add("t", np.zeros(1, np.float32))
+            Traceback (most recent call last):
+            ...
+            aprfast.errors.LayoutError: [E001] tensor 't' was already added
+        """
         self._require_state("open", "add")
         if name in self._names:
             raise LayoutError(f"tensor {name!r} was already added")
@@ -424,7 +478,24 @@ class Writer:
         self._size += item.nbytes
 
     def close(self) -> None:
-        """Assemble and commit the file (with a plan: write the footer and commit)."""
+        """Assemble and commit the file (with a plan: write the footer and commit).
+
+        Leaving the ``with`` block without an exception calls it; calling it again does
+        nothing.
+
+        Raises:
+            LayoutError: With a plan, a declared tensor was never added (no file is
+                written at a path).
+            AprIOError: The operating system refused the write; a path is left as it was.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> w = aprfast.Writer("m.apr")
+            >>> w.add("t", np.zeros(3, np.float32))
+            >>> w.close()
+            >>> list(aprfast.load_file("m.apr"))
+            ['t']
+        """
         if self._state == "closed":
             return
         self._require_state("open", "close")
@@ -443,9 +514,20 @@ class Writer:
             self._spool.close()
 
     def abort(self) -> None:
-        """Discard everything added; a path target is left as it was.  (Bytes a planned
-        writer already sent to a file object cannot be taken back: its reader sees a
-        stream that ends early, which ``aprfast.stream`` reports as an error.)"""
+        """Discard everything added; a path target is left as it was.
+
+        Bytes a planned writer already sent to a file object cannot be taken back: its
+        reader sees a stream that ends early, which ``aprfast.stream`` reports as an
+        error.  An exception leaving the ``with`` block calls it.
+
+        Examples:
+            >>> import os, numpy as np, aprfast
+            >>> w = aprfast.Writer("m.apr")
+            >>> w.add("t", np.zeros(3, np.float32))
+            >>> w.abort()
+            >>> os.path.exists("m.apr")
+            False
+        """
         self._state = "closed"
         if self._spool is not None:
             self._spool.close()

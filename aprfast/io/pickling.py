@@ -87,7 +87,30 @@ def _how_to_reopen(target, options):
 def allow_pickled_keys(handle, allow: bool = True):
     """Let ``handle`` (opened with ``password=`` or ``private_key=``) pickle with that
     secret inside the pickle, in clear; returns ``handle``.  Only for pickles that stay
-    between processes you trust (a local pool, a cluster on a private network)."""
+    between processes you trust (a local pool, a cluster on a private network).
+    See docs/guide/distributed.md.
+
+    Args:
+        handle: A handle :func:`aprfast.open` returned for a path or URL.
+        allow: True to allow the secret into pickles, False to refuse again.
+
+    Returns:
+        ``handle``.
+
+    Examples:
+        >>> import pickle, numpy as np, aprfast
+        >>> from aprfast.distributed import allow_pickled_keys
+        >>> aprfast.save_file({"w": np.zeros(2, np.float32)}, "sealed.apr", password="pw")
+        >>> f = aprfast.open("sealed.apr", password="pw")
+        >>> pickle.dumps(f)
+        Traceback (most recent call last):
+        ...
+        aprfast.io.pickling.PicklingRefusedError: [E007] ...this AprFile was opened with password...
+        >>> g = pickle.loads(pickle.dumps(allow_pickled_keys(f)))
+        >>> g.get_tensor("w")
+        array([0., 0.], dtype=float32)
+        >>> g.close(); f.close()
+    """
     how = getattr(handle, "_reopen", None)
     if how is not None:
         handle._reopen = (how[0], how[1], bool(allow))

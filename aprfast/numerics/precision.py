@@ -56,7 +56,28 @@ CACHED_OUTPUT_MIN = 32 << 20
 
 
 def to_float16(array, out=None, *, threads: int = 0) -> np.ndarray:
-    """``array`` (float32, float64, float16 or bfloat16) rounded to float16."""
+    """``array`` (float32, float64, float16 or bfloat16) rounded to float16.
+
+    Bit for bit what ``array.astype(np.float16)`` gives (see the module docstring for
+    rounding, ``out`` and ``threads``; docs/guide/quantization.md).
+
+    Args:
+        array: A floating-point array (or anything ``numpy.asarray`` takes).
+        out: An array to write the result into (float16, or ``uint16`` bits).
+        threads: Most threads to use (0: the cores idle at the call).
+
+    Returns:
+        A float16 array of ``array``'s shape (``out`` when given).
+
+    Raises:
+        LayoutError: ``array`` is not floating point, or ``out`` is not a C-contiguous,
+            writable NumPy array of the right dtype and element count.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> aprfast.to_float16(np.float32([1.0, 65520.0, 1 / 3])).tolist()
+        [1.0, inf, 0.333251953125]
+    """
     values = _float_array(array, "to_float16")
     result = _output(out, values.shape, (_F16, _U16), _F16, "to_float16")
     bits = _flat(result).view(_BITS)
@@ -73,7 +94,28 @@ def to_float16(array, out=None, *, threads: int = 0) -> np.ndarray:
 
 def to_bfloat16(array, out=None, *, threads: int = 0) -> np.ndarray:
     """``array`` (float32, float64, float16 or bfloat16) rounded to bfloat16: an
-    ``ml_dtypes.bfloat16`` array, or its ``uint16`` bits without ml_dtypes."""
+    ``ml_dtypes.bfloat16`` array, or its ``uint16`` bits without ml_dtypes.
+
+    Bit for bit what ``array.astype(ml_dtypes.bfloat16)`` gives.
+
+    Args:
+        array: A floating-point array (or anything ``numpy.asarray`` takes).
+        out: An array to write the result into (bfloat16, or ``uint16`` bits).
+        threads: Most threads to use (0: the cores idle at the call).
+
+    Returns:
+        A bfloat16 (or ``uint16``) array of ``array``'s shape (``out`` when given).
+
+    Raises:
+        LayoutError: ``array`` is not floating point, or ``out`` is not a C-contiguous,
+            writable NumPy array of the right dtype and element count.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> b = aprfast.to_bfloat16(np.float32([1.0, 3.14159]))
+        >>> [hex(bits) for bits in b.view(np.uint16).tolist()]
+        ['0x3f80', '0x4049']
+    """
     values = _float_array(array, "to_bfloat16")
     wanted = _BF16 if _BF16 is not None else _U16
     result = _output(out, values.shape, tuple(d for d in (_BF16, _U16) if d is not None), wanted, "to_bfloat16")
@@ -91,6 +133,28 @@ def to_float32(array, out=None, *, threads: int = 0, dtype=None) -> np.ndarray:
     ``dtype`` ("f16" or "bf16") says what 16-bit patterns mean when ``array`` holds
     raw bits (``uint16``, as bf16 tensors come back without ml_dtypes); a RawTensor
     of dtype F16/BF16 carries its own.  float32 and float64 inputs are copied/rounded.
+
+    Args:
+        array: A float16 / bfloat16 / float32 / float64 array, ``uint16`` bits (with
+            ``dtype``), or a :class:`aprfast.RawTensor` of dtype F16 or BF16.
+        out: A float32 array to write the result into.
+        threads: Most threads to use (0: the cores idle at the call).
+        dtype: "f16" or "bf16": what ``uint16`` bits mean.
+
+    Returns:
+        A float32 array of ``array``'s shape (``out`` when given).
+
+    Raises:
+        LayoutError: Raw 16-bit values without ``dtype``, a ``dtype`` other than F16 or
+            BF16 (or for values that are not 16-bit), a RawTensor of another dtype, or
+            an unusable ``out``.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> aprfast.to_float32(np.float16([0.5, -2.0]))
+        array([ 0.5, -2. ], dtype=float32)
+        >>> aprfast.to_float32(np.uint16([0x3F80, 0x4049]), dtype="bf16")
+        array([1.      , 3.140625], dtype=float32)
     """
     if isinstance(array, RawTensor):
         if array.dtype is None or array.dtype.name not in ("F16", "BF16"):

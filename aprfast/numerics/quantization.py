@@ -1,12 +1,12 @@
 """Quantization: float tensors to packed block types and back, only when asked.
 
-Nothing in aprfast quantizes unless one of these is called (seed 002 §6.2.5):
+Nothing in aprfast quantizes unless one of these is called (docs/guide/quantization.md):
 
 * :func:`quantize` / :func:`dequantize` - one tensor, to and from a
   :class:`~aprfast.tensors.QuantizedTensor` that ``save_file`` writes as it is.
-* :func:`quantize_tensors` - a whole model, with per-layer rules (§6.2.4) and a
+* :func:`quantize_tensors` - a whole model, with per-layer rules and a
   :class:`QuantizationReport` saying what each tensor became and the error it took on.
-* :func:`register_quantizer` - a custom type with its own APR2 dtype id (§6.2.3).
+* :func:`register_quantizer` - a custom type with its own APR2 dtype id.
 
 Each type is one small class, as in gguf-py: its name, block geometry and two kernels.
 The built-in kernels are C (``aprfast._quant``), GIL released, split over ``threads``
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 #: it promises to keep free, so custom types are written in the APR2 layout only.
 CUSTOM_APR2_IDS = range(200, 255)
 
-#: Jidoka (seed 002 §6.2.9): a tensor whose cosine similarity to the original drops
+#: Jidoka: a tensor whose cosine similarity to the original drops
 #: by more than this is logged and listed in the report; quantization still proceeds.
 DEGRADATION_LIMIT = 0.05
 
@@ -219,7 +219,7 @@ class Q8_TENSOR(_Kernel):
 
 
 class APR_FQ8_0(_Kernel):
-    """aprender's format-quantize Q8_0 (APRENDER-COMPAT §3.2): GGML's block layout, but an
+    """aprender's format-quantize Q8_0 (docs/guide/compatibility.md): GGML's block layout, but an
     all-zero block stores d = 1.0 and blocks run across rows (a partial last block is
     padded with zero bytes)."""
 
@@ -295,6 +295,30 @@ def quantize(array, qtype, *, threads: int = 0, name: str | None = None) -> Quan
     float16, bfloat16 and float64 inputs are converted to float32 first.  GGML types
     need the last dimension (the row) to be a multiple of 32: their blocks never span
     rows.  Empty tensors give empty QuantizedTensors.  ``name`` only labels errors.
+    See docs/guide/quantization.md.
+
+    Args:
+        array: A floating-point array (float16, bfloat16, float32 or float64).
+        qtype: A type name (case-insensitive), a DType or a registered QuantType.
+        threads: Most threads to use (0: the cores idle at the call).
+        name: The tensor's name, for error messages.
+
+    Returns:
+        A :class:`aprfast.QuantizedTensor` of ``array``'s shape.
+
+    Raises:
+        UnknownDTypeError: ``qtype`` is not a registered quantization type.
+        LayoutError: ``array`` is not floating point (or is already packed), its rows
+            are not whole blocks of a GGML type, or the type can only be read
+            (Q4_K, Q6_K, Q5_0, Q5_1 have no quantizer).
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> q = aprfast.quantize(np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32), "q8_0")
+        >>> q
+        QuantizedTensor(Q8_0, shape=[2, 32], nbytes=68)
+        >>> float(abs(aprfast.dequantize(q) - np.linspace(-1, 1, 64).reshape(2, 32)).max()) < 0.01
+        True
     """
     return quant_type(qtype).quantize(array, threads=threads, name=name)
 
@@ -304,6 +328,24 @@ def dequantize(qt, out=None, *, threads: int = 0) -> np.ndarray:
 
     ``out``, if given, receives them: a float32, C-contiguous, writable array of the
     same element count (returned, viewed with the tensor's shape).
+
+    Args:
+        qt: A :class:`aprfast.QuantizedTensor` (as :func:`quantize` or a reader gives).
+        out: A float32 array to write the values into.
+        threads: Most threads to use (0: the cores idle at the call).
+
+    Returns:
+        A float32 array of the tensor's logical shape (``out`` when given).
+
+    Raises:
+        LayoutError: ``qt`` is not a packed tensor, or ``out`` is unusable.
+        CorruptError: A custom dequantizer returned the wrong number of values.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> q = aprfast.quantize(np.full((1, 32), 0.5, np.float32), "q4_0")
+        >>> aprfast.dequantize(q)[0, :4]
+        array([0.5, 0.5, 0.5, 0.5], dtype=float32)
     """
     if not isinstance(qt, RawTensor) or qt.dtype is None or not qt.dtype.packed:
         raise LayoutError(f"dequantize takes a QuantizedTensor, not {type(qt).__name__}"
@@ -371,7 +413,7 @@ _NAME = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
 def register_quantizer(name: str, quantize, dequantize, bits_per_weight: float, *, block_elems: int,
                        block_bytes: int, apr2_id: int, blocks_per_row: bool = True, bits: int | None = None,
                        symmetric: bool = True) -> QuantType:
-    """Add a quantization type of your own (seed 002 §6.2.3) and return it.
+    """Add a quantization type of your own and return it (docs/guide/quantization.md).
 
     ``quantize(values)`` gets a C-ordered float32 array (its shape is the tensor's) and
     returns the packed bytes (bytes-like or an array); ``dequantize(data, shape)`` gets
@@ -383,6 +425,39 @@ def register_quantizer(name: str, quantize, dequantize, bits_per_weight: float, 
     :data:`CUSTOM_APR2_IDS` (200-254), so such tensors are saved in the APR2 layout only
     (aprender's layout has no ids to spare).  Reading the file back needs the same
     registration.  Names and ids already in use are refused.
+
+    Args:
+        name: The type's name: 1-32 letters, digits or "_", starting with a letter
+            (stored upper-case).
+        quantize: ``quantize(values) -> bytes``, as above.
+        dequantize: ``dequantize(data, shape) -> values``, as above.
+        bits_per_weight: Bits a stored element takes on average, in (0, 64].
+        block_elems: Elements per block.
+        block_bytes: Bytes per block.
+        apr2_id: The type's APR2 dtype id, in :data:`CUSTOM_APR2_IDS`.
+        blocks_per_row: Blocks never span rows (rows must be whole blocks).
+        bits: Width of one quantized value (default: ``int(bits_per_weight)``).
+        symmetric: Whether the scheme is symmetric (recorded in metadata).
+
+    Returns:
+        The new :class:`QuantType`; :func:`quantize` and readers now know ``name``.
+
+    Raises:
+        LayoutError: A bad name, id or size, or a name or id already in use.
+        TypeError: ``quantize`` or ``dequantize`` is not callable.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.numerics.quantization import unregister_quantizer
+        >>> def q(values):  # one int8 per value, no scale: a toy
+        ...     return np.clip(np.round(values), -128, 127).astype(np.int8)
+        >>> def dq(data, shape):
+        ...     return data.view(np.int8).astype(np.float32)
+        >>> kind = aprfast.register_quantizer("toy_i8", q, dq, 8, block_elems=1, block_bytes=1, apr2_id=250)
+        >>> t = aprfast.quantize(np.float32([1.2, -3.7]), "toy_i8")
+        >>> t, aprfast.dequantize(aprfast.load(aprfast.save({"t": t}))["t"])
+        (QuantizedTensor(TOY_I8, shape=[2], nbytes=2), array([ 1., -4.], dtype=float32))
+        >>> unregister_quantizer("toy_i8")
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name.upper()):
         raise LayoutError(f"quantizer name {name!r} must be 1-32 letters, digits or '_', starting with a letter")
@@ -415,7 +490,15 @@ def register_quantizer(name: str, quantize, dequantize, bits_per_weight: float, 
 
 
 def unregister_quantizer(name: str) -> None:
-    """Remove a custom type (built-in types stay)."""
+    """Remove a custom type (built-in types stay).
+
+    Args:
+        name: The custom type's name.
+
+    Raises:
+        UnknownDTypeError: No type of that name is registered.
+        LayoutError: ``name`` is a built-in type.
+    """
     kind = quant_type(name)
     if not isinstance(kind, _Custom):
         raise LayoutError(f"{kind.name} is built in and cannot be unregistered")
@@ -436,6 +519,13 @@ class TensorReport:
     values with the float32 input: root mean square error, largest absolute error and
     cosine similarity (1.0 for two all-zero tensors); NaN when the input holds NaN/inf,
     None for kept tensors and with ``measure=False``.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> _, report = aprfast.quantize_tensors({"w": np.ones((2, 32), np.float32)}, "q8_0")
+        >>> entry = report["w"]
+        >>> entry.quantized, entry.type, entry.bits_per_weight, entry.elements
+        (True, 'Q8_0', 8.5, 64)
     """
 
     name: str
@@ -450,20 +540,34 @@ class TensorReport:
 
     @property
     def quantized(self) -> bool:
+        """True unless the tensor was kept as it was."""
         return self.type is not None
 
     @property
     def elements(self) -> int:
+        """The tensor's element count."""
         return element_count(self.shape)
 
     def as_dict(self) -> dict:
+        """The entry as a JSON-ready dict (what ``QuantizationReport.as_dict`` lists)."""
         return {"shape": list(self.shape), "original_dtype": self.original_dtype, "type": self.type,
                 "bits_per_weight": self.bits_per_weight, "rmse": self.rmse, "max_abs_error": self.max_abs_error,
                 "cosine_similarity": self.cosine_similarity, "reason": self.reason}
 
 
 class QuantizationReport:
-    """One :class:`TensorReport` per tensor, in input order; ``report[name]`` for one."""
+    """One :class:`TensorReport` per tensor, in input order; ``report[name]`` for one.
+
+    What :func:`quantize_tensors` returns beside the tensors; ``str(report)`` is a table
+    of every tensor's type, bits per weight and error figures.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> tensors = {"w": np.ones((2, 32), np.float32), "norm": np.ones(4, np.float32)}
+        >>> _, report = aprfast.quantize_tensors(tensors, "q8_0", {"*norm*": None})
+        >>> report, [e.name for e in report.kept], report.dominant_type()
+        (<QuantizationReport 1 quantized, 1 kept>, ['norm'], 'Q8_0')
+    """
 
     def __init__(self, entries):
         self.entries = {e.name: e for e in entries}
@@ -482,15 +586,18 @@ class QuantizationReport:
 
     @property
     def quantized(self) -> list:
+        """The entries of the tensors that were quantized."""
         return [e for e in self if e.quantized]
 
     @property
     def kept(self) -> list:
+        """The entries of the tensors kept as they were (each with its ``reason``)."""
         return [e for e in self if not e.quantized]
 
     @property
     def warnings(self) -> list:
-        """Jidoka: tensors whose cosine similarity fell more than DEGRADATION_LIMIT below 1."""
+        """Jidoka: tensors whose cosine similarity fell more than DEGRADATION_LIMIT below 1,
+        one message each (also logged by :func:`quantize_tensors`)."""
         return [f"{e.name}: {e.type} cosine similarity {e.cosine_similarity:.4f}" for e in self._degraded()]
 
     def _degraded(self) -> list:
@@ -513,8 +620,23 @@ class QuantizationReport:
         "aprender": aprender's ``QuantizationMetadata`` for the dominant type,
         ``{"quant_type": "q4_0", "bits": 4, "block_size": 32, "symmetric": true}``.
         "apr2": ``{"method": "Q4_0", "bits_per_weight": 4.5, "per_tensor": {name: type}}``
-        plus ``"accuracy_warnings": [names]`` when any tensor degraded (§6.2.9).
+        plus ``"accuracy_warnings": [names]`` when any tensor degraded (see :data:`DEGRADATION_LIMIT`).
         "auto": aprender's form when every type used has an aprender dtype id, else apr2's.
+
+        Args:
+            layout: "auto", "aprender" or "apr2": the layout the file will be saved in.
+
+        Returns:
+            A dict to save as ``metadata={"quantization": ...}``, or None.
+
+        Raises:
+            LayoutError: An unknown ``layout``.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> _, report = aprfast.quantize_tensors({"w": np.ones((2, 32), np.float32)}, "q4_0")
+            >>> report.metadata("aprender")
+            {'quant_type': 'q4_0', 'bits': 4, 'block_size': 32, 'symmetric': True}
         """
         dominant = self.dominant_type()
         if dominant is None:
@@ -536,6 +658,7 @@ class QuantizationReport:
         raise LayoutError(f"unknown layout {layout!r}; choose auto, aprender or apr2")
 
     def as_dict(self) -> dict:
+        """``{name: entry.as_dict()}`` for every tensor, JSON-ready."""
         return {name: e.as_dict() for name, e in self.entries.items()}
 
     def __str__(self):
@@ -561,7 +684,7 @@ def quantize_tensors(tensors, default="q4_0", rules=None, *, threads: int = 0, s
     ``rules`` maps glob patterns (``fnmatch``, case-sensitive) to a type name or None,
     tried in order, first match wins, e.g. ``{"*.embed*": "q8_0", "*norm*": None}``; it
     may also be a list of (pattern, type) pairs or a callable ``(name, shape) -> type or
-    None`` (seed 002 §6.2.4 ``select_quantizer``).
+    None`` (the spec's ``select_quantizer``).
 
     Kept as they are, with the reason in the report: tensors that are not floating
     point (or already packed), 0-d tensors, tensors smaller than one block, and
@@ -569,6 +692,34 @@ def quantize_tensors(tensors, default="q4_0", rules=None, *, threads: int = 0, s
     last is a LayoutError instead).  Returns a new dict (kept values are the objects
     given) and a :class:`QuantizationReport`; ``measure=False`` skips its error figures
     (they cost a dequantization and a few passes over each tensor).
+    See docs/guide/quantization.md.
+
+    Args:
+        tensors: A mapping of name to array (any dtype; only float tensors quantize).
+        default: The type for tensors no rule names, or None to keep them.
+        rules: Glob patterns to type names or None (a mapping or a list of pairs), or a
+            callable ``(name, shape) -> type or None``.
+        threads: Most threads to use (0: the cores idle at the call).
+        strict: Refuse tensors whose rows are not whole blocks instead of keeping them.
+        measure: Compute the error figures of the report.
+
+    Returns:
+        ``(tensors, report)``: a new dict of name to QuantizedTensor or kept value, and
+        a :class:`QuantizationReport`.
+
+    Raises:
+        UnknownDTypeError: A type named by ``default`` or ``rules`` is not registered.
+        LayoutError: A type without a quantizer, or (``strict``) rows that are not
+            whole blocks.
+        TypeError: ``tensors`` is not a mapping, or ``rules`` is malformed.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> tensors = {"layer.w": np.ones((4, 64), np.float32), "layer.norm": np.ones(64, np.float32)}
+        >>> quantized, report = aprfast.quantize_tensors(tensors, "q4_0", {"*norm*": None})
+        >>> quantized["layer.w"], quantized["layer.norm"] is tensors["layer.norm"]
+        (QuantizedTensor(Q4_0, shape=[4, 64], nbytes=144), True)
+        >>> aprfast.save_file(quantized, "model-q4.apr", metadata={"quantization": report.metadata()})
     """
     if not hasattr(tensors, "items"):
         raise TypeError(f"tensors must be a mapping of name to array, not {type(tensors).__name__}")
