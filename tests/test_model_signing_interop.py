@@ -5,11 +5,13 @@ aprfast signs -> the ``model_signing`` CLI (``python -m model_signing verify key
 its Python API verify; ``model_signing`` (CLI and API) signs -> aprfast verifies; a file
 changed, added or removed is caught both ways, aprfast naming it; for a model directory,
 a sharded .apr model's directory and a single .apr file.  Nothing may touch the network:
-sockets are refused in this process while the tests run, and the CLI runs in a child
-that refuses them too.
+sockets are refused in this process while the tests run, and the CLI (and one whole
+import-sign-verify run of aprfast) runs in a child that refuses them too, inside a
+network namespace of its own where ``unshare -n`` works (as root on CI).
 
-The model-signing package is the ``signing`` extra.  Without it (the lower-bounds pass:
-no model-signing release imports with cryptography 41) these tests skip with the reason;
+The model-signing package is the ``signing`` extra.  Without it (the lower-bounds pass
+installs the test extra only, and no model-signing release imports with its cryptography
+41; the cibuildwheel tests) these tests skip with the reason;
 ``APRFAST_REQUIRE_MODEL_SIGNING=1`` (set by .ci/run's main pass) turns that skip into a
 failure.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -88,9 +91,19 @@ runpy.run_module("model_signing", run_name="__main__")
 """
 
 
+def _without_network(command):
+    """``command`` in a network namespace of its own (no interface but a downed loopback)
+    where this machine lets us make one, as CI's root can; else as is (its sockets are
+    refused by the script itself)."""
+    unshare = shutil.which("unshare")
+    if unshare and subprocess.run([unshare, "-n", "true"], capture_output=True).returncode == 0:
+        return [unshare, "-n", *command]
+    return command
+
+
 def model_signing_cli(*args):
-    return subprocess.run([sys.executable, "-c", _CLI, *map(str, args)], capture_output=True, text=True,
-                          timeout=180)
+    return subprocess.run(_without_network([sys.executable, "-c", _CLI, *map(str, args)]), capture_output=True,
+                          text=True, timeout=180)
 
 
 def cli_verify(model, bundle, public_key, *extra):
@@ -210,6 +223,23 @@ def test_import_aprfast_loads_no_model_signing(run_child):
                     "print(loaded)")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_aprfast_signs_and_verifies_in_a_process_without_network(ms, keys, model_dir, tmp_path):
+    """Importing aprfast and model_signing, signing and verifying: in a child with no
+    network (its own namespace where possible) and sockets that refuse to connect."""
+    signer, signer_pub = keys["signer"]
+    script = _CLI.split("sys.argv = ")[0] + (
+        "import aprfast\n"
+        "aprfast.sign_model(sys.argv[1], sys.argv[2], output=sys.argv[4])\n"
+        "print(aprfast.verify_model(sys.argv[1], sys.argv[4], sys.argv[3])['valid'])\n")
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(aprfast.__file__)))
+    out = subprocess.run(_without_network([sys.executable, "-c", script, str(model_dir), str(signer), str(signer_pub),
+                                           str(tmp_path / "offline.sig")]),
+                         capture_output=True, text=True, timeout=180, cwd=str(tmp_path),
+                         env=dict(os.environ, PYTHONPATH=package_parent))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
 
 
 # --- aprfast signs, model_signing verifies --------------------------------------------
@@ -413,6 +443,14 @@ def test_wrong_key_and_altered_bundles_are_signature_errors(ms, keys, model_dir,
         aprfast.verify_model(model_dir, tmp_path / "missing.sig", signer_pub)
     with pytest.raises(AprFileNotFoundError):
         aprfast.sign_model(tmp_path / "missing-model", signer)
+    before = (model_dir / "config.json").read_bytes()
+    for output in (model_dir / "config.json", model_dir, tmp_path):  # never over the model, never a folder
+        with pytest.raises(ValueError, match="file of its own"):
+            aprfast.sign_model(model_dir / "config.json" if output == model_dir / "config.json" else model_dir,
+                               signer, output=output)
+    assert (model_dir / "config.json").read_bytes() == before
+    with pytest.raises(ValueError, match="format="):
+        aprfast.sign_model(model_dir, signer, format="apr")
 
 
 def test_symlinks_are_refused_unless_allowed(ms, keys, model_dir, tmp_path):

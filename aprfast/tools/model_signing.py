@@ -176,8 +176,9 @@ def sign_model(path: PathLike, key: PathLike, format: str = "sigstore",  # noqa:
         AprFileNotFoundError: the model does not exist.
         FormatError: the key file is not an ECDSA key on a supported curve (an Ed25519
             key says so), or its password is wrong.
-        ValueError: an unknown format, a symbolic link without ``allow_symlinks``, or a
-            sharded model's ``.index.json`` given instead of its directory.
+        ValueError: an unknown format, a symbolic link without ``allow_symlinks``, a
+            sharded model's ``.index.json`` given instead of its directory, or an
+            ``output`` that is the model itself or a directory.
         MissingDependencyError: the model-signing package is not installed
             (``pip install 'aprfast[signing]'``).
 
@@ -193,6 +194,9 @@ def sign_model(path: PathLike, key: PathLike, format: str = "sigstore",  # noqa:
 
     model = _model_path(path)
     bundle = Path(os.fspath(output)) if output is not None else default_bundle(model)
+    if os.path.abspath(bundle) == os.path.abspath(model) or bundle.is_dir():
+        raise ValueError(f"output={os.fspath(bundle)!r} is the model itself or a directory: the bundle is a file "
+                         "of its own (default: the model's path + '.sig')")
     private_key = load_ecdsa_private_key(key, password=password)  # typed errors before model_signing's
     ms = _model_signing()
     hashing_config = (ms.hashing.Config()
