@@ -65,4 +65,23 @@ __all__ = [
     "LimitError",
     "TensorNotFoundError", "UnknownDTypeError",
     "LayoutError", "ModelTypeMismatchError", "LicenseError",
+    "sign_model", "verify_model",
 ]
+
+#: served on first use: aprfast.tools.model_signing loads the model-signing package only
+#: when called, and even importing the tools layer is more than ``import aprfast`` needs
+_LAZY = {"sign_model": "aprfast.tools.model_signing", "verify_model": "aprfast.tools.model_signing"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'aprfast' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -32,6 +32,7 @@ EXTRAS = {
     "textual": ("tui", "the terminal UI (apr tui)"),
     "torch": ("torch", "torch tensors (aprfast.torch, safe_open(framework='pt'))"),
     "jax": ("jax", "JAX arrays (aprfast.jax, safe_open(framework='jax'))"),
+    "model_signing": ("signing", "OpenSSF model signing (Sigstore bundles)"),
 }
 
 
@@ -46,7 +47,7 @@ def require(module: str):
     except ImportError as exc:
         top = module.split(".")[0]
         extra, feature = EXTRAS.get(top, (None, module))
-        package = {"nacl": "pynacl", "argon2": "argon2-cffi"}.get(top, top)
+        package = {"nacl": "pynacl", "argon2": "argon2-cffi", "model_signing": "model-signing"}.get(top, top)
         hint = f"pip install 'aprfast[{extra}]' (or pip install {package})" if extra else f"pip install {package}"
         raise MissingDependencyError(f"{feature} needs the '{package}' package, which is not installed: "
                                      f"{hint}") from exc

@@ -99,7 +99,9 @@ def test_a_signed_file_is_not_resigned_without_resign(model, keys, capsys):
 
 
 def test_keys_never_come_from_argv(model, keys):
-    for argv in (["sign", str(model), "--key", "00" * 32], ["sign", str(model), "--signing", "x"],
+    # --key is the ECDSA key FILE of `apr sign --format sigstore`; on an .apr signature it is refused
+    assert main(["sign", str(model), "--key", "00" * 32]) == 2
+    for argv in (["sign", str(model), "--signing", "x"],
                  ["encrypt", str(model), "-o", "x.apr", "--password", "secret"],
                  ["decrypt", str(model), "-o", "x.apr", "--password", "secret"]):
         with pytest.raises(SystemExit) as exc:

@@ -62,6 +62,11 @@ FEATURES = {
                     "aprfast[v1]"),
     "password encryption": (["nacl", "argon2"], "aprfast.save_file({'w': np.zeros(4, np.float32)}, p, password='pw')",
                             "aprfast[crypto]"),
+    # the key is read (cryptography, the keyfiles extra) before model_signing is imported
+    "OpenSSF model signing": (["model_signing"],
+                              "from aprfast.crypto.ecdsa import save_ecdsa_keypair; save_ecdsa_keypair(p + '.key'); "
+                              "open(p, 'wb').write(b'x'); aprfast.sign_model(p, p + '.key')",
+                              "aprfast[signing]"),
 }
 
 

@@ -33,7 +33,11 @@ __all__ = ["sign_file", "verify_file", "encrypt_file", "decrypt_file", "generate
 V1_MAGIC = b"APRN"
 V2_MAGICS = (b"APR2", b"APR\0")
 #: Key kinds generate_keypair makes, by purpose.
-KEYPAIR_KINDS = {"ed25519": "signing (sign, verify)", "x25519": "encryption to a recipient (encrypt, decrypt)"}
+KEYPAIR_KINDS = {"ed25519": "signing (sign, verify)", "x25519": "encryption to a recipient (encrypt, decrypt)",
+                 # the OpenSSF model-signing format's key method takes ECDSA on these curves only
+                 "ecdsa-p256": "signing Sigstore bundles (sign --format sigstore)",
+                 "ecdsa-p384": "signing Sigstore bundles (sign --format sigstore)",
+                 "ecdsa-p521": "signing Sigstore bundles (sign --format sigstore)"}
 
 
 def container_of(path) -> str:
@@ -506,19 +510,52 @@ def _check_stored_digests(sec, raw, piece: int = 16 << 20) -> None:
             run_jobs(check, jobs, n)
 
 
-def generate_keypair(path, kind: str = "ed25519", *, format: str = "raw", force: bool = False) -> dict:  # noqa: A002
+def generate_keypair(path, kind: str = "ed25519", *, format: str | None = None, force: bool = False,  # noqa: A002
+                     password=None) -> dict:
     """Write a new key pair: the private key to ``path`` (mode 0600) and the public key
-    to ``path + ".pub"``.  ``kind``: "ed25519" (signing) or "x25519" (encryption)."""
-    from ..crypto import core as crypto
+    to ``path + ".pub"``.
 
+    Args:
+        path: the private key file.
+        kind: "ed25519" (signs .apr files), "x25519" (receives encrypted models) or
+            "ecdsa-p256" / "ecdsa-p384" / "ecdsa-p521" (signs OpenSSF model-signing
+            bundles: :func:`aprfast.tools.model_signing.sign_model`).
+        format: "raw" (the default for Ed25519/X25519), "pem" or "openssh"; ECDSA keys
+            are PEM only.
+        force: replace existing key files.
+        password: ECDSA only: encrypt the private key PEM with it.
+
+    Returns:
+        ``{"private", "public", "kind", "format", "public_key"}``; ``public_key`` is the raw
+        public key in hex for Ed25519/X25519 and, for ECDSA, the key's hint (SHA-256 of its
+        public PEM, the identifier a bundle carries).
+
+    Raises:
+        ValueError: an unknown kind, or a format the kind has no encoding in.
+        DestinationExistsError: a key file exists and ``force`` is false.
+    """
     if kind not in KEYPAIR_KINDS:
         raise ValueError(f"kind={kind!r}: one of {', '.join(KEYPAIR_KINDS)}")
     path = os.fspath(path)
     public_path = path + ".pub"
+    if kind.startswith("ecdsa-"):
+        if format not in (None, "pem"):
+            raise ValueError(f"ECDSA keys are written as PEM (the model-signing tools read PEM), not {format!r}")
+        for p in (path, public_path):
+            _refuse_existing(p, force)
+        from ..crypto.ecdsa import save_ecdsa_keypair
+
+        written = save_ecdsa_keypair(path, kind[len("ecdsa-"):], password=password)
+        return {"private": path, "public": public_path, "kind": kind, "format": "pem",
+                "public_key": written["key_hint"]}
+    if password is not None:
+        raise ValueError("password= encrypts ECDSA private keys only")
+    format = format or "raw"  # noqa: A001
+    from ..crypto import core as crypto
+
     for p in (path, public_path):
         _refuse_existing(p, force)
     secret, public = crypto.generate_signing_key() if kind == "ed25519" else crypto.generate_x25519_key()
     crypto.save_key(path, secret, kind=f"{kind}-private", format=format)
     crypto.save_key(public_path, public, kind=f"{kind}-public", format=format)
     return {"private": path, "public": public_path, "kind": kind, "format": format, "public_key": bytes(public).hex()}
-
