@@ -182,7 +182,7 @@ def sign_model(path: PathLike, key: PathLike, format: str = "sigstore",  # noqa:
         MissingDependencyError: the model-signing package is not installed
             (``pip install 'aprfast[signing]'``).
 
-    Example:
+    Examples:
         >>> import aprfast
         >>> aprfast.sign_model("llama/", "signing.key")  # doctest: +SKIP
         {'model': 'llama', 'bundle': 'llama.sig', 'format': 'sigstore', ...}
@@ -408,7 +408,7 @@ def verify_model(path: PathLike, bundle: Optional[PathLike] = None, public_key: 
         AprFileNotFoundError: the model or the bundle does not exist.
         MissingDependencyError: the model-signing package is not installed.
 
-    Example:
+    Examples:
         >>> import aprfast
         >>> aprfast.verify_model("llama/", "llama.sig", "signing.key.pub")  # doctest: +SKIP
         {'model': 'llama', 'bundle': 'llama.sig', 'valid': True, 'files': 3, ...}
