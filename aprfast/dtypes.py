@@ -157,6 +157,28 @@ DTYPES: dict[str, DType] = {
         _blocks("Q5_1", 32, 24),
         _blocks("Q4_K", 256, 144),
         _blocks("Q6_K", 256, 210),
+        # The other GGML types, in GGML id order (ggml-common.h's block structs).  Q8_1 is
+        # ggml's 36 bytes (f16 d, f16 s, 32 x i8); gguf-py's size table still says 40,
+        # from when d and s were f32 (docs/FORMAT.md §4).
+        _blocks("Q8_1", 32, 36),
+        _blocks("Q2_K", 256, 84),
+        _blocks("Q3_K", 256, 110),
+        _blocks("Q5_K", 256, 176),
+        _blocks("Q8_K", 256, 292),
+        _blocks("IQ2_XXS", 256, 66),
+        _blocks("IQ2_XS", 256, 74),
+        _blocks("IQ3_XXS", 256, 98),
+        _blocks("IQ1_S", 256, 50),
+        _blocks("IQ4_NL", 32, 18),
+        _blocks("IQ3_S", 256, 110),
+        _blocks("IQ2_S", 256, 82),
+        _blocks("IQ4_XS", 256, 136),
+        _blocks("IQ1_M", 256, 56),
+        _blocks("TQ1_0", 256, 54),
+        _blocks("TQ2_0", 256, 66),
+        _blocks("MXFP4", 32, 17),
+        _blocks("NVFP4", 64, 36),
+        _blocks("Q1_0", 128, 18),
         # aprender's own: APR_Q4 = per-32 f16 scale + 16 nibble bytes, blocks run across
         # rows; APR_Q8 = one f32 scale + i8 per element (see nbytes).
         _blocks("APR_Q4", 32, 18, per_row=False),
@@ -174,7 +196,8 @@ _ALIASES = {
     "FLOAT32": "F32", "FLOAT16": "F16", "HALF": "F16", "BFLOAT16": "BF16",
     "FLOAT64": "F64", "DOUBLE": "F64", "INT8": "I8", "INT16": "I16", "INT32": "I32",
     "INT64": "I64", "UINT8": "U8", "UINT16": "U16", "UINT32": "U32", "UINT64": "U64",
-    "Q4K": "Q4_K", "Q6K": "Q6_K", "APRQ4": "APR_Q4", "APRQ8": "APR_Q8",
+    "Q4K": "Q4_K", "Q6K": "Q6_K", "Q2K": "Q2_K", "Q3K": "Q3_K", "Q5K": "Q5_K", "Q8K": "Q8_K",
+    "APRQ4": "APR_Q4", "APRQ8": "APR_Q8",
     "Q8TENSOR": "Q8_TENSOR", "COMPLEX64": "C64", "COMPLEX128": "C128",
     "FLOAT8_E4M3FN": "F8_E4M3", "F8_E4M3FN": "F8_E4M3", "FLOAT8_E5M2": "F8_E5M2",
     "FLOAT8_E4M3FNUZ": "F8_E4M3FNUZ", "FLOAT8_E5M2FNUZ": "F8_E5M2FNUZ",
@@ -312,5 +335,9 @@ APR2_IDS = IdTable(
            32: "F64", 33: "BOOL", 34: "U16", 35: "U32", 36: "U64", 37: "Q4_K", 38: "Q6_K",
            39: "Q8_TENSOR", 40: "APR_FQ8_0", 41: "APR_FQ4_0", 42: "F8_E4M3", 43: "F8_E5M2",
            44: "F8_E4M3FNUZ", 45: "F8_E5M2FNUZ", 46: "F8_E8M0", 47: "C64", 48: "C128", 49: "F4_E2M1",
+           # the other GGML types, in GGML id order (docs/FORMAT.md §4)
+           50: "Q8_1", 51: "Q2_K", 52: "Q3_K", 53: "Q5_K", 54: "Q8_K", 55: "IQ2_XXS", 56: "IQ2_XS",
+           57: "IQ3_XXS", 58: "IQ1_S", 59: "IQ4_NL", 60: "IQ3_S", 61: "IQ2_S", 62: "IQ4_XS", 63: "IQ1_M",
+           64: "TQ1_0", 65: "TQ2_0", 66: "MXFP4", 67: "NVFP4", 68: "Q1_0",
            128: "APR_Q4", 129: "APR_Q8"},
 )

@@ -12,7 +12,7 @@ from functools import cached_property
 import numpy as np
 
 from .. import _index, _inputs
-from ..dtypes import IdTable
+from ..dtypes import APR2_IDS, APRENDER_IDS, IdTable
 from ..errors import AprError, CorruptError, LayoutError, LimitError, TensorNotFoundError
 from ..limits import Limits
 from ..tensors import TensorInfo
@@ -549,11 +549,20 @@ def checked_inputs(inputs, ids: IdTable, *, max_name_bytes: int, max_dims: int) 
     ordered = check_names(inputs, max_name_bytes)
     for t in ordered:
         if not ids.holds(t.dtype):
-            raise LayoutError(f"tensor {t.name!r}: the {ids.layout} layout has no dtype id for {t.dtype.name}")
+            raise LayoutError(f"tensor {t.name!r}: the {ids.layout} layout has no dtype id for {t.dtype.name}"
+                              + _other_layouts(ids, t.dtype))
         if len(t.shape) > max_dims:
             raise LayoutError(f"tensor {t.name!r} has {len(t.shape)} dims; the {ids.layout} layout holds "
                               f"at most {max_dims}")
     return ordered
+
+
+def _other_layouts(ids: IdTable, dtype) -> str:
+    """Where a dtype the layout ``ids`` lacks can go instead (a clause for the refusal)."""
+    others = [table.layout for table in (APR2_IDS, APRENDER_IDS) if table is not ids and table.holds(dtype)]
+    if not others:
+        return ""
+    return f" (the {' and '.join(others)} layout can hold it: save with layout='{others[0]}' or 'auto')"
 
 
 def sorted_json(value):
