@@ -27,6 +27,10 @@ __all__ = [
     "MAX_SHAPE_BYTES",
     "APRENDER_IDS",
     "APR2_IDS",
+    "opaque_dtype",
+    "unknown_id_dtype",
+    "OPAQUE_APR2_ID",
+    "OPAQUE_NAMES_KEY",
 ]
 
 try:  # bf16 and float8 arrays need ml_dtypes; without it they come back as unsigned ints.
@@ -60,13 +64,21 @@ class DType:
     # Per-tensor types: one header (scale, zero point) for the whole tensor, then one
     # byte per element.  APR_Q8: 4 (f32 scale); Q8_TENSOR: 8 (f32 scale, i32 zero point).
     tensor_header: int = 0
+    # A type aprfast does not know, carried as bytes (issue 27 item 4): its name in the
+    # file it came from (a safetensors dtype string), or ``raw_id``, the APR2 id it was
+    # read with.  It has no size rule (each tensor brings its byte count) and no values.
+    opaque: bool = False
+    raw_id: int | None = None
 
     @property
     def packed(self) -> bool:
-        return self.itemsize == 0
+        return self.itemsize == 0 and not self.opaque
 
     def nbytes(self, shape) -> int:
         """Bytes a tensor of ``shape`` takes in this dtype."""
+        if self.opaque:
+            raise UnknownDTypeError(f"{self.name} is a dtype aprfast does not know: its tensors' sizes come "
+                                    "from their files, not from a rule")
         count = element_count(shape)
         if not self.packed:
             return count * self.itemsize
@@ -206,6 +218,48 @@ _ALIASES = {
 }
 
 
+#: APR2 id of tensors whose dtype is known only by a foreign name (a safetensors dtype
+#: aprfast lacks); the name of each is kept in the metadata under OPAQUE_NAMES_KEY.
+OPAQUE_APR2_ID = 255
+OPAQUE_NAMES_KEY = "aprfast.opaque_dtypes"
+_OPAQUE: dict = {}
+#: A foreign dtype name is kept verbatim, up to this length.
+MAX_OPAQUE_NAME = 64
+
+
+def opaque_dtype(name: str) -> DType:
+    """The opaque DType for a dtype name aprfast does not know (``"F6_E2M3"`` in a
+    safetensors header): one object per name, carried as bytes, never given values.
+
+    Raises:
+        UnknownDTypeError: ``name`` is not a short printable string.
+    """
+    if not isinstance(name, str) or not name or len(name) > MAX_OPAQUE_NAME or not name.isprintable():
+        raise UnknownDTypeError(f"dtype {name!r} is not a dtype name (a printable string of 1-{MAX_OPAQUE_NAME} "
+                                "characters)")
+    key = ("name", name)
+    if key not in _OPAQUE:
+        _OPAQUE[key] = DType(name, opaque=True)
+    return _OPAQUE[key]
+
+
+def unknown_id_dtype(type_id: int) -> DType:
+    """The opaque DType for an APR2 dtype id aprfast does not define (a file from a newer
+    writer), named ``unknown(<id>)`` as :class:`aprfast.tensors.TensorInfo` names it.
+
+    Raises:
+        UnknownDTypeError: ``type_id`` is not a byte, or the APR2 table defines it.
+    """
+    if isinstance(type_id, bool) or not isinstance(type_id, int) or not 0 <= type_id <= 255 \
+            or APR2_IDS.knows(type_id) or type_id == OPAQUE_APR2_ID:
+        raise UnknownDTypeError(f"dtype id {type_id!r} is not an unknown APR2 id (one byte the table does not "
+                                f"define, other than {OPAQUE_APR2_ID})")
+    key = ("id", type_id)
+    if key not in _OPAQUE:
+        _OPAQUE[key] = DType(f"unknown({type_id})", opaque=True, raw_id=type_id)
+    return _OPAQUE[key]
+
+
 def by_name(name) -> DType:
     """The DType called ``name`` ("F32", "bf16", "q4_k", ... case-insensitive)."""
     if isinstance(name, DType):
@@ -253,6 +307,8 @@ def numpy_dtype(dtype: DType) -> np.dtype:
     """The little-endian NumPy dtype that views ``dtype``'s bytes (bf16 needs ml_dtypes)."""
     if dtype.name in ML_DTYPES:
         return _ML_NUMPY.get(dtype.name) or np.dtype(f"<u{dtype.itemsize}")
+    if dtype.opaque:
+        raise UnknownDTypeError(f"{dtype.name} is a dtype aprfast does not know; it has bytes but no values")
     if dtype.packed:
         raise LayoutError(f"{dtype.name} is a packed block type with no NumPy dtype")
     return np.dtype(dtype.numpy)

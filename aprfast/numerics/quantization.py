@@ -421,6 +421,10 @@ def dequantize(qt, out=None, *, threads: int = 0) -> np.ndarray:
     ``out``, if given, receives them: a float32, C-contiguous, writable array of the
     same element count (returned, viewed with the tensor's shape).
     """
+    if isinstance(qt, RawTensor) and (qt.dtype is None or qt.dtype.opaque):
+        kind = qt.dtype.name if qt.dtype is not None else f"unknown({qt.dtype_id})"
+        raise UnknownDTypeError(f"a tensor of dtype {kind} has no values aprfast can give: aprfast does not know "
+                                "the type (its bytes are kept as they are)")
     if not isinstance(qt, RawTensor) or qt.dtype is None or not qt.dtype.packed:
         raise LayoutError(f"dequantize takes a QuantizedTensor, not {type(qt).__name__}"
                           + (f" {qt!r}" if isinstance(qt, RawTensor) else ""))
