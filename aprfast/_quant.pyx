@@ -1,11 +1,13 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, freethreading_compatible=True
 """Quantize and dequantize tensors block by block, GIL released.
 
-GGML types (Q8_0, Q4_0, Q4_1 both ways; Q5_0, Q5_1, Q4_K, Q6_K dequantize
-only) give the same bytes and floats as llama.cpp's gguf-py; the APR types
-(APR_Q8, APR_Q4, APR_FQ8_0, APR_FQ4_0) the same as aprender's Rust code;
-Q8_TENSOR is aprfast's per-tensor int8 with a zero point.  The layouts are
-described in csrc/quant.h.
+GGML types (Q8_0, Q4_0, Q4_1 both ways; every other type gguf-py knows, from
+Q5_0 to the K, IQ, TQ and FP4 types, dequantize only) give the same bytes and
+floats as llama.cpp's gguf-py (Q8_1, Q8_K and Q1_0, which gguf-py cannot
+dequantize, those of ggml's C); the APR types (APR_Q8, APR_Q4, APR_FQ8_0,
+APR_FQ4_0) the same as aprender's Rust code; Q8_TENSOR is aprfast's per-tensor
+int8 with a zero point.  The layouts are described in csrc/quant.h and
+csrc/quant_ggml.h.
 
 The kernels in csrc/quant.c pick AVX-512, AVX2 or portable C at run time (or
 the ``path`` given) and split large inputs by whole blocks over ``threads``
@@ -212,7 +214,8 @@ def quantized_nbytes(str type_name, size_t n):
 
 
 def can_quantize(str type_name):
-    """True if ``quantize`` supports the type (all but Q5_0, Q5_1, Q4_K, Q6_K)."""
+    """True if ``quantize`` supports the type (Q8_0, Q4_0, Q4_1 and the APR types; not the
+    other GGML types)."""
     return bool(apr_quant_can_quantize(_type_id(type_name)))
 
 

@@ -27,6 +27,10 @@ __all__ = [
     "MAX_SHAPE_BYTES",
     "APRENDER_IDS",
     "APR2_IDS",
+    "opaque_dtype",
+    "unknown_id_dtype",
+    "OPAQUE_APR2_ID",
+    "OPAQUE_NAMES_KEY",
 ]
 
 try:  # bf16 and float8 arrays need ml_dtypes; without it they come back as unsigned ints.
@@ -81,11 +85,16 @@ class DType:
     # Per-tensor types: one header (scale, zero point) for the whole tensor, then one
     # byte per element.  APR_Q8: 4 (f32 scale); Q8_TENSOR: 8 (f32 scale, i32 zero point).
     tensor_header: int = 0
+    # A type aprfast does not know, carried as bytes (issue 27 item 4): its name in the
+    # file it came from (a safetensors dtype string), or ``raw_id``, the APR2 id it was
+    # read with.  It has no size rule (each tensor brings its byte count) and no values.
+    opaque: bool = False
+    raw_id: int | None = None
 
     @property
     def packed(self) -> bool:
-        """True for packed block (quantized) types."""
-        return self.itemsize == 0
+        """True for packed block (quantized) types (not for an opaque, unknown one)."""
+        return self.itemsize == 0 and not self.opaque
 
     def nbytes(self, shape) -> int:
         """Bytes a tensor of ``shape`` takes in this dtype.
@@ -96,7 +105,14 @@ class DType:
         Returns:
             The stored size in bytes (blocks rounded up per row when
             ``blocks_per_row``).
+
+        Raises:
+            UnknownDTypeError: the dtype is opaque (a type aprfast does not know): its
+                tensors' sizes come from their files.
         """
+        if self.opaque:
+            raise UnknownDTypeError(f"{self.name} is a dtype aprfast does not know: its tensors' sizes come "
+                                    "from their files, not from a rule")
         count = element_count(shape)
         if not self.packed:
             return count * self.itemsize
@@ -187,6 +203,28 @@ DTYPES: dict[str, DType] = {
         _blocks("Q5_1", 32, 24),
         _blocks("Q4_K", 256, 144),
         _blocks("Q6_K", 256, 210),
+        # The other GGML types, in GGML id order (ggml-common.h's block structs).  Q8_1 is
+        # ggml's 36 bytes (f16 d, f16 s, 32 x i8); gguf-py's size table still says 40,
+        # from when d and s were f32 (docs/FORMAT.md §4).
+        _blocks("Q8_1", 32, 36),
+        _blocks("Q2_K", 256, 84),
+        _blocks("Q3_K", 256, 110),
+        _blocks("Q5_K", 256, 176),
+        _blocks("Q8_K", 256, 292),
+        _blocks("IQ2_XXS", 256, 66),
+        _blocks("IQ2_XS", 256, 74),
+        _blocks("IQ3_XXS", 256, 98),
+        _blocks("IQ1_S", 256, 50),
+        _blocks("IQ4_NL", 32, 18),
+        _blocks("IQ3_S", 256, 110),
+        _blocks("IQ2_S", 256, 82),
+        _blocks("IQ4_XS", 256, 136),
+        _blocks("IQ1_M", 256, 56),
+        _blocks("TQ1_0", 256, 54),
+        _blocks("TQ2_0", 256, 66),
+        _blocks("MXFP4", 32, 17),
+        _blocks("NVFP4", 64, 36),
+        _blocks("Q1_0", 128, 18),
         # aprender's own: APR_Q4 = per-32 f16 scale + 16 nibble bytes, blocks run across
         # rows; APR_Q8 = one f32 scale + i8 per element (see nbytes).
         _blocks("APR_Q4", 32, 18, per_row=False),
@@ -204,13 +242,56 @@ _ALIASES = {
     "FLOAT32": "F32", "FLOAT16": "F16", "HALF": "F16", "BFLOAT16": "BF16",
     "FLOAT64": "F64", "DOUBLE": "F64", "INT8": "I8", "INT16": "I16", "INT32": "I32",
     "INT64": "I64", "UINT8": "U8", "UINT16": "U16", "UINT32": "U32", "UINT64": "U64",
-    "Q4K": "Q4_K", "Q6K": "Q6_K", "APRQ4": "APR_Q4", "APRQ8": "APR_Q8",
+    "Q4K": "Q4_K", "Q6K": "Q6_K", "Q2K": "Q2_K", "Q3K": "Q3_K", "Q5K": "Q5_K", "Q8K": "Q8_K",
+    "APRQ4": "APR_Q4", "APRQ8": "APR_Q8",
     "Q8TENSOR": "Q8_TENSOR", "COMPLEX64": "C64", "COMPLEX128": "C128",
     "FLOAT8_E4M3FN": "F8_E4M3", "F8_E4M3FN": "F8_E4M3", "FLOAT8_E5M2": "F8_E5M2",
     "FLOAT8_E4M3FNUZ": "F8_E4M3FNUZ", "FLOAT8_E5M2FNUZ": "F8_E5M2FNUZ",
     "FLOAT8_E8M0FNU": "F8_E8M0", "F8_E8M0FNU": "F8_E8M0", "F4": "F4_E2M1",
     "FLOAT4_E2M1FN": "F4_E2M1", "FLOAT4_E2M1FN_X2": "F4_E2M1",
 }
+
+
+#: APR2 id of tensors whose dtype is known only by a foreign name (a safetensors dtype
+#: aprfast lacks); the name of each is kept in the metadata under OPAQUE_NAMES_KEY.
+OPAQUE_APR2_ID = 255
+OPAQUE_NAMES_KEY = "aprfast.opaque_dtypes"
+_OPAQUE: dict = {}
+#: A foreign dtype name is kept verbatim, up to this length.
+MAX_OPAQUE_NAME = 64
+
+
+def opaque_dtype(name: str) -> DType:
+    """The opaque DType for a dtype name aprfast does not know (``"F6_E2M3"`` in a
+    safetensors header): one object per name, carried as bytes, never given values.
+
+    Raises:
+        UnknownDTypeError: ``name`` is not a short printable string.
+    """
+    if not isinstance(name, str) or not name or len(name) > MAX_OPAQUE_NAME or not name.isprintable():
+        raise UnknownDTypeError(f"dtype {name!r} is not a dtype name (a printable string of 1-{MAX_OPAQUE_NAME} "
+                                "characters)")
+    key = ("name", name)
+    if key not in _OPAQUE:
+        _OPAQUE[key] = DType(name, opaque=True)
+    return _OPAQUE[key]
+
+
+def unknown_id_dtype(type_id: int) -> DType:
+    """The opaque DType for an APR2 dtype id aprfast does not define (a file from a newer
+    writer), named ``unknown(<id>)`` as :class:`aprfast.tensors.TensorInfo` names it.
+
+    Raises:
+        UnknownDTypeError: ``type_id`` is not a byte, or the APR2 table defines it.
+    """
+    if isinstance(type_id, bool) or not isinstance(type_id, int) or not 0 <= type_id <= 255 \
+            or APR2_IDS.knows(type_id) or type_id == OPAQUE_APR2_ID:
+        raise UnknownDTypeError(f"dtype id {type_id!r} is not an unknown APR2 id (one byte the table does not "
+                                f"define, other than {OPAQUE_APR2_ID})")
+    key = ("id", type_id)
+    if key not in _OPAQUE:
+        _OPAQUE[key] = DType(f"unknown({type_id})", opaque=True, raw_id=type_id)
+    return _OPAQUE[key]
 
 
 def by_name(name) -> DType:
@@ -260,6 +341,8 @@ def numpy_dtype(dtype: DType) -> np.dtype:
     """The little-endian NumPy dtype that views ``dtype``'s bytes (bf16 needs ml_dtypes)."""
     if dtype.name in ML_DTYPES:
         return _ML_NUMPY.get(dtype.name) or np.dtype(f"<u{dtype.itemsize}")
+    if dtype.opaque:
+        raise UnknownDTypeError(f"{dtype.name} is a dtype aprfast does not know; it has bytes but no values")
     if dtype.packed:
         raise LayoutError(f"{dtype.name} is a packed block type with no NumPy dtype")
     return np.dtype(dtype.numpy)
@@ -342,5 +425,9 @@ APR2_IDS = IdTable(
            32: "F64", 33: "BOOL", 34: "U16", 35: "U32", 36: "U64", 37: "Q4_K", 38: "Q6_K",
            39: "Q8_TENSOR", 40: "APR_FQ8_0", 41: "APR_FQ4_0", 42: "F8_E4M3", 43: "F8_E5M2",
            44: "F8_E4M3FNUZ", 45: "F8_E5M2FNUZ", 46: "F8_E8M0", 47: "C64", 48: "C128", 49: "F4_E2M1",
+           # the other GGML types, in GGML id order (docs/FORMAT.md §4)
+           50: "Q8_1", 51: "Q2_K", 52: "Q3_K", 53: "Q5_K", 54: "Q8_K", 55: "IQ2_XXS", 56: "IQ2_XS",
+           57: "IQ3_XXS", 58: "IQ1_S", 59: "IQ4_NL", 60: "IQ3_S", 61: "IQ2_S", 62: "IQ4_XS", 63: "IQ1_M",
+           64: "TQ1_0", 65: "TQ2_0", 66: "MXFP4", 67: "NVFP4", 68: "Q1_0",
            128: "APR_Q4", 129: "APR_Q8"},
 )

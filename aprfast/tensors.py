@@ -16,7 +16,7 @@ import numpy as np
 from . import dtypes as _dtypes
 from ._inputs import TensorInput, inputs_of
 from .dtypes import DType
-from .errors import CorruptError, LayoutError
+from .errors import CorruptError, LayoutError, UnknownDTypeError
 
 __all__ = ["TensorInfo", "RawTensor", "QuantizedTensor", "TensorInput", "as_input", "as_inputs"]
 
@@ -111,7 +111,7 @@ class RawTensor:
         if data.dtype != np.uint8 or data.ndim != 1:
             data = _c_order(data).reshape(-1).view(np.uint8)
         object.__setattr__(self, "data", data)
-        if self.dtype is not None and self.dtype.nbytes(self.shape) != data.nbytes:
+        if self.dtype is not None and not self.dtype.opaque and self.dtype.nbytes(self.shape) != data.nbytes:
             raise LayoutError(
                 f"{self.dtype.name} tensor of shape {list(self.shape)} takes "
                 f"{self.dtype.nbytes(self.shape)} bytes, but {data.nbytes} were given")
@@ -168,9 +168,14 @@ def as_input(name, value) -> TensorInput:
         if dtype is not None and value.flags.c_contiguous:  # the common case, kept cheap
             return TensorInput(name, dtype, value.shape, value, value.nbytes)
     if isinstance(value, RawTensor):
-        if value.dtype is None:
-            raise LayoutError(f"tensor {name!r}: cannot write a tensor of unknown dtype id {value.dtype_id}")
-        return TensorInput(name, value.dtype, value.shape, _c_order(value.data), value.nbytes)
+        dtype = value.dtype
+        if dtype is None:  # read with unknown_dtypes="raw": written back under the same APR2 id
+            try:
+                dtype = _dtypes.unknown_id_dtype(value.dtype_id)
+            except UnknownDTypeError:
+                raise LayoutError(f"tensor {name!r}: cannot write a tensor of unknown dtype id "
+                                  f"{value.dtype_id}") from None
+        return TensorInput(name, dtype, value.shape, _c_order(value.data), value.nbytes)
     array = _as_array(name, value)
     try:
         dtype = _dtypes.from_numpy(array.dtype)

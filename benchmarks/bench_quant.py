@@ -3,6 +3,7 @@
     python benchmarks/bench_quant.py            # 64 MiB of float32 (16 Mi elements), 5 rounds
     python benchmarks/bench_quant.py --quick    # 8 MiB, 3 rounds
     python benchmarks/bench_quant.py --paths    # also time each SIMD path (one thread, 8 MiB)
+    python benchmarks/bench_quant.py --dequantize all   # dequantize rows for every type gguf-py reads
 
 Like with like, for Q8_0, Q4_0 and Q4_1, quantize and dequantize:
 
@@ -14,6 +15,10 @@ Like with like, for Q8_0, Q4_0 and Q4_1, quantize and dequantize:
   buffers; the fresh-memory dequantize row empties that cache before each call (untimed).
 * the kernels into a preallocated output (``_quant.quantize_q8_0(x, out)``) have no
   peer: gguf-py has no ``out=``; they give the 1 vs 2 thread scaling, as measured.
+
+And for the dequantize-only types (issue 27), ``aprfast.dequantize`` of 64 MiB of random
+blocks (``--dequantize``: Q3_K and Q5_K by default, ``all`` for every type gguf-py can
+dequantize) against ``gguf.quants.dequantize``.
 
 Bytes and floats are checked identical to gguf-py's before anything is timed.
 """
@@ -44,6 +49,10 @@ except ImportError as exc:  # pragma: no cover
 
 MiB = 1 << 20
 TYPES = ("Q8_0", "Q4_0", "Q4_1")
+DEQUANTIZE = ("Q3_K", "Q5_K")
+#: Every dequantize-only type gguf-py 0.19 can dequantize too (Q8_1, Q8_K, Q1_0: it cannot).
+DEQUANTIZE_ALL = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
+                  "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
 QUANTIZE = {"Q8_0": _quant.quantize_q8_0, "Q4_0": _quant.quantize_q4_0, "Q4_1": _quant.quantize_q4_1}
 
 
@@ -99,6 +108,38 @@ def bench_type(table, name, x, rounds):
         f"1 thread {r['q1'].text()}, 2 threads {r['q2'].text()} ({r['q1'].median / r['q2'].median:.2f}x); "
         f"dequantize 1 thread {r['d1'].text()}, 2 threads {r['d2'].text()} "
         f"({r['d1'].median / r['d2'].median:.2f}x).")
+
+
+def bench_dequantize(table, name, nbytes, rounds):
+    """``aprfast.dequantize`` of ``nbytes`` of random blocks against gguf-py's, floats checked first."""
+    from aprfast.tensors import QuantizedTensor
+
+    elems, block_bytes = _quant.block_info(name)
+    blocks = nbytes // block_bytes
+    raw = np.random.default_rng(1).integers(0, 256, blocks * block_bytes, dtype=np.uint8)
+    qt = QuantizedTensor(aprfast.dtypes.by_name(name), (blocks // 64, 64 * elems), raw[: blocks // 64 * 64
+                                                                                       * block_bytes])
+    tools = {"threads=1": lambda: aprfast.dequantize(qt, threads=1),
+             f"threads=0 (idle cores, up to {_quant.default_threads()})": lambda: aprfast.dequantize(qt, threads=0)}
+    if gguf is not None:
+        qtype = getattr(GGMLQuantizationType, name)
+        ref = qt.data.reshape(qt.shape[0], -1)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            want = gguf.quants.dequantize(ref, qtype)
+        if not np.array_equal(aprfast.dequantize(qt).view(np.uint32), want.view(np.uint32)):
+            sys.exit(f"{name}: floats differ from gguf-py")
+
+        def theirs():
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                return gguf.quants.dequantize(ref, qtype)
+        tools["gguf"] = theirs
+    r = interleaved(tools, rounds)
+    peer = {"gguf.quants.dequantize (1 thread)": r.pop("gguf")} if "gguf" in r else None
+    for label, samples in r.items():
+        table.add(Row(f"{name} dequantize, allocating, aprfast {label}", f"{qt.nbytes / MiB:.0f} MiB blocks",
+                      samples, peer))
 
 
 def core_check(seconds=0.3):
@@ -163,6 +204,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--paths", action="store_true", help="also time every SIMD path on one thread")
     parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
+    parser.add_argument("--dequantize", default=",".join(DEQUANTIZE),
+                        help="dequantize-only types to time (comma-separated, 'all', or '' for none)")
     args = parser.parse_args(argv)
 
     size = (8 if args.quick else 64) * MiB
@@ -179,6 +222,9 @@ def main(argv=None):
     print(table.notes[-1], flush=True)
     for name in TYPES:
         bench_type(table, name, x, rounds)
+    extra = DEQUANTIZE_ALL if args.dequantize == "all" else [t for t in args.dequantize.split(",") if t]
+    for name in extra:
+        bench_dequantize(table, name.upper(), size, rounds)
     if args.paths:
         bench_paths(x, rounds)
     table.finish(args.md_out)

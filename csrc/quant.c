@@ -33,6 +33,7 @@
  * inside a GGML block, a zero minimum or maximum for Q4_1 where the sign of
  * zero depends on which element is picked) are handed to the scalar code. */
 #include "quant.h"
+#include "quant_ggml.h"
 #include "cpu.h"
 #include "parallel.h"
 
@@ -280,6 +281,25 @@ static const type_info TYPES[APR_QT_COUNT] = {
     [APR_QT_Q8_TENSOR] = {"Q8_TENSOR", 1, 1, 8, 0, 1},
     [APR_QT_APR_FQ8_0] = {"APR_FQ8_0", QK, 34, 0, 1, 1},
     [APR_QT_APR_FQ4_0] = {"APR_FQ4_0", QK, 18, 0, 1, 1},
+    [APR_QT_Q8_1] = {"Q8_1", QK, 36, 0, 0, 0},
+    [APR_QT_Q2_K] = {"Q2_K", QK_K, 84, 0, 0, 0},
+    [APR_QT_Q3_K] = {"Q3_K", QK_K, 110, 0, 0, 0},
+    [APR_QT_Q5_K] = {"Q5_K", QK_K, 176, 0, 0, 0},
+    [APR_QT_Q8_K] = {"Q8_K", QK_K, 292, 0, 0, 0},
+    [APR_QT_IQ2_XXS] = {"IQ2_XXS", QK_K, 66, 0, 0, 0},
+    [APR_QT_IQ2_XS] = {"IQ2_XS", QK_K, 74, 0, 0, 0},
+    [APR_QT_IQ3_XXS] = {"IQ3_XXS", QK_K, 98, 0, 0, 0},
+    [APR_QT_IQ1_S] = {"IQ1_S", QK_K, 50, 0, 0, 0},
+    [APR_QT_IQ4_NL] = {"IQ4_NL", QK, 18, 0, 0, 0},
+    [APR_QT_IQ3_S] = {"IQ3_S", QK_K, 110, 0, 0, 0},
+    [APR_QT_IQ2_S] = {"IQ2_S", QK_K, 82, 0, 0, 0},
+    [APR_QT_IQ4_XS] = {"IQ4_XS", QK_K, 136, 0, 0, 0},
+    [APR_QT_IQ1_M] = {"IQ1_M", QK_K, 56, 0, 0, 0},
+    [APR_QT_TQ1_0] = {"TQ1_0", QK_K, 54, 0, 0, 0},
+    [APR_QT_TQ2_0] = {"TQ2_0", QK_K, 66, 0, 0, 0},
+    [APR_QT_MXFP4] = {"MXFP4", QK, 17, 0, 0, 0},
+    [APR_QT_NVFP4] = {"NVFP4", 64, 36, 0, 0, 0},
+    [APR_QT_Q1_0] = {"Q1_0", 128, 18, 0, 0, 0},
 };
 
 static int is_known_type(int type)
@@ -364,6 +384,8 @@ struct quant_job {
     float scale;      /* per-tensor types */
     int32_t zero_point;
     block_kernel kernel;
+    apr_ggml_blocks_fn ggml_blocks; /* dequantize: the quant_ggml.c types */
+    size_t block_bytes;
 };
 
 /* ======================================================================== */
@@ -1846,6 +1868,12 @@ static block_kernel quantize_kernel(int type, int path, fold_kernel *fold)
 #define PICK_DEQUANTIZE(name, path) name##_portable
 #endif
 
+/* The types of quant_ggml.c, through their per-path function there. */
+static void ggml_blocks_dequantize(const quant_job *job, size_t first, size_t count)
+{
+    job->ggml_blocks(job->qsrc + first * job->block_bytes, job->out + first * job->unit, count);
+}
+
 static block_kernel dequantize_kernel(int type, int path)
 {
     (void)path; /* only the x86 kernels look at it */
@@ -1875,7 +1903,7 @@ static block_kernel dequantize_kernel(int type, int path)
     case APR_QT_APR_FQ4_0:
         return PICK_DEQUANTIZE(apr_fq4_0_dequantize, path);
     default:
-        return NULL;
+        return apr_ggml_dequantizer(type, path) ? ggml_blocks_dequantize : NULL;
     }
 }
 
@@ -2080,6 +2108,8 @@ int apr_dequantize(int type, const uint8_t *src, size_t n, float *dst, int nthre
     job.out = dst;
     job.n = n;
     job.unit = TYPES[type].block_elems;
+    job.block_bytes = TYPES[type].block_bytes;
+    job.ggml_blocks = apr_ggml_dequantizer(type, resolve_path(path));
     job.kernel = dequantize_kernel(type, resolve_path(path));
     if (type == APR_QT_APR_Q8) {
         job.scale = bits_f32(load_u32le(src));

@@ -25,6 +25,9 @@
  *             partial (zero bytes after the data)          ceil(n/32)*34 B
  *   APR_FQ4_0 aprender format::quantize Q4_0: as APR_Q4 but the nibbles of
  *             a partial block's missing elements are 8     ceil(n/32)*18 B
+ *   Q8_1, Q2_K, Q3_K, Q5_K, Q8_K, IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL,
+ *   IQ3_S, IQ2_S, IQ4_XS, IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0:
+ *             GGML blocks, dequantize only (layouts in quant_ggml.h)
  *
  * The GGML types need n to be a multiple of their block size. */
 #ifndef APRFAST_QUANT_H
@@ -49,9 +52,30 @@ enum apr_quant_type {
     APR_QT_APR_Q4 = 8,
     APR_QT_Q8_TENSOR = 9,
     APR_QT_APR_FQ8_0 = 10,
-    APR_QT_APR_FQ4_0 = 11
+    APR_QT_APR_FQ4_0 = 11,
+    /* The other GGML types, dequantize only (csrc/quant_ggml.h has their layouts),
+     * in GGML id order. */
+    APR_QT_Q8_1 = 12,
+    APR_QT_Q2_K = 13,
+    APR_QT_Q3_K = 14,
+    APR_QT_Q5_K = 15,
+    APR_QT_Q8_K = 16,
+    APR_QT_IQ2_XXS = 17,
+    APR_QT_IQ2_XS = 18,
+    APR_QT_IQ3_XXS = 19,
+    APR_QT_IQ1_S = 20,
+    APR_QT_IQ4_NL = 21,
+    APR_QT_IQ3_S = 22,
+    APR_QT_IQ2_S = 23,
+    APR_QT_IQ4_XS = 24,
+    APR_QT_IQ1_M = 25,
+    APR_QT_TQ1_0 = 26,
+    APR_QT_TQ2_0 = 27,
+    APR_QT_MXFP4 = 28,
+    APR_QT_NVFP4 = 29,
+    APR_QT_Q1_0 = 30
 };
-#define APR_QT_COUNT 12
+#define APR_QT_COUNT 31
 
 enum apr_quant_path {
     APR_QUANT_AUTO = -1,     /* best path this CPU can run */

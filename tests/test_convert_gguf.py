@@ -214,8 +214,8 @@ HOSTILE = {
                 "overlaps"),
     "duplicate tensor": (gguf_bytes(infos=info(b"a") + info(b"a", offset=32), n_tensors=2, data=b"\0" * 64),
                          aprfast.CorruptError, "twice"),
-    "unknown ggml type": (gguf_bytes(infos=info(ggml=13), n_tensors=1, data=b"\0" * 64),
-                          aprfast.UnknownDTypeError, "Q5_K"),
+    "unknown ggml type": (gguf_bytes(infos=info(ggml=4), n_tensors=1, data=b"\0" * 64),  # the removed Q4_2
+                          aprfast.UnknownDTypeError, "type id 4,"),
     "bad ggml type": (gguf_bytes(infos=info(ggml=1000), n_tensors=1, data=b"\0" * 64),
                       aprfast.UnknownDTypeError, "1000"),
     "quant row not a block multiple": (gguf_bytes(infos=info(dims=(16, 2), ggml=8), n_tensors=1, data=b"\0" * 64),

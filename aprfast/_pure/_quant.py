@@ -1,8 +1,9 @@
 """Quantize and dequantize tensors block by block, the pure twin of ``aprfast._quant``:
 the portable kernels of csrc/quant.c as NumPy operations on whole arrays of blocks.
 
-GGML types (Q8_0, Q4_0, Q4_1 both ways; Q5_0, Q5_1, Q4_K, Q6_K dequantize only) give
-the same bytes and floats as llama.cpp's gguf-py; the APR types (APR_Q8, APR_Q4,
+GGML types (Q8_0, Q4_0, Q4_1 both ways; the others, Q5_0 to the K, IQ, TQ and FP4
+types, dequantize only) give the same bytes and floats as llama.cpp's gguf-py (ggml's
+C for Q8_1, Q8_K and Q1_0, which gguf-py cannot dequantize); the APR types (APR_Q8, APR_Q4,
 APR_FQ8_0, APR_FQ4_0) the same as aprender's Rust code; Q8_TENSOR is aprfast's
 per-tensor int8 with a zero point.  The byte layouts are in csrc/quant.h, the rounding
 rules (and why they look odd) at the top of csrc/quant.c.  Every float operation is
@@ -36,6 +37,26 @@ _TABLE = {
     "Q8_TENSOR": (1, 1, 8, False, True),
     "APR_FQ8_0": (QK, 34, 0, True, True),
     "APR_FQ4_0": (QK, 18, 0, True, True),
+    # The other GGML types (dequantize only), in GGML id order.
+    "Q8_1": (QK, 36, 0, False, False),
+    "Q2_K": (QK_K, 84, 0, False, False),
+    "Q3_K": (QK_K, 110, 0, False, False),
+    "Q5_K": (QK_K, 176, 0, False, False),
+    "Q8_K": (QK_K, 292, 0, False, False),
+    "IQ2_XXS": (QK_K, 66, 0, False, False),
+    "IQ2_XS": (QK_K, 74, 0, False, False),
+    "IQ3_XXS": (QK_K, 98, 0, False, False),
+    "IQ1_S": (QK_K, 50, 0, False, False),
+    "IQ4_NL": (QK, 18, 0, False, False),
+    "IQ3_S": (QK_K, 110, 0, False, False),
+    "IQ2_S": (QK_K, 82, 0, False, False),
+    "IQ4_XS": (QK_K, 136, 0, False, False),
+    "IQ1_M": (QK_K, 56, 0, False, False),
+    "TQ1_0": (QK_K, 54, 0, False, False),
+    "TQ2_0": (QK_K, 66, 0, False, False),
+    "MXFP4": (QK, 17, 0, False, False),
+    "NVFP4": (64, 36, 0, False, False),
+    "Q1_0": (128, 18, 0, False, False),
 }
 TYPES = {name: i for i, name in enumerate(_TABLE)}
 PATHS = {"portable": 0, "auto": -1}
@@ -383,10 +404,273 @@ def _dq_interleaved(b, safe_scale):
     return nib.astype(F32) * s[:, None]
 
 
+# --- the other GGML types: gguf-py's dequantize_blocks, operation for operation ---------
+# Each float32 operation is gguf-py's, in its order (d * q, then - m; (d * (0.5 + s)) *
+# 0.25; (db * grid) * sign with sign a float +-1, never a negation), so NaN and infinite
+# scales give its bits.  Q8_1, Q8_K and Q1_0, which gguf-py cannot dequantize, follow
+# ggml's dequantize_row_* (docs/FORMAT.md).
+
+def _bits_of(b, count, width=1):
+    """The low ``width`` bits of b >> (width * k), k < count, as a new last axis."""
+    shifts = (np.arange(count, dtype=np.uint8) * np.uint8(width)).astype(b.dtype)
+    return (b[..., None] >> shifts) & b.dtype.type((1 << width) - 1)
+
+
+def _signs(bits):
+    """+1.0 where a sign bit is 0, -1.0 where it is 1 (float32)."""
+    return np.where(bits == 0, F32(1), F32(-1)).astype(F32)
+
+
+def _dq_q8_1(b):
+    """ggml: y = q * d (its f16 s, d * sum(q), is not needed)."""
+    return b[:, 4:36].view(np.int8).astype(F32) * _f32(_le16(b, 0))[:, None]
+
+
+def _dq_q2_k(b):
+    """16 sub-blocks of 16: y = (d * (sc & 15)) * q - dmin * (sc >> 4); element 128j + 32l + m
+    is bits 2l.. of qs[32j + m]."""
+    d, dmin = _f32(_le16(b, 80))[:, None], _f32(_le16(b, 82))[:, None]
+    sc = b[:, 0:16]
+    dl = (d * (sc & 0x0F).astype(F32))[:, :, None]
+    ml = (dmin * (sc >> 4).astype(F32))[:, :, None]
+    q = _bits_of(b[:, 16:80].reshape(-1, 2, 32), 4, 2).transpose(0, 1, 3, 2).reshape(-1, 16, 16).astype(F32)
+    return (dl * q - ml).reshape(-1, QK_K)
+
+
+def _dq_q3_k(b):
+    """y = (d * (scale - 32)) * (low 2 bits - 4 * (1 - high bit)); 6-bit scales packed in 12 bytes."""
+    d = _f32(_le16(b, 108))[:, None]
+    s = b[:, 96:108]
+    low = _bits_of(s[:, 0:8], 2, 4).transpose(0, 2, 1).reshape(-1, 16)   # k * 8 + i: (s[i] >> 4k) & 15
+    high = _bits_of(s[:, 8:12], 4, 2).transpose(0, 2, 1).reshape(-1, 16)  # k * 4 + i: (s[8 + i] >> 2k) & 3
+    scale = ((low | (high << 4)).astype(np.int8) - np.int8(32)).astype(F32)
+    dl = (d * scale)[:, :, None]
+    ql = _bits_of(b[:, 32:96].reshape(-1, 2, 32), 4, 2).transpose(0, 1, 3, 2).reshape(-1, 16, 16)
+    qh = _bits_of(b[:, 0:32], 8).transpose(0, 2, 1).reshape(-1, 16, 16) ^ np.uint8(1)
+    q = (ql.astype(np.int8) - (qh << 2).astype(np.int8)).astype(F32)
+    return (dl * q).reshape(-1, QK_K)
+
+
+def _k_scale_min(s):
+    """Q4_K / Q5_K's eight 6-bit scales and mins from 12 bytes (llama.cpp get_scale_min_k4)."""
+    sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 0x0F) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+    mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+    return sc, mn
+
+
+def _dq_q5_k(b):
+    """As Q4_K plus a fifth bit: bit g of qh[m] for element 32g + m."""
+    d, dmin = _f32(_le16(b, 0))[:, None], _f32(_le16(b, 2))[:, None]
+    sc, mn = _k_scale_min(b[:, 4:16])
+    scale, offset = (d * sc.astype(F32))[:, :, None], (dmin * mn.astype(F32))[:, :, None]
+    qs = b[:, 48:176].reshape(-1, 4, 32)
+    ql = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32)
+    qh = _bits_of(b[:, 16:48], 8).transpose(0, 2, 1)  # (blocks, 8, 32)
+    q = (ql | (qh << 4)).astype(F32)
+    return (scale * q - offset).reshape(-1, QK_K)
+
+
+def _dq_q8_k(b):
+    """ggml: y = d * q with an f32 d (the 16 i16 sums are not needed)."""
+    d = b[:, 0:4].copy().view("<f4").astype(F32)
+    return d * b[:, 4:260].view(np.int8).astype(F32)
+
+
+_GRIDS: dict = {}
+
+
+def _grid(name):
+    """An IQ grid as float32 rows (decoded once from aprfast._pure._iq_grids)."""
+    if name not in _GRIDS:
+        from ._iq_grids import GRIDS
+
+        rows, cols, value_map, packed = GRIDS[name]
+        bits = (len(value_map) - 1).bit_length()
+        per_byte = 8 // bits
+        data = np.frombuffer(bytes.fromhex(packed.decode("ascii")), np.uint8)
+        index = _bits_of(data, per_byte, 8 // per_byte) & np.uint8((1 << bits) - 1)
+        _GRIDS[name] = np.asarray(value_map, F32)[index.reshape(rows, cols)]
+    return _GRIDS[name]
+
+
+def _ksigns():
+    from ._iq_grids import KSIGNS
+
+    return np.frombuffer(KSIGNS, np.uint8)
+
+
+def _grid_times_signs(db, grid, sign_bytes):
+    """(db * grid) * sign, one row of grid values per sign byte."""
+    return db * grid * _signs(_bits_of(sign_bytes, 8))
+
+
+def _dq_iq2_xxs(b):
+    """Per 32 values: 4 grid indices (bytes), then a u32 of four 7-bit sign indices and a 4-bit scale."""
+    d = _f32(_le16(b, 0))[:, None]
+    aux = b[:, 2:66].copy().view("<u4").reshape(-1, 8, 2)
+    db = (d * (F32(0.5) + (aux[:, :, 1] >> 28).astype(F32)) * F32(0.25))[:, :, None, None]
+    sign_index = (aux[:, :, 1, None] >> np.array([0, 7, 14, 21], np.uint32)) & np.uint32(0x7F)
+    grid = _grid("IQ2_XXS")[b[:, 2:66].reshape(-1, 8, 2, 4)[:, :, 0, :]]  # (blocks, 8, 4, 8)
+    return _grid_times_signs(db, grid, _ksigns()[sign_index]).reshape(-1, QK_K)
+
+
+def _dq_iq2_xs(b):
+    """32 u16: 9-bit grid index, 7-bit sign index; a 4-bit scale per 16 values."""
+    d = _f32(_le16(b, 0))[:, None]
+    qs = b[:, 2:66].copy().view("<u2")  # (blocks, 32)
+    sc = _bits_of(b[:, 66:74], 2, 4).reshape(-1, 16)
+    db = (d * (F32(0.5) + sc.astype(F32)) * F32(0.25)).reshape(-1, 16, 1, 1)
+    grid = _grid("IQ2_XS")[qs & np.uint16(511)].reshape(-1, 16, 2, 8)
+    signs = _ksigns()[qs >> 9].reshape(-1, 16, 2)
+    return _grid_times_signs(db, grid, signs).reshape(-1, QK_K)
+
+
+def _dq_iq2_s(b):
+    """32 grid indices of 10 bits (8 in qs, 2 in qh), 32 sign bytes, a 4-bit scale per 16 values."""
+    d = _f32(_le16(b, 0))[:, None]
+    sc = _bits_of(b[:, 74:82], 2, 4).reshape(-1, 16)
+    db = (d * (F32(0.5) + sc.astype(F32)) * F32(0.25)).reshape(-1, 16, 1, 1)
+    high = _bits_of(b[:, 66:74], 4, 2).reshape(-1, 32).astype(np.uint16)
+    index = b[:, 2:34].astype(np.uint16) | (high << 8)
+    grid = _grid("IQ2_S")[index].reshape(-1, 16, 2, 8)
+    return _grid_times_signs(db, grid, b[:, 34:66].reshape(-1, 16, 2)).reshape(-1, QK_K)
+
+
+def _dq_iq3_xxs(b):
+    """Per 32 values: 8 grid indices (4 values each), and a u32 of four sign indices and a scale."""
+    d = _f32(_le16(b, 0))[:, None]
+    aux = b[:, 66:98].copy().view("<u4")  # (blocks, 8)
+    db = (d * (F32(0.5) + (aux >> 28).astype(F32)) * F32(0.5))[:, :, None, None]
+    sign_index = (aux[:, :, None] >> np.array([0, 7, 14, 21], np.uint32)) & np.uint32(0x7F)
+    grid = _grid("IQ3_XXS")[b[:, 2:66]].reshape(-1, 8, 4, 8)
+    return _grid_times_signs(db, grid, _ksigns()[sign_index]).reshape(-1, QK_K)
+
+
+def _dq_iq3_s(b):
+    """64 grid indices of 9 bits (8 in qs, 1 in qh), 32 sign bytes, a 4-bit scale per 32: db = d * (1 + 2s)."""
+    d = _f32(_le16(b, 0))[:, None]
+    sc = _bits_of(b[:, 106:110], 2, 4).reshape(-1, 8)
+    db = (d * (np.uint8(1) + np.uint8(2) * sc)).reshape(-1, 8, 1, 1)
+    high = _bits_of(b[:, 66:74], 8).reshape(-1, 64).astype(np.uint16)
+    index = b[:, 2:66].astype(np.uint16) | (high << 8)
+    grid = _grid("IQ3_S")[index].reshape(-1, 8, 4, 8)
+    return _grid_times_signs(db, grid, b[:, 74:106].reshape(-1, 8, 4)).reshape(-1, QK_K)
+
+
+def _dq_iq1_s(b):
+    """Per 32 values: 4 grid indices of 11 bits (8 in qs, 3 in qh); qh's top bits give
+    dl = d * (2s + 1) and delta = -+0.125; y = dl * (grid + delta)."""
+    d = _f32(_le16(b, 0))[:, None]
+    qh = b[:, 34:50].copy().view("<u2")  # (blocks, 8)
+    dl = (d * (np.uint16(2) * ((qh >> 12) & np.uint16(7)) + np.uint16(1))).reshape(-1, 8, 1, 1)
+    delta = np.where((qh & np.uint16(0x8000)) == 0, F32(0.125), F32(-0.125)).astype(F32).reshape(-1, 8, 1, 1)
+    high = _bits_of(qh, 4, 3)  # (blocks, 8, 4)
+    index = b[:, 2:34].astype(np.uint16) | (high.reshape(-1, 32) << 8)
+    grid = _grid("IQ1_S")[index].reshape(-1, 8, 4, 8)
+    return (dl * (grid + delta)).reshape(-1, QK_K)
+
+
+def _dq_iq1_m(b):
+    """As IQ1_S with a 3-bit scale per 16 values and the f16 d spread over the scales' top nibbles."""
+    sc = b[:, 48:56].copy().view("<u2")  # (blocks, 4)
+    dh = ((sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & np.uint16(0xF0)) | ((sc[:, 2] >> 4) & np.uint16(0xF00))
+          | (sc[:, 3] & np.uint16(0xF000)))
+    d = _f32(dh)[:, None]
+    s = _bits_of(sc, 4, 3).reshape(-1, 16)
+    dl = (d * (np.uint16(2) * s + np.uint16(1))).reshape(-1, 8, 2, 1, 1)
+    qh = _bits_of(b[:, 32:48], 2, 4).reshape(-1, 32)  # (blocks, 32): a nibble per grid index
+    delta = np.where((qh & 0x08) == 0, F32(0.125), F32(-0.125)).astype(F32).reshape(-1, 8, 2, 2, 1)
+    index = b[:, 0:32].astype(np.uint16) | ((qh & 0x07).astype(np.uint16) << 8)
+    grid = _grid("IQ1_S")[index].reshape(-1, 8, 2, 2, 8)
+    return (dl * (grid + delta)).reshape(-1, QK_K)
+
+
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], F32)
+
+
+def _dq_iq4_nl(b):
+    return _f32(_le16(b, 0))[:, None] * IQ4_VALUES[_split_nibbles(b[:, 2:18])]
+
+
+def _dq_iq4_xs(b):
+    """IQ4_NL's values with a 6-bit scale (minus 32) per 32: low 4 bits in scales_l, top 2 in scales_h."""
+    d = _f32(_le16(b, 0))[:, None]
+    low = _bits_of(b[:, 4:8], 2, 4).reshape(-1, 8)
+    high = (_bits_of(b[:, 2:4].copy().view("<u2"), 8, 2).reshape(-1, 8)).astype(np.uint8)
+    dl = (d * ((low | (high << 4)).astype(np.int8) - np.int8(32)).astype(F32))[:, :, None]
+    qs = b[:, 8:136].reshape(-1, 8, 16)
+    return (dl * IQ4_VALUES[np.concatenate([qs & 0x0F, qs >> 4], axis=2)]).reshape(-1, QK_K)
+
+
+POW3 = np.array([1, 3, 9, 27, 81], np.uint8)
+
+
+def _trits(q):
+    """A byte holding up to five base-3 digits as their digits: ((q * 3^k mod 256) * 3) >> 8, minus 1."""
+    return (((q.astype(np.uint16) * 3) >> 8).astype(np.int8) - np.int8(1)).astype(F32)
+
+
+def _dq_tq1_0(b):
+    """Ternary, 5 values a byte in qs (32 + 16 bytes), 4 a byte in qh; y = d * t."""
+    d = _f32(_le16(b, 52))[:, None]
+    q0 = (b[:, 0:32, None] * POW3).transpose(0, 2, 1).reshape(-1, 160)
+    q1 = (b[:, 32:48, None] * POW3).transpose(0, 2, 1).reshape(-1, 80)
+    qh = (b[:, 48:52, None] * POW3[:4]).transpose(0, 2, 1).reshape(-1, 16)
+    return d * _trits(np.concatenate([q0, q1, qh], axis=1))
+
+
+def _dq_tq2_0(b):
+    """Ternary, 2 bits a value: element 128j + 32l + m is bits 2l.. of qs[32j + m], minus 1."""
+    d = _f32(_le16(b, 64))[:, None]
+    q = _bits_of(b[:, 0:64].reshape(-1, 2, 32), 4, 2).transpose(0, 1, 3, 2).reshape(-1, QK_K)
+    return d * (q.astype(np.int8) - np.int8(1)).astype(F32)
+
+
+FP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], F32)  # e2m1, doubled
+
+
+def _e8m0_half(e):
+    """2**(e - 128) as float32 bits (ggml_e8m0_to_fp32_half): subnormal for e < 2."""
+    e = e.astype(np.uint32)
+    return np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32).view(F32)
+
+
+def _dq_mxfp4(b):
+    return _e8m0_half(b[:, 0])[:, None] * FP4_VALUES[_split_nibbles(b[:, 1:17])]
+
+
+def _ue4m3_half(x):
+    """Half of an unsigned e4m3 (ggml_ue4m3_to_fp32); 0 and 0x7F read as 0, the top bit is ignored."""
+    x = x.astype(np.int32)
+    exp, man = (x >> 3) & 0xF, x & 0x7
+    # (8 + man) * 2**(exp - 11) for exp > 0, man * 2**-10 for exp == 0: exact in float32.
+    value = np.where(exp == 0, man, 8 + man).astype(F32) * np.exp2(np.maximum(exp, 1) - 11).astype(F32)
+    return np.where((x == 0) | (x == 0x7F), F32(0), value).astype(F32)
+
+
+def _dq_nvfp4(b):
+    """Four 16-value sub-blocks, each with a ue4m3 scale: low nibbles of its 8 bytes, then the high ones."""
+    d = _ue4m3_half(b[:, 0:4])[:, :, None]
+    qs = b[:, 4:36].reshape(-1, 4, 8)
+    return (d * FP4_VALUES[np.concatenate([qs & 0x0F, qs >> 4], axis=2)]).reshape(-1, 64)
+
+
+def _dq_q1_0(b):
+    """ggml: bit j of the 16 bytes (lowest first) selects d (1) or -d (0)."""
+    d = _f32(_le16(b, 0))[:, None]
+    bits = _bits_of(b[:, 2:18], 8).reshape(-1, 128)
+    return np.where(bits != 0, d, -d).astype(F32)
+
+
 _BLOCK_DEQUANTIZERS = {"Q8_0": _dq_q8_0, "Q4_0": _dq_q4_0, "Q4_1": _dq_q4_1, "Q5_0": _dq_q5_0, "Q5_1": _dq_q5_1,
                        "Q4_K": _dq_q4_k, "Q6_K": _dq_q6_k, "APR_FQ8_0": _dq_q8_0,
                        "APR_Q4": lambda b: _dq_interleaved(b, True),
-                       "APR_FQ4_0": lambda b: _dq_interleaved(b, False)}
+                       "APR_FQ4_0": lambda b: _dq_interleaved(b, False), "Q8_1": _dq_q8_1, "Q2_K": _dq_q2_k,
+                       "Q3_K": _dq_q3_k, "Q5_K": _dq_q5_k, "Q8_K": _dq_q8_k, "IQ2_XXS": _dq_iq2_xxs,
+                       "IQ2_XS": _dq_iq2_xs, "IQ3_XXS": _dq_iq3_xxs, "IQ1_S": _dq_iq1_s, "IQ4_NL": _dq_iq4_nl,
+                       "IQ3_S": _dq_iq3_s, "IQ2_S": _dq_iq2_s, "IQ4_XS": _dq_iq4_xs, "IQ1_M": _dq_iq1_m,
+                       "TQ1_0": _dq_tq1_0, "TQ2_0": _dq_tq2_0, "MXFP4": _dq_mxfp4, "NVFP4": _dq_nvfp4,
+                       "Q1_0": _dq_q1_0}
 
 
 def _dequantize_into(name, src, out):
@@ -562,7 +846,8 @@ def quantized_nbytes(type_name, n):
 
 
 def can_quantize(type_name):
-    """True if ``quantize`` supports the type (all but Q5_0, Q5_1, Q4_K, Q6_K)."""
+    """True if ``quantize`` supports the type (Q8_0, Q4_0, Q4_1 and the APR types; not the
+    other GGML types)."""
     return _TABLE[list(TYPES)[_type_id(type_name)]][4]
 
 

@@ -208,7 +208,7 @@ def _out_spec(spec: Spec, name: str, precision, quantize) -> Spec:
         return Spec(name, qdtype, spec.shape)
     if precision is not None and (spec.dtype.name in _FLOATS or spec.dtype.packed):
         return Spec(name, _dtypes.by_name(precision), spec.shape)
-    return Spec(name, spec.dtype, spec.shape)
+    return Spec(name, spec.dtype, spec.shape, spec.size)  # an opaque dtype keeps its stored size
 
 
 def _float_values(value):

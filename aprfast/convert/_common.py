@@ -34,10 +34,12 @@ class Spec:
     name: str
     dtype: DType
     shape: tuple
+    #: the stored byte count where the dtype gives none (an opaque dtype: the file's own)
+    size: int | None = None
 
     @property
     def nbytes(self) -> int:
-        return self.dtype.nbytes(self.shape)
+        return self.size if self.size is not None else self.dtype.nbytes(self.shape)
 
 
 class DestinationExistsError(AprIOError, FileExistsError):
@@ -295,7 +297,10 @@ class TensorFileSource:
 
 def value_of(dtype: DType, shape, raw: np.ndarray):
     """The writer-ready value of stored bytes: an array when NumPy (or ml_dtypes) has the
-    type, a QuantizedTensor for packed types, else a RawTensor (the bits, typed)."""
+    type, a QuantizedTensor for packed types, else a RawTensor (the bits, typed; an opaque
+    dtype's bytes as they are)."""
+    if dtype.opaque:
+        return RawTensor(dtype, shape, raw)
     if dtype.packed:
         return QuantizedTensor(dtype, shape, raw)
     np_dtype = _dtypes.numpy_dtype(dtype)

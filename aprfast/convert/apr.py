@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 
+from .. import dtypes as _dtypes
 from ..api import open as _open
 from ..errors import LayoutError
 from ..files.reader import AprFile
 from ..files.writer import Writer
+from ..tensors import RawTensor
 from ._common import MAP_MIN, Spec, value_of
 
 __all__ = ["AprSource", "apr_writer"]
@@ -19,14 +21,32 @@ class AprSource:
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        self._file = _open(self.path)
+        # Tensors of dtype ids aprfast does not know are carried as their bytes (issue 27
+        # item 4): converting asks for no values.
+        self._file = _open(self.path, unknown_dtypes="raw")
         try:
             infos = sorted((self._file.info(n) for n in self._file.keys()), key=lambda i: i.offset)
-            self.specs = [Spec(i.name, i.dtype, tuple(i.shape)) for i in infos]
-            self.metadata = dict(self._file.metadata or {})
+            metadata = dict(self._file.metadata or {})
+            names = metadata.pop(_dtypes.OPAQUE_NAMES_KEY, None)
+            names = names if isinstance(names, dict) else {}
+            self.specs = [self._spec(i, names) for i in infos]
+            self.metadata = metadata
         except BaseException:
             self._file.close()
             raise
+
+    @staticmethod
+    def _spec(info, names) -> Spec:
+        """The tensor's Spec; an unknown id becomes an opaque dtype (the name the file
+        recorded for OPAQUE_APR2_ID, else ``unknown(<id>)``) with the stored size."""
+        if info.dtype is not None:
+            return Spec(info.name, info.dtype, tuple(info.shape))
+        name = names.get(info.name)
+        if info.dtype_id == _dtypes.OPAQUE_APR2_ID and isinstance(name, str):
+            dtype = _dtypes.opaque_dtype(name)
+        else:
+            dtype = _dtypes.unknown_id_dtype(info.dtype_id)
+        return Spec(info.name, dtype, tuple(info.shape), info.nbytes)
 
     def read(self, spec: Spec, scratch=None):
         """A view of the file's map (nothing to copy).  With ``scratch`` (the streaming
@@ -39,7 +59,10 @@ class AprSource:
                 raw = scratch.map(where[0], where[1], spec.nbytes)
                 if raw is not None:
                     return value_of(spec.dtype, spec.shape, raw)
-        return self._file.get_tensor(spec.name)
+        value = self._file.get_tensor(spec.name)
+        if spec.dtype.opaque:
+            return RawTensor(spec.dtype, spec.shape, value.data)
+        return value
 
     def raw_range(self, spec: Spec):
         """(fd, offset) of a tensor stored plainly in a v2 file, else None (compressed,
@@ -65,8 +88,10 @@ def apr_writer(path, specs, metadata, *, compression=None, durable=True):
     after compressing, so the index cannot come first.  The spooled writer keeps the
     uncompressed tensors in a nameless spool file and the compressed ones in memory
     until close, so that path is not bounded by the largest tensor."""
-    if compression is None:
+    if compression is None and not any(s.dtype.opaque for s in specs):
         return Writer(path, metadata, plan=[(s.name, s.dtype, s.shape) for s in specs], durable=durable)
+    if compression is None:  # an opaque dtype has no size rule a plan could declare: spooled
+        return Writer(path, metadata, durable=durable)
     if compression not in ("lz4", "zstd"):
         raise LayoutError(f"compression={compression!r}: .apr files compress with 'lz4' or 'zstd'")
     return Writer(path, metadata, compression=compression, durable=durable)

@@ -35,14 +35,16 @@ __all__ = ["GGUFSource", "GGUFWriter", "GGML_TYPES", "MAX_METADATA_VALUES", "MAX
            "MAX_METADATA_MEMORY", "metadata_budget", "apr_metadata", "gguf_metadata", "q8_tensor_header"]
 
 MAGIC = b"GGUF"
-#: GGML type id -> aprfast dtype name, for every type aprfast has a dtype for.
-GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K",
-              14: "Q6_K", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 30: "BF16"}
+#: GGML type id -> aprfast dtype name: every type gguf-py's GGMLQuantizationType (0.19)
+#: names.  Ids 4, 5 (the removed Q4_2/Q4_3) and 31-33, 36-38 (removed Q4_0_4_4 and
+#: friends, IQ4_NL_x_x) are not types any more; a file using them, or a newer type, is
+#: refused naming the id and the tensor (GGUF records no byte size a reader could skip by).
+GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
+              10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
+              17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS",
+              24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0",
+              35: "TQ2_0", 39: "MXFP4", 40: "NVFP4", 41: "Q1_0"}
 _GGML_IDS = {name: i for i, name in GGML_TYPES.items()}
-#: GGML types aprfast has no dtype for, named so a refusal can say which it was.
-_OTHER_GGML = {9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 13: "Q5_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS",
-               18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 29: "IQ1_M",
-               34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4", 40: "NVFP4", 41: "Q1_0"}
 
 # Metadata value types (gguf.h's gguf_type).
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
@@ -289,10 +291,11 @@ class GGUFSource(TensorFileSource):
         type_id = cur.scalar("<I", f"type of {name!r}")
         offset = cur.scalar("<Q", f"data offset of {name!r}")
         if type_id not in GGML_TYPES:
-            known = _OTHER_GGML.get(type_id)
-            raise UnknownDTypeError(f"tensor {name!r} has GGML type {known or type_id}"
-                                    f"{'' if known else ' (not a GGML type)'}, which aprfast has no dtype for",
-                                    path=self.path)
+            # GGUF gives no byte size, only the type: a tensor of a type aprfast does not
+            # know cannot even be stepped over, so the file is refused.
+            raise UnknownDTypeError(f"tensor {name!r} has GGML type id {type_id}, which aprfast does not know "
+                                    f"(it reads ids {', '.join(map(str, sorted(GGML_TYPES)))}); GGUF records no "
+                                    "byte size, so the tensor cannot be kept as raw bytes", path=self.path)
         dtype = _dtypes.by_name(GGML_TYPES[type_id])
         shape = tuple(reversed(ne))
         check_shape_bytes(name, dtype, shape, self.path)  # refuses products past 2**62 before any use

@@ -43,7 +43,8 @@ __all__ = ["SafetensorsSource", "ShardedSource", "SafetensorsWriter", "ShardedWr
            "metadata_from_strings", "parse_index", "read_index", "check_shard_name", "shard_file"]
 
 #: safetensors dtype name -> aprfast dtype name.  Every type the installed safetensors
-#: (0.8) knows except F6_E2M3/F6_E3M2, which aprfast has no dtype for (refused).
+#: (0.8) knows except F6_E2M3/F6_E3M2, which aprfast has no dtype for: those, and any
+#: other name, are carried as opaque bytes under their name (dtypes.opaque_dtype).
 ST_DTYPES = {"F64": "F64", "F32": "F32", "F16": "F16", "BF16": "BF16", "I64": "I64", "I32": "I32",
              "I16": "I16", "I8": "I8", "U64": "U64", "U32": "U32", "U16": "U16", "U8": "U8", "BOOL": "BOOL",
              "F8_E4M3": "F8_E4M3", "F8_E5M2": "F8_E5M2", "F8_E4M3FNUZ": "F8_E4M3FNUZ",
@@ -129,15 +130,27 @@ class SafetensorsSource(TensorFileSource):
         if not isinstance(value, dict):
             raise CorruptError(f"{where}: header entry is not an object", path=self.path)
         st_dtype, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
-        if not isinstance(st_dtype, str) or st_dtype not in ST_DTYPES:
-            raise UnknownDTypeError(f"{where}: safetensors dtype {st_dtype!r} has no aprfast dtype "
-                                    f"(known: {', '.join(ST_DTYPES)})", path=self.path)
+        if not isinstance(st_dtype, str):
+            raise CorruptError(f"{where}: dtype {st_dtype!r} is not a string", path=self.path)
         if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
             raise CorruptError(f"{where}: shape {shape!r} is not a list of non-negative ints", path=self.path)
         if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets)
                 or offsets[0] > offsets[1]):
             raise CorruptError(f"{where}: data_offsets {offsets!r} are not [begin, end] with begin <= end",
                                path=self.path)
+        if st_dtype not in ST_DTYPES:
+            # A dtype aprfast does not know: data_offsets say how big the tensor is, so its
+            # bytes travel as they are, under its name (issue 27 item 4); only its values
+            # are out of reach (UnknownDTypeError when asked for).
+            try:
+                dtype = _dtypes.opaque_dtype(st_dtype)
+            except UnknownDTypeError as exc:
+                raise CorruptError(f"{where}: {exc.message}", path=self.path) from None
+            try:
+                _dtypes.check_shape(shape, 1, where)
+            except LimitError as exc:
+                raise LimitError(exc.message, path=self.path) from None
+            return Spec(name, dtype, tuple(shape), offsets[1] - offsets[0]), offsets[0]
         dtype = _dtypes.by_name(ST_DTYPES[st_dtype])
         nbytes = check_shape_bytes(name, dtype, shape, self.path)
         if offsets[1] - offsets[0] != nbytes:
@@ -342,6 +355,8 @@ def metadata_from_strings(metadata: dict, path=None) -> dict:
 # --- writing ---------------------------------------------------------------------------
 def st_dtype(spec: Spec) -> str:
     """The safetensors name for a spec's dtype, or LayoutError saying what cannot go."""
+    if spec.dtype.opaque and spec.dtype.raw_id is None:
+        return spec.dtype.name  # a safetensors dtype aprfast does not know, given back by name
     name = _TO_ST.get(spec.dtype.name)
     if name is None:
         raise LayoutError(f"tensor {spec.name!r}: safetensors cannot hold {spec.dtype.name} "

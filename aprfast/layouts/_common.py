@@ -12,7 +12,7 @@ from functools import cached_property
 import numpy as np
 
 from .. import _index, _inputs
-from ..dtypes import IdTable
+from ..dtypes import APR2_IDS, APRENDER_IDS, OPAQUE_APR2_ID, OPAQUE_NAMES_KEY, IdTable
 from ..errors import AprError, CorruptError, LayoutError, LimitError, TensorNotFoundError
 from ..limits import Limits
 from ..tensors import TensorInfo
@@ -518,8 +518,29 @@ def parse_index(source, *, start, end, count, spec_layout, ids, rules, data_len,
 def encode_index(tensors, offsets, ids: IdTable, *, spec_layout: bool, codecs: bool = False) -> bytes:
     """Index entries for ``tensors`` in index order, at ``offsets`` in the data section
     (with ``codecs``, each input's ``raw_size``/``flags`` where it has them)."""
-    id_of = {d: ids.id_of(d) for d in {t.dtype for t in tensors}}
+    id_of = {d: layout_id(ids, d) for d in {t.dtype for t in tensors}}
     return _index.encode_entries(tensors, offsets, id_of, spec_layout, codecs)
+
+
+def layout_id(ids: IdTable, dtype) -> int:
+    """The id ``dtype`` is written with: the table's, or for an opaque dtype (APR2 only)
+    the unknown id it was read with, or OPAQUE_APR2_ID for one known by name."""
+    if dtype.opaque:
+        return OPAQUE_APR2_ID if dtype.raw_id is None else dtype.raw_id
+    return ids.id_of(dtype)
+
+
+def with_opaque_names(ordered, metadata):
+    """``metadata`` plus OPAQUE_NAMES_KEY ``{tensor: dtype name}`` for each tensor of a
+    dtype known only by name (stored under OPAQUE_APR2_ID), so a reader can give the name
+    back; the key is replaced, never merged, so it always describes this file."""
+    names = {t.name: t.dtype.name for t in ordered if t.dtype.opaque and t.dtype.raw_id is None}
+    if not names and (not metadata or OPAQUE_NAMES_KEY not in metadata):
+        return metadata
+    metadata = {k: v for k, v in metadata.items() if k != OPAQUE_NAMES_KEY} if metadata else {}
+    if names:
+        metadata[OPAQUE_NAMES_KEY] = names
+    return metadata
 
 
 _by_name = operator.attrgetter("name")
@@ -548,12 +569,27 @@ def checked_inputs(inputs, ids: IdTable, *, max_name_bytes: int, max_dims: int) 
     """Writer inputs sorted by name, each checked against what the layout can hold."""
     ordered = check_names(inputs, max_name_bytes)
     for t in ordered:
+        if t.dtype.opaque:
+            if ids is not APR2_IDS:
+                raise LayoutError(f"tensor {t.name!r}: the {ids.layout} layout cannot keep a tensor of the dtype "
+                                  f"{t.dtype.name}, which aprfast does not know (the apr2 layout keeps its bytes: "
+                                  "save with layout='apr2' or 'auto')")
+            continue
         if not ids.holds(t.dtype):
-            raise LayoutError(f"tensor {t.name!r}: the {ids.layout} layout has no dtype id for {t.dtype.name}")
+            raise LayoutError(f"tensor {t.name!r}: the {ids.layout} layout has no dtype id for {t.dtype.name}"
+                              + _other_layouts(ids, t.dtype))
         if len(t.shape) > max_dims:
             raise LayoutError(f"tensor {t.name!r} has {len(t.shape)} dims; the {ids.layout} layout holds "
                               f"at most {max_dims}")
     return ordered
+
+
+def _other_layouts(ids: IdTable, dtype) -> str:
+    """Where a dtype the layout ``ids`` lacks can go instead (a clause for the refusal)."""
+    others = [table.layout for table in (APR2_IDS, APRENDER_IDS) if table is not ids and table.holds(dtype)]
+    if not others:
+        return ""
+    return f" (the {' and '.join(others)} layout can hold it: save with layout='{others[0]}' or 'auto')"
 
 
 def sorted_json(value):

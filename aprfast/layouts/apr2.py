@@ -39,6 +39,7 @@ from ._common import (
     parse_index,
     rule_tables,
     sorted_json,
+    with_opaque_names,
 )
 
 NAME = "apr2"
@@ -97,7 +98,7 @@ def plan(inputs, metadata, *, alignment: int = 64, in_given_order: bool = False,
     if compression is not None:
         tensor_codecs.codec_id(compression)  # an unknown codec is refused before any work
     ordered = checked_inputs(inputs, APR2_IDS, max_name_bytes=MAX_NAME_BYTES, max_dims=MAX_DIMS)
-    meta = encode_metadata(metadata)
+    meta = encode_metadata(with_opaque_names(ordered, metadata))
     if compression is not None:
         if in_given_order:
             raise LayoutError("compression needs every tensor's bytes before the index is written; "

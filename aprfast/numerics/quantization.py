@@ -200,6 +200,120 @@ class Q6_K(_Kernel):
     name, bits, symmetric = "Q6_K", 6, True
 
 
+class Q8_1(_Kernel):
+    """GGML Q8_1 (dequantize only): Q8_0 plus an f16 sum; x = q * d (ggml, 36-byte blocks)."""
+
+    name, bits, symmetric = "Q8_1", 8, True
+
+
+class Q2_K(_Kernel):
+    """GGML Q2_K super-blocks of 256, 4-bit scales and mins per 16 (dequantize only)."""
+
+    name, bits, symmetric = "Q2_K", 2, False
+
+
+class Q3_K(_Kernel):
+    """GGML Q3_K super-blocks of 256, 6-bit scales per 16 (dequantize only)."""
+
+    name, bits, symmetric = "Q3_K", 3, True
+
+
+class Q5_K(_Kernel):
+    """GGML Q5_K super-blocks of 256, 6-bit scales and mins per 32 (dequantize only)."""
+
+    name, bits, symmetric = "Q5_K", 5, False
+
+
+class Q8_K(_Kernel):
+    """GGML Q8_K super-blocks of 256 with an f32 scale (dequantize only, as ggml)."""
+
+    name, bits, symmetric = "Q8_K", 8, True
+
+
+class IQ2_XXS(_Kernel):
+    """GGML IQ2_XXS: 8-value groups from a 256-entry grid, with signs (dequantize only)."""
+
+    name, bits, symmetric = "IQ2_XXS", 2, True
+
+
+class IQ2_XS(_Kernel):
+    """GGML IQ2_XS: 8-value groups from a 512-entry grid, with signs (dequantize only)."""
+
+    name, bits, symmetric = "IQ2_XS", 2, True
+
+
+class IQ2_S(_Kernel):
+    """GGML IQ2_S: 8-value groups from a 1024-entry grid, with signs (dequantize only)."""
+
+    name, bits, symmetric = "IQ2_S", 2, True
+
+
+class IQ3_XXS(_Kernel):
+    """GGML IQ3_XXS: 4-value groups from a 256-entry grid, with signs (dequantize only)."""
+
+    name, bits, symmetric = "IQ3_XXS", 3, True
+
+
+class IQ3_S(_Kernel):
+    """GGML IQ3_S: 4-value groups from a 512-entry grid, with signs (dequantize only)."""
+
+    name, bits, symmetric = "IQ3_S", 3, True
+
+
+class IQ1_S(_Kernel):
+    """GGML IQ1_S: 8-value groups of -1/0/1 from a 2048-entry grid plus a delta (dequantize only)."""
+
+    name, bits, symmetric = "IQ1_S", 1, True
+
+
+class IQ1_M(_Kernel):
+    """GGML IQ1_M: IQ1_S's grid with a scale per 16 values (dequantize only)."""
+
+    name, bits, symmetric = "IQ1_M", 1, True
+
+
+class IQ4_NL(_Kernel):
+    """GGML IQ4_NL: blocks of 32, 4-bit indices into 16 non-linear values (dequantize only)."""
+
+    name, bits, symmetric = "IQ4_NL", 4, True
+
+
+class IQ4_XS(_Kernel):
+    """GGML IQ4_XS: IQ4_NL's values in super-blocks of 256, a 6-bit scale per 32 (dequantize only)."""
+
+    name, bits, symmetric = "IQ4_XS", 4, True
+
+
+class TQ1_0(_Kernel):
+    """GGML TQ1_0: ternary, five values a byte in base 3 (dequantize only)."""
+
+    name, bits, symmetric = "TQ1_0", 2, True
+
+
+class TQ2_0(_Kernel):
+    """GGML TQ2_0: ternary, two bits a value (dequantize only)."""
+
+    name, bits, symmetric = "TQ2_0", 2, True
+
+
+class MXFP4(_Kernel):
+    """GGML MXFP4 (OCP MX): 32 e2m1 values sharing an e8m0 scale (dequantize only)."""
+
+    name, bits, symmetric = "MXFP4", 4, True
+
+
+class NVFP4(_Kernel):
+    """GGML NVFP4: 64 e2m1 values, a ue4m3 scale per 16 (dequantize only)."""
+
+    name, bits, symmetric = "NVFP4", 4, True
+
+
+class Q1_0(_Kernel):
+    """GGML Q1_0: 128 sign bits sharing an f16 scale, x = +-d (dequantize only, as ggml)."""
+
+    name, bits, symmetric = "Q1_0", 1, True
+
+
 class APR_Q8(_Kernel):
     """aprender's APR_Q8: one f32 scale max|x|/127 for the whole tensor, then i8 values."""
 
@@ -263,7 +377,9 @@ class _Custom(QuantType):
         out[...] = values.reshape(-1)
 
 
-_BUILT_IN = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, APR_Q8, APR_Q4, Q8_TENSOR, APR_FQ8_0, APR_FQ4_0)
+_BUILT_IN = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, APR_Q8, APR_Q4, Q8_TENSOR, APR_FQ8_0, APR_FQ4_0,
+             Q8_1, Q2_K, Q3_K, Q5_K, Q8_K, IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, IQ1_M,
+             TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0)
 _TYPES: dict[str, QuantType] = {cls.name: cls() for cls in _BUILT_IN}
 
 
@@ -347,6 +463,10 @@ def dequantize(qt, out=None, *, threads: int = 0) -> np.ndarray:
         >>> aprfast.dequantize(q)[0, :4]
         array([0.5, 0.5, 0.5, 0.5], dtype=float32)
     """
+    if isinstance(qt, RawTensor) and (qt.dtype is None or qt.dtype.opaque):
+        kind = qt.dtype.name if qt.dtype is not None else f"unknown({qt.dtype_id})"
+        raise UnknownDTypeError(f"a tensor of dtype {kind} has no values aprfast can give: aprfast does not know "
+                                "the type (its bytes are kept as they are)")
     if not isinstance(qt, RawTensor) or qt.dtype is None or not qt.dtype.packed:
         raise LayoutError(f"dequantize takes a QuantizedTensor, not {type(qt).__name__}"
                           + (f" {qt!r}" if isinstance(qt, RawTensor) else ""))

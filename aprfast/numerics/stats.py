@@ -272,6 +272,8 @@ def _raw_source(tensor: RawTensor, threads) -> _Source:
     dtype = tensor.dtype
     if dtype is None:
         raise TypeError(f"no statistics for a tensor of unknown dtype id {tensor.dtype_id}")
+    if dtype.opaque:
+        raise TypeError(f"no statistics for a tensor of dtype {dtype.name}, which aprfast does not know")
     if not dtype.packed:
         if dtype.name in _stats.KINDS:  # e.g. BF16 without ml_dtypes
             return _plain(dtype.name, tensor.data, threads)

@@ -1,0 +1,565 @@
+/* Dequantizers of the GGML block types beyond quant.c's own (see quant_ggml.h).
+ *
+ * Oracle: gguf-py's NumPy dequantize_blocks, whose float32 operations each
+ * kernel repeats in the same order, one rounding each (the build has no FMA
+ * contraction: -std=c99, see quant.c).  That fixes the bits for every input,
+ * NaN and infinite scales included:
+ *
+ *  - a product such as d * q or (db * grid) * sign has one NaN operand at
+ *    most, and the hardware returns it quieted, as NumPy's does;
+ *  - d * q - m keeps the operand order, so of two NaNs the first wins;
+ *  - gguf-py multiplies by a float sign of +-1.0.  C compilers may turn x *
+ *    -1.0f into -x, which flips a NaN's sign where the multiply would not, so
+ *    the sign is applied as apply_sign() below: negation, except for NaN.
+ *
+ * Q8_1, Q8_K and Q1_0, which gguf-py cannot dequantize, follow ggml's
+ * dequantize_row_* (Q8_1 has none there: d * q, its sum s unused).
+ *
+ * The bodies are written for the compiler to vectorize and are stamped out once
+ * per path (portable, AVX2, AVX-512): the same arithmetic on wider registers. */
+
+#include "quant_ggml.h"
+#include "quant.h"
+#include "iq_grids.h"
+
+#include <string.h>
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_X86_KERNELS 1
+#define TARGET_AVX2 __attribute__((target("avx2")))
+#if defined(__clang__)
+#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#else
+#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")))
+#endif
+#endif
+
+#define QK 32
+#define QK_K 256
+
+static inline float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t load_u16le(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static inline uint32_t load_u32le(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* float16 bits -> float32, exact; a NaN's payload moves up 13 bits (NumPy; the
+ * same function as quant.c's). */
+static inline float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (exp == 0x1fu)
+        return bits_f32(sign | 0x7f800000u | mant << 13);
+    if (exp != 0)
+        return bits_f32(sign | (exp + 112u) << 23 | mant << 13);
+    float v = (float)mant * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+}
+
+static inline uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* v * (negative ? -1.0f : 1.0f) as the hardware multiplies: the sign flips
+ * unless v is a NaN, which comes back as it is (every v here is a product,
+ * so a NaN is already quiet).  Bit operations, no branch: signs are random
+ * data, and a mispredicted branch per value costs more than the rest. */
+static inline float apply_sign(float v, uint32_t negative)
+{
+    uint32_t u = f32_bits(v);
+    uint32_t not_nan = (u & 0x7fffffffu) <= 0x7f800000u;
+    return bits_f32(u ^ (negative & not_nan) << 31);
+}
+
+/* IQ4_NL's non-linear values, and e2m1 doubled (ggml's kvalues_iq4nl, kvalues_mxfp4). */
+static const float IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const float FP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* ---- Q8_1, Q8_K ---------------------------------------------------------- */
+
+static ALWAYS_INLINE void q8_1_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 36, y += QK) {
+        const float d = f16_to_f32(load_u16le(x));
+        for (int j = 0; j < QK; j++)
+            y[j] = (float)(int8_t)x[4 + j] * d;
+    }
+}
+
+static ALWAYS_INLINE void q8_k_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 292, y += QK_K) {
+        const float d = bits_f32(load_u32le(x));
+        for (int j = 0; j < QK_K; j++)
+            y[j] = d * (float)(int8_t)x[4 + j];
+    }
+}
+
+/* ---- K-quants ------------------------------------------------------------ */
+
+/* Element 128j + 32l + m is bits 2l.. of qs[32j + m]; sub-block (16 values) e / 16
+ * has dl = d * (sc & 15) and ml = dmin * (sc >> 4); y = dl * q - ml. */
+static ALWAYS_INLINE void q2_k_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 84, y += QK_K) {
+        const float d = f16_to_f32(load_u16le(x + 80)), dmin = f16_to_f32(load_u16le(x + 82));
+        const uint8_t *qs = x + 16;
+        for (int j = 0; j < 2; j++) {
+            for (int l = 0; l < 4; l++) {
+                for (int half = 0; half < 2; half++) {
+                    const uint8_t sc = x[8 * j + 2 * l + half];
+                    const float dl = d * (float)(sc & 0x0F), ml = dmin * (float)(sc >> 4);
+                    float *yy = y + 128 * j + 32 * l + 16 * half;
+                    const uint8_t *q = qs + 32 * j + 16 * half;
+                    for (int m = 0; m < 16; m++) {
+                        float v = dl * (float)((q[m] >> (2 * l)) & 3);
+                        yy[m] = v - ml;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* 16 signed 6-bit scales: low 4 bits from s[0..7] (nibble k of byte i is scale
+ * 8k + i), high 2 bits from s[8..11] (bits 2k.. of byte 8 + i are scale 4k + i). */
+static inline void q3_k_scales(const uint8_t *s, int scale[16])
+{
+    for (int j = 0; j < 16; j++) {
+        int low = (s[j % 8] >> (4 * (j / 8))) & 0x0F;
+        int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        scale[j] = (low | high << 4) - 32;
+    }
+}
+
+/* Element e = 128j + 32l + m: q = bits 2l.. of qs[32j + m], minus 4 unless bit
+ * (4j + l) of hmask[m] is set; y = (d * scale[e / 16]) * q. */
+static ALWAYS_INLINE void q3_k_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 110, y += QK_K) {
+        const float d = f16_to_f32(load_u16le(x + 108));
+        int scale[16];
+        q3_k_scales(x + 96, scale);
+        const uint8_t *hmask = x, *qs = x + 32;
+        for (int j = 0; j < 2; j++) {
+            for (int l = 0; l < 4; l++) {
+                const int bit = 4 * j + l;
+                for (int half = 0; half < 2; half++) {
+                    const float dl = d * (float)scale[8 * j + 2 * l + half];
+                    float *yy = y + 128 * j + 32 * l + 16 * half;
+                    const uint8_t *q = qs + 32 * j + 16 * half, *h = hmask + 16 * half;
+                    for (int m = 0; m < 16; m++) {
+                        int v = ((q[m] >> (2 * l)) & 3) - (((h[m] >> bit) & 1) ? 0 : 4);
+                        yy[m] = dl * (float)v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* llama.cpp get_scale_min_k4 (as quant.c's q4_k_scales_mins). */
+static inline void k_scales_mins(const uint8_t *s, uint8_t sc[8], uint8_t mn[8])
+{
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        mn[j] = s[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((s[j + 8] & 0x0F) | (s[j] >> 6) << 4);
+        mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | (s[j + 4] >> 6) << 4);
+    }
+}
+
+/* As Q4_K, plus a fifth bit: bit g of qh[m] for element 32g + m. */
+static ALWAYS_INLINE void q5_k_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 176, y += QK_K) {
+        const float d = f16_to_f32(load_u16le(x)), dmin = f16_to_f32(load_u16le(x + 2));
+        uint8_t sc[8], mn[8];
+        k_scales_mins(x + 4, sc, mn);
+        const uint8_t *qh = x + 16, *qs = x + 48;
+        for (int g = 0; g < 8; g++) {
+            const float scale = d * (float)sc[g], offset = dmin * (float)mn[g];
+            const uint8_t *q = qs + 32 * (g / 2);
+            const int shift = 4 * (g % 2);
+            float *yy = y + 32 * g;
+            for (int m = 0; m < 32; m++) {
+                float v = scale * (float)(((q[m] >> shift) & 0x0F) | ((qh[m] >> g) & 1) << 4);
+                yy[m] = v - offset;
+            }
+        }
+    }
+}
+
+/* ---- IQ types ------------------------------------------------------------ */
+
+/* IQ2_XXS: per 32 values, 4 grid bytes then a u32 of four 7-bit sign indices and a
+ * 4-bit scale; db = (d * (0.5 + s)) * 0.25, y = (db * grid) * sign. */
+static ALWAYS_INLINE void iq2_xxs_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 66, y += QK_K) {
+        const float d = f16_to_f32(load_u16le(x));
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *q = x + 2 + 8 * ib;
+            const uint32_t aux = load_u32le(q + 4);
+            const float db = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+            for (int l = 0; l < 4; l++) {
+                const uint8_t *grid = apr_iq2_xxs_grid[q[l]];
+                const uint8_t signs = apr_iq_ksigns[(aux >> (7 * l)) & 127];
+                float *yy = y + 32 * ib + 8 * l;
+                for (int j = 0; j < 8; j++)
+                    yy[j] = apply_sign(db * (float)grid[j], (signs >> j) & 1);
+            }
+        }
+    }
+}
+
+/* IQ2_XS: 32 u16 of a 9-bit grid index and a 7-bit sign index; a 4-bit scale per 16. */
+static ALWAYS_INLINE void iq2_xs_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 74, y += QK_K) {
+        const float d = f16_to_f32(load_u16le(x));
+        const uint8_t *scales = x + 66;
+        for (int ib = 0; ib < 8; ib++) {
+            const float db0 = d * (0.5f + (float)(scales[ib] & 0x0F)) * 0.25f;
+            const float db1 = d * (0.5f + (float)(scales[ib] >> 4)) * 0.25f;
+            for (int l = 0; l < 4; l++) {
+                const uint16_t v = load_u16le(x + 2 + 2 * (4 * ib + l));
+                const uint8_t *grid = apr_iq2_xs_grid[v & 511];
+                const uint8_t signs = apr_iq_ksigns[v >> 9];
+                const float db = l < 2 ? db0 : db1;
+                float *yy = y + 32 * ib + 8 * l;
+                for (int j = 0; j < 8; j++)
+                    yy[j] = apply_sign(db * (float)grid[j], (signs >> j) & 1);
+            }
+        }
+    }
+}
+
+/* IQ2_S: 10-bit grid indices (8 bits in qs, 2 in qh), one sign byte each; a 4-bit
+ * scale per 16. */
+static ALWAYS_INLINE void iq2_s_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 82, y += QK_K) {
+        const float d = f16_to_f32(load_u16le(x));
+        const uint8_t *qs = x + 2, *signs = x + 34, *qh = x + 66, *scales = x + 74;
+        for (int ib = 0; ib < 8; ib++) {
+            const float db0 = d * (0.5f + (float)(scales[ib] & 0x0F)) * 0.25f;
+            const float db1 = d * (0.5f + (float)(scales[ib] >> 4)) * 0.25f;
+            for (int l = 0; l < 4; l++) {
+                const int i = 4 * ib + l;
+                const uint8_t *grid = apr_iq2_s_grid[qs[i] | ((qh[ib] >> (2 * l)) & 3) << 8];
+                const float db = l < 2 ? db0 : db1;
+                float *yy = y + 8 * i;
+                for (int j = 0; j < 8; j++)
+                    yy[j] = apply_sign(db * (float)grid[j], (signs[i] >> j) & 1);
+            }
+        }
+    }
+}
+
+/* IQ3_XXS: 64 grid bytes (4 values each), per 32 values a u32 of four sign indices
+ * and a 4-bit scale; db = (d * (0.5 + s)) * 0.5. */
+static ALWAYS_INLINE void iq3_xxs_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 98, y += QK_K) {
+        const float d = f16_to_f32(load_u16le(x));
+        const uint8_t *qs = x + 2;
+        for (int ib = 0; ib < 8; ib++) {
+            const uint32_t aux = load_u32le(x + 66 + 4 * ib);
+            const float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+            for (int l = 0; l < 4; l++) {
+                const uint8_t signs = apr_iq_ksigns[(aux >> (7 * l)) & 127];
+                const uint8_t *g1 = apr_iq3_xxs_grid[qs[8 * ib + 2 * l]];
+                const uint8_t *g2 = apr_iq3_xxs_grid[qs[8 * ib + 2 * l + 1]];
+                float *yy = y + 32 * ib + 8 * l;
+                for (int j = 0; j < 4; j++) {
+                    yy[j] = apply_sign(db * (float)g1[j], (signs >> j) & 1);
+                    yy[j + 4] = apply_sign(db * (float)g2[j], (signs >> (j + 4)) & 1);
+                }
+            }
+        }
+    }
+}
+
+/* IQ3_S: 9-bit grid indices (8 bits in qs, 1 in qh), sign bytes, a 4-bit scale per
+ * 32: db = d * (1 + 2s). */
+static ALWAYS_INLINE void iq3_s_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 110, y += QK_K) {
+        const float d = f16_to_f32(load_u16le(x));
+        const uint8_t *qs = x + 2, *qh = x + 66, *signs = x + 74, *scales = x + 106;
+        for (int ib = 0; ib < 8; ib++) {
+            const float db = d * (float)(1 + 2 * ((scales[ib / 2] >> (4 * (ib % 2))) & 0x0F));
+            for (int l = 0; l < 4; l++) {
+                const uint8_t s = signs[4 * ib + l];
+                float *yy = y + 32 * ib + 8 * l;
+                for (int half = 0; half < 2; half++) {
+                    const int n = 8 * ib + 2 * l + half;
+                    const uint8_t *grid = apr_iq3_s_grid[qs[n] | ((qh[ib] >> (2 * l + half)) & 1) << 8];
+                    for (int j = 0; j < 4; j++)
+                        yy[4 * half + j] = apply_sign(db * (float)grid[j], (s >> (4 * half + j)) & 1);
+                }
+            }
+        }
+    }
+}
+
+/* IQ1_S: 11-bit indices into a grid of -1/0/1 (8 bits in qs, 3 in qh); qh's top
+ * bits give dl = d * (2s + 1) and delta = +-0.125; y = dl * (grid + delta). */
+static ALWAYS_INLINE void iq1_s_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 50, y += QK_K) {
+        const float d = f16_to_f32(load_u16le(x));
+        const uint8_t *qs = x + 2;
+        for (int ib = 0; ib < 8; ib++) {
+            const uint16_t h = load_u16le(x + 34 + 2 * ib);
+            const float dl = d * (float)(2 * ((h >> 12) & 7) + 1);
+            const float delta = h & 0x8000 ? -0.125f : 0.125f;
+            for (int l = 0; l < 4; l++) {
+                const int8_t *grid = apr_iq1_s_grid[qs[4 * ib + l] | ((h >> (3 * l)) & 7) << 8];
+                float *yy = y + 32 * ib + 8 * l;
+                for (int j = 0; j < 8; j++)
+                    yy[j] = dl * ((float)grid[j] + delta);
+            }
+        }
+    }
+}
+
+/* IQ1_M: IQ1_S's grid with a 3-bit scale per 16 values and a delta per 8; the f16 d
+ * is the top nibbles of the four u16 scale words. */
+static ALWAYS_INLINE void iq1_m_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 56, y += QK_K) {
+        const uint8_t *qs = x, *qh = x + 32;
+        uint16_t sc[4];
+        for (int i = 0; i < 4; i++)
+            sc[i] = load_u16le(x + 48 + 2 * i);
+        const uint16_t dh = (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) |
+                                       (sc[3] & 0xF000));
+        const float d = f16_to_f32(dh);
+        for (int k = 0; k < 16; k++) {
+            const float dl = d * (float)(2 * ((sc[k / 4] >> (3 * (k % 4))) & 7) + 1);
+            for (int r = 0; r < 2; r++) {
+                const int n = 2 * k + r;
+                const int nib = (qh[n / 2] >> (4 * (n % 2))) & 0x0F;
+                const int8_t *grid = apr_iq1_s_grid[qs[n] | (nib & 7) << 8];
+                const float delta = nib & 8 ? -0.125f : 0.125f;
+                float *yy = y + 8 * n;
+                for (int j = 0; j < 8; j++)
+                    yy[j] = dl * ((float)grid[j] + delta);
+            }
+        }
+    }
+}
+
+static ALWAYS_INLINE void iq4_nl_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 18, y += QK) {
+        const float d = f16_to_f32(load_u16le(x));
+        for (int j = 0; j < 16; j++)
+            y[j] = d * IQ4_VALUES[x[2 + j] & 0x0F];
+        for (int j = 0; j < 16; j++)
+            y[j + 16] = d * IQ4_VALUES[x[2 + j] >> 4];
+    }
+}
+
+/* IQ4_XS: IQ4_NL's values with a 6-bit scale (minus 32) per 32 values. */
+static ALWAYS_INLINE void iq4_xs_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 136, y += QK_K) {
+        const float d = f16_to_f32(load_u16le(x));
+        const uint16_t scales_h = load_u16le(x + 2);
+        const uint8_t *scales_l = x + 4, *qs = x + 8;
+        for (int ib = 0; ib < 8; ib++) {
+            const int ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F) | ((scales_h >> (2 * ib)) & 3) << 4;
+            const float dl = d * (float)(ls - 32);
+            const uint8_t *q = qs + 16 * ib;
+            float *yy = y + 32 * ib;
+            for (int j = 0; j < 16; j++)
+                yy[j] = dl * IQ4_VALUES[q[j] & 0x0F];
+            for (int j = 0; j < 16; j++)
+                yy[j + 16] = dl * IQ4_VALUES[q[j] >> 4];
+        }
+    }
+}
+
+/* ---- Ternary ------------------------------------------------------------- */
+
+/* TQ1_0: five base-3 digits a byte: digit n of byte q is ((q * 3^n mod 256) * 3) >> 8.
+ * qs[0..31] fill elements 32n + m, qs[32..47] 160 + 16n + m, qh[0..3] 240 + 4n + m. */
+static ALWAYS_INLINE void tq1_0_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    for (size_t b = 0; b < nb; b++, x += 54, y += QK_K) {
+        const float d = f16_to_f32(load_u16le(x + 52));
+        for (int n = 0; n < 5; n++) {
+            for (int m = 0; m < 32; m++) {
+                uint8_t q = (uint8_t)(x[m] * pow3[n]);
+                y[32 * n + m] = d * (float)((int)((uint16_t)q * 3 >> 8) - 1);
+            }
+            for (int m = 0; m < 16; m++) {
+                uint8_t q = (uint8_t)(x[32 + m] * pow3[n]);
+                y[160 + 16 * n + m] = d * (float)((int)((uint16_t)q * 3 >> 8) - 1);
+            }
+        }
+        for (int n = 0; n < 4; n++) {
+            for (int m = 0; m < 4; m++) {
+                uint8_t q = (uint8_t)(x[48 + m] * pow3[n]);
+                y[240 + 4 * n + m] = d * (float)((int)((uint16_t)q * 3 >> 8) - 1);
+            }
+        }
+    }
+}
+
+/* TQ2_0: element 128j + 32l + m is bits 2l.. of qs[32j + m], minus 1. */
+static ALWAYS_INLINE void tq2_0_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 66, y += QK_K) {
+        const float d = f16_to_f32(load_u16le(x + 64));
+        for (int j = 0; j < 2; j++)
+            for (int l = 0; l < 4; l++)
+                for (int m = 0; m < 32; m++)
+                    y[128 * j + 32 * l + m] = d * (float)(((x[32 * j + m] >> (2 * l)) & 3) - 1);
+    }
+}
+
+/* ---- FP4 and Q1_0 -------------------------------------------------------- */
+
+/* ggml_e8m0_to_fp32_half: 2^(e - 128), a subnormal below e = 2. */
+static inline float e8m0_half(uint8_t e)
+{
+    return bits_f32(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+}
+
+/* ggml_ue4m3_to_fp32: half an unsigned e4m3 (bias 7); 0 and 0x7F read as 0, the
+ * top bit is ignored.  (8 + m) * 2^(e - 11), or m * 2^-10 for e = 0: exact. */
+static inline float ue4m3_half(uint8_t x)
+{
+    if (x == 0 || x == 0x7F)
+        return 0.0f;
+    const int e = (x >> 3) & 0x0F, m = x & 7;
+    return e == 0 ? (float)m * 0x1p-10f : (float)(8 + m) * bits_f32((uint32_t)(e - 11 + 127) << 23);
+}
+
+static ALWAYS_INLINE void mxfp4_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 17, y += QK) {
+        const float d = e8m0_half(x[0]);
+        for (int j = 0; j < 16; j++)
+            y[j] = d * FP4_VALUES[x[1 + j] & 0x0F];
+        for (int j = 0; j < 16; j++)
+            y[j + 16] = d * FP4_VALUES[x[1 + j] >> 4];
+    }
+}
+
+/* NVFP4: four 16-value sub-blocks, each the low nibbles of its 8 bytes, then the high ones. */
+static ALWAYS_INLINE void nvfp4_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 36, y += 64) {
+        for (int s = 0; s < 4; s++) {
+            const float d = ue4m3_half(x[s]);
+            const uint8_t *q = x + 4 + 8 * s;
+            for (int j = 0; j < 8; j++)
+                y[16 * s + j] = d * FP4_VALUES[q[j] & 0x0F];
+            for (int j = 0; j < 8; j++)
+                y[16 * s + 8 + j] = d * FP4_VALUES[q[j] >> 4];
+        }
+    }
+}
+
+/* Q1_0 (ggml dequantize_row_q1_0): bit j, lowest first, selects d (1) or -d (0). */
+static ALWAYS_INLINE void q1_0_body(const uint8_t *restrict x, float *restrict y, size_t nb)
+{
+    for (size_t b = 0; b < nb; b++, x += 18, y += 128) {
+        /* -d is d with its sign bit flipped, NaN included: set bits keep it. */
+        const uint32_t neg_d = f32_bits(f16_to_f32(load_u16le(x))) ^ 0x80000000u;
+        for (int j = 0; j < 128; j++)
+            y[j] = bits_f32(neg_d ^ (uint32_t)((x[2 + j / 8] >> (j % 8)) & 1) << 31);
+    }
+}
+
+/* ---- One kernel per type and path --------------------------------------- */
+
+#define KERNEL(NAME, SUFFIX, TARGET)                                                                    \
+    static TARGET void NAME##_##SUFFIX(const uint8_t *x, float *y, size_t nb)                           \
+    {                                                                                                   \
+        NAME##_body(x, y, nb);                                                                          \
+    }
+#define ALL_KERNELS(SUFFIX, TARGET)                                                                     \
+    KERNEL(q8_1, SUFFIX, TARGET)                                                                        \
+    KERNEL(q2_k, SUFFIX, TARGET)                                                                        \
+    KERNEL(q3_k, SUFFIX, TARGET)                                                                        \
+    KERNEL(q5_k, SUFFIX, TARGET)                                                                        \
+    KERNEL(q8_k, SUFFIX, TARGET)                                                                        \
+    KERNEL(iq2_xxs, SUFFIX, TARGET)                                                                     \
+    KERNEL(iq2_xs, SUFFIX, TARGET)                                                                      \
+    KERNEL(iq3_xxs, SUFFIX, TARGET)                                                                     \
+    KERNEL(iq1_s, SUFFIX, TARGET)                                                                       \
+    KERNEL(iq4_nl, SUFFIX, TARGET)                                                                      \
+    KERNEL(iq3_s, SUFFIX, TARGET)                                                                       \
+    KERNEL(iq2_s, SUFFIX, TARGET)                                                                       \
+    KERNEL(iq4_xs, SUFFIX, TARGET)                                                                      \
+    KERNEL(iq1_m, SUFFIX, TARGET)                                                                       \
+    KERNEL(tq1_0, SUFFIX, TARGET)                                                                       \
+    KERNEL(tq2_0, SUFFIX, TARGET)                                                                       \
+    KERNEL(mxfp4, SUFFIX, TARGET)                                                                       \
+    KERNEL(nvfp4, SUFFIX, TARGET)                                                                       \
+    KERNEL(q1_0, SUFFIX, TARGET)                                                                        \
+    static const apr_ggml_blocks_fn KERNELS_##SUFFIX[] = {                                              \
+        q8_1_##SUFFIX, q2_k_##SUFFIX, q3_k_##SUFFIX, q5_k_##SUFFIX, q8_k_##SUFFIX,                      \
+        iq2_xxs_##SUFFIX, iq2_xs_##SUFFIX, iq3_xxs_##SUFFIX, iq1_s_##SUFFIX, iq4_nl_##SUFFIX,           \
+        iq3_s_##SUFFIX, iq2_s_##SUFFIX, iq4_xs_##SUFFIX, iq1_m_##SUFFIX, tq1_0_##SUFFIX,                \
+        tq2_0_##SUFFIX, mxfp4_##SUFFIX, nvfp4_##SUFFIX, q1_0_##SUFFIX,                                  \
+    };
+
+#define NO_TARGET
+ALL_KERNELS(portable, NO_TARGET)
+#ifdef HAVE_X86_KERNELS
+ALL_KERNELS(avx2, TARGET_AVX2)
+ALL_KERNELS(avx512, TARGET_AVX512)
+#endif
+
+#define FIRST APR_QT_Q8_1
+#define COUNT (APR_QT_Q1_0 - APR_QT_Q8_1 + 1)
+typedef char kernel_table_matches_quant_h[sizeof KERNELS_portable / sizeof KERNELS_portable[0] == COUNT ? 1 : -1];
+
+apr_ggml_blocks_fn apr_ggml_dequantizer(int type, int path)
+{
+    if (type < FIRST || type >= FIRST + COUNT)
+        return NULL;
+#ifdef HAVE_X86_KERNELS
+    if (path == APR_QUANT_AVX512)
+        return KERNELS_avx512[type - FIRST];
+    if (path == APR_QUANT_AVX2)
+        return KERNELS_avx2[type - FIRST];
+#else
+    (void)path;
+#endif
+    return KERNELS_portable[type - FIRST];
+}
