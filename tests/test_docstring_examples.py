@@ -46,6 +46,7 @@ MODULES = {
     "aprfast.jax": "jax",
     "aprfast.distributed": None,
     "aprfast.io.pickling": None,
+    "aprfast.crypto.core": None,
 }
 
 #: Stubs of compiled modules: module name -> stub file beside it.
@@ -133,7 +134,8 @@ def test_stub_docstrings_match(name):
 #: Public namespaces whose callables must show an example: the package's own ``__all__``
 #: and the documented submodules (docs/api/).
 PUBLIC = {"aprfast": None, "aprfast.convert": None, "aprfast.numpy": None, "aprfast.torch": "torch",
-          "aprfast.jax": "jax", "aprfast.distributed": None}
+          "aprfast.jax": "jax", "aprfast.distributed": None,
+          "aprfast.crypto": None}
 
 
 def _public_callables():
