@@ -46,6 +46,15 @@ MODULES = {
     "aprfast.jax": "jax",
     "aprfast.distributed": None,
     "aprfast.io.pickling": None,
+    "aprfast.v1": None,
+    "aprfast.v1.writer": None,
+    "aprfast.v1.load": None,
+    "aprfast.v1.checks": None,
+    "aprfast.v1.reader": None,
+    "aprfast.v1.licensing": None,
+    "aprfast.v1.watermark": None,
+    "aprfast.layouts.v1": None,
+    "aprfast.codecs.payload": None,
     "aprfast.crypto.core": None,
 }
 
@@ -134,7 +143,7 @@ def test_stub_docstrings_match(name):
 #: Public namespaces whose callables must show an example: the package's own ``__all__``
 #: and the documented submodules (docs/api/).
 PUBLIC = {"aprfast": None, "aprfast.convert": None, "aprfast.numpy": None, "aprfast.torch": "torch",
-          "aprfast.jax": "jax", "aprfast.distributed": None,
+          "aprfast.jax": "jax", "aprfast.distributed": None, "aprfast.v1": None,
           "aprfast.crypto": None}
 
 
