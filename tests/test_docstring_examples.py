@@ -56,6 +56,9 @@ MODULES = {
     "aprfast.layouts.v1": None,
     "aprfast.codecs.payload": None,
     "aprfast.crypto.core": None,
+    "aprfast.numerics.stats": None,
+    "aprfast.numerics.drift": None,
+    "aprfast.numerics.expectations": None,
 }
 
 #: Stubs of compiled modules: module name -> stub file beside it.
@@ -144,7 +147,7 @@ def test_stub_docstrings_match(name):
 #: and the documented submodules (docs/api/).
 PUBLIC = {"aprfast": None, "aprfast.convert": None, "aprfast.numpy": None, "aprfast.torch": "torch",
           "aprfast.jax": "jax", "aprfast.distributed": None, "aprfast.v1": None,
-          "aprfast.crypto": None}
+          "aprfast.crypto": None, "aprfast.stats": None}
 
 
 def _public_callables():
