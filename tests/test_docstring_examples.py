@@ -59,6 +59,11 @@ MODULES = {
     "aprfast.numerics.stats": None,
     "aprfast.numerics.drift": None,
     "aprfast.numerics.expectations": None,
+    "aprfast.tools.diff": None,
+    "aprfast.tools.merge": None,
+    "aprfast.tools.quality": None,
+    "aprfast.tools.protection": None,
+    "aprfast.tools.text": None,
 }
 
 #: Stubs of compiled modules: module name -> stub file beside it.
@@ -147,7 +152,9 @@ def test_stub_docstrings_match(name):
 #: and the documented submodules (docs/api/).
 PUBLIC = {"aprfast": None, "aprfast.convert": None, "aprfast.numpy": None, "aprfast.torch": "torch",
           "aprfast.jax": "jax", "aprfast.distributed": None, "aprfast.v1": None,
-          "aprfast.crypto": None, "aprfast.stats": None}
+          "aprfast.crypto": None, "aprfast.stats": None, "aprfast.tools.diff": None,
+          "aprfast.tools.merge": None, "aprfast.tools.quality": None, "aprfast.tools.protection": None,
+          "aprfast.tools.text": None}
 
 
 def _public_callables():
