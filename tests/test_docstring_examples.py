@@ -64,6 +64,7 @@ MODULES = {
     "aprfast.tools.quality": None,
     "aprfast.tools.protection": None,
     "aprfast.tools.text": None,
+    "aprfast.files.shards": None,
 }
 
 #: Stubs of compiled modules: module name -> stub file beside it.
