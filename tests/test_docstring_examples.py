@@ -65,6 +65,8 @@ MODULES = {
     "aprfast.tools.protection": None,
     "aprfast.tools.text": None,
     "aprfast.files.shards": None,
+    "aprfast.convert._common": None,
+    "aprfast.convert.validation": None,
 }
 
 #: Stubs of compiled modules: module name -> stub file beside it.
