@@ -46,6 +46,27 @@ MODULES = {
     "aprfast.jax": "jax",
     "aprfast.distributed": None,
     "aprfast.io.pickling": None,
+    "aprfast.v1": None,
+    "aprfast.v1.writer": None,
+    "aprfast.v1.load": None,
+    "aprfast.v1.checks": None,
+    "aprfast.v1.reader": None,
+    "aprfast.v1.licensing": None,
+    "aprfast.v1.watermark": None,
+    "aprfast.layouts.v1": None,
+    "aprfast.codecs.payload": None,
+    "aprfast.crypto.core": None,
+    "aprfast.numerics.stats": None,
+    "aprfast.numerics.drift": None,
+    "aprfast.numerics.expectations": None,
+    "aprfast.tools.diff": None,
+    "aprfast.tools.merge": None,
+    "aprfast.tools.quality": None,
+    "aprfast.tools.protection": None,
+    "aprfast.tools.text": None,
+    "aprfast.files.shards": None,
+    "aprfast.convert._common": None,
+    "aprfast.convert.validation": None,
 }
 
 #: Stubs of compiled modules: module name -> stub file beside it.
@@ -133,7 +154,10 @@ def test_stub_docstrings_match(name):
 #: Public namespaces whose callables must show an example: the package's own ``__all__``
 #: and the documented submodules (docs/api/).
 PUBLIC = {"aprfast": None, "aprfast.convert": None, "aprfast.numpy": None, "aprfast.torch": "torch",
-          "aprfast.jax": "jax", "aprfast.distributed": None}
+          "aprfast.jax": "jax", "aprfast.distributed": None, "aprfast.v1": None,
+          "aprfast.crypto": None, "aprfast.stats": None, "aprfast.tools.diff": None,
+          "aprfast.tools.merge": None, "aprfast.tools.quality": None, "aprfast.tools.protection": None,
+          "aprfast.tools.text": None}
 
 
 def _public_callables():

@@ -40,7 +40,15 @@ _ZSTD_FIRST_OUTPUT = 16 << 20
 
 
 class Compression(IntEnum):
-    """aprender's ``Compression`` ids (``#[repr(u8)]``); ``aprender_name`` is its Rust name."""
+    """aprender's ``Compression`` ids (``#[repr(u8)]``); ``aprender_name`` is its Rust name.
+
+    docs/FORMAT.md §9 ("Compression (byte 20)") has the bytes of each.
+
+    Examples:
+        >>> from aprfast.v1 import Compression
+        >>> int(Compression.LZ4), Compression.ZSTD_MAX.aprender_name
+        (3, 'ZstdMax')
+    """
 
     NONE = 0
     ZSTD_DEFAULT = 1
@@ -49,11 +57,33 @@ class Compression(IntEnum):
 
     @property
     def aprender_name(self) -> str:
+        """aprender's Rust name of the variant ("None", "ZstdDefault", "ZstdMax", "Lz4")."""
         return _APRENDER_NAMES[self]
 
     @classmethod
     def from_value(cls, value) -> "Compression":
-        """A Compression from an id, a member, aprender's name, or "none"/"zstd"/"zstd-max"/"lz4"."""
+        """A Compression from an id, a member, aprender's name, or "none"/"zstd"/"zstd-max"/"lz4".
+
+        Args:
+            value: A member, an id 0-3 or a name (case, ``_`` and ``-`` ignored).
+
+        Returns:
+            The member.
+
+        Raises:
+            ValueError: An unknown name.
+            VersionError: An id other than 0-3.
+            TypeError: Neither a member, an int nor a str.
+
+        Examples:
+            >>> from aprfast.v1 import Compression
+            >>> Compression.from_value("zstd").name, Compression.from_value("ZstdMax").name
+            ('ZSTD_DEFAULT', 'ZSTD_MAX')
+            >>> Compression.from_value(9)
+            Traceback (most recent call last):
+            ...
+            aprfast.errors.VersionError: [E003] compression id 9 is not one aprender defines (0-3)
+        """
         if isinstance(value, cls):
             return value
         if isinstance(value, str):

@@ -43,7 +43,29 @@ class Spec:
 
 
 class DestinationExistsError(AprIOError, FileExistsError):
-    """E007: the destination exists and ``force=True`` was not given."""
+    """E007: the destination exists and ``force=True`` was not given.
+
+    An :class:`aprfast.AprIOError` and a :class:`FileExistsError`; raised by
+    :func:`aprfast.convert.convert`, :func:`aprfast.tools.merge.merge_models` and the
+    whole-file tools of :mod:`aprfast.tools.protection`.  docs/guide/converting.md.
+
+    Attributes:
+        path: The destination.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.convert import DestinationExistsError, convert
+        >>> aprfast.save_file({"w": np.float32([1, 2])}, "m.apr")
+        >>> convert("m.apr", "m.safetensors")["tensors"]
+        1
+        >>> try:
+        ...     convert("m.apr", "m.safetensors")
+        ... except DestinationExistsError as exc:
+        ...     print(exc.code, exc.path, isinstance(exc, FileExistsError))
+        E007 m.safetensors True
+        >>> convert("m.apr", "m.safetensors", force=True)["format"]  # replaces it
+        'safetensors'
+    """
 
 
 def read_exact(fd: int, offset: int, size: int, what: str, path) -> bytes:

@@ -34,7 +34,28 @@ class TensorValidationError(AprError, ValueError):
     """E002: a tensor's values contradict what its name says it is (seed 001 §10.9):
     NaN/Inf, or a LayerNorm mean outside its acceptable range.  ``tensor``, ``role``,
     ``reasons`` and ``stats`` (a dict of the numbers) say which and why.  ``apr
-    convert``/``import``/``export`` exit 5 on it."""
+    convert``/``import``/``export`` exit 5 on it.
+
+    Raised by :func:`aprfast.convert.convert` with ``validate="strict"`` (the default)
+    before anything is written; ``validate="relaxed"`` or ``force=True`` write the tensor
+    with a :class:`ValidationWarning` instead.  docs/guide/converting.md.
+
+    Attributes:
+        tensor: The tensor's name.
+        role: What its name says it is ("layernorm weight", ...), or None.
+        reasons: Why it fails, a tuple of str.
+        stats: Its statistics (:meth:`aprfast.stats.TensorStats.as_dict`).
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.convert import TensorValidationError, convert
+        >>> aprfast.save_file({"encoder.layer_norm.weight": np.float32([1, np.nan])}, "m.apr")
+        >>> try:
+        ...     convert("m.apr", "m.safetensors")
+        ... except TensorValidationError as exc:
+        ...     print(exc.code, exc.tensor, exc.role, exc.reasons)
+        E002 encoder.layer_norm.weight layernorm weight ('1 NaN, 0 Inf in 2 values',)
+    """
 
     code = "E002"
 

@@ -398,21 +398,88 @@ class Sealing:
     message)`` gives the same bytes to ``write`` in pieces, so a large payload goes to a
     file without a second buffer its size (with the cryptography backend; libsodium's
     AES-GCM is one-shot and builds the blob first).  Use once: a nonce must never seal
-    two messages.  ``wipe()`` (or the context manager) clears the key."""
+    two messages.  ``wipe()`` (or the context manager) clears the key.  Made by
+    :func:`password_sealing`, :func:`recipient_sealing` and :func:`recipients_sealing`.
+
+    Args:
+        prefix: The bytes written before the ciphertext.
+        key: The 32-byte AES-256-GCM key (copied; :meth:`wipe` clears the copy).
+        nonce: The 12-byte nonce.
+        aad: Associated data authenticated with the message (``None``: none).
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> secret, public = crypto.generate_x25519_key()
+        >>> with crypto.recipient_sealing(public) as sealing:
+        ...     size, blob = sealing.size(5), sealing.seal(b"hello")
+        >>> size == len(blob), crypto.decrypt_as_recipient(blob, secret)
+        (True, bytearray(b'hello'))
+    """
 
     def __init__(self, prefix: bytes, key, nonce: bytes, aad=None):
         self.prefix, self._key, self._nonce, self._aad = prefix, bytearray(key), nonce, aad
         self._used = False
 
     def size(self, message_size: int) -> int:
-        """The blob's size for a message of ``message_size`` bytes."""
+        """The blob's size for a message of ``message_size`` bytes.
+
+        Args:
+            message_size: The plaintext's length.
+
+        Returns:
+            ``len(prefix) + message_size + 16`` (the tag).
+
+        Examples:
+            >>> from aprfast import crypto
+            >>> crypto.recipient_sealing(crypto.generate_x25519_key()[1]).size(100)
+            168
+        """
         return len(self.prefix) + message_size + TAG_SIZE
 
     def seal(self, plaintext: BytesLike) -> bytearray:
+        """The whole blob: prefix || ciphertext || tag.
+
+        Args:
+            plaintext: A bytes-like message.
+
+        Returns:
+            A bytearray of :meth:`size` bytes.
+
+        Raises:
+            ValueError: This Sealing has already sealed a message.
+
+        Examples:
+            >>> from aprfast import crypto
+            >>> sealing = crypto.recipient_sealing(crypto.generate_x25519_key()[1])
+            >>> len(sealing.seal(b"abc"))
+            71
+            >>> sealing.seal(b"abc")
+            Traceback (most recent call last):
+            ...
+            ValueError: this Sealing has already sealed a message (its nonce cannot be reused)
+        """
         message = self._take(plaintext)
         return _seal_blob(self.prefix, message, self._key, self._nonce, self._aad)
 
     def seal_to(self, write, plaintext: BytesLike) -> None:
+        """The bytes :meth:`seal` returns, handed to ``write`` in pieces.
+
+        Args:
+            write: A callable taking bytes-like pieces (``file.write``).
+            plaintext: A bytes-like message.
+
+        Raises:
+            ValueError: This Sealing has already sealed a message.
+
+        Examples:
+            >>> import io
+            >>> from aprfast import crypto
+            >>> secret, public = crypto.generate_x25519_key()
+            >>> out = io.BytesIO()
+            >>> crypto.recipient_sealing(public).seal_to(out.write, b"streamed")
+            >>> crypto.decrypt_as_recipient(out.getvalue(), secret)
+            bytearray(b'streamed')
+        """
         message = self._take(plaintext)
         _aead.seal_to(write, self.prefix, message, self._key, self._nonce, self._aad)
 
@@ -423,6 +490,13 @@ class Sealing:
         return _byte_view(plaintext, "plaintext")
 
     def wipe(self) -> None:
+        """Overwrite the key with zeros (the context manager does it on exit).
+
+        Examples:
+            >>> from aprfast import crypto
+            >>> sealing = crypto.recipient_sealing(crypto.generate_x25519_key()[1])
+            >>> sealing.wipe()
+        """
         _wipe(self._key)
 
     def __enter__(self):
@@ -440,7 +514,27 @@ def derive_password_key(password: Union[str, BytesLike], salt: BytesLike) -> byt
     """The 32-byte AES key aprender derives: Argon2id v0x13, m=19456 KiB, t=2, p=1.
 
     These are the defaults of the RustCrypto ``argon2`` 0.5 crate (``Argon2::default()``),
-    which aprender relies on without naming them; no secret and no associated data."""
+    which aprender relies on without naming them; no secret and no associated data.
+    About 19 MiB and tens of milliseconds per call.  docs/FORMAT.md §10 ("Password mode").
+
+    Args:
+        password: A str (UTF-8) or bytes.
+        salt: At least 8 bytes (v1 files store 16).
+
+    Returns:
+        32 bytes.
+
+    Raises:
+        ValueError: A salt shorter than 8 bytes.
+        TypeError: A password that is neither str nor bytes-like.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> crypto.derive_password_key("correct horse", bytes(16)).hex()[:16]
+        'fdb0581d0e6c28a5'
+        >>> len(crypto.derive_password_key(b"pw", b"salt1234"))
+        32
+    """
     salt_bytes = bytes(_byte_view(salt, "salt"))
     if len(salt_bytes) < 8:
         raise ValueError(f"Argon2 needs a salt of at least 8 bytes, got {len(salt_bytes)}")
@@ -468,13 +562,41 @@ def _hkdf_sha256(ikm, info: bytes, *, salt: Optional[bytes] = None, length: int 
 
 
 def generate_x25519_key() -> Tuple[bytes, bytes]:
-    """A fresh X25519 key pair as (secret32, public32)."""
+    """A fresh X25519 key pair as (secret32, public32).
+
+    Also exported as :func:`aprfast.v1.generate_x25519_key`.  The public key is what
+    others encrypt to (``recipients=``); the secret opens (``private_key=``).
+
+    Returns:
+        ``(secret, public)``, 32 bytes each.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> secret, public = crypto.generate_x25519_key()
+        >>> crypto.x25519_public_key(secret) == public
+        True
+    """
     public, secret = _nb.crypto_box_keypair()
     return secret, public
 
 
 def x25519_public_key(secret32: BytesLike) -> bytes:
-    """The X25519 public key of a 32-byte secret (clamped as RFC 7748 says)."""
+    """The X25519 public key of a 32-byte secret (clamped as RFC 7748 says).
+
+    Args:
+        secret32: The X25519 secret key, 32 bytes.
+
+    Returns:
+        32 bytes.
+
+    Raises:
+        ValueError: A secret that is not 32 bytes.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> crypto.x25519_public_key(bytes(32)).hex()[:16]
+        '2fe57da347cd6243'
+    """
     return _nb.crypto_scalarmult_base(_fixed_bytes(secret32, X25519_KEY_SIZE, "X25519 secret key"))
 
 
@@ -532,7 +654,27 @@ def encrypt_with_password(plaintext: BytesLike, password: Union[str, BytesLike],
 
     Salt and nonce are random unless given (give them only to reproduce test vectors:
     a repeated nonce under one key breaks AES-GCM).  Returns a bytearray, allocated once
-    and filled in place, so a large payload is not copied again."""
+    and filled in place, so a large payload is not copied again.  docs/FORMAT.md §10
+    ("Password mode").
+
+    Args:
+        plaintext: A bytes-like message.
+        password: A str (UTF-8) or bytes.
+        salt: 16 bytes (default: random).
+        nonce: 12 bytes (default: random).
+
+    Returns:
+        A bytearray: 28-byte prefix, ciphertext, 16-byte tag.
+
+    Raises:
+        ValueError: A salt or nonce of the wrong size.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> blob = crypto.encrypt_with_password(b"weights", "pw")
+        >>> len(blob), crypto.decrypt_with_password(blob, "pw")
+        (51, bytearray(b'weights'))
+    """
     message = _byte_view(plaintext, "plaintext")
     with password_sealing(password, salt=salt, nonce=nonce) as sealing:
         return sealing.seal(message)
@@ -540,7 +682,26 @@ def encrypt_with_password(plaintext: BytesLike, password: Union[str, BytesLike],
 
 def password_sealing(password: Union[str, BytesLike], *, salt: Optional[BytesLike] = None,
                      nonce: Optional[BytesLike] = None) -> Sealing:
-    """The :class:`Sealing` of :func:`encrypt_with_password` (Argon2id runs now)."""
+    """The :class:`Sealing` of :func:`encrypt_with_password` (Argon2id runs now).
+
+    Args:
+        password: A str (UTF-8) or bytes.
+        salt: 16 bytes (default: random).
+        nonce: 12 bytes (default: random).
+
+    Returns:
+        A :class:`Sealing` with the 28-byte prefix salt || nonce.
+
+    Raises:
+        ValueError: A salt or nonce of the wrong size.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> with crypto.password_sealing("pw") as sealing:
+        ...     blob = sealing.seal(b"abc")
+        >>> crypto.decrypt_with_password(blob, "pw")
+        bytearray(b'abc')
+    """
     salt_bytes = _fresh_or_given(salt, SALT_SIZE, "salt")
     nonce_bytes = _fresh_or_given(nonce, NONCE_SIZE, "nonce")
     key = derive_password_key(password, salt_bytes)
@@ -549,7 +710,25 @@ def password_sealing(password: Union[str, BytesLike], *, salt: Optional[BytesLik
 
 def decrypt_with_password(blob: BytesLike, password: Union[str, BytesLike]) -> bytearray:
     """The plaintext of a password block; DecryptError (nothing decrypted) on a wrong
-    password or any altered byte."""
+    password or any altered byte.
+
+    Args:
+        blob: The block :func:`encrypt_with_password` made.
+        password: A str (UTF-8) or bytes.
+
+    Returns:
+        A bytearray (the caller may wipe it).
+
+    Raises:
+        DecryptError: A wrong password, an altered byte, or a blob too short.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> crypto.decrypt_with_password(crypto.encrypt_with_password(b"m", "pw"), "wrong")
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.DecryptError: [E005] wrong password, or the encrypted payload was altered ...
+    """
     view = _byte_view(blob, "encrypted blob")
     _require_length(view, PASSWORD_PREFIX_SIZE + TAG_SIZE, "a password-encrypted blob")
     key = derive_password_key(password, view[:SALT_SIZE])
@@ -610,7 +789,28 @@ def encrypt_for_recipient(plaintext: BytesLike, recipient_public: BytesLike, *,
     """aprender's recipient block: ephemeral public(32) || hint(8) || nonce(12) ||
     ciphertext || tag(16), readable only with the recipient's X25519 secret key.
 
-    ``ephemeral_secret`` and ``nonce`` are random unless given (test vectors only)."""
+    ``ephemeral_secret`` and ``nonce`` are random unless given (test vectors only).
+    docs/FORMAT.md §10 ("Recipient mode").
+
+    Args:
+        plaintext: A bytes-like message.
+        recipient_public: The recipient's X25519 public key (32 bytes).
+        ephemeral_secret: 32 bytes (default: random).
+        nonce: 12 bytes (default: random).
+
+    Returns:
+        A bytearray: 52-byte prefix, ciphertext, 16-byte tag.
+
+    Raises:
+        ValueError: A key or nonce of the wrong size, or a small-order public key.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> secret, public = crypto.generate_x25519_key()
+        >>> blob = crypto.encrypt_for_recipient(b"weights", public)
+        >>> len(blob), crypto.decrypt_as_recipient(blob, secret)
+        (75, bytearray(b'weights'))
+    """
     message = _byte_view(plaintext, "plaintext")
     with recipient_sealing(recipient_public, ephemeral_secret=ephemeral_secret, nonce=nonce) as sealing:
         return sealing.seal(message)
@@ -618,7 +818,27 @@ def encrypt_for_recipient(plaintext: BytesLike, recipient_public: BytesLike, *,
 
 def recipient_sealing(recipient_public: BytesLike, *, ephemeral_secret: Optional[BytesLike] = None,
                       nonce: Optional[BytesLike] = None) -> Sealing:
-    """The :class:`Sealing` of :func:`encrypt_for_recipient`."""
+    """The :class:`Sealing` of :func:`encrypt_for_recipient`.
+
+    Args:
+        recipient_public: The recipient's X25519 public key (32 bytes).
+        ephemeral_secret: 32 bytes (default: random).
+        nonce: 12 bytes (default: random).
+
+    Returns:
+        A :class:`Sealing` with the 52-byte prefix.
+
+    Raises:
+        ValueError: A key or nonce of the wrong size, or a small-order public key.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> secret, public = crypto.generate_x25519_key()
+        >>> with crypto.recipient_sealing(public) as sealing:
+        ...     blob = sealing.seal(b"abc")
+        >>> crypto.decrypt_as_recipient(blob, secret)
+        bytearray(b'abc')
+    """
     recipient = _fixed_bytes(recipient_public, X25519_KEY_SIZE, "recipient public key")
     ephemeral = _fresh_or_given(ephemeral_secret, X25519_KEY_SIZE, "ephemeral secret")
     nonce_bytes = _fresh_or_given(nonce, NONCE_SIZE, "nonce")
@@ -632,7 +852,25 @@ def recipient_sealing(recipient_public: BytesLike, *, ephemeral_secret: Optional
 
 
 def is_recipient(blob: BytesLike, private_key: BytesLike) -> bool:
-    """Whether a recipient block names this key (compares the 8-byte hint only)."""
+    """Whether a recipient block names this key (compares the 8-byte hint only).
+
+    Args:
+        blob: A recipient block.
+        private_key: An X25519 private key (32 bytes).
+
+    Returns:
+        True when the block's hint is this key's.
+
+    Raises:
+        DecryptError: A private key that is not 32 bytes.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> secret, public = crypto.generate_x25519_key()
+        >>> blob = crypto.encrypt_for_recipient(b"m", public)
+        >>> crypto.is_recipient(blob, secret), crypto.is_recipient(blob, crypto.generate_x25519_key()[0])
+        (True, False)
+    """
     view = _byte_view(blob, "encrypted blob")
     public = _public_of_private(private_key)
     return len(view) >= X25519_KEY_SIZE + HINT_SIZE and \
@@ -641,7 +879,27 @@ def is_recipient(blob: BytesLike, private_key: BytesLike) -> bool:
 
 def decrypt_as_recipient(blob: BytesLike, private_key: BytesLike) -> bytearray:
     """The plaintext of a recipient block.  A key the block is not addressed to gets
-    DecryptError("not the recipient ...") before anything is decrypted."""
+    DecryptError("not the recipient ...") before anything is decrypted.
+
+    Args:
+        blob: The block :func:`encrypt_for_recipient` made.
+        private_key: The recipient's X25519 private key (32 bytes).
+
+    Returns:
+        A bytearray (the caller may wipe it).
+
+    Raises:
+        DecryptError: Another recipient's block, an altered byte, a blob too short, or
+            a key that is not 32 bytes.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> blob = crypto.encrypt_for_recipient(b"m", crypto.generate_x25519_key()[1])
+        >>> crypto.decrypt_as_recipient(blob, crypto.generate_x25519_key()[0])
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.DecryptError: [E005] not the recipient: ...
+    """
     view = _byte_view(blob, "encrypted blob")
     secret = _fixed_bytes(private_key, X25519_KEY_SIZE, "X25519 private key", DecryptError)
     _require_length(view, RECIPIENT_PREFIX_SIZE + TAG_SIZE, "a recipient-encrypted blob")
@@ -682,14 +940,54 @@ def _public_of_private(private_key) -> bytes:
 
 def encrypt_for_recipients(plaintext: BytesLike, recipients: Iterable[BytesLike]) -> bytearray:
     """One payload readable by each of several X25519 keys: the payload is encrypted once
-    under a random content key, and the content key once per recipient."""
+    under a random content key, and the content key once per recipient.
+    docs/FORMAT.md §10 ("Multi-recipient mode").
+
+    Args:
+        plaintext: A bytes-like message.
+        recipients: X25519 public keys (32 bytes each), distinct.
+
+    Returns:
+        A bytearray: 20-byte header, 100 bytes per recipient, ciphertext, 16-byte tag.
+
+    Raises:
+        ValueError: No recipient, a key listed twice or of the wrong size, a small-order
+            key, or more recipients than :data:`aprfast.limits.MAX_RECIPIENTS`.
+        TypeError: ``recipients`` is one bytes object instead of a list.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> (alice, alice_pub), (bob, bob_pub) = crypto.generate_x25519_key(), crypto.generate_x25519_key()
+        >>> blob = crypto.encrypt_for_recipients(b"weights", [alice_pub, bob_pub])
+        >>> len(blob), crypto.decrypt_multi_recipient(blob, bob)
+        (243, bytearray(b'weights'))
+    """
     message = _byte_view(plaintext, "plaintext")
     with recipients_sealing(recipients) as sealing:
         return sealing.seal(message)
 
 
 def recipients_sealing(recipients: Iterable[BytesLike]) -> Sealing:
-    """The :class:`Sealing` of :func:`encrypt_for_recipients` (the wraps are made now)."""
+    """The :class:`Sealing` of :func:`encrypt_for_recipients` (the wraps are made now).
+
+    Args:
+        recipients: X25519 public keys (32 bytes each), distinct.
+
+    Returns:
+        A :class:`Sealing` whose prefix is the header and the wraps.
+
+    Raises:
+        ValueError: As :func:`encrypt_for_recipients`.
+        TypeError: ``recipients`` is one bytes object instead of a list.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> secret, public = crypto.generate_x25519_key()
+        >>> with crypto.recipients_sealing([public]) as sealing:
+        ...     blob = sealing.seal(b"abc")
+        >>> crypto.decrypt_multi_recipient(blob, secret)
+        bytearray(b'abc')
+    """
     publics = _distinct_recipients(recipients)
     payload_nonce = os.urandom(NONCE_SIZE)
     header = (MULTI_MAGIC + bytes([MULTI_VERSION, 0]) + len(publics).to_bytes(2, "little")
@@ -738,7 +1036,22 @@ def _wrap(content_key: bytearray, header: bytes, recipient: bytes) -> bytes:
 
 
 def is_multi_recipient(blob: BytesLike) -> bool:
-    """Whether the bytes start like a multi-recipient blob (magic "APRM", room for one wrap)."""
+    """Whether the bytes start like a multi-recipient blob (magic "APRM", room for one wrap).
+
+    Args:
+        blob: Any bytes-like object.
+
+    Returns:
+        True for a multi-recipient blob.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> public = crypto.generate_x25519_key()[1]
+        >>> crypto.is_multi_recipient(crypto.encrypt_for_recipients(b"m", [public]))
+        True
+        >>> crypto.is_multi_recipient(crypto.encrypt_for_recipient(b"m", public))
+        False
+    """
     view = _byte_view(blob, "encrypted blob")
     return (len(view) >= MULTI_HEADER_SIZE + MULTI_WRAP_SIZE + TAG_SIZE
             and view[:4] == MULTI_MAGIC)
@@ -752,7 +1065,30 @@ def decrypt_multi_recipient(blob: BytesLike, private_key: BytesLike, *, max_reci
     The work is bounded before any key agreement: a blob declaring more than
     ``max_recipients`` wraps (default :data:`aprfast.limits.MAX_RECIPIENTS`), or with
     more than ``max_wraps_per_key`` wraps carrying this key's hint (default
-    :data:`aprfast.limits.MAX_WRAPS_PER_KEY`), is refused with LimitError."""
+    :data:`aprfast.limits.MAX_WRAPS_PER_KEY`), is refused with LimitError.
+
+    Args:
+        blob: The blob :func:`encrypt_for_recipients` made.
+        private_key: A recipient's X25519 private key (32 bytes).
+        max_recipients: Most wraps a blob may declare.
+        max_wraps_per_key: Most wraps that may carry this key's hint.
+
+    Returns:
+        A bytearray (the caller may wipe it).
+
+    Raises:
+        DecryptError: No wrap for this key, an altered byte, a malformed blob, or a key
+            that is not 32 bytes.
+        LimitError: More wraps than the limits allow.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> blob = crypto.encrypt_for_recipients(b"m", [crypto.generate_x25519_key()[1]])
+        >>> crypto.decrypt_multi_recipient(blob, crypto.generate_x25519_key()[0])
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.DecryptError: [E005] not a recipient: none of the blob's 1 wraps is addressed ...
+    """
     view = _byte_view(blob, "encrypted blob")
     secret = _fixed_bytes(private_key, X25519_KEY_SIZE, "X25519 private key", DecryptError)
     count = _multi_recipient_count(view)
@@ -862,13 +1198,40 @@ _SMALL_ORDER_ENCODINGS = frozenset(bytes.fromhex(value) for value in (
 
 
 def generate_signing_key() -> Tuple[bytes, bytes]:
-    """A fresh Ed25519 key as (seed32, public32); the seed is the RFC 8032 private key."""
+    """A fresh Ed25519 key as (seed32, public32); the seed is the RFC 8032 private key.
+
+    Also exported as :func:`aprfast.v1.generate_signing_key`.  Save it with :func:`save_key`.
+
+    Returns:
+        ``(seed, public)``, 32 bytes each.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> seed, public = crypto.generate_signing_key()
+        >>> len(seed), crypto.public_key_of(seed) == public
+        (32, True)
+    """
     seed = os.urandom(ED25519_KEY_SIZE)
     return seed, public_key_of(seed)
 
 
 def public_key_of(seed32: BytesLike) -> bytes:
-    """The Ed25519 public key of a 32-byte seed."""
+    """The Ed25519 public key of a 32-byte seed.
+
+    Args:
+        seed32: The Ed25519 seed (private key), 32 bytes.
+
+    Returns:
+        32 bytes.
+
+    Raises:
+        ValueError: A seed that is not 32 bytes.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> crypto.public_key_of(bytes(32)).hex()[:16]
+        '3b6a27bcceb6a42d'
+    """
     seed = _fixed_bytes(seed32, ED25519_KEY_SIZE, "Ed25519 seed")
     # crypto_scalarmult_ed25519_base clamps its scalar exactly as RFC 8032 §5.1.5 does.
     return _nb.crypto_scalarmult_ed25519_base(hashlib.sha512(seed).digest()[:32])
@@ -876,7 +1239,25 @@ def public_key_of(seed32: BytesLike) -> bytes:
 
 def sign(parts: Iterable[BytesLike], seed32: BytesLike) -> bytes:
     """The 64-byte Ed25519 signature of the concatenation of ``parts`` (a single bytes-like
-    object counts as one part), equal to libsodium's; the parts are never joined."""
+    object counts as one part), equal to libsodium's; the parts are never joined.
+    docs/FORMAT.md §10 ("Signatures").
+
+    Args:
+        parts: A bytes-like object or an iterable of them.
+        seed32: The Ed25519 seed, 32 bytes.
+
+    Returns:
+        64 bytes, R || S.
+
+    Raises:
+        ValueError: A seed that is not 32 bytes.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> seed, public = crypto.generate_signing_key()
+        >>> signature = crypto.sign([b"header", b"payload"], seed)
+        >>> crypto.verify(b"headerpayload", signature, public)
+    """
     seed = _fixed_bytes(seed32, ED25519_KEY_SIZE, "Ed25519 seed")
     pieces = _message_pieces(parts)  # views, not copies: Ed25519 reads the message twice
     expanded = hashlib.sha512(seed).digest()
@@ -895,7 +1276,27 @@ def verify(parts: Iterable[BytesLike], signature: BytesLike, public_key: BytesLi
     """Check an Ed25519 signature of the concatenation of ``parts``; SignatureError if it
     does not verify.  Accepts exactly what libsodium's crypto_sign_verify_detached accepts:
     S must be below the group order, neither R nor the key may have small order, the key
-    must be a canonical curve point, and R must equal the encoding of [S]B - [k]A."""
+    must be a canonical curve point, and R must equal the encoding of [S]B - [k]A.
+
+    Args:
+        parts: A bytes-like object or an iterable of them.
+        signature: 64 bytes.
+        public_key: The signer's Ed25519 public key, 32 bytes.
+
+    Returns:
+        None: the signature verifies.
+
+    Raises:
+        SignatureError: It does not verify, or the signature or key is malformed.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> seed, public = crypto.generate_signing_key()
+        >>> crypto.verify(b"other", crypto.sign(b"message", seed), public)
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.SignatureError: [E006] Ed25519 signature mismatch: ...
+    """
     sig = _fixed_bytes(signature, SIGNATURE_SIZE, "Ed25519 signature", SignatureError)
     public = _fixed_bytes(public_key, ED25519_KEY_SIZE, "Ed25519 public key", SignatureError)
     commitment, response = sig[:32], sig[32:]
@@ -1022,7 +1423,29 @@ _MAX_KEY_FILE_SIZE = 64 * 1024  # a key file is tiny; anything bigger is the wro
 def save_key(path, key: BytesLike, *, kind: str, format: str = "raw") -> None:
     """Write a key file atomically (temporary file, fsync, rename); private keys get
     mode 0600.  ``format``: "raw" (the 32 key bytes), "pem" (PKCS#8 / SubjectPublicKeyInfo)
-    or "openssh" (Ed25519 only); the last two need the ``cryptography`` package."""
+    or "openssh" (Ed25519 only); the last two need the ``cryptography`` package.
+    docs/FORMAT.md §10 ("Key files").
+
+    Args:
+        path: Where to write.
+        key: The 32 raw key bytes.
+        kind: One of :data:`KEY_KINDS` ("ed25519-private", "ed25519-public",
+            "x25519-private", "x25519-public").
+        format: "raw", "pem" or "openssh".
+
+    Raises:
+        ValueError: An unknown kind or format, a format the kind has not ("openssh"
+            for X25519), or a key that is not 32 bytes.
+        MissingDependencyError: "pem"/"openssh" without the ``cryptography`` package.
+        AprIOError: The file cannot be written.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> seed, public = crypto.generate_signing_key()
+        >>> crypto.save_key("signing.pem", seed, kind="ed25519-private", format="pem")
+        >>> crypto.load_key("signing.pem") == ("ed25519-private", seed)
+        True
+    """
     if kind not in KEY_KINDS:
         raise ValueError(f"kind must be one of {', '.join(KEY_KINDS)}; got {kind!r}")
     if format not in KEY_FORMATS:
@@ -1036,7 +1459,31 @@ def load_key(path, *, kind: Optional[str] = None) -> Tuple[str, bytes]:
     """Read a key file, detecting its format; returns (kind, the 32 raw key bytes).
 
     PEM and OpenSSH files say what they hold.  A raw file is just 32 bytes, so its kind
-    must be given; when ``kind`` is given for a PEM/OpenSSH file, the file must match."""
+    must be given; when ``kind`` is given for a PEM/OpenSSH file, the file must match.
+
+    Args:
+        path: The key file.
+        kind: The kind expected (required for a raw file).
+
+    Returns:
+        ``(kind, key)``: the kind and the 32 raw key bytes.
+
+    Raises:
+        FormatError: Not a key file, a raw file without ``kind``, or another kind.
+        ValueError: An unknown ``kind``.
+        AprIOError: The file cannot be read.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> secret, public = crypto.generate_x25519_key()
+        >>> crypto.save_key("model.pub", public, kind="x25519-public")
+        >>> crypto.load_key("model.pub", kind="x25519-public")[1] == public
+        True
+        >>> crypto.load_key("model.pub")
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.FormatError: [E001] model.pub: a raw key file is 32 bytes that do not say ...
+    """
     if kind is not None and kind not in KEY_KINDS:
         raise ValueError(f"kind must be one of {', '.join(KEY_KINDS)}; got {kind!r}")
     data = _read_key_file(path)
@@ -1151,32 +1598,147 @@ def _write_key_file(path, data: bytes, *, private: bool) -> None:
 
 
 def encrypt_request(data: BytesLike, model_public: BytesLike) -> bytearray:
-    """An inference request only the model's owner can read."""
+    """An inference request only the model's owner can read (recipient mode).
+
+    Args:
+        data: The request's bytes.
+        model_public: The model's X25519 public key (:func:`inference_public_key`).
+
+    Returns:
+        A bytearray.
+
+    Raises:
+        ValueError: A key that is not 32 bytes or has small order.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> model_secret, model_public = crypto.generate_x25519_key()
+        >>> user_secret, user_public = crypto.generate_x25519_key()
+        >>> request = crypto.encrypt_request(b"prompt", model_public)
+        >>> crypto.decrypt_request(request, model_secret)
+        bytearray(b'prompt')
+    """
     return encrypt_for_recipient(data, model_public)
 
 
 def decrypt_request(blob: BytesLike, model_secret: BytesLike) -> bytearray:
+    """The plaintext of a request :func:`encrypt_request` made, with the model's secret.
+
+    Args:
+        blob: The encrypted request.
+        model_secret: The model's X25519 private key.
+
+    Returns:
+        A bytearray.
+
+    Raises:
+        DecryptError: Another key's request, or an altered byte.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> model_secret, model_public = crypto.generate_x25519_key()
+        >>> user_secret, user_public = crypto.generate_x25519_key()
+        >>> crypto.decrypt_request(crypto.encrypt_request(b"prompt", model_public), user_secret)
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.DecryptError: [E005] not the recipient: ...
+    """
     return decrypt_as_recipient(blob, model_secret)
 
 
 def encrypt_response(data: BytesLike, user_public: BytesLike) -> bytearray:
-    """An inference response only the requesting user can read."""
+    """An inference response only the requesting user can read (recipient mode).
+
+    Args:
+        data: The response's bytes.
+        user_public: The user's X25519 public key.
+
+    Returns:
+        A bytearray.
+
+    Raises:
+        ValueError: A key that is not 32 bytes or has small order.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> model_secret, model_public = crypto.generate_x25519_key()
+        >>> user_secret, user_public = crypto.generate_x25519_key()
+        >>> response = crypto.encrypt_response(b"answer", user_public)
+        >>> crypto.decrypt_response(response, user_secret)
+        bytearray(b'answer')
+    """
     return encrypt_for_recipient(data, user_public)
 
 
 def decrypt_response(blob: BytesLike, user_secret: BytesLike) -> bytearray:
+    """The plaintext of a response :func:`encrypt_response` made, with the user's secret.
+
+    Args:
+        blob: The encrypted response.
+        user_secret: The user's X25519 private key.
+
+    Returns:
+        A bytearray.
+
+    Raises:
+        DecryptError: Another key's response, or an altered byte.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> model_secret, model_public = crypto.generate_x25519_key()
+        >>> user_secret, user_public = crypto.generate_x25519_key()
+        >>> crypto.decrypt_response(crypto.encrypt_response(b"answer", user_public), user_secret)
+        bytearray(b'answer')
+    """
     return decrypt_as_recipient(blob, user_secret)
 
 
 def inference_metadata(model_public: BytesLike) -> dict:
-    """The metadata entries that publish a model's inference key."""
+    """The metadata entries that publish a model's inference key (seed 000 §4.1.4).
+
+    Args:
+        model_public: The model's X25519 public key (32 bytes).
+
+    Returns:
+        ``{"inference_pub_key": base64, "inference_protocol": INFERENCE_PROTOCOL}``.
+
+    Raises:
+        ValueError: A key that is not 32 bytes.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> crypto.inference_metadata(bytes(32))
+        {'inference_pub_key': 'AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=',
+         'inference_protocol': 'x25519-aes256gcm-v1'}
+    """
     public = _fixed_bytes(model_public, X25519_KEY_SIZE, "model X25519 public key")
     return {"inference_pub_key": base64.b64encode(public).decode("ascii"),
             "inference_protocol": INFERENCE_PROTOCOL}
 
 
 def inference_public_key(metadata: dict) -> bytes:
-    """The model's X25519 public key from metadata written by :func:`inference_metadata`."""
+    """The model's X25519 public key from metadata written by :func:`inference_metadata`.
+
+    Args:
+        metadata: A file's metadata dict.
+
+    Returns:
+        32 bytes.
+
+    Raises:
+        FormatError: Another or no ``inference_protocol``, or a key that is not 32
+            bytes of base64.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> secret, public = crypto.generate_x25519_key()
+        >>> crypto.inference_public_key(crypto.inference_metadata(public)) == public
+        True
+        >>> crypto.inference_public_key({})
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.FormatError: [E001] inference_protocol is None; aprfast speaks 'x25519-aes256gcm-v1'
+    """
     protocol = metadata.get("inference_protocol")
     if protocol != INFERENCE_PROTOCOL:
         raise FormatError(f"inference_protocol is {protocol!r}; aprfast speaks "

@@ -422,7 +422,32 @@ class ShardedFile(TensorMapping):
 
     ``open_one(target, **open_options)`` opens one shard as a single file, whatever its
     name (so a shard named like a first shard is never taken for the whole set): the
-    API layer above passes its opener in, since the readers stand above this module."""
+    API layer above passes its opener in, since the readers stand above this module.
+    :func:`aprfast.open` returns one for a manifest, or for the path given to
+    ``save_file(..., max_shard_size=)``.  docs/guide/sharding.md shows it in use.
+
+    Args:
+        manifest_path: The manifest's path or URL (or a fetched :class:`RemoteManifest`).
+        open_one: ``open_one(target, **options)``: opens one shard as a single file.
+        open_options: Keyword arguments for ``open_one`` (keys, mode, ...).
+        limits: An :class:`aprfast.Limits` bounding what the parsers believe.
+        storage_options: fsspec options for a URL.
+
+    Raises:
+        FormatError: A manifest that is not JSON or not a manifest.
+        CorruptError: A manifest whose fields contradict each other or name unsafe files.
+        LimitError: A manifest beyond ``limits``.
+        ChecksumError: A shard whose size is not the manifest's.
+        AprIOError: A missing or unreadable shard (AprFileNotFoundError when missing).
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> aprfast.save_file({"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)},
+        ...                   "model.apr", max_shard_size=16)
+        >>> with aprfast.open("model.apr") as f:
+        ...     type(f).__name__, f.keys(), f.get_tensor("b").tolist(), f.opened_shards()
+        ('ShardedFile', ['a', 'b'], [1.0, 1.0, 1.0, 1.0], ['model-00002-of-00002.apr'])
+    """
 
     layout = "sharded"
     security = None
@@ -487,10 +512,12 @@ class ShardedFile(TensorMapping):
     # --- what the model holds -------------------------------------------------------
     @property
     def path(self):
+        """The manifest's path or URL."""
         return self._path
 
     @property
     def metadata(self) -> dict:
+        """The manifest's ``metadata`` (the caller's, as saved), a copy."""
         return dict(self._metadata)
 
     stored_metadata = metadata
@@ -499,7 +526,16 @@ class ShardedFile(TensorMapping):
     def header(self) -> dict:
         """The manifest's summary, with the keys a single file's header has (``magic``,
         ``version``, ``flags``, ``file_size``: all shards' bytes, ``metadata_size``: the
-        manifest's bytes) so reports built for files show a sharded model too."""
+        manifest's bytes) so reports built for files show a sharded model too.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)},
+            ...                   "model.apr", max_shard_size=16)
+            >>> with aprfast.open("model.apr") as f:
+            ...     f.header["magic"], f.header["shard_count"], f.header["shards"][0]["file"]
+            ('manifest', 2, 'model-00001-of-00002.apr')
+        """
         return {"magic": "manifest", "version": self._version, "flags": 0, "flag_names": [],
                 "file_size": sum(s["size"] for s in self._shards), "metadata_size": self._manifest_size,
                 "apr_version": self._version, "shard_count": len(self._shards),
@@ -507,6 +543,7 @@ class ShardedFile(TensorMapping):
                            for s in self._shards]}
 
     def keys(self) -> list:
+        """Every tensor name of every shard, sorted (UTF-8 byte order); opens no shard."""
         return list(self._names)
 
     def __iter__(self):
@@ -519,7 +556,25 @@ class ShardedFile(TensorMapping):
         return name in self._where
 
     def shard_of(self, name: str) -> str:
-        """The file name of the shard holding ``name``."""
+        """The file name of the shard holding ``name`` (from the manifest: opens nothing).
+
+        Args:
+            name: The tensor's name.
+
+        Returns:
+            The shard's file name, relative to the manifest's directory.
+
+        Raises:
+            TensorNotFoundError: No tensor ``name``.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)},
+            ...                   "model.apr", max_shard_size=16)
+            >>> with aprfast.open("model.apr") as f:
+            ...     f.shard_of("b")
+            'model-00002-of-00002.apr'
+        """
         return self._shards[self._index_of(name)]["file"]
 
     def _index_of(self, name) -> int:
@@ -607,21 +662,125 @@ class ShardedFile(TensorMapping):
                                f"(missing {missing}, unexpected {extra})", path=f.path)
 
     def info(self, name: str):
+        """dtype, shape, offset (in its shard) and byte size of one tensor; opens its shard.
+
+        Args:
+            name: The tensor's name.
+
+        Returns:
+            A :class:`aprfast.TensorInfo`.
+
+        Raises:
+            TensorNotFoundError: No tensor ``name``.
+            AprIOError: Its shard cannot be opened, or the model is closed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)},
+            ...                   "model.apr", max_shard_size=16)
+            >>> with aprfast.open("model.apr") as f:
+            ...     f.info("b").shape, f.info("b").nbytes
+            ((4,), 16)
+        """
         return self._file_for(name).info(name)
 
     # --- tensors ---------------------------------------------------------------------
     def get_tensor(self, name: str, copy: bool = False, dequantize: bool = False):
+        """One tensor, read from its shard (opened on first use) as
+        :meth:`aprfast.AprFile.get_tensor` reads it.
+
+        Args:
+            name: The tensor's name.
+            copy: Return an owned array instead of a view of the shard's map.
+            dequantize: Return a packed (quantized) tensor as float32 values.
+
+        Returns:
+            A NumPy array (or a :class:`aprfast.QuantizedTensor` / :class:`aprfast.RawTensor`).
+
+        Raises:
+            TensorNotFoundError: No tensor ``name``.
+            CorruptError: The shard does not hold the tensors the manifest maps to it.
+            AprIOError: Its shard cannot be opened, or the model is closed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)},
+            ...                   "model.apr", max_shard_size=16)
+            >>> f = aprfast.open("model.apr")
+            >>> f.get_tensor("a").tolist()
+            [0.0, 0.0, 0.0, 0.0]
+            >>> f.close()
+            >>> f.get_tensor("a")
+            Traceback (most recent call last):
+            ...
+            aprfast.errors.AprIOError: [E007] model.apr.index.json: the sharded model is closed
+        """
         return self._file_for(name).get_tensor(name, copy=copy, dequantize=dequantize)
 
     def get_slice(self, name: str, dequantize: bool = False):
+        """A lazy slice handle of one tensor, from its shard (:meth:`aprfast.AprFile.get_slice`).
+
+        Args:
+            name: The tensor's name.
+            dequantize: For a packed tensor, return float32 values from ``[a:b]``.
+
+        Returns:
+            A :class:`aprfast.TensorSlice` or :class:`aprfast.QuantizedSlice`.
+
+        Raises:
+            TensorNotFoundError: No tensor ``name``.
+            AprIOError: Its shard cannot be opened, or the model is closed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)},
+            ...                   "model.apr", max_shard_size=16)
+            >>> with aprfast.open("model.apr") as f:
+            ...     f.get_slice("b")[1:3].tolist()
+            [1.0, 1.0]
+        """
         return self._file_for(name).get_slice(name, dequantize=dequantize)
 
     def tensors(self, copy: bool = False) -> dict:
+        """Every tensor, by name (opens every shard).
+
+        Args:
+            copy: Owned arrays instead of views of the shards' maps.
+
+        Returns:
+            A dict of name to tensor, in :meth:`keys` order.
+
+        Raises:
+            AprIOError: A shard cannot be opened, or the model is closed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)},
+            ...                   "model.apr", max_shard_size=16)
+            >>> with aprfast.open("model.apr") as f:
+            ...     list(f.tensors(copy=True))
+            ['a', 'b']
+        """
         return {name: self.get_tensor(name, copy) for name in self._names}
 
     def describe(self) -> dict:
         """Every tensor's dtype, shape, offset and size in its shard, plus the shard's
-        file name (opens every shard's index)."""
+        file name (opens every shard's index).
+
+        Returns:
+            A dict name -> ``{"dtype", "shape", "offset", "nbytes", "shard"}``.
+
+        Raises:
+            AprIOError: A shard cannot be opened, or the model is closed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)},
+            ...                   "model.apr", max_shard_size=16)
+            >>> with aprfast.open("model.apr") as f:
+            ...     f.describe()["a"]["shard"], f.describe()["a"]["shape"]
+            ('model-00001-of-00002.apr', [4])
+        """
         out = {}
         for index in range(len(self._shards)):
             f = self._shard(index)
@@ -634,7 +793,27 @@ class ShardedFile(TensorMapping):
     # --- integrity and lifetime ------------------------------------------------------
     def verify(self) -> None:
         """Each shard's whole-file CRC32 against the manifest (ChecksumError naming the
-        shard), then each shard's own checks."""
+        shard), then each shard's own checks.
+
+        Raises:
+            ChecksumError: A shard's size or CRC32 is not the manifest's, or fails its own.
+            AprIOError: A shard cannot be read.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)},
+            ...                   "model.apr", max_shard_size=16)
+            >>> from pathlib import Path
+            >>> shard = Path("model-00002-of-00002.apr")
+            >>> blob = bytearray(shard.read_bytes())
+            >>> blob[-10] ^= 1  # flip a bit of the second shard
+            >>> _ = shard.write_bytes(blob)
+            >>> with aprfast.open("model.apr") as f:
+            ...     f.verify()
+            Traceback (most recent call last):
+            ...
+            aprfast.errors.ChecksumError: [E004] ...shard 'model-00002-of-00002.apr' has CRC32 ...
+        """
         for index, shard in enumerate(self._shards):
             if self._remote:  # the shard's own CRC first: it reads every byte once, the manifest's follows
                 f = self._shard(index)
@@ -657,7 +836,27 @@ class ShardedFile(TensorMapping):
 
     def load_all(self, *, verify: bool = True, threads: int = 0) -> dict:
         """Every tensor as an owned array, shard by shard (each CRC-checked against the
-        manifest and its own footer when ``verify``)."""
+        manifest and its own footer when ``verify``).
+
+        Args:
+            verify: Check each shard's CRC32 before its tensors are returned.
+            threads: Threads for the reads (0: the C default).
+
+        Returns:
+            A dict of name to owned array, in :meth:`keys` order.
+
+        Raises:
+            ChecksumError: A shard's CRC32 is not the manifest's, or fails its own.
+            AprIOError: A shard cannot be read, or the model is closed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)},
+            ...                   "model.apr", max_shard_size=16)
+            >>> with aprfast.open("model.apr") as f:
+            ...     {name: a.tolist() for name, a in f.load_all().items()}
+            {'a': [0.0, 0.0, 0.0, 0.0], 'b': [1.0, 1.0, 1.0, 1.0]}
+        """
         out = {}
         for index, shard in enumerate(self._shards):
             if verify and not self._remote:
@@ -674,6 +873,17 @@ class ShardedFile(TensorMapping):
         return {name: out[name] for name in self._names}
 
     def close(self) -> None:
+        """Close every opened shard; arrays already handed out stay valid.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)},
+            ...                   "model.apr", max_shard_size=16)
+            >>> f = aprfast.open("model.apr")
+            >>> f.close()
+            >>> f.closed
+            True
+        """
         with self._opening:
             self._closed = True
             opened, self._open = self._open, {}
@@ -682,10 +892,22 @@ class ShardedFile(TensorMapping):
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
         return self._closed
 
     def opened_shards(self) -> list:
-        """File names of the shards opened so far (lazy opening is observable)."""
+        """File names of the shards opened so far (lazy opening is observable).
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)},
+            ...                   "model.apr", max_shard_size=16)
+            >>> with aprfast.open("model.apr") as f:
+            ...     before = f.opened_shards()
+            ...     _ = f.get_tensor("a")
+            ...     before, f.opened_shards()
+            ([], ['model-00001-of-00002.apr'])
+        """
         return [self._shards[i]["file"] for i in sorted(self._open)]
 
     def _describe(self) -> str:

@@ -46,7 +46,15 @@ _HEADER = struct.Struct("<4sBBHIIIBBB9s")
 
 class ModelType(IntEnum):
     """aprender's ``ModelType`` (``#[repr(u16)]``); member names are its variant names,
-    which is also how the metadata spells a model type (``teacher.model_type``)."""
+    which is also how the metadata spells a model type (``teacher.model_type``).
+
+    docs/FORMAT.md §9 ("Header") lists the ids.
+
+    Examples:
+        >>> from aprfast.v1 import ModelType
+        >>> int(ModelType.KMeans), ModelType(0x21).name
+        (6, 'NeuralCustom')
+    """
 
     LinearRegression = 0x0001
     LogisticRegression = 0x0002
@@ -69,11 +77,33 @@ class ModelType(IntEnum):
 
     @property
     def aprender_name(self) -> str:
+        """aprender's name of the variant (the member's name)."""
         return self.name
 
     @classmethod
     def from_value(cls, value) -> "ModelType":
-        """A ModelType from a member, an id or aprender's variant name."""
+        """A ModelType from a member, an id or aprender's variant name.
+
+        Args:
+            value: A :class:`ModelType`, its id (int) or its name ("KMeans").
+
+        Returns:
+            The member.
+
+        Raises:
+            ValueError: An unknown name.
+            FormatError: An id aprender does not define.
+            TypeError: Neither a member, an int nor a str.
+
+        Examples:
+            >>> from aprfast.v1 import ModelType
+            >>> ModelType.from_value("Pca") is ModelType.from_value(7) is ModelType.Pca
+            True
+            >>> ModelType.from_value(0x77)
+            Traceback (most recent call last):
+            ...
+            aprfast.errors.FormatError: [E001] model type id 0x0077 is not one aprender defines
+        """
         if isinstance(value, cls):
             return value
         if isinstance(value, str):
@@ -90,7 +120,15 @@ class ModelType(IntEnum):
 
 
 class Flag(IntFlag):
-    """Header byte 21.  aprender masks bit 7 off when it reads."""
+    """Header byte 21.  aprender masks bit 7 off when it reads.
+
+    docs/FORMAT.md §9 ("Flags (byte 21)") says what each flag means to aprender and aprfast.
+
+    Examples:
+        >>> from aprfast.v1 import Flag
+        >>> int(Flag.ENCRYPTED | Flag.SIGNED), Flag.LICENSED in Flag(0x0A)
+        (3, True)
+    """
 
     ENCRYPTED = 0x01
     SIGNED = 0x02
@@ -111,7 +149,19 @@ UNREADABLE_FLAGS = Flag.STREAMING
 # --- header ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Header:
-    """The 32-byte header.  ``flags`` holds byte 21 as stored (bit 7 included)."""
+    """The 32-byte header.  ``flags`` holds byte 21 as stored (bit 7 included).
+
+    docs/FORMAT.md §9 ("Header (32 bytes)") has the byte table.
+
+    Examples:
+        >>> from aprfast.v1 import Header, ModelType
+        >>> raw = Header(ModelType.Svm, metadata_size=3, flags=0x82).to_bytes()
+        >>> raw[:4], len(raw)
+        (b'APRN', 32)
+        >>> header = Header.from_bytes(raw)
+        >>> header.model_type.name, header.flags, int(header.flag_set)
+        ('Svm', 130, 2)
+    """
 
     model_type: int
     metadata_size: int = 0
@@ -124,6 +174,21 @@ class Header:
     reserved: bytes = bytes(9)
 
     def to_bytes(self) -> bytes:
+        """The 32 bytes of this header (magic, version, fields, reserved bytes).
+
+        Returns:
+            32 bytes.
+
+        Raises:
+            LayoutError: A size that does not fit a u32, or a quality score above 255.
+
+        Examples:
+            >>> from aprfast.v1 import Header
+            >>> Header(1, payload_size=2**32).to_bytes()
+            Traceback (most recent call last):
+            ...
+            aprfast.errors.LayoutError: [E001] v1 payload_size is a u32; 4294967296 does not fit
+        """
         for name in ("metadata_size", "payload_size", "uncompressed_size"):
             value = getattr(self, name)
             if not 0 <= value <= _U32_MAX:
@@ -138,7 +203,26 @@ class Header:
     def from_bytes(cls, data, *, path=None) -> "Header":
         """Parse and check a header as aprender's ``Header::from_bytes`` does: magic,
         major version <= 1 (the minor is ignored), a known model type and compression
-        id.  Reserved bytes are not checked; flags are kept as stored."""
+        id.  Reserved bytes are not checked; flags are kept as stored.
+
+        Args:
+            data: At least 32 bytes (only the first 32 are read).
+            path: The file's path, named in errors.
+
+        Returns:
+            The header, ``model_type`` and ``compression`` as members.
+
+        Raises:
+            FormatError: Fewer than 32 bytes, another magic, or an unknown model type id.
+            VersionError: A newer major version, or an unknown compression id.
+
+        Examples:
+            >>> from aprfast.v1 import Header
+            >>> Header.from_bytes(b"APR2" + bytes(28))
+            Traceback (most recent call last):
+            ...
+            aprfast.errors.FormatError: [E001] magic b'APR2' is not b'APRN': not a v1 .apr file
+        """
         if len(data) < HEADER_SIZE:
             raise FormatError(f"{len(data)} bytes cannot hold the {HEADER_SIZE}-byte v1 header", path=path)
         (magic, major, minor, model_type, metadata_size, payload_size, uncompressed_size, compression, flags,
@@ -161,6 +245,13 @@ class Header:
         return Flag(self.flags & _FLAG_MASK)
 
     def as_dict(self) -> dict:
+        """The fields as JSON-ready values, with names (what ``apr inspect`` prints).
+
+        Examples:
+            >>> from aprfast.v1 import Header
+            >>> Header(6, flags=0x03).as_dict()["flag_names"]
+            ['ENCRYPTED', 'SIGNED']
+        """
         return {
             "magic": MAGIC.decode(),
             "version": list(self.version),

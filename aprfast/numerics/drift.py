@@ -1,7 +1,8 @@
 """How far one tensor's values are from another's, shared by ``apr diff`` (aprfast.tools.diff),
 the merge methods (aprfast.tools.merge) and convert's quality gate (aprfast.convert.gate):
 :func:`numeric_values` decodes any tensor value to numbers NumPy widens to float64, and
-:func:`compare_values` walks two of them chunk by chunk in float64."""
+:func:`compare_values` walks two of them chunk by chunk in float64.  docs/guide/statistics.md
+("Diff and merge") shows the tools built on it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,28 @@ CHUNK = 1 << 20
 def numeric_values(value) -> np.ndarray:
     """A 1-D array of the tensor's numeric values in a dtype NumPy can widen to float64
     (packed blocks dequantized to float32; bf16 bits widened).  TypeError when the
-    tensor holds no numbers (unknown dtype)."""
+    tensor holds no numbers (unknown dtype).
+
+    Args:
+        value: A NumPy array, a :class:`aprfast.RawTensor` or a
+            :class:`aprfast.QuantizedTensor`.
+
+    Returns:
+        A 1-D NumPy array (a view where no decoding is needed).
+
+    Raises:
+        TypeError: An unknown dtype id, or complex or structured values.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.numerics.drift import numeric_values
+        >>> numeric_values(np.float32([[1, 2], [3, 4]])).tolist()
+        [1.0, 2.0, 3.0, 4.0]
+        >>> numeric_values(np.zeros(2, np.complex64))
+        Traceback (most recent call last):
+        ...
+        TypeError: values of dtype complex64 are not compared
+    """
     if isinstance(value, RawTensor):
         dtype = value.dtype
         if dtype is None:
@@ -47,7 +69,26 @@ def compare_values(fa: np.ndarray, fb: np.ndarray, threads: int, chunk: int = CH
     """Chunk by chunk in float64: identical elements, largest finite |a-b|, non-finite
     mismatches (from the statistics engine run over the difference), and the dot
     products for the cosine, the L2 distance and ``a``'s L2 norm (convert's quality gate);
-    ``threads`` for the statistics engine."""
+    ``threads`` for the statistics engine.
+
+    Args:
+        fa: The first tensor's values, 1-D (:func:`numeric_values`).
+        fb: The second tensor's values, 1-D, as many as ``fa``.
+        threads: Threads for the statistics engine (0: every core).
+        chunk: Elements per chunk.
+
+    Returns:
+        A dict: ``identical`` (count), ``nonfinite`` (mismatching NaN/Inf count),
+        ``max_abs`` (largest finite ``|a - b|``), ``cosine``, ``l2`` (distance over the
+        elements finite in both) and ``norm_a``.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.numerics.drift import compare_values
+        >>> r = compare_values(np.float32([1, 2, 3]), np.float32([1, 2, 4]), threads=1)
+        >>> r["identical"], r["max_abs"], r["l2"], round(r["cosine"], 4)
+        (2, 1.0, 1.0, 0.9915)
+    """
     identical = nonfinite = 0
     max_abs = 0.0
     dot_ab = dot_aa = dot_bb = dot_dd = 0.0
@@ -74,6 +115,22 @@ def compare_values(fa: np.ndarray, fb: np.ndarray, threads: int, chunk: int = CH
 
 
 def cosine(ab: float, aa: float, bb: float) -> float:
+    """The cosine of two vectors from their dot products, clamped to [-1, 1]: 1.0 for two
+    zero vectors, 0.0 when only one is zero.
+
+    Args:
+        ab: ``a . b``.
+        aa: ``a . a``.
+        bb: ``b . b``.
+
+    Returns:
+        A float in [-1, 1].
+
+    Examples:
+        >>> from aprfast.numerics.drift import cosine
+        >>> cosine(1.0, 1.0, 4.0), cosine(0.0, 0.0, 0.0), cosine(0.0, 1.0, 0.0)
+        (0.5, 1.0, 0.0)
+    """
     if aa == 0.0 and bb == 0.0:
         return 1.0  # two zero tensors point the same (no) way
     if aa == 0.0 or bb == 0.0:

@@ -8,6 +8,7 @@ anywhere, §13.6; a LayerNorm weight mean outside [0.5, 3.0] or bias mean outsid
 [-0.5, 0.5], §10.9's "Acceptable Range"), WARN for what it only expects (attention,
 linear and embedding std ranges, "mean ~0.0", QA #30's embedding std < 0.2), PASS when
 a rule matched and held, and "-" when no rule names the tensor.
+docs/guide/statistics.md ("Tensor statistics") shows it in use.
 """
 
 from __future__ import annotations
@@ -23,7 +24,15 @@ __all__ = ["Expectation", "EXPECTATIONS", "NEAR_ZERO_MEAN", "expectation_for", "
 
 @dataclass(frozen=True)
 class Expectation:
-    """What §10.9 expects of tensors whose name matches ``pattern`` (fnmatch)."""
+    """What §10.9 expects of tensors whose name matches ``pattern`` (fnmatch).
+
+    Examples:
+        >>> from aprfast.numerics.expectations import Expectation, expectation_for
+        >>> expectation_for("encoder.layer_norm.weight").mean_range
+        (0.5, 3.0)
+        >>> Expectation("my role", "*.scale", std_max=1.0).std_max
+        1.0
+    """
 
     role: str
     pattern: str
@@ -66,7 +75,19 @@ NEAR_ZERO_MEAN = 0.1
 
 
 def expectation_for(name: str) -> Expectation | None:
-    """The §10.9 rule for a tensor name, or None when the seed expects nothing of it."""
+    """The §10.9 rule for a tensor name, or None when the seed expects nothing of it.
+
+    Args:
+        name: A tensor name.
+
+    Returns:
+        The first :class:`Expectation` of :data:`EXPECTATIONS` whose pattern matches, or None.
+
+    Examples:
+        >>> from aprfast.numerics.expectations import expectation_for
+        >>> expectation_for("model.embed_tokens.weight").role, expectation_for("lm_head.scale")
+        ('token embedding', None)
+    """
     for rule in EXPECTATIONS:
         if fnmatch.fnmatchcase(name, rule.pattern):
             return rule
@@ -76,7 +97,13 @@ def expectation_for(name: str) -> Expectation | None:
 @dataclass(frozen=True)
 class Verdict:
     """``status`` is PASS, WARN, FAIL or "-" (no rule); ``reasons`` say why (failures
-    first, each with the numbers)."""
+    first, each with the numbers).  Made by :func:`check_expected`.
+
+    Examples:
+        >>> from aprfast.numerics.expectations import Verdict
+        >>> Verdict("PASS", "layernorm weight").reasons
+        ()
+    """
 
     status: str
     role: str | None
@@ -85,7 +112,24 @@ class Verdict:
 
 def check_expected(name: str, stats) -> Verdict:
     """PASS / WARN / FAIL for one tensor's :class:`aprfast.stats.TensorStats` against
-    §10.9.  NaN or Inf anywhere is FAIL, whatever the name."""
+    §10.9.  NaN or Inf anywhere is FAIL, whatever the name.
+
+    Args:
+        name: The tensor's name (picks the rule).
+        stats: Its :class:`aprfast.stats.TensorStats`.
+
+    Returns:
+        A :class:`Verdict`.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.stats import tensor_stats
+        >>> from aprfast.numerics.expectations import check_expected
+        >>> check_expected("encoder.layer_norm.weight", tensor_stats(np.full(8, 11, np.float32)))
+        Verdict(status='FAIL', role='layernorm weight', reasons=('mean 11 outside [0.5, 3.0]',))
+        >>> check_expected("anything", tensor_stats(np.float32([1, np.nan]))).status
+        'FAIL'
+    """
     rule = expectation_for(name)
     fails, warns = [], []
     if stats.nan_count or stats.inf_count:
@@ -110,7 +154,25 @@ def check_expected(name: str, stats) -> Verdict:
 def check_value(name: str, value, *, threads: int = 0):
     """``(stats, verdict)`` of one tensor value (an array, RawTensor or QuantizedTensor)
     in one pass of :func:`aprfast.stats.tensor_stats`; ``stats`` is None (verdict "-",
-    the reason given) for dtypes without statistics (complex, unknown ids)."""
+    the reason given) for dtypes without statistics (complex, unknown ids).
+
+    Args:
+        name: The tensor's name (picks the rule).
+        value: An array, a :class:`aprfast.RawTensor` or a :class:`aprfast.QuantizedTensor`.
+        threads: Threads for the statistics engine (0: every core).
+
+    Returns:
+        ``(stats, verdict)``: a :class:`aprfast.stats.TensorStats` (or None) and a :class:`Verdict`.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.numerics.expectations import check_value
+        >>> stats, verdict = check_value("model.embed_tokens.weight", np.full((4, 4), 0.5, np.float32))
+        >>> stats.mean, verdict.status, verdict.reasons
+        (0.5, 'WARN', ('std 0 outside the expected 0.02-0.05', 'mean 0.5, expected ~0.0'))
+        >>> check_value("x", np.zeros(2, np.complex64))[1].status
+        '-'
+    """
     try:
         stats = tensor_stats(value, threads=threads)
     except TypeError as exc:

@@ -14,6 +14,8 @@ tensor twice (moments first, then the histogram).  Give ``range`` to get everyth
 one pass.  Values outside the range, NaN and Inf are not counted in any bin.
 
 :func:`tensor_stats_numpy` computes the same numbers with NumPy (the tests' oracle).
+``aprfast.stats`` is the documented path of this module; docs/guide/statistics.md shows it
+in use and docs/performance.md measures it.
 """
 
 from __future__ import annotations
@@ -48,7 +50,16 @@ _INT_KINDS = {"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"}
 class TensorStats:
     """Statistics of one tensor.  ``min``/``max``/``mean``/``std`` are over the finite
     values (None when there are none); integer tensors give exact int ``min``/``max``.
-    ``histogram`` holds ``bins`` counts over ``bin_edges`` (None without ``bins``)."""
+    ``histogram`` holds ``bins`` counts over ``bin_edges`` (None without ``bins``).
+    Made by :func:`tensor_stats`.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.stats import tensor_stats
+        >>> s = tensor_stats(np.float32([0, 1, 2, 3, np.nan, np.inf]))
+        >>> s.count, s.finite_count, s.nan_count, s.inf_count, s.min, s.max, s.mean
+        (6, 4, 1, 1, 0.0, 3.0, 1.5)
+    """
 
     count: int
     nan_count: int
@@ -65,15 +76,34 @@ class TensorStats:
 
     @property
     def inf_count(self) -> int:
+        """+Inf and -Inf values together."""
         return self.pos_inf_count + self.neg_inf_count
 
     @property
     def sparsity(self) -> float:
-        """Fraction of elements that are exactly zero (0.0 for an empty tensor)."""
+        """Fraction of elements that are exactly zero (0.0 for an empty tensor).
+
+        Examples:
+            >>> import numpy as np
+            >>> from aprfast.stats import tensor_stats
+            >>> tensor_stats(np.float32([0, 0, 1, 2])).sparsity
+            0.5
+        """
         return self.zero_count / self.count if self.count else 0.0
 
     def as_dict(self) -> dict:
-        """JSON-ready: every field plus ``inf_count`` and ``sparsity``."""
+        """JSON-ready: every field plus ``inf_count`` and ``sparsity``.
+
+        Returns:
+            A dict of plain ints, floats, None and lists (the histogram's when present).
+
+        Examples:
+            >>> import numpy as np
+            >>> from aprfast.stats import tensor_stats
+            >>> d = tensor_stats(np.int8([-3, 0, 7]), bins=2, range=(-4, 8)).as_dict()
+            >>> d["min"], d["max"], d["zero_count"], d["histogram"], d["bin_edges"]
+            (-3, 7, 1, [2, 1], [-4.0, 2.0, 8.0])
+        """
         out = {"count": self.count, "min": self.min, "max": self.max, "mean": self.mean, "std": self.std,
                "nan_count": self.nan_count, "inf_count": self.inf_count, "pos_inf_count": self.pos_inf_count,
                "neg_inf_count": self.neg_inf_count, "zero_count": self.zero_count,
@@ -88,7 +118,27 @@ class TensorStats:
 def histogram_spec(bins: int, lo: float, hi: float):
     """(lo, hi, scale, divide) as the C engine takes them.  lo == hi widens to lo-0.5 ..
     hi+0.5 as NumPy does; a range whose width or scale overflows a double switches to
-    the halved division form (csrc/stats.h)."""
+    the halved division form (csrc/stats.h).
+
+    Args:
+        bins: The number of bins.
+        lo: The histogram's lower edge.
+        hi: The histogram's upper edge.
+
+    Returns:
+        ``(lo, hi, scale, divide)``: the edges used, ``bins / (hi - lo)`` (0.0 in the
+        division form) and whether the division form is used.
+
+    Raises:
+        ValueError: A range that is not finite or has ``lo > hi``.
+
+    Examples:
+        >>> from aprfast.stats import histogram_spec
+        >>> histogram_spec(4, 0.0, 2.0)
+        (0.0, 2.0, 2.0, False)
+        >>> histogram_spec(4, 1.0, 1.0)  # an empty range widens, as NumPy's does
+        (0.5, 1.5, 4.0, False)
+    """
     lo, hi = float(lo), float(hi)
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
         raise ValueError(f"histogram range must be finite with lo <= hi, not ({lo}, {hi})")
@@ -141,7 +191,39 @@ def tensor_stats(value, *, bins: int = 0, range=None, threads: int = 0) -> Tenso
     takes.  ``bins`` > 0 adds a histogram over ``range`` (default: the finite min..max;
     see the module docstring for the extra pass that costs).  ``threads``: 0 = every
     online core, 1 = the calling thread only.  Complex and unknown dtypes raise
-    TypeError; bad ``bins``/``range``/``threads`` raise ValueError."""
+    TypeError; bad ``bins``/``range``/``threads`` raise ValueError.
+    docs/guide/statistics.md ("Tensor statistics").
+
+    Args:
+        value: A NumPy array (any float, integer or bool dtype), a
+            :class:`aprfast.RawTensor` or :class:`aprfast.QuantizedTensor`, or anything
+            ``np.asarray`` takes.
+        bins: Histogram bins (0: no histogram; at most 2**20).
+        range: ``(lo, hi)`` of the histogram (default: the finite min..max).
+        threads: Threads to use (0: every online core).
+
+    Returns:
+        A :class:`TensorStats`.
+
+    Raises:
+        TypeError: A complex, unknown or non-numeric dtype, or ``bins`` not an int.
+        ValueError: ``bins`` out of range, a ``range`` that is not a finite
+            ``(lo, hi)`` with ``lo <= hi``, or negative ``threads``.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.stats import tensor_stats
+        >>> s = tensor_stats(np.float32([0, 1, 2, 3, np.nan]), bins=3, range=(0, 3))
+        >>> s.mean, round(s.std, 6), s.nan_count, s.histogram
+        (1.5, 1.118034, 1, (1, 1, 2))
+        >>> q = aprfast.quantize(np.linspace(-1, 1, 64, dtype=np.float32), "Q8_0")
+        >>> tensor_stats(q).count  # decoded block by block, never whole
+        64
+        >>> tensor_stats(np.zeros(2, np.complex64))
+        Traceback (most recent call last):
+        ...
+        TypeError: no statistics for arrays of dtype complex64
+    """
     bins = _check_bins(bins)
     range_ = _check_range(range)
     if not isinstance(threads, (int, np.integer)) or threads < 0:
@@ -377,7 +459,27 @@ def _decode_f4(data: np.ndarray, n: int) -> np.ndarray:
 # --- the NumPy twin ----------------------------------------------------------------------
 def tensor_stats_numpy(value, *, bins: int = 0, range=None) -> TensorStats:  # noqa: A002
     """The same numbers as :func:`tensor_stats`, computed with NumPy (float64
-    throughout; materialises the tensor).  The tests' oracle."""
+    throughout; materialises the tensor).  The tests' oracle.
+
+    Args:
+        value: As for :func:`tensor_stats`.
+        bins: Histogram bins (0: no histogram).
+        range: ``(lo, hi)`` of the histogram (default: the finite min..max).
+
+    Returns:
+        A :class:`TensorStats`.
+
+    Raises:
+        TypeError: A complex, unknown or non-numeric dtype, or ``bins`` not an int.
+        ValueError: ``bins`` or ``range`` out of range.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.stats import tensor_stats, tensor_stats_numpy
+        >>> x = np.float32([0, 1, 2, 3, np.nan, np.inf])
+        >>> tensor_stats_numpy(x, bins=3, range=(0, 3)) == tensor_stats(x, bins=3, range=(0, 3))
+        True
+    """
     with np.errstate(all="ignore"):  # NaN casts and overflowing squares are the data's business
         return _numpy_stats(value, bins, range)
 

@@ -14,6 +14,7 @@ Values are compared as float64 after decoding (half floats widened, packed
 quantized blocks dequantized), so an ``.apr`` in f16 can be checked against its f32
 source with a tolerance.  A NaN on both sides at the same place, or the same infinity,
 counts as equal; a NaN or infinity on one side only is a DRIFT whatever the tolerance.
+docs/guide/statistics.md ("Diff and merge") shows it in use; ``apr diff`` prints it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,17 @@ _MAX_MAPPING_BYTES = 64 << 20
 class TensorDiff:
     """One tensor pair.  ``status``: MATCH, DRIFT or SHAPE (shapes differ).  Tensors of a
     dtype without numeric values (an unknown dtype read raw) MATCH when their stored
-    bytes are the same and DRIFT otherwise."""
+    bytes are the same and DRIFT otherwise.  Made by :func:`diff_models`.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.tools.diff import diff_models
+        >>> aprfast.save_file({"w": np.float32([1, 2, 3]), "b": np.float32([0, 0])}, "a.apr")
+        >>> aprfast.save_file({"w": np.float32([1, 2, 3.5]), "b": np.float32([0, 0])}, "b.apr")
+        >>> report = diff_models("a.apr", "b.apr")
+        >>> [(t.name, t.status, t.max_abs_delta) for t in report.tensors]
+        [('b', 'MATCH', 0.0), ('w', 'DRIFT', 0.5)]
+    """
 
     name: str
     other_name: str
@@ -65,7 +76,18 @@ class TensorDiff:
 @dataclass
 class DiffReport:
     """Everything :func:`diff_models` found; ``identical`` is true when every tensor
-    matches bit for bit on both sides and the metadata is the same."""
+    matches bit for bit on both sides and the metadata is the same.  Made by
+    :func:`diff_models`.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.tools.diff import diff_models
+        >>> aprfast.save_file({"w": np.float32([1, 2, 3]), "b": np.float32([0, 0])}, "a.apr")
+        >>> aprfast.save_file({"w": np.float32([1, 2, 3.5]), "b": np.float32([0, 0])}, "b.apr")
+        >>> report = diff_models("a.apr", "b.apr")
+        >>> report.tensors_match, report.max_abs_delta, round(report.similarity, 4)
+        (False, 0.5, 0.9984)
+    """
 
     a: str
     b: str
@@ -81,10 +103,12 @@ class DiffReport:
 
     @property
     def drifted(self) -> list:
+        """The :class:`TensorDiff` of every pair that is DRIFT or SHAPE."""
         return [t for t in self.tensors if t.status in ("DRIFT", "SHAPE")]
 
     @property
     def metadata_differs(self) -> bool:
+        """Whether a metadata key was added, removed or changed."""
         return bool(self.metadata_added or self.metadata_removed or self.metadata_changed)
 
     @property
@@ -108,6 +132,7 @@ class DiffReport:
 
     @property
     def max_abs_delta(self) -> float:
+        """The largest finite ``|a - b|`` over every compared tensor (0.0 when none)."""
         values = [t.max_abs_delta for t in self.tensors if t.max_abs_delta is not None]
         return max(values, default=0.0)
 
@@ -117,6 +142,18 @@ class DiffReport:
         return math.sqrt(sum(t.l2_distance ** 2 for t in self.tensors if t.l2_distance is not None))
 
     def as_dict(self) -> dict:
+        """JSON-ready: the summary numbers, every pair, the names on one side only, the
+        metadata and vocabulary changes (what ``apr diff --json`` prints).
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> from aprfast.tools.diff import diff_models
+            >>> aprfast.save_file({"w": np.float32([1, 2, 3]), "b": np.float32([0, 0])}, "a.apr")
+            >>> aprfast.save_file({"w": np.float32([1, 2, 3.5]), "b": np.float32([0, 0])}, "b.apr")
+            >>> report = diff_models("a.apr", "b.apr")
+            >>> report.as_dict()["tensors_match"], [t["status"] for t in report.as_dict()["tensors"]]
+            (False, ['MATCH', 'DRIFT'])
+        """
         return {"a": self.a, "b": self.b, "tolerance": self.tolerance, "similarity": self.similarity,
                 "max_abs_delta": self.max_abs_delta, "l2_distance": self.l2_distance,
                 "tensors_match": self.tensors_match, "metadata_differs": self.metadata_differs,
@@ -240,7 +277,27 @@ def _same_value(x, y) -> bool:
 
 # --- the whole comparison --------------------------------------------------------------
 def load_mapping(path) -> dict:
-    """A ``--tensor-mapping`` file: a JSON object ``{"name in A": "name in B"}``."""
+    """A ``--tensor-mapping`` file: a JSON object ``{"name in A": "name in B"}``.
+
+    Args:
+        path: The JSON file (at most 64 MiB).
+
+    Returns:
+        The mapping, a dict of str to str.
+
+    Raises:
+        FormatError: Not JSON, not an object of strings, too large, or two names of A
+            sent to one name of B.
+        AprIOError: The file cannot be read (AprFileNotFoundError when missing).
+
+    Examples:
+        >>> import json
+        >>> from aprfast.tools.diff import load_mapping
+        >>> with open("mapping.json", "w") as fh:
+        ...     json.dump({"b": "bias"}, fh)
+        >>> load_mapping("mapping.json")
+        {'b': 'bias'}
+    """
     try:
         with open(path, "rb") as fh:
             data = fh.read(_MAX_MAPPING_BYTES + 1)
@@ -283,7 +340,43 @@ def diff_models(a, b, *, tolerance: float = DEFAULT_TOLERANCE, mapping=None, key
     ``mapping``: ``{name in A: name in B}`` for tensors named differently on the two
     sides (others pair by equal names).  ``keys_a``/``keys_b``: ``aprfast.open`` key
     arguments (``password``, ``private_key``, ``trusted_keys``) for encrypted or signed
-    ``.apr`` files.  ``progress(done, total)`` is called after each pair."""
+    ``.apr`` files.  ``progress(done, total)`` is called after each pair.
+
+    Args:
+        a: The first model: a path to an ``.apr``, ``.safetensors`` or ``.gguf`` file
+            (any format :func:`aprfast.convert` reads).
+        b: The second model, the same way.
+        tolerance: A pair MATCHes when no element differs by more than this.
+        mapping: ``{name in A: name in B}`` (see :func:`load_mapping`).
+        keys_a: ``aprfast.open`` keyword arguments for ``a``.
+        keys_b: ``aprfast.open`` keyword arguments for ``b``.
+        threads: Threads for the statistics engine (0: every core).
+        progress: ``progress(done, total)``, called after each pair.
+
+    Returns:
+        A :class:`DiffReport`.
+
+    Raises:
+        ValueError: A negative or non-finite ``tolerance``.
+        FormatError: A file of a format no converter reads.
+        AprIOError: A file cannot be opened (AprFileNotFoundError when missing).
+        DecryptError: An encrypted ``.apr`` without the right key in ``keys_a``/``keys_b``.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.tools.diff import diff_models
+        >>> aprfast.save_file({"w": np.float32([1, 2, 3]), "b": np.float32([0, 0])}, "a.apr",
+        ...                   metadata={"v": 1})
+        >>> aprfast.save_file({"w": np.float32([1, 2, 3.5]), "bias": np.float32([0, 0])}, "b.apr",
+        ...                   metadata={"v": 2})
+        >>> report = diff_models("a.apr", "b.apr", mapping={"b": "bias"})
+        >>> [(t.name, t.other_name, t.status) for t in report.tensors]
+        [('b', 'bias', 'MATCH'), ('w', 'w', 'DRIFT')]
+        >>> report.metadata_changed, report.tensors_match
+        ({'v': {'a': 1, 'b': 2}}, False)
+        >>> diff_models("a.apr", "b.apr", mapping={"b": "bias"}, tolerance=1.0).tensors_match
+        True
+    """
     if not (isinstance(tolerance, (int, float)) and tolerance >= 0 and math.isfinite(tolerance)):
         raise ValueError(f"tolerance={tolerance!r}: a finite number >= 0")
     side_a = _Side(a, keys_a)

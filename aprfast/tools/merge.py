@@ -30,6 +30,7 @@ Methods, per float tensor (the same names and shapes in every model are required
 Tensors that are not floating point (counters, token ids) must be equal in every model
 and are copied; float16/bfloat16/float32/float64 results keep the first model's dtype;
 quantized inputs are dequantized and the result written as float32.
+docs/guide/statistics.md ("Diff and merge") shows it in use; ``apr merge`` runs it.
 """
 
 from __future__ import annotations
@@ -57,15 +58,61 @@ DEFAULT_DENSITY = {"ties": 0.2, "dare": 0.5}
 
 # --- the methods, on float64 arrays --------------------------------------------------
 def average(values) -> np.ndarray:
+    """The element-wise mean of equally shaped float64 arrays.
+
+    Args:
+        values: A list of arrays.
+
+    Returns:
+        A float64 array.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.tools.merge import average
+        >>> average([np.float64([1.0]), np.float64([3.0])]).tolist()
+        [2.0]
+    """
     return sum(values) / len(values)
 
 
 def weighted(values, weights) -> np.ndarray:
+    """``sum(w_i * x_i) / sum(w_i)``.
+
+    Args:
+        values: A list of equally shaped arrays.
+        weights: One number per array (their sum must not be 0).
+
+    Returns:
+        A float64 array.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.tools.merge import weighted
+        >>> weighted([np.float64([1, 0]), np.float64([0, 1])], [3, 1]).tolist()
+        [0.75, 0.25]
+    """
     total = float(sum(weights))
     return sum(w * v for w, v in zip(weights, values)) / total
 
 
 def slerp(a: np.ndarray, b: np.ndarray, t: float) -> np.ndarray:
+    """Spherical linear interpolation from ``a`` (``t=0``) to ``b`` (``t=1``); linear when
+    either is zero or they are (anti)parallel.
+
+    Args:
+        a: The first array.
+        b: The second array, of ``a``'s shape.
+        t: The position, 0 to 1.
+
+    Returns:
+        A float64 array.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.tools.merge import slerp
+        >>> np.round(slerp(np.float64([1, 0]), np.float64([0, 1]), 0.5), 6).tolist()
+        [0.707107, 0.707107]
+    """
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
     if na == 0.0 or nb == 0.0:
         return (1 - t) * a + t * b
@@ -90,6 +137,24 @@ def _trim(tau: np.ndarray, density: float) -> np.ndarray:
 
 
 def ties(base: np.ndarray, values, density: float, weights=None, lam: float = 1.0) -> np.ndarray:
+    """TIES-Merging of one tensor (trim, elect sign, disjoint mean; the module docstring).
+
+    Args:
+        base: The base model's values.
+        values: The fine-tuned models' values, each of ``base``'s shape.
+        density: The fraction of each task vector kept, in (0, 1].
+        weights: One factor per model applied to its task vector (default 1 each).
+        lam: The scaling of the merged task vector.
+
+    Returns:
+        A float64 array: ``base + lam * merged``.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.tools.merge import ties
+        >>> ties(np.zeros(2), [np.float64([1, -2]), np.float64([3, 1])], density=1.0).tolist()
+        [2.0, -2.0]
+    """
     weights = weights or [1.0] * len(values)
     trimmed = [_trim(w * (v - base), density) for w, v in zip(weights, values)]
     elected = np.sign(sum(trimmed))
@@ -101,6 +166,24 @@ def ties(base: np.ndarray, values, density: float, weights=None, lam: float = 1.
 
 
 def dare(base: np.ndarray, values, density: float, rngs, weights=None) -> np.ndarray:
+    """DARE of one tensor: random drop and rescale of each delta, then task arithmetic.
+
+    Args:
+        base: The base model's values.
+        values: The fine-tuned models' values, each of ``base``'s shape.
+        density: The fraction of each delta kept, in (0, 1] (1: nothing dropped).
+        rngs: One ``numpy.random.Generator`` per model (unused at density 1).
+        weights: One factor per model (default ``1/N`` each).
+
+    Returns:
+        A float64 array.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.tools.merge import dare
+        >>> dare(np.zeros(2), [np.float64([1, -2]), np.float64([3, 1])], 1.0, [None, None]).tolist()
+        [2.0, -0.5]
+    """
     weights = weights or [1.0 / len(values)] * len(values)
     out = base.copy()
     for w, v, rng in zip(weights, values, rngs):
@@ -121,7 +204,30 @@ def _tensor_rngs(seed: int, name: str, n: int) -> list:
 
 def merge_tensor(method: str, values, *, base=None, weights=None, density=None, t: float = 0.5,
                  lam: float = 1.0, seed: int = 0, name: str = "") -> np.ndarray:
-    """One tensor merged from ``values`` (float64 arrays of one shape)."""
+    """One tensor merged from ``values`` (float64 arrays of one shape).
+
+    Options are not checked here (:func:`merge_models` checks them first).
+
+    Args:
+        method: One of :data:`METHODS`.
+        values: The models' values.
+        base: The base model's values (ties, dare).
+        weights: One per model (weighted, ties, dare).
+        density: The fraction kept (ties, dare).
+        t: slerp's position.
+        lam: TIES' scaling of the merged task vector.
+        seed: DARE's seed.
+        name: The tensor's name (DARE's drop masks derive from it).
+
+    Returns:
+        A float64 array.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.tools.merge import merge_tensor
+        >>> merge_tensor("weighted", [np.float64([1, 0]), np.float64([0, 1])], weights=[1, 3]).tolist()
+        [0.25, 0.75]
+    """
     if method == "average":
         return average(values)
     if method == "weighted":
@@ -247,7 +353,49 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
     ``lam``: TIES' scaling of the merged task vector (1.0).  ``seed``: DARE's drop masks
     (0).  An option another method has no use for is refused, never ignored.
     ``keys``: ``aprfast.open`` key arguments for encrypted v1 inputs.  An existing
-    ``output`` is refused unless ``force``.  Returns a summary dict."""
+    ``output`` is refused unless ``force``.  Returns a summary dict.
+
+    Args:
+        paths: The models to merge (any file :func:`aprfast.open` reads).
+        output: The ``.apr`` file to write (atomically).
+        method: One of :data:`METHODS`.
+        base: The base model's path (ties and dare only).
+        weights: One number per model (weighted, ties, dare).
+        density: Fraction kept by ties (default 0.2) or dare (default 0.5).
+        t: slerp's position, 0 to 1 (default 0.5).
+        lam: TIES' scaling of the merged task vector (default 1.0).
+        seed: DARE's seed (default 0).
+        keys: ``aprfast.open`` keyword arguments for encrypted inputs.
+        force: Replace an existing ``output``.
+        progress: ``progress(done, total)``, called after each tensor.
+
+    Returns:
+        A dict: ``output``, ``method``, ``models``, ``base``, ``tensors``, ``merged``
+        (float tensors combined), ``copied`` (non-float tensors, equal everywhere),
+        ``density`` and ``weights``.  The output's metadata records the merge under
+        ``"merge"``.
+
+    Raises:
+        ValueError: An unknown method, an option the method does not use, a missing
+            ``base``/``weights``, or values out of range.
+        LayoutError: The models hold other tensor names or shapes, or a non-float
+            tensor differs between them.
+        DestinationExistsError: ``output`` exists and ``force`` is not set.
+        AprIOError: An input cannot be read or the output written.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.tools.merge import merge_models
+        >>> aprfast.save_file({"w": np.float32([1, 2]), "step": np.int32([5])}, "a.apr")
+        >>> aprfast.save_file({"w": np.float32([3, 6]), "step": np.int32([5])}, "b.apr")
+        >>> summary = merge_models(["a.apr", "b.apr"], "merged.apr")
+        >>> summary["merged"], summary["copied"], aprfast.load_file("merged.apr")["w"].tolist()
+        (1, 1, [2.0, 4.0])
+        >>> merge_models(["a.apr", "b.apr"], "merged.apr", t=0.3)
+        Traceback (most recent call last):
+        ...
+        ValueError: t= is for slerp, not average
+    """
     from ..convert import DestinationExistsError
     from ..files.writer import Writer
 

@@ -18,6 +18,8 @@ needed to sign an encrypted v2 file), and verifying checks the digests of the st
   or without encryption (the payload changes, so a signature over it cannot survive:
   pass ``signing_key`` to sign the result).
 * :func:`generate_keypair` writes a private key file (mode 0600) and its public key.
+
+docs/guide/encryption.md shows them in use; docs/FORMAT.md §3.2 and §10 have the bytes.
 """
 
 from __future__ import annotations
@@ -41,7 +43,27 @@ KEYPAIR_KINDS = {"ed25519": "signing (sign, verify)", "x25519": "encryption to a
 
 
 def container_of(path) -> str:
-    """"v1" or "v2" from the file's first four bytes; FormatError for anything else."""
+    """"v1" or "v2" from the file's first four bytes; FormatError for anything else.
+
+    Args:
+        path: The file.
+
+    Returns:
+        "v1" (``APRN``) or "v2" (``APR2`` or ``APR\\0``).
+
+    Raises:
+        FormatError: Another magic.
+        AprIOError: The file cannot be read (AprFileNotFoundError when missing).
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast import v1
+        >>> from aprfast.tools.protection import container_of
+        >>> aprfast.save_file({"w": np.zeros(2, np.float32)}, "v2.apr")
+        >>> v1.save_model({"w": np.zeros(2, np.float32)}, "v1.apr")
+        >>> container_of("v2.apr"), container_of("v1.apr")
+        ('v2', 'v1')
+    """
     try:
         with open(path, "rb") as fh:
             magic = fh.read(4)
@@ -129,7 +151,39 @@ def verify_file(path, *, trusted_keys=None, require_signature: bool = True, pass
     says ``"chunks"`` (how many were checked) and ``"digest"``.  ``password`` /
     ``private_key`` (v2 only) check each chunk's AES-GCM tag as well; they are needed
     when the names are encrypted, or when an encrypted file has no digest manifest
-    (DecryptError otherwise: its chunks cannot be checked without the key)."""
+    (DecryptError otherwise: its chunks cannot be checked without the key).
+
+    Args:
+        path: The ``.apr`` file (v1 or v2).
+        trusted_keys: Ed25519 public keys one of which must have signed.
+        require_signature: Refuse an unsigned file.
+        password: (v2) Check the chunks' AES-GCM tags with this password too.
+        private_key: (v2) Check them with this X25519 private key.
+
+    Returns:
+        A dict as above.
+
+    Raises:
+        ChecksumError: A CRC32 does not match.
+        SignatureError: A bad or untrusted signature, a chunk digest that does not
+            match, or no signature when one is required.
+        DecryptError: (v2) A key that does not open the chunks, or one needed and not given.
+        FormatError: Not an ``.apr`` file.
+        ValueError: A key given for a v1 file (its signature is checked without one).
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast import v1
+        >>> from aprfast.tools.protection import sign_file, verify_file
+        >>> seed, public = v1.generate_signing_key()
+        >>> v1.save_model({"w": np.zeros(2, np.float32)}, "m.apr")
+        >>> verify_file("m.apr", require_signature=False)["signed"]
+        False
+        >>> _ = sign_file("m.apr", seed)
+        >>> result = verify_file("m.apr", trusted_keys=[public])
+        >>> result["container"], result["signed"], result["trusted"]
+        ('v1', True, True)
+    """
     if container_of(path) == "v2":
         return _verify_v2(path, trusted_keys=trusted_keys, require_signature=require_signature,
                           password=password, private_key=private_key)
@@ -162,7 +216,41 @@ def sign_file(path, signing_key, *, output=None, replace_signature: bool = False
     compression, digest and encryption kept): the signature covers every chunk's tag,
     which binds the security block, so an encrypted v2 file needs ``password`` or
     ``private_key`` (single-recipient files only: the other recipients' public keys are
-    not in a multi-recipient file)."""
+    not in a multi-recipient file).
+
+    Args:
+        path: The ``.apr`` file (v1 or v2).
+        signing_key: The Ed25519 seed (32 bytes).
+        output: Where to write (default: replace ``path``).
+        replace_signature: Sign a file that is signed already.
+        force: Replace an existing ``output``.
+        password: (v2) The password of an encrypted file.
+        private_key: (v2) The X25519 private key of an encrypted file.
+
+    Returns:
+        A dict: ``file`` (the path written) and ``signer`` (the public key, hex); v2
+        files add ``container`` and ``encrypted``.
+
+    Raises:
+        ValueError: A file signed already without ``replace_signature``, a seed that is
+            not 32 bytes, or a key given for a v1 file.
+        NotImplementedError: A STREAMING v1 file (re-save it with
+            :func:`aprfast.v1.save_model`).
+        DestinationExistsError: ``output`` exists and ``force`` is not set.
+        ChecksumError: The file's CRC32 does not match.
+        DecryptError: (v2) An encrypted file without the right key.
+        FormatError: Not an ``.apr`` file.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast import v1
+        >>> from aprfast.tools.protection import sign_file
+        >>> seed, public = v1.generate_signing_key()
+        >>> aprfast.save_file({"w": np.zeros(2, np.float32)}, "m.apr")
+        >>> sign_file("m.apr", seed, output="signed.apr")["signer"] == public.hex()
+        True
+        >>> aprfast.open("signed.apr", trusted_keys=[public]).close()
+    """
     if container_of(path) == "v2":
         return _sign_v2(path, signing_key, output=output, replace_signature=replace_signature, force=force,
                         password=password, private_key=private_key)
@@ -249,7 +337,37 @@ def encrypt_file(path, output, *, password=None, recipients=None, signing_key=No
     """Encrypt a v1 file's payload with a password (Argon2id) or to X25519 recipients'
     public keys, writing ``output``.  An encrypted file is refused (decrypt it first).
     A v2 file is saved again in the apr2 layout with its tensors sealed (FORMAT §3.2;
-    ``encrypt_names`` seals metadata and index too), its metadata and compression kept."""
+    ``encrypt_names`` seals metadata and index too), its metadata and compression kept.
+
+    Args:
+        path: The ``.apr`` file (v1 or v2).
+        output: Where to write the encrypted file.
+        password: Encrypt under this password.
+        recipients: Encrypt for these X25519 public keys instead.
+        signing_key: Sign the result with this Ed25519 seed.
+        encrypt_names: (v2) Encrypt the metadata and tensor index too.
+        force: Replace an existing ``output``.
+
+    Returns:
+        A dict: ``file``, ``encryption`` ("password", "recipient" or
+        "multi-recipient"), ``was_signed``, ``signed``; v2 files add ``container``.
+
+    Raises:
+        ValueError: Neither or both of ``password`` and ``recipients``, a file already
+            encrypted, or ``encrypt_names`` for a v1 file.
+        DestinationExistsError: ``output`` exists and ``force`` is not set.
+        FormatError: Not an ``.apr`` file.
+        ChecksumError: The input's CRC32 does not match.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.tools.protection import encrypt_file
+        >>> aprfast.save_file({"w": np.float32([1, 2])}, "m.apr")
+        >>> encrypt_file("m.apr", "sealed.apr", password="pw")["encryption"]
+        'password'
+        >>> aprfast.load_file("sealed.apr", password="pw")["w"].tolist()
+        [1.0, 2.0]
+    """
     from .. import v1
 
     if (password is None) == (not recipients):
@@ -278,7 +396,37 @@ def decrypt_file(path, output, *, password=None, private_key=None, trusted_keys=
     it required) and write the plaintext model to ``output``.  A v2 file is written
     with its metadata and compression in the layout save_file picks (aprender's when it
     can hold the file); an uncompressed, unsigned result is written one tensor at a
-    time (memory: the largest tensor)."""
+    time (memory: the largest tensor).
+
+    Args:
+        path: The encrypted ``.apr`` file (v1 or v2).
+        output: Where to write the plaintext file.
+        password: The password it was encrypted under.
+        private_key: Or the X25519 private key it was encrypted for.
+        trusted_keys: Ed25519 public keys one of which must have signed it.
+        signing_key: Sign the result with this Ed25519 seed.
+        force: Replace an existing ``output``.
+
+    Returns:
+        A dict: ``file``, ``was`` (the encryption removed), ``was_signed``, ``signed``;
+        v2 files add ``container``.
+
+    Raises:
+        ValueError: Neither or both of ``password`` and ``private_key``.
+        DecryptError: A wrong password or key, or an altered file.
+        SignatureError: A bad or untrusted signature.
+        DestinationExistsError: ``output`` exists and ``force`` is not set.
+        FormatError: Not an ``.apr`` file.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.tools.protection import decrypt_file
+        >>> aprfast.save_file({"w": np.float32([1, 2])}, "sealed.apr", password="pw")
+        >>> decrypt_file("sealed.apr", "plain.apr", password="pw")["was"]
+        'password'
+        >>> aprfast.load_file("plain.apr")["w"].tolist()
+        [1.0, 2.0]
+    """
     from .. import v1
 
     if (password is None) == (private_key is None):
@@ -533,6 +681,18 @@ def generate_keypair(path, kind: str = "ed25519", *, format: str | None = None, 
     Raises:
         ValueError: an unknown kind, or a format the kind has no encoding in.
         DestinationExistsError: a key file exists and ``force`` is false.
+        MissingDependencyError: "pem"/"openssh" or an ECDSA key without the
+            ``cryptography`` package.
+        AprIOError: a file cannot be written.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> from aprfast.tools.protection import generate_keypair
+        >>> made = generate_keypair("signing")
+        >>> made["public"], len(bytes.fromhex(made["public_key"]))
+        ('signing.pub', 32)
+        >>> crypto.load_key("signing", kind="ed25519-private")[0]
+        'ed25519-private'
     """
     if kind not in KEYPAIR_KINDS:
         raise ValueError(f"kind={kind!r}: one of {', '.join(KEYPAIR_KINDS)}")

@@ -11,6 +11,7 @@ never counted as passed: ``score = round(100 * passed / applicable)``.
 :func:`shape_checks` is ``apr validate --shapes``: metadata sizes (``n_vocab``,
 ``hidden_size``, ``n_mels``, context lengths) against the dimensions of the tensors
 that carry them.  Statistics come from :func:`aprfast.stats.tensor_stats` only.
+``apr qa`` and ``apr validate`` print these reports (docs/cli/reference.md).
 """
 
 from __future__ import annotations
@@ -67,6 +68,19 @@ _TOOL = "a property of the tool, not of one file (aprfast's test suite checks it
 
 
 def grade(score: int) -> str:
+    """The word for a score: EXCELLENT (90+), GOOD (75+), FAIR (50+) or POOR.
+
+    Args:
+        score: 0-100.
+
+    Returns:
+        The grade.
+
+    Examples:
+        >>> from aprfast.tools.quality import grade
+        >>> grade(95), grade(80), grade(60), grade(10)
+        ('EXCELLENT', 'GOOD', 'FAIR', 'POOR')
+    """
     if score >= 90:
         return "EXCELLENT"
     if score >= 75:
@@ -80,7 +94,24 @@ def grade(score: int) -> str:
 def shape_checks(metadata, infos) -> list:
     """One ``{"key", "value", "tensor", "dim", "actual", "status", "item"}`` per metadata
     size that names a tensor dimension present in the file (nothing for the others).
-    A v1 container's sizes are read from its ``custom``/``hyperparameters`` tables."""
+    A v1 container's sizes are read from its ``custom``/``hyperparameters`` tables.
+
+    Args:
+        metadata: The file's metadata dict.
+        infos: The :class:`aprfast.TensorInfo` of its tensors.
+
+    Returns:
+        A list of dicts, ``status`` PASS or FAIL each, ``item`` the §11 item number.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.tools.quality import shape_checks
+        >>> blob = aprfast.save({"model.embed_tokens.weight": np.zeros((16, 4), np.float32)})
+        >>> with aprfast.open(blob) as f:
+        ...     checks = shape_checks({"vocab_size": 32}, [f.info(n) for n in f.keys()])
+        >>> [(c["key"], c["value"], c["actual"], c["status"]) for c in checks]
+        [('vocab_size', 32, 16, 'FAIL')]
+    """
     out = []
     metadata = _flat_metadata(metadata)
     for keys, globs, dim, item in _SHAPE_RULES:
@@ -508,6 +539,34 @@ def quality_report(path, *, threads: int = 0, progress=None, **keys) -> dict:
     "categories": {A-D: {"name", "passed", "applicable"}}, "items": [{"item",
     "category", "claim", "status", "detail"}], "shapes": [...]}``.  A file that cannot
     be opened at all scores 0 with ``"error"`` set.
+
+    Args:
+        path: The model file (anything :func:`aprfast.open` reads).
+        threads: Threads for the statistics engine (0: every core).
+        progress: ``progress(done, total)`` in tensor bytes.
+        **keys: ``password``, ``private_key``, ``trusted_keys`` for :func:`aprfast.open`.
+
+    Returns:
+        The report dict described above.
+
+    Raises:
+        AprIOError: The file cannot be read (AprFileNotFoundError when missing).
+        DecryptError: An encrypted file without the right key.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.tools.quality import quality_report
+        >>> aprfast.save_file({"model.embed_tokens.weight": np.zeros((16, 4), np.float32)}, "m.apr",
+        ...                   metadata={"vocab_size": 16})
+        >>> report = quality_report("m.apr")
+        >>> report["score"] == round(100 * report["passed"] / report["applicable"])
+        True
+        >>> report["items"][0]["claim"], report["items"][0]["status"], report["shapes"][0]["status"]
+        ('Magic bytes valid', 'PASS', 'PASS')
+        >>> with open("junk.apr", "wb") as fh:
+        ...     _ = fh.write(b"APR2" + bytes(100))
+        >>> quality_report("junk.apr")["score"], quality_report("junk.apr")["error"]["code"]
+        (0, 'E003')
     """
     from .. import api
 

@@ -18,7 +18,8 @@ def fmt(value) -> str:
     Returns:
         The text; ``"-"`` for None.
 
-    Example:
+    Examples:
+        >>> from aprfast.tools.text import fmt
         >>> fmt(3.14159265), fmt(12), fmt(None)
         ('3.142', '12', '-')
     """
@@ -32,7 +33,14 @@ def fmt(value) -> str:
 def shape_text(shape) -> str:
     """A shape as ``2x3``; ``scalar`` for ``()``.
 
-    Example:
+    Args:
+        shape: A tuple or list of ints.
+
+    Returns:
+        The text.
+
+    Examples:
+        >>> from aprfast.tools.text import shape_text
         >>> shape_text((2, 3)), shape_text(())
         ('2x3', 'scalar')
     """
@@ -42,7 +50,14 @@ def shape_text(shape) -> str:
 def similarity_text(value: float) -> str:
     """A percentage that reads 100.00% only when it is exactly 100%.
 
-    Example:
+    Args:
+        value: A fraction, 0 to 1.
+
+    Returns:
+        The text, two decimals.
+
+    Examples:
+        >>> from aprfast.tools.text import similarity_text
         >>> similarity_text(1.0), similarity_text(0.999999)
         ('100.00%', '>99.99%')
     """
@@ -59,9 +74,18 @@ def detect_architecture(names, metadata=None) -> dict | None:
         names: the model's tensor names.
         metadata: its metadata (a GGUF's ``general.architecture`` decides first).
 
-    Example:
-        >>> detect_architecture(["model.embed_tokens.weight", "lm_head.weight"])["id"]
+    Returns:
+        A dict, or None when no architecture is recognised.
+
+    Examples:
+        >>> from aprfast.tools.text import detect_architecture
+        >>> detect_architecture(["model.layers.0.self_attn.q_proj.weight",
+        ...                      "model.layers.0.mlp.up_proj.weight"])["id"]
         'llama'
+        >>> detect_architecture(["blk.0.attn_q.weight"], {"general.architecture": "bert"})["architecture"]
+        'BERT'
+        >>> detect_architecture(["w"]) is None
+        True
     """
     found = _names.detect_arch(names, metadata)
     if found is None:

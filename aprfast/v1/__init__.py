@@ -13,8 +13,9 @@
   them lazily, :func:`load_model` eagerly.
 
 The bytes live in :mod:`aprfast.layouts.v1`, compression in :mod:`aprfast.codecs`,
-encryption and signatures in :mod:`aprfast.crypto`, licenses in :mod:`aprfast.v1.licensing`.
-docs/FORMAT.md (v1 section) records every byte and decision.
+encryption and signatures in :mod:`aprfast.crypto`, licenses in :mod:`aprfast.v1.licensing`,
+buyer fingerprints in :mod:`aprfast.v1.watermark`.  docs/FORMAT.md (§9-§13) records every
+byte and decision; docs/guide/older-files.md shows them in use.
 """
 
 from __future__ import annotations
@@ -69,7 +70,33 @@ def __getattr__(name):
 
 # --- inspection and licenses -------------------------------------------------------
 def inspect_model(source) -> dict:
-    """Header and metadata without checking the CRC or decrypting (aprender's inspect)."""
+    """Header and metadata without checking the CRC or decrypting (aprender's inspect).
+
+    Reads only the 32-byte header and the metadata: no payload, no key needed, nothing
+    verified beyond what parsing them needs (use :func:`load_model` to check a file).
+    docs/FORMAT.md §9.
+
+    Args:
+        source: A path, a readable file object or a bytes-like object.
+
+    Returns:
+        A dict: ``layout`` ("v1"), ``header`` (the fields, with ``model_type_name``,
+        ``compression_name`` and ``flag_names``), ``metadata`` (aprender's, decoded) and,
+        for a licensed file, ``license_block_size``.
+
+    Raises:
+        FormatError: Not a v1 file (magic), or an unknown model type id.
+        CorruptError: The file is shorter than its header or metadata says.
+        VersionError: A newer major version or an unknown compression id.
+        AprFileNotFoundError: ``source`` names no file (an :class:`AprIOError`).
+
+    Examples:
+        >>> from aprfast import v1
+        >>> blob = v1.save_model(b"weights", model_type="KMeans", metadata={"created_at": "0"})
+        >>> info = v1.inspect_model(blob)
+        >>> info["header"]["model_type_name"], info["metadata"]["created_at"]
+        ('KMeans', '0')
+    """
     src = open_source(source)
     try:
         return layout.inspect(src)

@@ -58,7 +58,16 @@ SELF_SIGNED = "self-signed (embedded key, not trusted)"
 
 @dataclass
 class V1Model:
-    """A loaded v1 file."""
+    """A loaded v1 file, as :func:`aprfast.v1.load_model` returns it.
+
+    Examples:
+        >>> from aprfast import v1
+        >>> model = v1.load_model(v1.save_model(b"abc", model_type="Svm", compression="lz4"))
+        >>> model.payload, model.model_type.name, model.header.compression.name
+        (bytearray(b'abc'), 'Svm', 'LZ4')
+        >>> model.is_tensors, model.signature, model.encryption
+        (False, 'unsigned', 'none')
+    """
 
     header: Header
     #: aprender's metadata as stored (aprfast's internal keys removed).
@@ -81,18 +90,36 @@ class V1Model:
 
     @property
     def model_type(self) -> ModelType:
+        """The header's model type, as a :class:`ModelType`."""
         return ModelType(self.header.model_type)
 
     @property
     def is_tensors(self) -> bool:
+        """Whether the payload is name -> array (a tensor payload) rather than bytes."""
         return isinstance(self.payload, dict)
 
     @property
     def trusted(self) -> bool:
+        """Whether a key of ``trusted_keys`` signed the file (``signature == TRUSTED``)."""
         return self.signature == TRUSTED
 
     def check_license(self, **kwargs) -> None:
-        """Enforce the file's license (see :func:`check_license`)."""
+        """Enforce the file's license (see :func:`check_license`).
+
+        Args:
+            **kwargs: ``now``, ``seats_in_use``, ``inferences_used``, ``licensee``, as
+                for :func:`aprfast.v1.licensing.check_license`.
+
+        Raises:
+            LicenseError: The file has no license, or the license refuses this use.
+
+        Examples:
+            >>> from aprfast import v1
+            >>> v1.load_model(v1.save_model(b"abc", model_type="Svm")).check_license()
+            Traceback (most recent call last):
+            ...
+            aprfast.errors.LicenseError: [E006] the file carries no license block to check
+        """
         check_license(self, **kwargs)
 
 
@@ -309,7 +336,32 @@ def check_license(model_or_license, **kwargs) -> None:
     """Enforce a license (a V1Model's, or a License) with
     :func:`aprfast.v1.licensing.check_license` (``now``, ``seats_in_use``,
     ``inferences_used``, ``licensee``).  A model without a license block fails closed:
-    LicenseError, since a caller who checks a license expects one."""
+    LicenseError, since a caller who checks a license expects one.  docs/FORMAT.md §11.
+
+    Args:
+        model_or_license: A :class:`V1Model` or an :class:`aprfast.v1.licensing.License`.
+        **kwargs: ``now`` (unix seconds; default the clock), ``seats_in_use``,
+            ``inferences_used`` and ``licensee`` (a name that must match).
+
+    Returns:
+        None: the use is allowed.
+
+    Raises:
+        LicenseError: No license block, or a term refuses this use (every violated
+            term is named, with its numbers).
+
+    Examples:
+        >>> from aprfast import v1
+        >>> from aprfast.v1.licensing import License, LicenseFlags
+        >>> lic = License.issue("alice", expires_at=100, now=0,
+        ...                     flags=LicenseFlags.EXPIRATION_ENFORCED)
+        >>> model = v1.load_model(v1.save_model(b"abc", model_type="Svm", license=lic))
+        >>> v1.check_license(model, now=50, licensee="alice")
+        >>> v1.check_license(model, now=100)
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.LicenseError: [E006] license ... refused: expired at 1970-01-01T00:01:40Z ...
+    """
     from . import licensing
 
     lic = model_or_license.license if isinstance(model_or_license, V1Model) else model_or_license

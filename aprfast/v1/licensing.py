@@ -72,7 +72,15 @@ __all__ = [
 
 
 class LicenseFlags(IntFlag):
-    """Flags byte of the license block (seed §8.2).  Bits 6-7 are reserved and zero."""
+    """Flags byte of the license block (seed §8.2).  Bits 6-7 are reserved and zero.
+
+    docs/FORMAT.md §11.2 says what each flag enforces.
+
+    Examples:
+        >>> from aprfast.v1.licensing import LicenseFlags
+        >>> int(LicenseFlags.SEATS_ENFORCED | LicenseFlags.WATERMARKED)
+        9
+    """
 
     SEATS_ENFORCED = 0x01  # refuse more concurrent seats than seat_limit
     EXPIRATION_ENFORCED = 0x02  # refuse from expires_at on
@@ -109,7 +117,22 @@ def licensee_hash(licensee) -> bytes:
     Unicode normalisation; canonicalise names before issuing), ``bytes`` as they are.
     The same hash identifies the buyer in :mod:`aprfast.v1.watermark`.  It names the
     licensee without spelling it out, but a guessable name can be found by hashing
-    guesses: it is an identifier, not a secret."""
+    guesses: it is an identifier, not a secret.
+
+    Args:
+        licensee: A name (str) or bytes.
+
+    Returns:
+        32 bytes.
+
+    Raises:
+        TypeError: Neither str nor bytes.
+
+    Examples:
+        >>> from aprfast.v1.licensing import licensee_hash
+        >>> licensee_hash("alice").hex()[:16]
+        '2bd806c97f0e00af'
+    """
     if isinstance(licensee, str):
         licensee = licensee.encode("utf-8")
     if not isinstance(licensee, (bytes, bytearray, memoryview)):
@@ -126,6 +149,36 @@ class License:
     32-byte ``licensee_hash``; if both, they must agree.  ``flags`` takes a
     :class:`LicenseFlags` or an int.  Every field is checked on construction: a value
     the block cannot hold raises :class:`~aprfast.errors.LayoutError`.
+    docs/FORMAT.md §11.1 has the block's bytes.
+
+    Args:
+        license_id: A UUID, its 16 bytes or its string.
+        licensee_hash: The licensee's SHA-256 (when ``licensee`` is not given).
+        issued_at: Unix seconds.
+        expires_at: Unix seconds, 0 for never.
+        flags: :class:`LicenseFlags` (what :func:`check_license` enforces).
+        seat_limit: Concurrent seats allowed (u16).
+        inference_limit: Inferences allowed (u32).
+        custom_terms: Free-form bytes.
+        licensee: The licensee's name, hashed into ``licensee_hash``.
+
+    Raises:
+        LayoutError: A value the block cannot hold (a field too large, reserved flag
+            bits, an id that is not 16 bytes or a UUID, a hash that is not 32 bytes
+            or disagrees with ``licensee``).
+        TypeError: A field of the wrong type.
+
+    Examples:
+        >>> from aprfast.v1.licensing import License, LicenseFlags
+        >>> lic = License(license_id="12345678-1234-5678-1234-567812345678", licensee="alice",
+        ...               expires_at=86400, seat_limit=5,
+        ...               flags=LicenseFlags.EXPIRATION_ENFORCED | LicenseFlags.SEATS_ENFORCED)
+        >>> str(lic.uuid), lic.is_for("alice"), lic.seat_limit
+        ('12345678-1234-5678-1234-567812345678', True, 5)
+        >>> License(license_id=b"short", licensee="alice")
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.LayoutError: [E001] license_id must be 16 bytes, got 5
     """
 
     license_id: bytes
@@ -154,7 +207,29 @@ class License:
     @classmethod
     def issue(cls, licensee, *, expires_at: int = 0, flags=LicenseFlags(0), seat_limit: int = 0,
               inference_limit: int = 0, custom_terms: bytes = b"", now=None) -> "License":
-        """A new license with a random (version 4) id, issued now."""
+        """A new license with a random (version 4) id, issued now.
+
+        Args:
+            licensee: The licensee's name (str or bytes).
+            expires_at: Unix seconds, 0 for never.
+            flags: :class:`LicenseFlags`.
+            seat_limit: Concurrent seats allowed.
+            inference_limit: Inferences allowed.
+            custom_terms: Free-form bytes.
+            now: ``issued_at`` (default: the clock).
+
+        Returns:
+            A :class:`License`.
+
+        Raises:
+            LayoutError: A value the block cannot hold.
+
+        Examples:
+            >>> from aprfast.v1.licensing import License
+            >>> lic = License.issue("alice", now=1700000000)
+            >>> lic.issued_at, lic.uuid.version
+            (1700000000, 4)
+        """
         issued = int(time.time()) if now is None else now
         return cls(license_id=_uuid.uuid4(), licensee=licensee, issued_at=issued,
                    expires_at=expires_at, flags=flags, seat_limit=seat_limit,
@@ -162,10 +237,23 @@ class License:
 
     @property
     def uuid(self) -> _uuid.UUID:
+        """``license_id`` as a :class:`uuid.UUID`."""
         return _uuid.UUID(bytes=self.license_id)
 
     def is_for(self, licensee) -> bool:
-        """Whether ``licensee`` hashes to this license's ``licensee_hash``."""
+        """Whether ``licensee`` hashes to this license's ``licensee_hash``.
+
+        Args:
+            licensee: A name (str) or bytes.
+
+        Returns:
+            True when it is this license's licensee (compared in constant time).
+
+        Examples:
+            >>> from aprfast.v1.licensing import License
+            >>> License.issue("alice").is_for("bob")
+            False
+        """
         return hmac.compare_digest(licensee_hash(licensee), self.licensee_hash)
 
 
@@ -243,7 +331,26 @@ def _check_custom_terms_limit(size, limit, path=None):
 
 def encode_license_block(lic: License) -> bytes:
     """The binary license block of ``lic`` (layout in the module docstring).  Custom
-    terms beyond :data:`MAX_CUSTOM_TERMS_SIZE` are refused (E008), as a reader would."""
+    terms beyond :data:`MAX_CUSTOM_TERMS_SIZE` are refused (E008), as a reader would.
+
+    Args:
+        lic: The license.
+
+    Returns:
+        :data:`LICENSE_BLOCK_FIXED_SIZE` (75) bytes plus the custom terms.
+
+    Raises:
+        LimitError: Custom terms beyond :data:`MAX_CUSTOM_TERMS_SIZE`.
+
+    Examples:
+        >>> from aprfast.v1.licensing import License, LicenseFlags
+        >>> lic = License(license_id="12345678-1234-5678-1234-567812345678", licensee="alice",
+        ...               expires_at=86400, seat_limit=5,
+        ...               flags=LicenseFlags.EXPIRATION_ENFORCED | LicenseFlags.SEATS_ENFORCED)
+        >>> from aprfast.v1.licensing import encode_license_block
+        >>> len(encode_license_block(lic))
+        75
+    """
     _check_custom_terms_limit(len(lic.custom_terms), MAX_CUSTOM_TERMS_SIZE)
     fixed = _FIXED.pack(lic.license_id, lic.licensee_hash, lic.issued_at, lic.expires_at,
                         int(lic.flags), lic.seat_limit, lic.inference_limit, len(lic.custom_terms))
@@ -258,6 +365,29 @@ def read_license_block(data, offset: int = 0, *, max_custom_terms: int | None = 
     :class:`~aprfast.errors.CorruptError` (E002), custom terms longer than
     ``max_custom_terms`` (default :data:`MAX_CUSTOM_TERMS_SIZE`) are
     :class:`~aprfast.errors.LimitError` (E008), as for every other limit of aprfast.
+
+    Args:
+        data: A bytes-like object holding the block.
+        offset: Where the block starts in ``data``.
+        max_custom_terms: Most bytes of custom terms accepted.
+        path: The file's path, named in errors.
+
+    Returns:
+        ``(License, end)``: the license and the offset just past the block.
+
+    Raises:
+        CorruptError: A truncated block, an offset outside ``data``, or reserved bits.
+        LimitError: Custom terms beyond ``max_custom_terms``.
+
+    Examples:
+        >>> from aprfast.v1.licensing import License, LicenseFlags
+        >>> lic = License(license_id="12345678-1234-5678-1234-567812345678", licensee="alice",
+        ...               expires_at=86400, seat_limit=5,
+        ...               flags=LicenseFlags.EXPIRATION_ENFORCED | LicenseFlags.SEATS_ENFORCED)
+        >>> from aprfast.v1.licensing import encode_license_block, read_license_block
+        >>> found, end = read_license_block(b"xx" + encode_license_block(lic), 2)
+        >>> found == lic, end
+        (True, 77)
     """
     view = memoryview(data).cast("B")
     limit = MAX_CUSTOM_TERMS_SIZE if max_custom_terms is None else max_custom_terms
@@ -283,7 +413,33 @@ def read_license_block(data, offset: int = 0, *, max_custom_terms: int | None = 
 
 
 def decode_license_block(data, *, max_custom_terms: int | None = None, path=None) -> License:
-    """The license in ``data``, which must be exactly one block (trailing bytes are E002)."""
+    """The license in ``data``, which must be exactly one block (trailing bytes are E002).
+
+    Args:
+        data: A bytes-like object holding exactly one block.
+        max_custom_terms: Most bytes of custom terms accepted.
+        path: The file's path, named in errors.
+
+    Returns:
+        The :class:`License`.
+
+    Raises:
+        CorruptError: A truncated block, trailing bytes, or reserved bits.
+        LimitError: Custom terms beyond ``max_custom_terms``.
+
+    Examples:
+        >>> from aprfast.v1.licensing import License, LicenseFlags
+        >>> lic = License(license_id="12345678-1234-5678-1234-567812345678", licensee="alice",
+        ...               expires_at=86400, seat_limit=5,
+        ...               flags=LicenseFlags.EXPIRATION_ENFORCED | LicenseFlags.SEATS_ENFORCED)
+        >>> from aprfast.v1.licensing import decode_license_block, encode_license_block
+        >>> decode_license_block(encode_license_block(lic)) == lic
+        True
+        >>> decode_license_block(encode_license_block(lic) + b"x")
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.CorruptError: [E002] license block is 75 bytes but 76 were given (1 trailing)
+    """
     lic, end = read_license_block(data, 0, max_custom_terms=max_custom_terms, path=path)
     size = memoryview(data).nbytes
     if end != size:
@@ -293,7 +449,26 @@ def decode_license_block(data, *, max_custom_terms: int | None = None, path=None
 
 
 def license_digest(lic: License) -> str:
-    """Lowercase hex SHA-256 of the encoded block: the ``hash`` of aprender's entry."""
+    """Lowercase hex SHA-256 of the encoded block: the ``hash`` of aprender's entry.
+
+    Args:
+        lic: The license.
+
+    Returns:
+        64 hex digits.
+
+    Raises:
+        LimitError: Custom terms beyond :data:`MAX_CUSTOM_TERMS_SIZE`.
+
+    Examples:
+        >>> from aprfast.v1.licensing import License, LicenseFlags
+        >>> lic = License(license_id="12345678-1234-5678-1234-567812345678", licensee="alice",
+        ...               expires_at=86400, seat_limit=5,
+        ...               flags=LicenseFlags.EXPIRATION_ENFORCED | LicenseFlags.SEATS_ENFORCED)
+        >>> from aprfast.v1.licensing import license_digest
+        >>> license_digest(lic)[:16]
+        'ce25e5b678dc21a7'
+    """
     return hashlib.sha256(encode_license_block(lic)).hexdigest()
 
 
@@ -316,6 +491,31 @@ def to_aprender_entry(lic: License, *, tier: str = "Enterprise", licensee_name=N
     * ``licensee``: ``licensee_name`` when given; it must hash to ``licensee_hash``,
       since the block keeps only the hash;
     * ``tier``: one of :data:`LICENSE_TIERS` (the block has no tier).
+
+    docs/FORMAT.md §11.3.
+
+    Args:
+        lic: The license.
+        tier: One of :data:`LICENSE_TIERS`.
+        licensee_name: The licensee's name, stored in clear in the entry.
+
+    Returns:
+        A dict in aprender's key order.
+
+    Raises:
+        LayoutError: An unknown tier, a name that does not hash to ``licensee_hash``,
+            or an expiry after 9999-12-31.
+        TypeError: ``licensee_name`` is not a str.
+
+    Examples:
+        >>> from aprfast.v1.licensing import License, LicenseFlags
+        >>> lic = License(license_id="12345678-1234-5678-1234-567812345678", licensee="alice",
+        ...               expires_at=86400, seat_limit=5,
+        ...               flags=LicenseFlags.EXPIRATION_ENFORCED | LicenseFlags.SEATS_ENFORCED)
+        >>> from aprfast.v1.licensing import to_aprender_entry
+        >>> entry = to_aprender_entry(lic, licensee_name="alice")
+        >>> list(entry), entry["expiry"]
+        (['uuid', 'hash', 'expiry', 'seats', 'licensee', 'tier'], '1970-01-02T00:00:00Z')
     """
     if tier not in LICENSE_TIERS:
         raise LayoutError(f"tier {tier!r} is not one of aprender's {', '.join(LICENSE_TIERS)}")
@@ -352,7 +552,18 @@ def _iso_utc(seconds: int) -> str:
 @dataclass(frozen=True)
 class AprenderLicenseEntry:
     """A checked copy of aprender's ``license`` entry.  ``as_dict()`` gives the entry back
-    in aprender's key order without the ``None`` fields."""
+    in aprender's key order without the ``None`` fields.  Made by :func:`from_aprender_entry`.
+
+    Examples:
+        >>> from aprfast.v1.licensing import License, LicenseFlags
+        >>> lic = License(license_id="12345678-1234-5678-1234-567812345678", licensee="alice",
+        ...               expires_at=86400, seat_limit=5,
+        ...               flags=LicenseFlags.EXPIRATION_ENFORCED | LicenseFlags.SEATS_ENFORCED)
+        >>> from aprfast.v1.licensing import from_aprender_entry, to_aprender_entry
+        >>> entry = from_aprender_entry(to_aprender_entry(lic))
+        >>> entry.tier, entry.seats, entry.expires_at, entry.matches(lic)
+        ('Enterprise', 5, 86400, True)
+    """
 
     uuid: str
     hash: str
@@ -362,6 +573,13 @@ class AprenderLicenseEntry:
     licensee: str | None = None
 
     def as_dict(self) -> dict:
+        """The entry as aprender stores it: its key order, ``None`` fields left out.
+
+        Examples:
+            >>> from aprfast.v1.licensing import AprenderLicenseEntry
+            >>> AprenderLicenseEntry(uuid="u", hash="h", tier="Team").as_dict()
+            {'uuid': 'u', 'hash': 'h', 'tier': 'Team'}
+        """
         entry = {"uuid": self.uuid, "hash": self.hash}
         for key in ("expiry", "seats", "licensee"):
             if getattr(self, key) is not None:
@@ -372,13 +590,35 @@ class AprenderLicenseEntry:
     @property
     def expires_at(self) -> int | None:
         """``expiry`` as unix seconds (None when perpetual).  A date without a time is
-        midnight UTC, a time without an offset is UTC; anything else not ISO 8601 is E002."""
+        midnight UTC, a time without an offset is UTC; anything else not ISO 8601 is E002.
+
+        Raises:
+            CorruptError: ``expiry`` is not ISO 8601.
+
+        Examples:
+            >>> from aprfast.v1.licensing import AprenderLicenseEntry
+            >>> AprenderLicenseEntry(uuid="u", hash="h", tier="Team", expiry="1970-01-02").expires_at
+            86400
+        """
         return None if self.expiry is None else _parse_iso(self.expiry)
 
     def matches(self, lic: License) -> bool:
         """Whether this entry describes ``lic``: the same id, the hash of its block (which
         covers every field), the expiry and seats it enforces, and its licensee if named.
-        The hashes are compared as bytes: compare_digest refuses non-ASCII str."""
+        The hashes are compared as bytes: compare_digest refuses non-ASCII str.
+
+        Args:
+            lic: The license (from the file's block).
+
+        Returns:
+            True when they agree; False otherwise (also for a malformed uuid or expiry).
+
+        Examples:
+            >>> from aprfast.v1.licensing import License, from_aprender_entry, to_aprender_entry
+            >>> entry = from_aprender_entry(to_aprender_entry(License.issue("alice")))
+            >>> entry.matches(License.issue("alice"))  # another id
+            False
+        """
         try:
             same_id = _uuid.UUID(self.uuid).bytes == lic.license_id
             expiry = self.expires_at
@@ -392,7 +632,28 @@ class AprenderLicenseEntry:
 def from_aprender_entry(entry, *, path=None) -> AprenderLicenseEntry:
     """Read aprender's ``license`` entry as serde would: ``uuid``, ``hash`` and ``tier``
     required, ``expiry``/``seats``/``licensee`` optional (absent or nil), unknown keys
-    ignored; a wrong type or an unknown tier is :class:`~aprfast.errors.CorruptError`."""
+    ignored; a wrong type or an unknown tier is :class:`~aprfast.errors.CorruptError`.
+
+    Args:
+        entry: The decoded MessagePack map.
+        path: The file's path, named in errors.
+
+    Returns:
+        An :class:`AprenderLicenseEntry`.
+
+    Raises:
+        CorruptError: Not a map, a required key missing, a wrong type, seats beyond a
+            u32, or an unknown tier.
+
+    Examples:
+        >>> from aprfast.v1.licensing import from_aprender_entry
+        >>> from_aprender_entry({"uuid": "u", "hash": "h", "tier": "Academic", "x": 1}).tier
+        'Academic'
+        >>> from_aprender_entry({"uuid": "u", "hash": "h"})
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.CorruptError: [E002] license entry has no 'tier'
+    """
     if not isinstance(entry, dict):
         raise CorruptError(f"license entry is a map, not {type(entry).__name__}", path=path)
 
@@ -451,7 +712,32 @@ def check_license(lic: License, *, now=None, seats_in_use=None, inferences_used=
     aprfast cannot know how many seats or inferences are in use elsewhere: a count that
     is not passed is not checked.  REVOCABLE needs the seller's service and
     TRANSFERABLE and WATERMARKED restrict nothing, so they are not checked here.  Every
-    violated term is named in one message, with the numbers.
+    violated term is named in one message, with the numbers.  docs/FORMAT.md §11.2.
+
+    Args:
+        lic: The license.
+        now: Unix seconds (default: the clock).
+        seats_in_use: Seats in use, counting the one being taken.
+        inferences_used: Inferences already run.
+        licensee: A name that must be the license's licensee.
+
+    Returns:
+        None: the use is allowed.
+
+    Raises:
+        LicenseError: A term refuses this use.
+
+    Examples:
+        >>> from aprfast.v1.licensing import License, LicenseFlags
+        >>> lic = License(license_id="12345678-1234-5678-1234-567812345678", licensee="alice",
+        ...               expires_at=86400, seat_limit=5,
+        ...               flags=LicenseFlags.EXPIRATION_ENFORCED | LicenseFlags.SEATS_ENFORCED)
+        >>> from aprfast.v1.licensing import check_license
+        >>> check_license(lic, now=10, seats_in_use=5, licensee="alice")
+        >>> check_license(lic, now=86400, seats_in_use=6)
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.LicenseError: [E006] license ... refused: expired at ...; seat limit exceeded: ...
     """
     problems = []
     if licensee is not None and not lic.is_for(licensee):
@@ -485,6 +771,22 @@ class InferenceCounter:
     ``consume(n)`` before running ``n`` inferences: it refuses (and counts nothing) when
     they would go past ``inference_limit`` or the license has expired.  Persisting
     ``used`` across runs is the caller's job: pass it back as ``used=``.
+
+    Args:
+        lic: The license.
+        used: Inferences already run (persisted by the caller).
+
+    Examples:
+        >>> from aprfast.v1.licensing import InferenceCounter, License, LicenseFlags
+        >>> counter = InferenceCounter(License.issue("alice", inference_limit=2,
+        ...                                          flags=LicenseFlags.INFERENCE_LIMITED))
+        >>> counter.consume()
+        >>> counter.used, counter.remaining
+        (1, 1)
+        >>> counter.consume(2)
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.LicenseError: [E006] license ... refused: inference limit reached: ...
     """
 
     def __init__(self, lic: License, used: int = 0):
@@ -494,6 +796,7 @@ class InferenceCounter:
 
     @property
     def used(self) -> int:
+        """Inferences counted so far (including ``used=`` given at construction)."""
         return self._used
 
     @property
@@ -504,6 +807,24 @@ class InferenceCounter:
         return max(0, self.license.inference_limit - self._used)
 
     def consume(self, n: int = 1, *, now=None) -> None:
+        """Count ``n`` inferences about to run, or refuse them.
+
+        Args:
+            n: Inferences about to run.
+            now: Unix seconds for the expiry check (default: the clock).
+
+        Raises:
+            LicenseError: The license has expired or ``n`` more would pass the limit
+                (nothing is counted).
+            ValueError: ``n`` is negative.
+
+        Examples:
+            >>> from aprfast.v1.licensing import InferenceCounter, License
+            >>> counter = InferenceCounter(License.issue("alice"))
+            >>> counter.consume(3)
+            >>> counter.used, counter.remaining  # no INFERENCE_LIMITED flag: no limit
+            (3, None)
+        """
         if n < 0:
             raise ValueError(f"cannot consume {n} inferences")
         with self._lock:
@@ -534,7 +855,27 @@ def compliance_metadata(*, gdpr_training_consent=None, data_retention_policy=Non
     aprender has no field for it: in a v1 file it belongs in ``metadata.custom`` under
     ``"compliance"`` (aprender keeps ``custom``, and drops an unknown top-level key when
     it re-saves); in a v2 file an unknown top-level key lands in aprender's flattened
-    ``custom`` and survives.
+    ``custom`` and survives.  docs/FORMAT.md §11.4.
+
+    Args:
+        gdpr_training_consent: A bool.
+        data_retention_policy: A str.
+        model_card_url: A str.
+        bias_audit_date: ``YYYY-MM-DD``.
+        export_control: A str.
+        **extra: More keys, JSON values.
+
+    Returns:
+        A dict.
+
+    Raises:
+        TypeError: A known key of the wrong type.
+        ValueError: ``bias_audit_date`` is not ``YYYY-MM-DD``.
+
+    Examples:
+        >>> from aprfast.v1.licensing import compliance_metadata
+        >>> compliance_metadata(bias_audit_date="2024-05-01", gdpr_training_consent=True, team="ml")
+        {'gdpr_training_consent': True, 'bias_audit_date': '2024-05-01', 'team': 'ml'}
     """
     given = {"gdpr_training_consent": gdpr_training_consent, "data_retention_policy": data_retention_policy,
              "model_card_url": model_card_url, "bias_audit_date": bias_audit_date,

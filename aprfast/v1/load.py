@@ -54,7 +54,50 @@ def load_model(source, *, expected_type=None, password=None, private_key=None, t
 
     STREAMING files (chunk index) and TRUENO_NATIVE files come back as name -> array
     like any tensor payload: every chunk decoded and checked (owned arrays), or
-    read-only views of the map with their strides (trueno-native).
+    read-only views of the map with their strides (trueno-native).  To read one tensor
+    of a large file without the rest, open it with :func:`aprfast.open` (a
+    :class:`aprfast.v1.reader.V1File`).  docs/FORMAT.md §9 ("Reading: order of checks")
+    and docs/guide/older-files.md.
+
+    Args:
+        source: A path, a readable file object or a bytes-like object.
+        expected_type: Refuse a file of another :class:`ModelType` (member, id or name).
+        password: Decrypt a password-encrypted payload.
+        private_key: Decrypt a payload encrypted for this X25519 private key.
+        trusted_keys: Ed25519 public keys (32 bytes each) one of which must have signed.
+        require_signature: Refuse an unsigned file (default: when ``trusted_keys`` given).
+        max_uncompressed: Most bytes the payload may decompress to.
+        allow_unencrypted: With ``password``/``private_key``, accept a plaintext file too.
+
+    Returns:
+        A :class:`V1Model`: header, metadata, payload (bytes, or name -> array for a
+        tensor payload), signature state, signer, encryption mode and license.
+
+    Raises:
+        FormatError: Not a v1 file (magic), or an unknown model type id.
+        ChecksumError: The trailing CRC32 does not match.
+        VersionError: A newer major version or an unknown compression id.
+        ModelTypeMismatchError: The file holds another model type than ``expected_type``.
+        CorruptError: Region sizes, metadata or payload that contradict the header.
+        SignatureError: A bad signature, an untrusted signer or a missing required one.
+        DecryptError: A wrong password or key, no key for an encrypted file, or a
+            plaintext file where a key was given.
+        LimitError: The payload would decompress beyond ``max_uncompressed``.
+        AprFileNotFoundError: ``source`` names no file (an :class:`AprIOError`).
+        ValueError: Both ``password`` and ``private_key``.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast import v1
+        >>> seed, public = v1.generate_signing_key()
+        >>> v1.save_model({"w": np.float32([1.5, 2.5])}, "m.apr", signing_key=seed)
+        >>> model = v1.load_model("m.apr", trusted_keys=[public])
+        >>> model.model_type.name, model.signature, model.payload["w"].tolist()
+        ('NeuralCustom', 'trusted', [1.5, 2.5])
+        >>> v1.load_model("m.apr", expected_type="LinearRegression")
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.ModelTypeMismatchError: [E001] m.apr: model type mismatch: ...
     """
     if password is not None and private_key is not None:
         raise ValueError("give password= or private_key=, not both")

@@ -56,6 +56,40 @@ class V1File(TensorMapping):
     what the parsers believe; ``max_uncompressed`` bounds a whole-payload decode;
     ``unknown_dtypes="raw"`` serves tensors of unknown dtype ids as RawTensor; ``mode``
     is "mmap" or "pread" as for :func:`aprfast.open`.  Thread-safe; a context manager.
+    :func:`aprfast.open` returns one for a v1 tensor file.  docs/guide/older-files.md
+    ("v1 random access") and docs/FORMAT.md §12-§13.
+
+    Args:
+        target: A path, a readable file object or a bytes-like object.
+        password: Open a password-encrypted file.
+        private_key: Open a file encrypted for this X25519 private key.
+        trusted_keys: Ed25519 public keys one of which must have signed the file.
+        require_signature: Refuse an unsigned file (default: when ``trusted_keys`` given).
+        limits: An :class:`aprfast.Limits` bounding what the parsers believe.
+        unknown_dtypes: "error" or "raw" (unknown dtype ids served as RawTensor).
+        mode: "mmap" or "pread" (``None``: mmap where possible).
+        allow_unencrypted: With a key, accept a plaintext file too.
+        max_uncompressed: Most bytes a whole compressed payload may decode to.
+
+    Raises:
+        FormatError: Not a v1 file, or a payload that is not tensors (bytes payloads
+            are read with :func:`aprfast.v1.load_model`).
+        CorruptError: Regions, metadata or indexes that contradict the file.
+        ChecksumError: A "whole" file whose CRC32 does not match.
+        SignatureError: A bad signature, an untrusted signer or a missing required one.
+        DecryptError: A wrong or missing key, or a plaintext file where a key was given.
+        LimitError: An index or payload beyond ``limits`` or ``max_uncompressed``.
+        AprIOError: The file cannot be opened or read.
+        ValueError: An unknown ``unknown_dtypes``, or both ``password`` and ``private_key``.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast import v1
+        >>> v1.save_model({"w": np.arange(12, dtype=np.float32).reshape(4, 3)}, "s.apr",
+        ...               streaming=True, chunk_size=24)
+        >>> with aprfast.open("s.apr") as f:
+        ...     type(f).__name__, f.kind, f.keys(), f.get_tensor("w")[3].tolist()
+        ('V1File', 'streaming', ['w'], [9.0, 10.0, 11.0])
     """
 
     def __init__(self, target, *, password=None, private_key=None, trusted_keys=None, require_signature=None,
@@ -177,11 +211,13 @@ class V1File(TensorMapping):
     # --- what the file holds ------------------------------------------------------
     @property
     def layout(self) -> str:
-        """"v1" (the kind of payload is :attr:`kind`)."""
+        """"v1" (the kind of payload, "plain", "whole", "streaming" or "trueno", is
+        :attr:`kind`)."""
         return layout.NAME
 
     @property
     def header(self) -> dict:
+        """The 32-byte header's fields as a dict (:meth:`aprfast.v1.Header.as_dict`)."""
         return self._header.as_dict()
 
     @property
@@ -191,13 +227,16 @@ class V1File(TensorMapping):
 
     @property
     def path(self):
+        """The file's path (``None`` for a buffer or a file object)."""
         return self._source.path
 
     @property
     def flags(self) -> Flag:
+        """The header's flags as aprender sees them (:class:`aprfast.v1.Flag`)."""
         return self._header.flag_set
 
     def keys(self) -> list:
+        """The tensor names, in the file's index order."""
         if self._inner is not None:
             return self._inner.keys()
         return list(self._chunks.index.tensors if self._chunks is not None else self._entries)
@@ -217,7 +256,26 @@ class V1File(TensorMapping):
         file, except for "whole" files (compressed or encrypted), where it is in the
         decoded payload.  For a STREAMING file ``offset`` is where its first chunk lies
         and ``nbytes`` its raw size; for a trueno file ``dtype_id`` is the §9.2 byte and
-        ``nbytes`` its ``size_bytes``."""
+        ``nbytes`` its ``size_bytes``.
+
+        Args:
+            name: The tensor's name.
+
+        Returns:
+            A :class:`aprfast.TensorInfo`.
+
+        Raises:
+            TensorNotFoundError: No tensor ``name``.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> from aprfast import v1
+            >>> blob = v1.save_model({"w": np.zeros((2, 3), np.float32)}, trueno_native=True)
+            >>> with aprfast.open(blob) as f:
+            ...     info = f.info("w")
+            >>> info.dtype_name, info.shape, info.nbytes, info.offset % 64
+            ('F32', (2, 3), 24, 0)
+        """
         if self._inner is not None:
             info = self._inner.info(name)
             return info if self.kind == "whole" else shifted(info, self._regions.payload[0])
@@ -230,7 +288,26 @@ class V1File(TensorMapping):
 
     def backend_hint(self, name: str) -> str:
         """The tensor's §9.3 backend hint ("auto", "avx2", ...); "auto" for files that are
-        not trueno-native."""
+        not trueno-native.
+
+        Args:
+            name: The tensor's name.
+
+        Returns:
+            The hint's name.
+
+        Raises:
+            TensorNotFoundError: No tensor ``name``.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> from aprfast import v1
+            >>> blob = v1.save_model({"w": np.zeros(4, np.float32)}, trueno_native=True,
+            ...                      backend_hint="avx2")
+            >>> with aprfast.open(blob) as f:
+            ...     f.backend_hint("w"), f.backend_hints
+            ('avx2', {'w': 'avx2'})
+        """
         if self._entries is None:
             self._check_name(name)
             return "auto"
@@ -242,7 +319,24 @@ class V1File(TensorMapping):
         return {name: self.backend_hint(name) for name in self.keys()}
 
     def strides(self, name: str) -> tuple:
-        """Strides in elements (trueno files store them; others are C order)."""
+        """Strides in elements (trueno files store them; others are C order).
+
+        Args:
+            name: The tensor's name.
+
+        Returns:
+            A tuple of ints, one per dimension.
+
+        Raises:
+            TensorNotFoundError: No tensor ``name``.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> from aprfast import v1
+            >>> with aprfast.open(v1.save_model({"w": np.zeros((2, 3), np.float32)})) as f:
+            ...     f.strides("w")
+            (3, 1)
+        """
         if self._entries is not None:
             return self._entry(name).strides
         shape, out, step = self.info(name).shape, [], 1
@@ -252,7 +346,26 @@ class V1File(TensorMapping):
         return tuple(reversed(out))
 
     def chunks(self, name: str) -> list:
-        """A STREAMING file's chunks of one tensor: (absolute offset, stored, raw) each."""
+        """A STREAMING file's chunks of one tensor: (absolute offset, stored, raw) each.
+
+        Args:
+            name: The tensor's name.
+
+        Returns:
+            A list of ``(offset, stored_size, raw_size)`` tuples, in order.
+
+        Raises:
+            LayoutError: The file is not STREAMING.
+            TensorNotFoundError: No tensor ``name``.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> from aprfast import v1
+            >>> blob = v1.save_model({"w": np.zeros(10, np.float32)}, streaming=True, chunk_size=16)
+            >>> with aprfast.open(blob) as f:
+            ...     [raw for _offset, _stored, raw in f.chunks("w")]
+            [16, 16, 8]
+        """
         if self._chunks is None:
             raise LayoutError("only STREAMING files have chunks")
         t = self._record(name)
@@ -266,7 +379,31 @@ class V1File(TensorMapping):
         (``copy=True``: an owned aligned copy); a STREAMING file's tensor is always an
         owned array, decoded from its own chunks only (no other byte of the payload is
         read); a "whole" file's tensors view the buffer decoded at open.  ``dequantize``
-        as for ``AprFile.get_tensor``."""
+        as for ``AprFile.get_tensor``.
+
+        Args:
+            name: The tensor's name.
+            copy: Return an owned array instead of a view of the map.
+            dequantize: Return a packed (quantized) tensor as float32 values.
+
+        Returns:
+            A NumPy array (or a :class:`aprfast.QuantizedTensor` / :class:`aprfast.RawTensor`).
+
+        Raises:
+            TensorNotFoundError: No tensor ``name``.
+            ChecksumError: A STREAMING chunk fails its CRC32.
+            SignatureError: A signed file's chunk does not match its digest.
+            DecryptError: A chunk fails its AES-GCM tag.
+            AprIOError: The file is closed, or a read failed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> from aprfast import v1
+            >>> blob = v1.save_model({"w": np.float32([1.5, 2.5])}, password="secret")
+            >>> with aprfast.open(blob, password="secret") as f:
+            ...     f.kind, f.get_tensor("w").tolist()
+            ('whole', [1.5, 2.5])
+        """
         if self._inner is not None:
             return self._inner.get_tensor(name, copy, dequantize)
         tensor = self._get_tensor(name, copy)
@@ -296,7 +433,27 @@ class V1File(TensorMapping):
 
     def get_slice(self, name: str):
         """``[...]`` on the result reads only what the key needs: for a STREAMING file the
-        chunks covering the rows (axis 0) the key selects; for mapped files the pages."""
+        chunks covering the rows (axis 0) the key selects; for mapped files the pages.
+
+        Args:
+            name: The tensor's name.
+
+        Returns:
+            A slice handle with ``get_shape()``, ``get_dtype()`` and ``[...]``.
+
+        Raises:
+            TensorNotFoundError: No tensor ``name``.
+            LayoutError: A packed (quantized) tensor of a STREAMING file.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> from aprfast import v1
+            >>> blob = v1.save_model({"w": np.arange(12, dtype=np.float32).reshape(4, 3)},
+            ...                      streaming=True, chunk_size=12)
+            >>> with aprfast.open(blob) as f:
+            ...     f.get_slice("w")[2:, 1].tolist()
+            [7.0, 10.0]
+        """
         if self._inner is not None:
             return self._inner.get_slice(name)
         if self._chunks is not None:
@@ -304,13 +461,45 @@ class V1File(TensorMapping):
         return _ViewSlice(self.get_tensor(name), self.info(name).dtype_name)
 
     def tensors(self, copy: bool = False) -> dict:
-        """Every tensor, by name."""
+        """Every tensor, by name.
+
+        Args:
+            copy: Owned arrays instead of views of the map.
+
+        Returns:
+            A dict of name to tensor, in index order.
+
+        Raises:
+            AprIOError: The file is closed, or a read failed (and the errors of
+                :meth:`get_tensor`).
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> from aprfast import v1
+            >>> with aprfast.open(v1.save_model({"w": np.zeros(2, np.float32)})) as f:
+            ...     f.tensors(copy=True)
+            {'w': array([0., 0.], dtype=float32)}
+        """
         return {name: self.get_tensor(name, copy) for name in self.keys()}
 
     def prefetch(self, names) -> None:
         """Ask the kernel to read these tensors' pages ahead (``madvise(MADV_WILLNEED)``).
         Only mapped plain and trueno files have pages to advise: for other files, or where
-        the platform lacks madvise, this does nothing (a hint, never an error)."""
+        the platform lacks madvise, this does nothing (a hint, never an error).
+
+        Args:
+            names: A tensor name or an iterable of them.
+
+        Raises:
+            TensorNotFoundError: A name the file does not hold.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> from aprfast import v1
+            >>> v1.save_model({"w": np.zeros(1024, np.float32)}, "m.apr")
+            >>> with aprfast.open("m.apr") as f:
+            ...     f.prefetch(["w"])
+        """
         if isinstance(names, str):
             names = [names]
         mapping = getattr(self._source, "_map", None)
@@ -339,7 +528,26 @@ class V1File(TensorMapping):
         """Check everything: the whole-file CRC32, the whole-file signature (signed files),
         and every chunk (STREAMING: CRC32, signed digest, AES-GCM tag, decompression) or
         the inner v2 footer CRC (plain and whole-payload files).  Raises the first
-        problem as a typed AprError.  Reads the whole file."""
+        problem as a typed AprError.  Reads the whole file.
+
+        Raises:
+            ChecksumError: The whole-file CRC32, a chunk's CRC32 or the inner footer
+                CRC32 does not match.
+            SignatureError: The whole-file signature or a chunk digest does not verify.
+            DecryptError: A chunk fails its AES-GCM tag.
+            CorruptError: A chunk does not decompress to its recorded size.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> from aprfast import v1
+            >>> blob = bytearray(v1.save_model({"w": np.zeros(8, np.float32)}, streaming=True))
+            >>> blob[-8] ^= 1  # flip a bit of the last chunk
+            >>> with aprfast.open(bytes(blob)) as f:
+            ...     f.verify()
+            Traceback (most recent call last):
+            ...
+            aprfast.errors.ChecksumError: [E004] ...
+        """
         src, path = self._source, self._source.path
         crc_offset = self._regions.crc_offset
         if src.zero_copy:
@@ -361,6 +569,17 @@ class V1File(TensorMapping):
             self._inner.verify()
 
     def close(self) -> None:
+        """Release the file; arrays already handed out stay valid (they keep the map).
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> from aprfast import v1
+            >>> f = aprfast.open(v1.save_model({"w": np.zeros(2, np.float32)}))
+            >>> w = f.get_tensor("w")
+            >>> f.close()
+            >>> f.closed, w.tolist()
+            (True, [0.0, 0.0])
+        """
         if self._inner is not None:
             self._inner.close()
         if self._chunks is not None:
@@ -370,6 +589,7 @@ class V1File(TensorMapping):
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
         return self._source.closed
 
     def _describe(self) -> str:
@@ -463,9 +683,11 @@ class ChunkSlice:
         self.dtype = numpy_dtype(record.dtype)
 
     def get_shape(self) -> list:
+        """The tensor's shape, as a list."""
         return list(self.shape)
 
     def get_dtype(self) -> str:
+        """The tensor's dtype name ("F32", ...)."""
         return self._record.dtype.name
 
     def __len__(self):

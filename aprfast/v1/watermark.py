@@ -51,6 +51,10 @@ re-scaling layers, distillation into new weights, or averaging many copies sprea
 mark until it is not detected; an attacker who holds the key can remove it.  Detection
 needs the original weights (blind detection at a strength that leaves outputs unchanged
 would need tens of billions of weights), and the buyer list: there is no payload to decode.
+
+docs/FORMAT.md §11.5 records the decisions; :func:`embed_watermark`,
+:func:`verify_watermark`, :func:`extract_watermark` and :func:`buyer_fingerprint` are also
+exported from :mod:`aprfast.v1`.
 """
 
 from __future__ import annotations
@@ -100,7 +104,13 @@ _MAX_STRENGTH = 1e-2
 
 
 class WatermarkMatch(NamedTuple):
-    """A candidate whose pattern :func:`extract_watermark` found, with its score."""
+    """A candidate whose pattern :func:`extract_watermark` found, with its score.
+
+    Examples:
+        >>> from aprfast.v1.watermark import WatermarkMatch
+        >>> WatermarkMatch("alice", 47.5).buyer
+        'alice'
+    """
 
     buyer: object
     score: float
@@ -108,7 +118,25 @@ class WatermarkMatch(NamedTuple):
 
 def buyer_fingerprint(buyer) -> bytes:
     """The 32-byte identity a buyer's pattern derives from: SHA-256 of a ``str`` (UTF-8)
-    or ``bytes``, or the ``licensee_hash`` of a :class:`~aprfast.v1.licensing.License`."""
+    or ``bytes``, or the ``licensee_hash`` of a :class:`~aprfast.v1.licensing.License`.
+
+    Args:
+        buyer: A str, bytes, or anything with a ``licensee_hash`` (a License).
+
+    Returns:
+        32 bytes.
+
+    Raises:
+        TypeError: ``buyer`` is none of those.
+
+    Examples:
+        >>> from aprfast import v1
+        >>> from aprfast.v1.licensing import License
+        >>> len(v1.buyer_fingerprint("alice"))
+        32
+        >>> v1.buyer_fingerprint(License.issue("alice")) == v1.buyer_fingerprint("alice")
+        True
+    """
     held = getattr(buyer, "licensee_hash", None)
     if held is not None:
         return bytes(held)
@@ -128,7 +156,26 @@ def watermark_layers(tensors: Mapping[str, np.ndarray], layers=None) -> list:
     """The names that get a pattern, sorted: ``layers`` if given (each must be a
     float16/bfloat16/float32/float64 tensor), else every such tensor with two or more
     dimensions (weight matrices and embeddings; biases and norms hold few weights and
-    the most sensitive ones)."""
+    the most sensitive ones).
+
+    Args:
+        tensors: A mapping of name -> array.
+        layers: The names to mark, or ``None`` for the default choice.
+
+    Returns:
+        A sorted list of names.
+
+    Raises:
+        TensorNotFoundError: A name of ``layers`` is not in ``tensors``.
+        ValueError: A tensor of ``layers`` is not a floating-point tensor.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast.v1.watermark import watermark_layers
+        >>> watermark_layers({"w": np.zeros((2, 2), np.float32), "b": np.zeros(2, np.float32),
+        ...                   "ids": np.zeros((2, 2), np.int32)})
+        ['w']
+    """
     if layers is None:
         return sorted(name for name, array in tensors.items()
                       if _is_watermarkable(np.asarray(array)) and np.ndim(array) >= 2)
@@ -257,7 +304,34 @@ def embed_watermark(tensors: Mapping[str, np.ndarray], buyer, *, key: bytes,
     ``key`` is the seller's secret (at least :data:`MIN_KEY_BYTES` bytes), needed again
     to detect.  Marked tensors are new arrays of the same dtype and shape; the others are
     the same objects as in ``tensors``.  The seller must keep the original weights:
-    detection compares against them.
+    detection compares against them.  docs/FORMAT.md §11.5 has the streams and the
+    detection statistic.
+
+    Args:
+        tensors: The original weights, name -> array.
+        buyer: The buyer (str, bytes or a License).
+        key: The seller's secret, at least 16 bytes.
+        strength: Root-mean-square relative change of a marked weight, in (0, 0.01].
+        layers: The names to mark (default: :func:`watermark_layers`).
+
+    Returns:
+        A new dict name -> array.
+
+    Raises:
+        TensorNotFoundError: A name of ``layers`` is not in ``tensors``.
+        ValueError: A short key, a strength out of range, or a non-float layer.
+        TypeError: ``key`` is not bytes.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast import v1
+        >>> original = {"w": np.linspace(-1, 1, 4096, dtype=np.float32).reshape(64, 64)}
+        >>> key = b"seller secret 16"
+        >>> alice = v1.embed_watermark(original, "alice", key=key)
+        >>> alice["w"].dtype, alice["w"].shape, bool(np.array_equal(alice["w"], original["w"]))
+        (dtype('float32'), (64, 64), False)
+        >>> float(np.max(np.abs(alice["w"] - original["w"]))) < 1e-4
+        True
     """
     key = _check_key(key)
     strength = _check_strength(strength)
@@ -291,7 +365,23 @@ def detection_threshold(false_positive_rate: float = DEFAULT_FALSE_POSITIVE_RATE
                         candidates: int = 1) -> float:
     """The score above which a buyer is named, so that the chance of naming any of
     ``candidates`` innocent buyers is at most ``false_positive_rate`` (Hoeffding bound
-    with a union bound: ``sqrt(2 ln(candidates / rate))``)."""
+    with a union bound: ``sqrt(2 ln(candidates / rate))``).
+
+    Args:
+        false_positive_rate: The chance allowed, in (0, 1).
+        candidates: How many buyers are tested.
+
+    Returns:
+        The threshold score.
+
+    Raises:
+        ValueError: A rate outside (0, 1).
+
+    Examples:
+        >>> from aprfast.v1.watermark import detection_threshold
+        >>> round(detection_threshold(), 2), round(detection_threshold(candidates=1000), 2)
+        (6.44, 7.43)
+    """
     if not 0.0 < false_positive_rate < 1.0:
         raise ValueError(f"false_positive_rate {false_positive_rate} is outside (0, 1)")
     return math.sqrt(2.0 * math.log(max(1, candidates) / false_positive_rate))
@@ -306,6 +396,33 @@ def watermark_scores(tensors: Mapping[str, np.ndarray], *, original: Mapping[str
     0, variance 1, tail at most ``exp(-T^2/2)``).  Tensors of ``original`` missing from
     ``tensors`` or of another shape are skipped (a partial leak is still evidence); at
     least one must remain.
+
+    Args:
+        tensors: The suspect weights, name -> array.
+        original: The seller's unmarked weights.
+        key: The seller's secret used to embed.
+        candidates: The buyers to score (str, bytes or License each).
+        strength: The strength used to embed.
+        layers: The marked names (default: :func:`watermark_layers` of ``original``).
+
+    Returns:
+        A float64 array, one score per candidate.
+
+    Raises:
+        ValueError: No marked tensor of ``original`` is in ``tensors`` with its shape, a
+            short key or a strength out of range.
+        TypeError: ``key`` is not bytes.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast import v1
+        >>> original = {"w": np.linspace(-1, 1, 4096, dtype=np.float32).reshape(64, 64)}
+        >>> key = b"seller secret 16"
+        >>> alice = v1.embed_watermark(original, "alice", key=key)
+        >>> from aprfast.v1.watermark import watermark_scores
+        >>> scores = watermark_scores(alice, original=original, key=key, candidates=["alice", "bob"])
+        >>> bool(scores[0] > 30), bool(abs(scores[1]) < 6)
+        (True, True)
     """
     key = _check_key(key)
     strength = _check_strength(strength)
@@ -358,7 +475,36 @@ def verify_watermark(tensors: Mapping[str, np.ndarray], buyer, *, key: bytes,
                      original: Mapping[str, np.ndarray], strength: float = DEFAULT_STRENGTH,
                      layers=None, false_positive_rate: float = DEFAULT_FALSE_POSITIVE_RATE):
     """``(detected, score)``: whether ``tensors`` carry ``buyer``'s pattern, at most a
-    ``false_positive_rate`` chance of saying so when they do not."""
+    ``false_positive_rate`` chance of saying so when they do not.
+
+    Args:
+        tensors: The suspect weights, name -> array.
+        buyer: The buyer to test (str, bytes or a License).
+        key: The seller's secret used to embed.
+        original: The seller's unmarked weights.
+        strength: The strength used to embed.
+        layers: The marked names (default: :func:`watermark_layers` of ``original``).
+        false_positive_rate: The chance allowed of naming a buyer wrongly.
+
+    Returns:
+        ``(detected, score)``: a bool and the float score.
+
+    Raises:
+        ValueError: No marked tensor of ``original`` is in ``tensors`` with its shape, a
+            short key, a strength or a rate out of range.
+        TypeError: ``key`` is not bytes.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast import v1
+        >>> original = {"w": np.linspace(-1, 1, 4096, dtype=np.float32).reshape(64, 64)}
+        >>> key = b"seller secret 16"
+        >>> alice = v1.embed_watermark(original, "alice", key=key)
+        >>> v1.verify_watermark(alice, "alice", key=key, original=original)[0]
+        True
+        >>> v1.verify_watermark(alice, "bob", key=key, original=original)[0]
+        False
+    """
     score = float(watermark_scores(tensors, original=original, key=key, candidates=[buyer],
                                    strength=strength, layers=layers)[0])
     return score >= detection_threshold(false_positive_rate), score
@@ -371,7 +517,35 @@ def extract_watermark(tensors: Mapping[str, np.ndarray], *, key: bytes,
     """The candidates whose pattern is in ``tensors``, best score first, as
     :class:`WatermarkMatch`.  The threshold accounts for the number of candidates, so
     the chance of naming any innocent buyer stays below ``false_positive_rate``.  Usually
-    one buyer or none; more than one means copies were combined."""
+    one buyer or none; more than one means copies were combined.
+
+    Args:
+        tensors: The suspect weights, name -> array.
+        key: The seller's secret used to embed.
+        original: The seller's unmarked weights.
+        candidates: Every buyer the seller sold to (str, bytes or License each).
+        strength: The strength used to embed.
+        layers: The marked names (default: :func:`watermark_layers` of ``original``).
+        false_positive_rate: The chance allowed of naming any innocent buyer.
+
+    Returns:
+        A list of :class:`WatermarkMatch`, best score first.
+
+    Raises:
+        ValueError: No marked tensor of ``original`` is in ``tensors`` with its shape, a
+            short key, a strength or a rate out of range.
+        TypeError: ``key`` is not bytes.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast import v1
+        >>> original = {"w": np.linspace(-1, 1, 4096, dtype=np.float32).reshape(64, 64)}
+        >>> key = b"seller secret 16"
+        >>> alice = v1.embed_watermark(original, "alice", key=key)
+        >>> [m.buyer for m in v1.extract_watermark(alice, key=key, original=original,
+        ...                                         candidates=["bob", "alice", "carol"])]
+        ['alice']
+    """
     candidates = list(candidates)
     scores = watermark_scores(tensors, original=original, key=key, candidates=candidates,
                               strength=strength, layers=layers)

@@ -61,7 +61,55 @@ def save_model(payload, path=None, *, model_type=None, metadata=None, compressio
     encryption, seed 000 §9.9) sets TRUENO_NATIVE and stores the §9.2 tensor index and
     64-byte-aligned tensors; ``backend_hint`` is a §9.3 name or id ("auto", "scalar",
     "sse2", "avx", "avx2", "avx512", "neon", "wasm-simd", "gpu"), or a dict name -> hint.
-    docs/FORMAT.md has both layouts.
+    docs/FORMAT.md has both layouts (§12, §13); docs/guide/older-files.md shows them in use.
+
+    Args:
+        payload: Bytes-like (stored as given) or a mapping of name -> array.
+        path: A file path or a writable file object; ``None`` returns the bytes.
+        model_type: A :class:`ModelType`, its id or aprender's variant name (required
+            for a bytes payload; NeuralCustom by default for tensors).
+        metadata: aprender's ``Metadata`` fields as a dict (``custom`` a dict too).
+        compression: "none", "zstd", "zstd-max", "lz4", a :class:`Compression` or 0-3.
+        quality_score: 1-255, or ``None`` for 0 ("not validated").
+        password: Encrypt under this password (Argon2id, AES-256-GCM).
+        recipient: Encrypt for this X25519 public key (32 bytes).
+        recipients: Encrypt for each of these X25519 public keys.
+        signing_key: Sign with this Ed25519 seed (32 bytes).
+        license: An :class:`aprfast.v1.licensing.License` to embed.
+        durable: fsync the file and its directory before returning.
+        streaming: Store tensors as chunks behind a chunk index (STREAMING).
+        chunk_size: Raw bytes per chunk of a streaming file.
+        trueno_native: Store tensors with the trueno index (TRUENO_NATIVE).
+        backend_hint: The §9.3 backend hint of every tensor, or a dict name -> hint.
+
+    Returns:
+        The file's bytes when ``path`` is ``None``, else ``None``.
+
+    Raises:
+        LayoutError: Something the v1 container cannot hold or that contradicts itself:
+            ``quality_score`` 0 or out of range, a payload over 1 GiB, a ``custom``
+            entry that is not a dict or contradicts the payload, compression or
+            encryption with ``trueno_native``.
+        MissingDependencyError: zstd/lz4 or the crypto packages are not installed.
+        AprIOError: The operating system refused the write; the path is left as it was.
+        TypeError: A bytes payload without ``model_type``, or a payload of another type.
+        ValueError: More than one encryption mode, an unknown compression or model type
+            name, or a key that is not 32 bytes.
+
+    Examples:
+        >>> import numpy as np
+        >>> from aprfast import v1
+        >>> blob = v1.save_model(b"bincode bytes", model_type="LinearRegression",
+        ...                      metadata={"created_at": "0"})
+        >>> blob[:4], len(blob)
+        (b'APRN', 94)
+        >>> v1.save_model({"w": np.arange(4, dtype=np.float32)}, "model.apr", compression="zstd")
+        >>> v1.load_model("model.apr").payload["w"].tolist()
+        [0.0, 1.0, 2.0, 3.0]
+        >>> v1.save_model(b"x", model_type="Custom", quality_score=0)
+        Traceback (most recent call last):
+        ...
+        aprfast.errors.LayoutError: [E001] Jidoka: refusing to save a model with quality_score=0 ...
     """
     if streaming or trueno_native or chunk_size is not None or backend_hint is not None:
         return _save_indexed(payload, path, model_type=model_type, metadata=metadata, compression=compression,
