@@ -6,7 +6,7 @@ X25519 keys receive encrypted models (apr encrypt --recipient / decrypt --key-fi
 from __future__ import annotations
 
 from ..tools.protection import KEYPAIR_KINDS, generate_keypair
-from ._common import EXIT_OK, print_json
+from ._common import EXIT_OK, print_json, refuse_existing
 
 
 def add_parser(commands) -> None:
@@ -22,6 +22,7 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
+    refuse_existing(args.force, args.path, f"{args.path}.pub")
     result = generate_keypair(args.path, args.kind, format=args.format, force=args.force)
     if args.json:
         print_json(result)
