@@ -316,15 +316,14 @@ class ShardedSource:
     def _open_shards(self, directory: str, weight_map: dict) -> None:
         owner = {}
         for shard in sorted(set(weight_map.values())):
-            src = SafetensorsSource(shard_file(directory, shard, self.path))
+            path = shard_file(directory, shard, self.path)
+            if self._checks is not None:  # before its header is parsed: a wrong shard is named as such
+                self._check_size(shard, os.stat(path).st_size, path)
+            src = SafetensorsSource(path)
             self._shards.append(src)
             if self._checks is not None:
-                size, crc = self._checks[shard]
-                actual = os.fstat(src._fd).st_size
-                if actual != size:
-                    raise ChecksumError(f"shard {shard!r} is {actual} bytes but the index says {size}: it is not "
-                                        "the shard this index was written with", path=src.path)
-                self._unchecked[src] = (shard, crc)
+                self._check_size(shard, os.fstat(src._fd).st_size, path)  # the file opened: the same one
+                self._unchecked[src] = (shard, self._checks[shard][1])
             for key, value in src.metadata.items():
                 self.metadata.setdefault(key, value)
             for spec in src.specs:
@@ -341,6 +340,12 @@ class ShardedSource:
         if missing:
             raise CorruptError(f"{len(missing)} tensors listed in the index are in no shard (first: {missing[0]!r})",
                                path=self.path)
+
+    def _check_size(self, shard: str, actual: int, path) -> None:
+        size = self._checks[shard][0]
+        if actual != size:
+            raise ChecksumError(f"shard {shard!r} is {actual} bytes but the index says {size}: it is not the "
+                                "shard this index was written with", path=path)
 
     def _checked(self, src):
         """``src``, its CRC32 checked against the index the first time it is used."""

@@ -31,7 +31,7 @@ from .._memory import preallocate
 from ..errors import AprError, AprIOError
 from . import platform as _platform
 
-__all__ = ["AtomicFile", "TempDirectory", "TEMP_NAME", "publish_set", "set_member_names",
+__all__ = ["AtomicFile", "TempDirectory", "TEMP_NAME", "open_anonymous", "publish_set", "set_member_names",
            "is_set_member", "sweep_abandoned_temps"]
 
 
