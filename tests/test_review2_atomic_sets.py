@@ -317,3 +317,18 @@ aprfast.save_file(aprfast.load_file(sys.argv[2]), sys.argv[3], max_shard_size=in
     assert sorted(os.listdir(out)) == sorted(staged)
     aprfast.save_file({"x": np.ones(4, np.float32)}, out / "other.apr")  # any later save there sweeps them
     assert os.listdir(out) == ["other.apr"]
+
+
+def test_one_shard_over_a_sharded_checkpoint_replaces_it(checkpoint):
+    """A conversion that fits one shard writes ``model.safetensors``; over a sharded
+    checkpoint it needs force=True, and then the old index (which readers of the directory
+    would still take) and its shards go once the new file is in place."""
+    tmp_path, out = checkpoint
+    from aprfast.convert import DestinationExistsError
+
+    with pytest.raises(DestinationExistsError, match=cst.INDEX_NAME):
+        aprfast.convert(tmp_path / "new.apr", out, max_shard_size="1GB")
+    assert which(read_checkpoint(out)) == "old"
+    aprfast.convert(tmp_path / "new.apr", out, max_shard_size="1GB", force=True)
+    assert os.listdir(out) == ["model.safetensors"]
+    assert which(read_checkpoint(out)) == "new"

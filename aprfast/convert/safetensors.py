@@ -577,7 +577,8 @@ class ShardedWriter:
     def _check_free(self, force: bool, n: int) -> None:
         if force:
             return
-        names = ["model.safetensors"] if n == 1 else [shard_name(i + 1, n) for i in range(n)] + [INDEX_NAME]
+        # one shard with an index there would leave the old checkpoint the one readers take
+        names = ["model.safetensors", INDEX_NAME] if n == 1 else [shard_name(i + 1, n) for i in range(n)] + [INDEX_NAME]
         for name in names:
             target = os.path.join(self.directory, name)
             if os.path.lexists(target):
@@ -618,6 +619,7 @@ class ShardedWriter:
             if len(self._names) == 1:
                 writer, self._current = self._current, None
                 writer.close()
+                self._retire_index()
             else:
                 self._stage_current()
                 self._publish()
@@ -646,6 +648,24 @@ class ShardedWriter:
             return [n for n in _listdir(directory)
                     if n not in keep and is_set_member(n, "model", ".safetensors", tagged_only=not force)]
         publish_set(staged, atomic, obsolete=obsolete, durable=self._durable)
+
+    def _retire_index(self) -> None:
+        """A one-shard write (``model.safetensors``) over a sharded checkpoint: the index
+        is removed once the new file is in place (readers of the directory then take the
+        new file; before, the old checkpoint, whole), then its shards."""
+        index = os.path.join(self.directory, INDEX_NAME)
+        if not os.path.lexists(index):
+            return
+        try:
+            os.unlink(index)
+        except FileNotFoundError:
+            pass
+        for name in _listdir(self.directory):
+            if is_set_member(name, "model", ".safetensors"):
+                try:
+                    os.unlink(os.path.join(self.directory, name))
+                except OSError:
+                    pass
 
     def abort(self) -> None:
         """Discard the shards written so far: a failed export leaves no partial
