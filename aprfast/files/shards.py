@@ -6,7 +6,11 @@ Files, for ``save_file(tensors, "out/model.apr", max_shard_size=...)``::
     out/model-00001-of-00003.apr   every shard a complete .apr file (any layout)
     out/model-00002-of-00003.apr
     out/model-00003-of-00003.apr
-    out/model.apr.index.json       the manifest, written last
+    out/model.apr.index.json       the manifest, switched last
+
+Over a live set that already uses those names the shards are named
+``model-00001-of-00003.{8 hex}.apr`` instead (see :func:`save_sharded`): a set is
+published whole, never shard by shard over the shards a reader may be opening.
 
 The manifest (docs/FORMAT.md has the field table)::
 
