@@ -571,7 +571,7 @@ class ShardedWriter:
         self._metadata, self._durable = metadata or {}, durable
         self._created = not os.path.isdir(self.directory)  # removed again by abort() when left empty
         os.makedirs(self.directory, exist_ok=True)
-        self._staged, self._current, self._shard = [], None, -1
+        self._staged, self._checks, self._current, self._shard = [], [], None, -1
         self._total = sum(s.nbytes for g in self._groups for s in g)
 
     def _check_free(self, force: bool, n: int) -> None:
@@ -610,7 +610,7 @@ class ShardedWriter:
         atomic = writer.finish()
         self._staged.append(atomic)
         atomic.stage()
-        atomic.checks = {"size": os.fstat(atomic.fd).st_size, "crc32": f"{crc32_of_fd(atomic.fd):08x}"}
+        self._checks.append({"size": os.fstat(atomic.fd).st_size, "crc32": f"{crc32_of_fd(atomic.fd):08x}"})
 
     def close(self) -> None:
         try:
@@ -630,7 +630,7 @@ class ShardedWriter:
 
     def _publish(self) -> None:
         weight_map = {s.name: self._names[i] for i, g in enumerate(self._groups) for s in g}
-        checks = {name: atomic.checks for name, atomic in zip(self._names, self._staged)}
+        checks = dict(zip(self._names, self._checks))
         index = {"metadata": {"total_size": self._total, SHARD_CHECKS: checks}, "weight_map": weight_map}
         atomic = AtomicFile(os.path.join(self.directory, INDEX_NAME), durable=self._durable)
         try:
