@@ -186,7 +186,8 @@ def test_export_sharded_like_transformers(tmp_path, rng):
     names = sorted(os.listdir(tmp_path / "out"))
     assert names == sorted([cst.INDEX_NAME] + [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)])
     index = json.loads((tmp_path / "out" / cst.INDEX_NAME).read_text())
-    assert index["metadata"] == {"total_size": 5 * 1024}
+    assert index["metadata"]["total_size"] == 5 * 1024  # transformers' key; aprfast adds the shard checks
+    assert set(index["metadata"][cst.SHARD_CHECKS]) == set(names) - {cst.INDEX_NAME}
     assert list(index["weight_map"]) == sorted(tensors)
     import safetensors.numpy as sn
     loaded = {}

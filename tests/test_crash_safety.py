@@ -338,7 +338,7 @@ def current_umask():
     return umask
 
 
-def test_only_regular_files_with_aprfasts_temp_names_are_swept(tmp_path):
+def test_only_regular_files_and_directories_with_aprfasts_temp_names_are_swept(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     name = f".m.apr.aprfast-{dead.pid}-0123456789abcdef.tmp"
@@ -351,15 +351,16 @@ def test_only_regular_files_with_aprfasts_temp_names_are_swept(tmp_path):
     for other in keep:
         (tmp_path / other).write_bytes(b"keep")
     (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / name).mkdir()  # a directory with the name
+    (tmp_path / "sub" / name).mkdir()  # a directory with the name: a killed writer's scratch (N11)
+    (tmp_path / "sub" / name / "partial.apr").write_bytes(b"partial")
     (tmp_path / "target").write_bytes(b"precious")
     os.symlink(tmp_path / "target", tmp_path / "sub" / name.replace("0123", "4567"))
     (tmp_path / name).write_bytes(b"stale")
     assert atomic_files.sweep_abandoned_temps(str(tmp_path)) == 1
-    assert atomic_files.sweep_abandoned_temps(str(tmp_path / "sub")) == 0
+    assert atomic_files.sweep_abandoned_temps(str(tmp_path / "sub")) == 1  # the directory, not the symlink
     assert leftovers(tmp_path) == sorted(keep + ["sub", "target"])
     assert (tmp_path / "target").read_bytes() == b"precious"
-    assert len(os.listdir(tmp_path / "sub")) == 2
+    assert os.listdir(tmp_path / "sub") == [name.replace("0123", "4567")]
 
 
 def test_saves_survive_a_concurrent_sweeper(tmp_path, monkeypatch):

@@ -98,7 +98,8 @@ def test_the_first_shard_or_the_missing_x_apr_url_stands_for_the_model(http_serv
 def test_a_shard_that_does_not_match_the_manifest_is_refused(http_server, tmp_path):
     tensors = _model()
     _local, files = _save(tmp_path, tensors)
-    _other, others = _save(tmp_path, _model(seed=1), stem="model")  # same names and sizes, other values
+    (tmp_path / "other").mkdir()  # another directory: a second save into the first would take tagged names
+    _other, others = _save(tmp_path / "other", _model(seed=1), stem="model")  # same names and sizes, other values
     assert others.keys() == files.keys()
     second = "model-00002-of-00003.apr"
 

@@ -17,6 +17,43 @@ class UsageError(Exception):
     """An argument that parsed but cannot be used (exit 2)."""
 
 
+def refuse_existing(force: bool, *paths) -> None:
+    """The one ``--force`` rule of every command that writes a file: anything at an
+    output's name (a file, a directory, a symlink, even a dangling one:
+    ``os.path.lexists``) is refused unless ``--force`` (DestinationExistsError; ``apr``
+    prints "PATH exists; pass --force to replace it" and exits 1).  None paths are
+    skipped (an output not asked for).
+
+    Example::
+
+        refuse_existing(args.force, args.output)
+    """
+    if force:
+        return
+    from ..convert import DestinationExistsError
+
+    for path in paths:
+        if path is not None and os.path.lexists(path):
+            raise DestinationExistsError("destination exists; pass --force to replace it", path=os.fspath(path))
+
+
+def write_atomically(path, data: bytes) -> None:
+    """``data`` as the file ``path``, whole or not at all (an
+    :class:`aprfast.io.atomic.AtomicFile`: a symlink at ``path`` is replaced, never
+    written through)."""
+    from ..io.atomic import AtomicFile
+
+    atomic = AtomicFile(path)
+    try:
+        view = memoryview(data)
+        while len(view):
+            view = view[os.write(atomic.fd, view):]
+    except BaseException:
+        atomic.abort()
+        raise
+    atomic.commit()
+
+
 def non_negative_int(text) -> int:
     """argparse type: 0, 1, 2, ... (a bad value is a usage error, exit 2)."""
     import argparse

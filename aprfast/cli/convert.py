@@ -24,7 +24,16 @@ from __future__ import annotations
 import os
 import sys
 
-from ._common import EXIT_ERROR, EXIT_OK, EXIT_VALIDATION, UsageError, add_progress_option, print_json, progress_for
+from ._common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_VALIDATION,
+    UsageError,
+    add_progress_option,
+    print_json,
+    progress_for,
+    refuse_existing,
+)
 
 #: The seed's names for the integer quantizations (§13.2 `--quantize int8`).
 QUANTIZE_ALIASES = {"int8": "Q8_0", "int4": "Q4_0"}
@@ -179,6 +188,8 @@ def convert_and_report(source, destination, options, to, verb, as_json) -> int:
 
     if not is_url(source) and not os.path.lexists(source):  # a URL (hf://, https://, s3://) is fetched by convert
         raise FileNotFoundError(f"{source}: no such file or directory")
+    if not os.path.isdir(destination):  # a directory of shards: each file written is checked by the same rule
+        refuse_existing(options.get("force", False), destination)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

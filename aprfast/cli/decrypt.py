@@ -15,6 +15,7 @@ from ._common import (
     add_signing_key_option,
     keys_from,
     print_json,
+    refuse_existing,
     signing_key_from,
 )
 
@@ -34,6 +35,7 @@ def run(args) -> int:
     keys = keys_from(args)
     if "password" not in keys and "private_key" not in keys:
         raise UsageError("give --password-env VAR or --key-file PATH")
+    refuse_existing(args.force, args.output)
     result = decrypt_file(args.file, args.output, signing_key=signing_key_from(args), force=args.force, **keys)
     if args.json:
         print_json(result)

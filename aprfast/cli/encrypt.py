@@ -10,7 +10,15 @@ from __future__ import annotations
 import sys
 
 from ..tools.protection import encrypt_file
-from ._common import EXIT_OK, UsageError, add_signing_key_option, password_from, print_json, signing_key_from
+from ._common import (
+    EXIT_OK,
+    UsageError,
+    add_signing_key_option,
+    password_from,
+    print_json,
+    refuse_existing,
+    signing_key_from,
+)
 
 
 def add_parser(commands) -> None:
@@ -37,6 +45,7 @@ def run(args) -> int:
         from ..crypto.core import load_key
 
         recipients = [load_key(path, kind="x25519-public")[1] for path in args.recipient]
+    refuse_existing(args.force, args.output)
     result = encrypt_file(args.file, args.output, password=password, recipients=recipients,
                           signing_key=signing_key_from(args), encrypt_names=args.encrypt_names, force=args.force)
     if args.json:

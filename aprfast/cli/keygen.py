@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..tools.protection import KEYPAIR_KINDS, generate_keypair
-from ._common import EXIT_OK, UsageError, print_json
+from ._common import EXIT_OK, UsageError, print_json, refuse_existing
 
 
 def add_parser(commands) -> None:
@@ -30,6 +30,7 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
+    refuse_existing(args.force, args.path, f"{args.path}.pub")
     password = None
     if args.password_env:
         if not args.kind.startswith("ecdsa-"):

@@ -7,7 +7,16 @@ for ``--method``.  An existing output is kept unless ``--force``."""
 from __future__ import annotations
 
 from ..tools.merge import METHODS, merge_models
-from ._common import EXIT_OK, UsageError, add_key_options, add_progress_option, keys_from, print_json, progress_for
+from ._common import (
+    EXIT_OK,
+    UsageError,
+    add_key_options,
+    add_progress_option,
+    keys_from,
+    print_json,
+    progress_for,
+    refuse_existing,
+)
 
 
 def add_parser(commands) -> None:
@@ -33,6 +42,7 @@ def run(args) -> int:
     weights = _weights(args.weights) if args.weights else None
     try:
         with progress_for(args, f"merge ({args.method})") as progress:
+            refuse_existing(args.force, args.output)
             result = merge_models(args.models, args.output, method=args.method, base=args.base, weights=weights,
                                   density=args.density, t=args.t, lam=args.lam, seed=args.seed,
                                   keys=keys_from(args), force=args.force, progress=progress)

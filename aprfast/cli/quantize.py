@@ -15,7 +15,6 @@ import dataclasses
 import fnmatch
 import os
 
-from ..convert import DestinationExistsError
 from ..numerics.quantization import quant_type, quant_types, quantize_tensors
 from ._common import (
     EXIT_OK,
@@ -26,6 +25,7 @@ from ._common import (
     open_model,
     print_json,
     progress_for,
+    refuse_existing,
 )
 
 #: Names of embedding and output-projection tensors (Hugging Face, GGUF, whisper spellings).
@@ -103,8 +103,7 @@ def run(args) -> int:
     if default is None:
         raise UsageError("--type must name a quantization type")
     rules = parse_rules(args)
-    if os.path.exists(args.output) and not args.force:
-        raise DestinationExistsError("destination exists; pass --force to replace it", path=args.output)
+    refuse_existing(args.force, args.output)
     result = quantize_file(args.file, args.output, default, rules, args)
     if args.json:
         print_json(result)

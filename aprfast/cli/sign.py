@@ -16,7 +16,15 @@ from __future__ import annotations
 import os
 
 from ..tools.protection import sign_file
-from ._common import EXIT_OK, UsageError, add_signing_key_option, keys_from, print_json, signing_key_from
+from ._common import (
+    EXIT_OK,
+    UsageError,
+    add_signing_key_option,
+    keys_from,
+    print_json,
+    refuse_existing,
+    signing_key_from,
+)
 
 
 def add_parser(commands) -> None:
@@ -58,6 +66,7 @@ def run(args) -> int:
     key = signing_key_from(args)
     if key is None:
         raise UsageError("--signing-key PATH is required")
+    refuse_existing(args.force, args.output)  # no OUTPUT: FILE itself is re-signed in place
     keys = keys_from(args)
     result = sign_file(args.file, key, output=args.output, replace_signature=args.resign, force=args.force,
                        password=keys.get("password"), private_key=keys.get("private_key"))

@@ -37,7 +37,9 @@ from ._common import (
     non_negative_int,
     open_model,
     print_json,
+    refuse_existing,
     shape_text,
+    write_atomically,
 )
 
 _CHUNK = 1 << 22  # read in 4 MiB pieces: the bytes are counted, never kept
@@ -58,17 +60,13 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    if args.chrome and os.path.exists(args.chrome) and not args.force:
-        from ..convert import DestinationExistsError
-
-        raise DestinationExistsError("destination exists; pass --force to replace it", path=args.chrome)
+    refuse_existing(args.force, args.chrome)
     if not args.tolerance >= 0:  # also refuses NaN
         raise UsageError(f"--tolerance {args.tolerance}: must be a number >= 0")
     traces = [trace_load(path, args, verify=not args.no_verify, threads=args.threads)
               for path in ([args.file, args.diff] if args.diff else [args.file])]
     if args.chrome:
-        with open(args.chrome, "w", encoding="utf-8") as fh:
-            json.dump(chrome_events(*traces), fh)
+        write_atomically(args.chrome, json.dumps(chrome_events(*traces)).encode("utf-8"))
     if not args.diff:
         print_json(traces[0]) if args.json else print(format_trace(traces[0]))
         return EXIT_OK

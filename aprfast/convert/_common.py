@@ -348,10 +348,16 @@ class DeclaredWriter:
         return spec
 
     def close(self) -> None:
+        self.finish().commit()
+
+    def finish(self):
+        """Check every declared tensor was added and hand over the written, uncommitted
+        AtomicFile (a member of a set: its owner stages and publishes it)."""
         if self._next != len(self.specs):
             self.abort()
             raise LayoutError(f"{len(self.specs) - self._next} declared tensors were never added; no file written")
-        self._atomic.commit()
+        atomic, self._atomic = self._atomic, None
+        return atomic
 
     def abort(self) -> None:
         if self._atomic is not None:

@@ -15,20 +15,21 @@ then converted like a file (the format modules read local files: maps, ``pread``
   manifest) and, for safetensors, ``tokenizer.json`` when the repository has one.
 - any other URL: the object (and the shards / tokenizer beside it, as above) is read
   with parallel ranged requests (:mod:`aprfast.remote`) straight into a file in a
-  temporary directory next to the destination, which is removed when the conversion
-  ends, whatever happens.  Nothing is cached, so ``APR_CACHE`` is not involved (``apr
-  download`` puts a copy there for repeated use).
+  temporary directory next to the destination (an
+  :class:`aprfast.io.atomic.TempDirectory`: named and locked as every temporary of
+  the package, so one a killed conversion leaves is swept by the next save there),
+  which is removed when the conversion ends, whatever happens.  Nothing is cached, so
+  ``APR_CACHE`` is not involved (``apr download`` puts a copy there for repeated use).
 
 Shard names taken from an index must be plain file names (no "/", "\\", "..", no
-URL syntax), checked before anything is fetched.
+URL syntax), checked before anything is fetched.  Errors show URLs redacted
+(:func:`aprfast.remote.redact_url`: no userinfo, no query).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-import shutil
-import tempfile
 
 from ..errors import AprFileNotFoundError, AprIOError, CorruptError, FormatError, LimitError
 
@@ -40,9 +41,10 @@ _INDEX_SUFFIXES = (".safetensors.index.json", ".bin.index.json", ".apr.index.jso
 
 
 class LocalCopy:
-    """A local path for a URL source, and what to remove afterwards (a context manager)."""
+    """A local path for a URL source, and what to remove afterwards (a context manager):
+    ``temporary``, a :class:`~aprfast.io.atomic.TempDirectory` or None."""
 
-    def __init__(self, path: str, temporary: str | None = None):
+    def __init__(self, path: str, temporary=None):
         self.path, self._temporary = path, temporary
 
     def __enter__(self):
@@ -55,21 +57,22 @@ class LocalCopy:
     def close(self) -> None:
         temporary, self._temporary = self._temporary, None
         if temporary is not None:
-            shutil.rmtree(temporary, ignore_errors=True)
+            temporary.close()
 
 
 def local_source(url: str, *, storage_options=None, destination=None, tokenizer: bool = True) -> LocalCopy:
     """A :class:`LocalCopy` whose ``path`` the converters read for ``url``."""
+    from ..io.atomic import TempDirectory
     from ..remote import url_scheme
 
     if url_scheme(url) == "hf":
         return LocalCopy(_hf_local(url, storage_options, tokenizer))
     parent = os.path.dirname(os.path.abspath(os.fspath(destination))) if destination is not None else None
-    temporary = tempfile.mkdtemp(prefix=".aprfast-source-", dir=parent if parent and os.path.isdir(parent) else None)
+    temporary = TempDirectory(parent if parent and os.path.isdir(parent) else None, "aprfast-source")
     try:
-        return LocalCopy(_fetch_set(url, storage_options, temporary, tokenizer), temporary)
+        return LocalCopy(_fetch_set(url, storage_options, temporary.path, tokenizer), temporary)
     except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
+        temporary.close()
         raise
 
 
@@ -81,8 +84,15 @@ def _name_of(url: str) -> str:
 def _plain(name, index) -> str:
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0?#%:") or \
             any(ord(c) < 0x21 for c in name):
-        raise CorruptError(f"shard name {name!r} is not a plain file name beside the index", path=index)
+        raise CorruptError(f"shard name {name!r} is not a plain file name beside the index", path=_shown(index))
     return name
+
+
+def _shown(url) -> str:
+    """``url`` as errors show it: no userinfo, no query (:func:`aprfast.remote.redact_url`)."""
+    from ..remote import redact_url
+
+    return redact_url(url)
 
 
 def _companions(local_index: str, url: str) -> list:
@@ -94,25 +104,26 @@ def _companions(local_index: str, url: str) -> list:
     name = _name_of(url)
     if not name.endswith(_INDEX_SUFFIXES):
         return []
+    shown = _shown(url)
     size = os.path.getsize(local_index)
     if size > MAX_INDEX_BYTES:
-        raise LimitError(f"index file is {size} bytes, more than {MAX_INDEX_BYTES}", path=url)
+        raise LimitError(f"index file is {size} bytes, more than {MAX_INDEX_BYTES}", path=shown)
     try:
         with open(local_index, "rb") as f:
             raw = f.read(MAX_INDEX_BYTES + 1)
     except OSError as exc:
-        raise AprIOError(f"cannot read the fetched index: {exc}", path=url) from exc
+        raise AprIOError(f"cannot read the fetched index: {exc}", path=shown) from exc
     if name.endswith(".apr.index.json"):
         from ..files.shards import parse_manifest
         from ..limits import Limits
 
-        names = [shard["file"] for shard in parse_manifest(raw, Limits(), url)["shards"]]
+        names = [shard["file"] for shard in parse_manifest(raw, Limits(), shown)["shards"]]
     else:
         from .safetensors import parse_index
 
-        names = sorted(set(parse_index(raw, url, "a checkpoint index").values()))
+        names = sorted(set(parse_index(raw, shown, "a checkpoint index").values()))
     if not names:
-        raise FormatError("the index names no shards", path=url)
+        raise FormatError("the index names no shards", path=shown)
     return [_plain(n, url) for n in names]
 
 
@@ -160,7 +171,7 @@ def _fetch(url: str, path: str, storage_options) -> None:
     except OSError as exc:
         if isinstance(exc, AprIOError):
             raise
-        raise AprIOError(f"cannot write the fetched copy: {exc}", path=path) from exc
+        raise AprIOError(f"cannot write the fetched copy: {exc.strerror or exc}", path=path) from exc
     finally:
         source.close()
 
@@ -232,6 +243,7 @@ def _hf_file(hub, url, repo_type, repo_id, revision, filename, options) -> str:
     if isinstance(cached, str):
         return cached
     where = f"{filename!r} of {repo_type} {repo_id!r}{'@' + revision if revision else ''}"
+    url = _shown(url)
     if hub_offline():
         raise AprFileNotFoundError(f"HF_HUB_OFFLINE is set and {where} is not in huggingface_hub's cache", path=url)
     try:

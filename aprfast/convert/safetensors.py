@@ -15,6 +15,7 @@ tensors, so nothing is held but the tensor being written.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import stat
@@ -23,8 +24,18 @@ import struct
 import numpy as np
 
 from .. import dtypes as _dtypes
-from ..errors import CorruptError, FormatError, LayoutError, LimitError, UnknownDTypeError, os_error
-from ..io.atomic import AtomicFile
+from .._crc import crc32
+from ..errors import (
+    AprError,
+    ChecksumError,
+    CorruptError,
+    FormatError,
+    LayoutError,
+    LimitError,
+    UnknownDTypeError,
+    os_error,
+)
+from ..io.atomic import AtomicFile, is_set_member, publish_set, set_member_names
 from ..tensors import RawTensor
 from ._common import (
     DeclaredWriter,
@@ -40,7 +51,8 @@ from ._common import write_all as _write_all
 
 __all__ = ["SafetensorsSource", "ShardedSource", "SafetensorsWriter", "ShardedWriter", "open_source",
            "is_safetensors", "ST_DTYPES", "INDEX_NAME", "parse_size", "metadata_to_strings",
-           "metadata_from_strings", "parse_index", "read_index", "check_shard_name", "shard_file"]
+           "metadata_from_strings", "parse_index", "read_index", "read_index_with_checks", "check_shard_name",
+           "shard_file", "SHARD_CHECKS", "crc32_of_fd"]
 
 #: safetensors dtype name -> aprfast dtype name.  Every type the installed safetensors
 #: (0.8) knows except F6_E2M3/F6_E3M2, which aprfast has no dtype for: those, and any
@@ -58,6 +70,8 @@ MAX_INDEX_BYTES = 64 << 20
 #: Key in .apr metadata listing the keys whose values were JSON-encoded on the way to
 #: safetensors (whose metadata holds strings only), so the way back decodes exactly those.
 JSON_KEYS = "aprfast.json_keys"
+#: Key in an index's ``metadata``: each shard's ``{"size", "crc32"}`` (docs/FORMAT.md).
+SHARD_CHECKS = "aprfast.shards"
 
 
 def is_safetensors(head: bytes, size: int) -> bool:
@@ -208,6 +222,11 @@ def parse_index(raw, index_path, kind: str = "a safetensors index") -> dict:
     before it is parsed (``aprfast._metascan``: CorruptError, LimitError); no key twice;
     a ``weight_map`` object of string values (FormatError naming ``kind``), each a plain
     file name (:func:`check_shard_name`, CorruptError)."""
+    return _checked_index(_parse_document(raw, index_path), index_path, kind)[0]
+
+
+def _parse_document(raw, index_path):
+    """The JSON document of an index's bytes, size, depth and UTF-8 checked first."""
     if len(raw) > MAX_INDEX_BYTES:
         raise LimitError(f"index file is {len(raw)} bytes, more than {MAX_INDEX_BYTES}", path=index_path)
     from .. import _metascan
@@ -220,26 +239,63 @@ def parse_index(raw, index_path, kind: str = "a safetensors index") -> dict:
     except (ValueError, RecursionError) as exc:
         raise CorruptError(f"sharded checkpoint index is not valid JSON ({type(exc).__name__}: {str(exc)[:200]})",
                            path=index_path) from None
+    return index
+
+
+def _checked_index(index, index_path, kind: str):
+    """(weight_map, shard checks or None) of a parsed index document."""
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise FormatError(f"not {kind}: no \"weight_map\" object of tensor -> shard file name", path=index_path)
     for shard in set(weight_map.values()):
         check_shard_name(shard, index_path)
-    return weight_map
+    return weight_map, _shard_checks(index.get("metadata"), set(weight_map.values()), index_path)
+
+
+def _shard_checks(metadata, shards: set, index_path):
+    """``metadata["aprfast.shards"]`` checked: None when absent (an index another tool
+    wrote), else ``{shard: (size, crc32)}`` covering every shard the weight_map names."""
+    checks = metadata.get(SHARD_CHECKS) if isinstance(metadata, dict) else None
+    if checks is None:
+        return None
+    where = f"index metadata {SHARD_CHECKS!r}"
+    if not isinstance(checks, dict):
+        raise CorruptError(f"{where} must be an object of shard -> {{size, crc32}}", path=index_path)
+    out = {}
+    for shard in sorted(shards):
+        entry = checks.get(shard)
+        if not isinstance(entry, dict):
+            raise CorruptError(f"{where} has no entry for shard {shard!r}", path=index_path)
+        size, crc = entry.get("size"), entry.get("crc32")
+        if not _is_uint(size) or not isinstance(crc, str) or not _HEX8.fullmatch(crc):
+            raise CorruptError(f"{where}[{shard!r}] must be {{\"size\": bytes, \"crc32\": 8 lowercase hex digits}}, "
+                               f"not {entry!r:.200}", path=index_path)
+        out[shard] = (size, int(crc, 16))
+    return out
 
 
 def read_index(index_path, kind: str = "a safetensors index") -> dict:
     """:func:`parse_index` of the index file at ``index_path`` (its size checked before
     it is read)."""
+    return parse_index(_read_index_bytes(index_path), index_path, kind)
+
+
+def read_index_with_checks(index_path, kind: str = "a safetensors index"):
+    """``(weight_map, checks)`` of the index file at ``index_path``: ``checks`` is
+    ``{shard: (size, crc32)}`` from ``metadata["aprfast.shards"]`` (every field
+    checked), or None when the index has none (written by another tool)."""
+    return _checked_index(_parse_document(_read_index_bytes(index_path), index_path), index_path, kind)
+
+
+def _read_index_bytes(index_path) -> bytes:
     try:
         with open(index_path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > MAX_INDEX_BYTES:
                 raise LimitError(f"index file is {size} bytes, more than {MAX_INDEX_BYTES}", path=index_path)
-            data = f.read(MAX_INDEX_BYTES + 1)
+            return f.read(MAX_INDEX_BYTES + 1)
     except OSError as exc:
         raise os_error(exc, "cannot read the sharded checkpoint index", path=index_path) from exc
-    return parse_index(data, index_path, kind)
 
 
 class ShardedSource:
@@ -247,13 +303,19 @@ class ShardedSource:
     one tensor stream.  Shard names must be plain file names beside the index (no
     directories, so a hostile index cannot point elsewhere); every listed shard must
     exist; a tensor may live in one shard only, and the index and the shards' headers
-    must agree on which tensors exist."""
+    must agree on which tensors exist.  When the index records each shard's size and
+    CRC32 (``metadata["aprfast.shards"]``, as aprfast writes it), each shard's size is
+    checked at open and its CRC32 before its first tensor is read: a shard that is not
+    the one the index was written with (a mixed set) is refused, named, with
+    :class:`~aprfast.errors.ChecksumError` (E004)."""
 
     def __init__(self, index_path):
         self.path = os.fspath(index_path)
         directory = os.path.dirname(os.path.abspath(self.path))
+        self._checks = None
         weight_map = self._weight_map()
         self._shards, self.specs, self.metadata, self._owner = [], [], {}, {}
+        self._unchecked = {}  # shard source -> (name, size, crc32) until its CRC is checked
         try:
             self._open_shards(directory, weight_map)
         except BaseException:
@@ -261,13 +323,20 @@ class ShardedSource:
             raise
 
     def _weight_map(self) -> dict:
-        return read_index(self.path, "a safetensors index")
+        weight_map, self._checks = read_index_with_checks(self.path, "a safetensors index")
+        return weight_map
 
     def _open_shards(self, directory: str, weight_map: dict) -> None:
         owner = {}
         for shard in sorted(set(weight_map.values())):
-            src = SafetensorsSource(shard_file(directory, shard, self.path))
+            path = shard_file(directory, shard, self.path)
+            if self._checks is not None:  # before its header is parsed: a wrong shard is named as such
+                self._check_size(shard, os.stat(path).st_size, path)
+            src = SafetensorsSource(path)
             self._shards.append(src)
+            if self._checks is not None:
+                self._check_size(shard, os.fstat(src._fd).st_size, path)  # the file opened: the same one
+                self._unchecked[src] = (shard, self._checks[shard][1])
             for key, value in src.metadata.items():
                 self.metadata.setdefault(key, value)
             for spec in src.specs:
@@ -285,15 +354,35 @@ class ShardedSource:
             raise CorruptError(f"{len(missing)} tensors listed in the index are in no shard (first: {missing[0]!r})",
                                path=self.path)
 
+    def _check_size(self, shard: str, actual: int, path) -> None:
+        size = self._checks[shard][0]
+        if actual != size:
+            raise ChecksumError(f"shard {shard!r} is {actual} bytes but the index says {size}: it is not the "
+                                "shard this index was written with", path=path)
+
+    def _checked(self, src):
+        """``src``, its CRC32 checked against the index the first time it is used."""
+        if src in self._unchecked:
+            shard, crc = self._unchecked[src]
+            try:
+                actual = crc32_of_fd(src._fd)
+            except (OSError, ValueError) as exc:
+                raise os_error(exc, f"cannot read shard {shard!r}", path=src.path) from exc
+            if actual != crc:
+                raise ChecksumError(f"shard {shard!r} has CRC32 {actual:08x} but the index says {crc:08x}: it is "
+                                    "not the shard this index was written with", path=src.path)
+            del self._unchecked[src]
+        return src
+
     def read(self, spec: Spec, scratch=None):
-        return self._owner[spec.name].read(spec, scratch)
+        return self._checked(self._owner[spec.name]).read(spec, scratch)
 
     def raw_range(self, spec: Spec):
-        return self._owner[spec.name].raw_range(spec)
+        return self._checked(self._owner[spec.name]).raw_range(spec)
 
     def tensors(self, wanted=None):
         for src in self._shards:
-            yield from src.tensors(wanted)
+            yield from self._checked(src).tensors(wanted)
 
     def close(self) -> None:
         for src in self._shards:
@@ -430,6 +519,7 @@ class SafetensorsWriter(DeclaredWriter):
 
 
 
+_HEX8 = re.compile(r"[0-9a-f]{8}")
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", re.IGNORECASE)
 
 
@@ -470,26 +560,41 @@ def shard_name(i: int, n: int) -> str:
 
 class ShardedWriter:
     """A sharded checkpoint in ``directory``: shards named as transformers names them
-    and ``model.safetensors.index.json`` (``{"metadata": {"total_size"}, "weight_map"}``,
-    keys sorted, indent 2) written last.  One shard is written as ``model.safetensors``
-    without an index, as transformers does."""
+    and ``model.safetensors.index.json`` (``{"metadata": {"total_size", "aprfast.shards"},
+    "weight_map"}``, keys sorted, indent 2).  One shard is written as
+    ``model.safetensors`` without an index, as transformers does.
+
+    The set is published atomically (:func:`aprfast.io.atomic.publish_set`; layout in
+    docs/FORMAT.md): each shard is written and staged under a locked temporary name;
+    at :meth:`close` they are renamed to names the live index does not use (the
+    canonical ``model-0000N-of-0000M.safetensors``, or the same with a tag,
+    ``model-0000N-of-0000M.{8 hex}.safetensors``, when the live checkpoint has those),
+    the index is renamed over the old one, and only then are the old shards removed.
+    A reader, or a conversion killed at any moment, sees the old checkpoint whole or
+    the new one.  The index records each shard's size and CRC32 under
+    ``metadata["aprfast.shards"]``, which :class:`ShardedSource` checks."""
 
     def __init__(self, directory, specs, metadata=None, *, max_shard_size, force=False, durable=True):
         self.directory = os.fspath(directory)
         self._groups = shard_groups(list(specs), parse_size(max_shard_size))
         n = len(self._groups)
-        self._names = ["model.safetensors"] if n == 1 else [shard_name(i + 1, n) for i in range(n)]
+        self._force = force
+        self._check_free(force, n)
+        index_path = os.path.join(self.directory, INDEX_NAME)
+        self._names = ["model.safetensors"] if n == 1 else \
+            set_member_names("model", ".safetensors", n, _live_shards(index_path))
         self._metadata, self._durable = metadata or {}, durable
-        self._check_free(force)
         self._created = not os.path.isdir(self.directory)  # removed again by abort() when left empty
         os.makedirs(self.directory, exist_ok=True)
-        self._done, self._current, self._shard = [], None, -1
+        self._staged, self._checks, self._current, self._shard = [], [], None, -1
         self._total = sum(s.nbytes for g in self._groups for s in g)
 
-    def _check_free(self, force: bool) -> None:
+    def _check_free(self, force: bool, n: int) -> None:
         if force:
             return
-        for name in self._names + ([INDEX_NAME] if len(self._names) > 1 else []):
+        # one shard with an index there would leave the old checkpoint the one readers take
+        names = ["model.safetensors", INDEX_NAME] if n == 1 else [shard_name(i + 1, n) for i in range(n)] + [INDEX_NAME]
+        for name in names:
             target = os.path.join(self.directory, name)
             if os.path.lexists(target):
                 raise DestinationExistsError(f"{name} exists in the destination directory; pass force=True "
@@ -507,53 +612,115 @@ class ShardedWriter:
 
     def _open_next(self) -> None:
         if self._current is not None:
-            self._current.close()
-            self._done.append(os.path.join(self.directory, self._names[self._shard]))
+            self._stage_current()
         self._shard += 1
         if self._shard >= len(self._groups):
             raise LayoutError("more tensors added than were declared")
         path = os.path.join(self.directory, self._names[self._shard])
         self._current = SafetensorsWriter(path, self._groups[self._shard], self._metadata, durable=self._durable)
 
+    def _stage_current(self) -> None:
+        """The finished shard, staged (locked temporary name), with its size and CRC32."""
+        writer, self._current = self._current, None
+        atomic = writer.finish()
+        self._staged.append(atomic)
+        atomic.stage()
+        self._checks.append({"size": os.fstat(atomic.fd).st_size, "crc32": f"{crc32_of_fd(atomic.fd):08x}"})
+
     def close(self) -> None:
         try:
             while self._shard < len(self._groups) - 1 or self._current is None:
-                self._open_next()  # a declared shard with nothing added fails in its close()
-            self._current.close()
-            self._done.append(os.path.join(self.directory, self._names[self._shard]))
-            self._current = None
-            if len(self._names) > 1:
-                self._write_index()
+                self._open_next()  # a declared shard with nothing added fails in its finish()
+            if len(self._names) == 1:
+                writer, self._current = self._current, None
+                writer.close()
+                self._retire_index()
+            else:
+                self._stage_current()
+                self._publish()
         except BaseException:
             self.abort()
             raise
-        self._done = []
+        self._staged = []
 
-    def _write_index(self) -> None:
+    def _publish(self) -> None:
         weight_map = {s.name: self._names[i] for i, g in enumerate(self._groups) for s in g}
-        index = {"metadata": {"total_size": self._total}, "weight_map": weight_map}
+        checks = dict(zip(self._names, self._checks))
+        index = {"metadata": {"total_size": self._total, SHARD_CHECKS: checks}, "weight_map": weight_map}
         atomic = AtomicFile(os.path.join(self.directory, INDEX_NAME), durable=self._durable)
         try:
             _write_all(atomic.fd, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode("utf-8"))
-            atomic.commit()
+            atomic.stage()
         except BaseException:
             atomic.abort()
             raise
+        keep, force = set(self._names), self._force
+        staged, self._staged = self._staged, []
+
+        def obsolete(directory):
+            # the superseded shards; without force=True only tagged ones (a killed
+            # conversion's): an untagged name no index names may be someone else's file
+            return [n for n in _listdir(directory)
+                    if n not in keep and is_set_member(n, "model", ".safetensors", tagged_only=not force)]
+        publish_set(staged, atomic, obsolete=obsolete, durable=self._durable)
+
+    def _retire_index(self) -> None:
+        """A one-shard write (``model.safetensors``) over a sharded checkpoint: the index
+        is removed once the new file is in place (readers of the directory then take the
+        new file; before, the old checkpoint, whole), then its shards."""
+        index = os.path.join(self.directory, INDEX_NAME)
+        if not os.path.lexists(index):
+            return
+        try:
+            os.unlink(index)
+        except FileNotFoundError:
+            pass
+        for name in _listdir(self.directory):
+            if is_set_member(name, "model", ".safetensors"):
+                try:
+                    os.unlink(os.path.join(self.directory, name))
+                except OSError:
+                    pass
 
     def abort(self) -> None:
-        """Discard the shard being written and remove those already committed: a failed
-        export leaves no partial checkpoint (the index, written last, never exists)."""
+        """Discard the shards written so far: a failed export leaves no partial
+        checkpoint, and the live one (if any) untouched."""
         if self._current is not None:
             self._current.abort()
             self._current = None
-        for path in self._done:
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
-        self._done = []
+        for atomic in self._staged:
+            atomic.abort()
+        self._staged = []
         if self._created:
             try:
                 os.rmdir(self.directory)
             except OSError:  # something else was put there meanwhile: not ours to remove
                 pass
+
+
+def _listdir(directory: str) -> list:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
+def _live_shards(index_path: str) -> set:
+    """The shard names the index at ``index_path`` names (none when there is no
+    readable index: then no reader opens any of them as part of a set)."""
+    if not os.path.lexists(index_path):
+        return set()
+    try:
+        return set(read_index(index_path).values())
+    except AprError:
+        return set()
+
+
+def crc32_of_fd(fd: int) -> int:
+    """The CRC32 (IEEE, as zlib) of the whole file open at ``fd``."""
+    size = os.fstat(fd).st_size
+    if not size:
+        return 0
+    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as m:
+        with memoryview(m) as view:
+            return crc32(view)

@@ -6,7 +6,11 @@ Files, for ``save_file(tensors, "out/model.apr", max_shard_size=...)``::
     out/model-00001-of-00003.apr   every shard a complete .apr file (any layout)
     out/model-00002-of-00003.apr
     out/model-00003-of-00003.apr
-    out/model.apr.index.json       the manifest, written last
+    out/model.apr.index.json       the manifest, switched last
+
+Over a live set that already uses those names the shards are named
+``model-00001-of-00003.{8 hex}.apr`` instead (see :func:`save_sharded`): a set is
+published whole, never shard by shard over the shards a reader may be opening.
 
 The manifest (docs/FORMAT.md has the field table)::
 
@@ -29,7 +33,6 @@ import json
 import mmap
 import os
 import re
-import secrets
 import stat
 import threading
 
@@ -46,7 +49,7 @@ from ..errors import (
     TensorNotFoundError,
     os_error,
 )
-from ..io import platform as _platform
+from ..io.atomic import AtomicFile, is_set_member, publish_set, set_member_names
 from ..limits import Limits
 from .handle import TensorMapping
 
@@ -156,7 +159,8 @@ def fetch_manifest(url: str, storage_options=None) -> RemoteManifest:
     source = open_source(url, mode="pread", storage_options=storage_options)
     try:
         if source.size > MAX_MANIFEST_SIZE:
-            raise LimitError(f"shard manifest of {source.size} bytes exceeds {MAX_MANIFEST_SIZE}", path=url)
+            raise LimitError(f"shard manifest of {source.size} bytes exceeds {MAX_MANIFEST_SIZE}",
+                             path=_redact(url))
         raw = bytes(source.read(0, source.size, "shard manifest"))
         return RemoteManifest(url, raw, getattr(source, "version", None))
     finally:
@@ -225,12 +229,16 @@ def save_sharded(inputs, path, metadata, max_shard_size, *, plan_shard, write_pl
     """Write ``inputs`` as shards of at most ``max_shard_size`` tensor bytes plus the
     manifest; return the manifest's path, or None when everything fit one shard (then
     ``path`` is written as a plain file).  ``plan_shard(inputs, metadata)`` lays out one
-    file, ``write_plan(target, plan)`` writes it atomically.
+    file, ``write_plan(atomic, plan)`` writes it into an :class:`~aprfast.io.atomic.AtomicFile`
+    (without committing it).
 
-    All shards are written under temporary names first, then renamed into place, the
-    manifest last: a failure before the renames leaves nothing, and one during them
-    removes the shards already renamed (files of an earlier save with the same names are
-    replaced, not restored)."""
+    The set is published atomically (:func:`aprfast.io.atomic.publish_set`): every
+    shard is written and staged under a locked temporary name, then renamed to a name
+    the live manifest does not use (``{stem}-0000N-of-0000M.apr``, or the same with a
+    tag, ``...-of-0000M.{8 hex}.apr``, when the live set has those names), then the
+    manifest is renamed over the old one, and only then are the old shards (and any
+    shard file of this stem no manifest names: a killed save's) removed.  A reader,
+    or a process killed at any moment, sees the old model whole or the new one."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError("max_shard_size needs a path to write the shards next to, not a file object")
     metadata = dict(metadata or {})
@@ -239,45 +247,85 @@ def save_sharded(inputs, path, metadata, max_shard_size, *, plan_shard, write_pl
     groups = split(inputs, parse_size(max_shard_size))
     path = os.fspath(path)
     if len(groups) == 1:
-        write_plan(path, plan_shard(groups[0], metadata))
+        atomic = AtomicFile(path, durable=durable)
+        try:
+            write_plan(atomic, plan_shard(groups[0], metadata))
+        except BaseException:
+            atomic.abort()
+            raise
+        atomic.commit()
         return None
     directory, stem, count = os.path.dirname(path) or ".", _stem(path), len(groups)
-    names = [shard_name(stem, i, count) for i in range(count)]
+    final_manifest = manifest_path_for(path)
+    names = set_member_names(stem, ".apr", count, _live_shard_names(final_manifest))
+    tag = names[0][len(stem) + len("-00001-of-00000"):-len(".apr")]  # "" or ".{8 hex}"
     total = sum(t.nbytes for t in inputs)
-    token = secrets.token_hex(6)
-    temps, placed = [], []
+    staged = []
     try:
         shards = []
         for i, group in enumerate(groups):
-            temp = os.path.join(directory, f".{names[i]}.{token}.part")
-            temps.append(temp)
             shard_meta = dict(metadata, sharding={"shard_count": count, "shard_index": i, "total_size": total,
-                                                  "pattern": f"{stem}-{{index:05}}-of-{{count:05}}.apr"})
-            write_plan(temp, plan_shard(group, shard_meta))
-            size, crc = _size_and_crc(temp)
+                                                  "pattern": f"{stem}-{{index:05}}-of-{{count:05}}{tag}.apr"})
+            atomic = AtomicFile(os.path.join(directory, names[i]), durable=durable)
+            staged.append(atomic)
+            write_plan(atomic, plan_shard(group, shard_meta))
+            atomic.stage()
+            size, crc = _size_and_crc_fd(atomic.fd)
             shards.append({"file": names[i], "size": size, "crc32": f"{crc:08x}"})
         manifest = {"apr_version": APR_VERSION, "sharded": True, "shard_count": count, "shards": shards,
                     "tensor_shard_map": {t.name: i for i, g in enumerate(groups) for t in g},
                     "metadata": metadata}
         blob = json.dumps(manifest, indent=2, sort_keys=False, ensure_ascii=False).encode("utf-8")
-        manifest_temp = os.path.join(directory, f".{stem}{MANIFEST_SUFFIX}.{token}.part")
-        temps.append(manifest_temp)
-        _write_small(manifest_temp, blob, durable)
-        for temp, name in zip(temps, names):
-            final = os.path.join(directory, name)
-            _platform.replace(temp, final)
-            placed.append(final)
-        final_manifest = manifest_path_for(path)
-        _platform.replace(manifest_temp, final_manifest)
+        index = AtomicFile(final_manifest, durable=durable)
+        staged.append(index)
+        _write_all(index.fd, blob)
+        index.stage()
+        keep = set(names)
+        publish_set(staged[:-1], index, durable=durable,
+                    obsolete=lambda d: [n for n in _listdir(d) if n not in keep and is_set_member(n, stem, ".apr")])
     except BaseException as exc:
-        for leftover in temps + placed:
-            _remove_quietly(leftover)
+        for atomic in staged:
+            atomic.abort()
         if isinstance(exc, OSError) and not isinstance(exc, AprError):
             raise os_error(exc, "cannot write the shards", path=path) from exc
         raise
-    if durable:
-        _platform.fsync_directory(directory)
     return final_manifest
+
+
+def _live_shard_names(manifest_path: str) -> set:
+    """The shard files the manifest at ``manifest_path`` names (none when there is no
+    readable manifest: then no reader can open any of them as part of a set)."""
+    try:
+        return {shard["file"] for shard in read_manifest(manifest_path, Limits())["shards"]}
+    except AprError:
+        return set()
+
+
+def _listdir(directory: str) -> list:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while len(view):
+        view = view[os.write(fd, view):]
+
+
+def _size_and_crc_fd(fd: int):
+    """:func:`_size_and_crc` of an open file."""
+    size = os.fstat(fd).st_size
+    if size <= _CRC_TAIL:
+        return size, crc32(b"")
+    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as m:
+        with memoryview(m) as view:
+            body = view[:size - _CRC_TAIL]
+            try:
+                return size, crc32(body)
+            finally:
+                body.release()
 
 
 def _size_and_crc(path: str):
@@ -299,21 +347,6 @@ def _size_and_crc(path: str):
                     return size, crc32(body)
                 finally:
                     body.release()
-
-
-def _write_small(path: str, blob: bytes, durable: bool) -> None:
-    with open(path, "wb") as f:
-        f.write(blob)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 # --- the manifest ----------------------------------------------------------------------
@@ -463,11 +496,11 @@ class ShardedFile(TensorMapping):
         if self._remote:
             fetched = manifest_path if isinstance(manifest_path, RemoteManifest) else \
                 fetch_manifest(manifest_path, storage_options)
-            self._path = fetched.url
-            self._dir = _url_base(fetched.url)
+            self._path = _redact(fetched.url)  # what path= and messages show: no userinfo, no query
+            self._dir = _url_base(fetched.url)  # what shards are requested under
             self.manifest_version = fetched.version
             self._options = dict(open_options, limits=limits, storage_options=storage_options)
-            manifest = parse_manifest(fetched.raw, limits or Limits(), fetched.url)
+            manifest = parse_manifest(fetched.raw, limits or Limits(), self._path)
         else:
             self._path = os.fspath(manifest_path)
             self._dir = os.path.dirname(os.path.abspath(self._path))
@@ -493,6 +526,10 @@ class ShardedFile(TensorMapping):
         if self._remote:
             return self._dir + _url_part(shard["file"], self._dir)
         return os.path.join(self._dir, shard["file"])
+
+    def _shown(self, shard) -> str:
+        """The shard's path as errors show it (a URL redacted)."""
+        return _redact(self._shard_path(shard)) if self._remote else self._shard_path(shard)
 
     def _check_size(self, shard) -> None:
         if self._remote:
@@ -621,6 +658,8 @@ class ShardedFile(TensorMapping):
             else:
                 f = self._open_one(target, **self._options)
             try:
+                if not self._remote:
+                    self._check_stored_crc(index, f)
                 self._check_contents(index, f)
             except BaseException:
                 f.close()
@@ -632,7 +671,7 @@ class ShardedFile(TensorMapping):
         size = source.size
         if size != shard["size"]:
             raise ChecksumError(f"shard {shard['file']!r} is {size} bytes but the manifest says {shard['size']}",
-                                path=self._shard_path(shard))
+                                path=self._shown(shard))
 
     def _check_remote_crc(self, index: int, f) -> None:
         """The manifest's CRC of a remote shard whose own CRC ``f`` has just checked
@@ -651,7 +690,27 @@ class ShardedFile(TensorMapping):
             actual = crc_by_chunks(source, max(body_end, 0))
         if actual != shard["crc32"]:
             raise ChecksumError(f"shard {shard['file']!r} has CRC32 {actual:08x} but the manifest says "
-                                f"{shard['crc32']:08x}", path=self._shard_path(shard))
+                                f"{shard['crc32']:08x}", path=self._shown(shard))
+
+    def _check_stored_crc(self, index: int, f) -> None:
+        """A local shard just opened against the manifest's CRC32, from the CRC its
+        footer stores (plus the footer's few bytes before the last four): no data is
+        read, so a shard of another save under this name (same size, other bytes: a
+        mixed set) is refused at open, naming it (ChecksumError, E004).  Whether the
+        data still matches its footer is :meth:`verify`'s check.  A shard whose layout
+        stores no CRC is checked at verify / load_all only."""
+        shard = self._shards[index]
+        source, parsed = _source_of(f), getattr(f, "_file", None)
+        end, body_end = getattr(parsed, "footer_crc_offset", None), shard["size"] - _CRC_TAIL
+        stored = getattr(parsed, "stored_crc", None) if end is not None else None
+        if source is None or not isinstance(stored, int) or not 0 <= end <= body_end:
+            return
+        tail = bytes(source.read(end, body_end - end, "footer")) if body_end > end else b""
+        actual = crc32_combine(stored, crc32(tail), len(tail))
+        if actual != shard["crc32"]:
+            raise ChecksumError(f"shard {shard['file']!r} has CRC32 {actual:08x} but the manifest says "
+                                f"{shard['crc32']:08x}: it is not the shard this manifest was written with",
+                                path=self._shown(shard))
 
     def _check_contents(self, index: int, f) -> None:
         expected = {n for n, i in self._where.items() if i == index}
@@ -915,6 +974,12 @@ class ShardedFile(TensorMapping):
 
     def _state(self) -> str:
         return f"{len(self)} tensors in {len(self._shards)} shards"
+
+
+def _redact(url) -> str:
+    from ..remote import redact_url
+
+    return redact_url(url)
 
 
 def _is_url(target) -> bool:

@@ -206,7 +206,8 @@ def _write_footer(plan, sink: _Sink) -> None:
 
 def save_to(target, plan, *, durable: bool = True, storage_options=None) -> None:
     """Write a complete plan to a path (atomically), a URL (an upload published only
-    when complete) or a writable file object."""
+    when complete), a writable file object, or an uncommitted
+    :class:`~aprfast.io.atomic.AtomicFile` (one file of a set; its owner commits it)."""
     _emit_to(target, lambda sink: write_plan(plan, sink), durable, plan.total_size, storage_options)
 
 
@@ -239,6 +240,16 @@ def _emit_to(target, emit, durable: bool, size: int, storage_options=None) -> No
             _raise_io_error(exc, target)
             raise
         upload.commit()
+        return
+    if isinstance(target, AtomicFile):  # one file of a set: its writer stages and publishes it
+        try:
+            if not durable:
+                reserve_blocks(target.fd, size)
+            emit(_Sink(fd=target.fd))
+        except BaseException as exc:
+            target.abort()
+            _raise_io_error(exc, target.path)
+            raise
         return
     if isinstance(target, (str, os.PathLike)):
         atomic = AtomicFile(target, durable=durable)

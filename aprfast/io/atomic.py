@@ -1,9 +1,19 @@
 """Files that appear whole or not at all: :class:`AtomicFile` writes a temporary file
 beside the target (unnamed with ``O_TMPFILE`` where the kernel has it, so a killed
-process leaves nothing), fsyncs it when asked, and renames or links it into place.
-Temporary files abandoned by a killed writer on systems without ``O_TMPFILE`` are
-swept under a lock.  Every writer of the package (v2 and v1 models, converted formats,
-keys, licences) publishes its files through here.
+process leaves nothing), fsyncs it when asked, and renames or links it into place;
+:func:`publish_set` publishes several such files as one set (shards, then the index
+that names them, last); :class:`TempDirectory` is a scratch directory (a download).
+Every writer of the package (v2 and v1 models, shards and their manifests, converted
+formats, keys, licences, downloads) makes its temporaries through here.
+
+**One naming rule, one sweep rule.**  Every temporary, file or directory, is named
+``.{base}.aprfast-{pid}-{16 hex digits}.tmp`` (:data:`TEMP_NAME`) in the directory it
+is published into, and its writer holds an exclusive ``flock`` on it from before it
+has that name until it is renamed or removed.  Every new AtomicFile / TempDirectory
+first sweeps its directory (:func:`sweep_abandoned_temps`): an entry with such a name
+whose lock can be taken has lost its writer (``kill -9``, OOM killer, power loss) and
+is removed (a directory with everything in it); one whose lock is held belongs to a
+live writer and is left alone.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ import errno
 import os
 import re
 import secrets
+import shutil
 import stat
 import sys
 import tempfile
@@ -20,7 +31,8 @@ from .._memory import preallocate
 from ..errors import AprError, AprIOError
 from . import platform as _platform
 
-__all__ = ["AtomicFile", "sweep_abandoned_temps"]
+__all__ = ["AtomicFile", "TempDirectory", "TEMP_NAME", "open_anonymous", "publish_set", "set_member_names",
+           "is_set_member", "sweep_abandoned_temps"]
 
 
 class AtomicFile:
@@ -51,6 +63,7 @@ class AtomicFile:
         self.directory = os.path.dirname(os.path.abspath(self.path))
         self._base = os.path.basename(self.path)
         self.temp_path = None  # the temporary name while the file has one
+        self._staged = False
         _sweep_if_changed(self.directory)
         try:
             self.fd = _open_unnamed(self.directory, mode)
@@ -61,8 +74,29 @@ class AtomicFile:
                              path=self.path) from exc
 
     def commit(self) -> None:
+        """Replace the target with the written file (fsynced first when ``durable``)."""
+        self._commit(sync_directory=self.durable)
+
+    def stage(self) -> None:
+        """Give the written file its recognisable temporary name now, fsynced when
+        ``durable``, and keep it locked: a file written for a set (:func:`publish_set`)
+        waits there, swept if its writer dies, until :meth:`commit` renames it."""
         try:
             if self.durable:
+                os.fsync(self.fd)
+            if self.temp_path is None:
+                self._link_temporary()
+            self._staged = True
+        except AprError:
+            self.abort()
+            raise
+        except OSError as exc:
+            self.abort()
+            raise AprIOError(f"cannot stage the written file: {exc.strerror or exc}", path=self.path) from exc
+
+    def _commit(self, sync_directory: bool) -> None:
+        try:
+            if self.durable and not self._staged:
                 os.fsync(self.fd)
             if self.temp_path is None:
                 self._link_unnamed()
@@ -73,7 +107,7 @@ class AtomicFile:
                 _platform.replace(self.temp_path, self.path)
             self.temp_path = None
             self._close()  # releases the lock only now: a swept name is never this file
-            if self.durable:
+            if sync_directory:
                 _platform.fsync_directory(self.directory)
             _note_swept(self.directory)
         except AprError:
@@ -117,7 +151,28 @@ class AtomicFile:
             _proc_links_work = False
             self._publish_by_copy()
 
+    def _link_temporary(self) -> None:
+        """Give the O_TMPFILE inode a recognisable temporary name (it stays locked:
+        the lock is on the open file, whatever its names)."""
+        global _proc_links_work
+        try:
+            while True:
+                temp = _temp_path(self.directory, self._base)
+                if _link_fd(self.fd, temp):
+                    break
+            self.temp_path = temp
+        except OSError as exc:
+            if exc.errno not in _LINK_REFUSED:
+                raise
+            _proc_links_work = False
+            self._copy_to_named()
+
     def _publish_by_copy(self) -> None:
+        self._copy_to_named()
+        _platform.replace(self.temp_path, self.path)
+
+    def _copy_to_named(self) -> None:
+        """Copy the unnamed file to a new locked temporary file (fsynced when durable)."""
         fd, temp = _create_named_temp(self.directory, self._base, 0o600)
         unnamed, self.fd, self.temp_path = self.fd, fd, temp
         try:
@@ -129,7 +184,6 @@ class AtomicFile:
             os.close(unnamed)
         if self.durable:
             os.fsync(fd)
-        _platform.replace(temp, self.path)
 
 
 # --- temporary files that never outlive their writer -----------------------------
@@ -141,8 +195,12 @@ except ImportError:  # Windows: an open file cannot be deleted, which is lock en
 
 _O_TMPFILE = getattr(os, "O_TMPFILE", 0) if sys.platform.startswith("linux") else 0
 _proc_links_work = bool(_O_TMPFILE) and os.path.isdir("/proc/self/fd")
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _LINK_REFUSED = {errno.ENOENT, errno.EXDEV, errno.EPERM, errno.EACCES, errno.EOPNOTSUPP, errno.ENOSYS}
-_TEMP_NAME = re.compile(r"\..*\.aprfast-(\d+)-[0-9a-f]{16}\.tmp", re.DOTALL)
+#: The one name of every temporary (file or directory) of every writer of the package:
+#: ``.{base}.aprfast-{pid}-{16 hex digits}.tmp``; group 1 is the writer's pid.
+TEMP_NAME = re.compile(r"\..*\.aprfast-(\d+)-[0-9a-f]{16}\.tmp", re.DOTALL)
+_TEMP_NAME = TEMP_NAME
 
 
 def _temp_path(directory: str, base: str) -> str:
@@ -223,6 +281,163 @@ def open_anonymous(directory, mode: int = 0o600) -> int:
     return fd
 
 
+class TempDirectory:
+    """A scratch directory in ``directory`` named by :data:`TEMP_NAME` and locked by
+    this process until :meth:`close` removes it (a context manager).  A killed writer
+    leaves it unlocked, and the next AtomicFile or TempDirectory made there removes it.
+    Where directories cannot be locked (Windows, some network filesystems) it is still
+    removed by :meth:`close`, but never swept.
+
+    Example::
+
+        with TempDirectory(parent, "aprfast-source") as scratch:
+            fetch_into(os.path.join(scratch.path, "model.apr"))
+    """
+
+    def __init__(self, directory, base: str):
+        directory = os.fspath(directory) if directory else tempfile.gettempdir()
+        self.directory = os.path.abspath(directory)
+        _sweep_if_changed(self.directory)
+        self.path, self._fd = None, -1
+        try:
+            for _ in range(100):
+                path = _temp_path(self.directory, base)
+                try:
+                    os.mkdir(path, 0o700)
+                except FileExistsError:
+                    continue
+                fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0))
+                # A sweep that slipped in between mkdir and this lock holds it (and is
+                # removing the directory) or has removed it: give the name up.
+                if _lock(fd) is not False and _is_entry(path, fd):
+                    self.path, self._fd = path, fd
+                    break
+                os.close(fd)
+            else:
+                raise OSError(errno.EEXIST, "no usable temporary directory name after 100 tries")
+        except OSError as exc:
+            raise AprIOError(f"cannot create a temporary directory in {self.directory}: {exc.strerror or exc}",
+                             path=self.directory) from exc
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def close(self) -> None:
+        """Remove the directory and everything in it (while still locked), then unlock."""
+        path, self.path = self.path, None
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
+def _is_entry(path: str, fd: int) -> bool:
+    try:
+        return _same_file(os.lstat(path), os.fstat(fd))
+    except OSError:
+        return False
+
+
+# --- sets of files published together (shards and their index) ----------------------
+
+#: ``.{8 hex}`` between a set member's canonical name and its extension: the names a
+#: set takes when the live set already uses the canonical ones.
+_TAG = r"\.[0-9a-f]{8}"
+
+
+def set_member_names(stem: str, ext: str, count: int, live) -> list:
+    """The names of a new set of ``count`` members: ``{stem}-0000N-of-0000M{ext}``
+    (N 1-based, Hugging Face's and aprender's shard names) unless the live set (the
+    names its index names, ``live``) uses one of them; then every name carries one
+    fresh tag, ``{stem}-0000N-of-0000M.{8 hex}{ext}``, so no file a reader of the live
+    set may open is touched before the index switches."""
+    names = [f"{stem}-{i + 1:05d}-of-{count:05d}{ext}" for i in range(count)]
+    if not set(names) & set(live):
+        return names
+    tag = secrets.token_hex(4)
+    return [f"{name[:-len(ext)] if ext else name}.{tag}{ext}" for name in names]
+
+
+def is_set_member(name: str, stem: str, ext: str, *, tagged_only: bool = False) -> bool:
+    """True when ``name`` is a name :func:`set_member_names` gives for ``stem``/``ext``
+    (with a tag only, when ``tagged_only``)."""
+    tag = _TAG if tagged_only else f"(?:{_TAG})?"
+    return re.fullmatch(re.escape(stem) + r"-\d{5}-of-\d{5}" + tag + re.escape(ext), name) is not None
+
+
+def publish_set(members, index, *, obsolete=None, durable: bool = True) -> None:
+    """Publish staged AtomicFiles (:meth:`AtomicFile.stage`) in one directory as a set:
+    every member renamed to its name, then ``index`` (the file naming them) last, then
+    the files ``obsolete(directory)`` lists (names; the superseded set) removed.
+
+    The members' names must be names no reader of the live set opens (see
+    :func:`set_member_names`): until the index's rename a reader sees the old set
+    whole, after it the new one.  A process killed before the index's rename leaves
+    staged members (swept like any temporary) or renamed ones no index names (which
+    the next publication's ``obsolete`` removes); one killed after it leaves only old
+    files the next publication removes.  Publications in one directory take turns
+    (an exclusive flock on the directory), so one never removes another's members.
+    On an error before the index's rename, every member is removed and the live set
+    stays."""
+    members = list(members)
+    directory = index.directory
+    placed = []
+    lock = _DirectoryLock(directory)
+    try:
+        try:
+            for member in members:
+                member._commit(sync_directory=False)
+                placed.append(member.path)
+            index._commit(sync_directory=False)
+        except BaseException:
+            for member in members:
+                member.abort()
+            index.abort()
+            for path in placed:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            raise
+        if durable:
+            _platform.fsync_directory(directory)
+        if obsolete is not None:
+            for name in obsolete(directory):
+                try:
+                    os.unlink(os.path.join(directory, name))
+                except OSError:
+                    pass
+            if durable:
+                _platform.fsync_directory(directory)
+            _note_swept(directory)
+    finally:
+        lock.release()
+
+
+class _DirectoryLock:
+    """An exclusive flock on a directory, waited for (none where flock is missing)."""
+
+    def __init__(self, directory: str):
+        self._fd = -1
+        if fcntl is None:
+            return
+        try:
+            self._fd = os.open(directory, os.O_RDONLY | _O_DIRECTORY)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except OSError:
+            self.release()
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
 def _lock(fd: int):
     """Take an exclusive flock on ``fd`` without waiting: True if taken, False if held
     elsewhere, None if there are no locks here (Windows, some network or FUSE
@@ -267,8 +482,9 @@ def _note_swept(directory: str) -> None:
 
 
 def sweep_abandoned_temps(directory: str) -> int:
-    """Remove the recognisable temporary files in ``directory`` whose writer is gone
-    (killed saves); return how many were removed.  Never raises."""
+    """Remove the temporaries (:data:`TEMP_NAME`: files and directories) in ``directory``
+    whose writer is gone (killed saves, conversions, downloads); return how many were
+    removed.  One whose lock is held (a live writer) is left.  Never raises."""
     removed = 0
     try:
         with os.scandir(directory) as entries:
@@ -289,8 +505,10 @@ def sweep_abandoned_temps(directory: str) -> int:
 def _remove_if_abandoned(path: str) -> bool:
     try:
         before = os.lstat(path)
+        if stat.S_ISDIR(before.st_mode):
+            return _remove_directory_if_abandoned(path, before)
         if not stat.S_ISREG(before.st_mode):
-            return False
+            return False  # a symlink or a device is never ours
         if fcntl is None:
             os.unlink(path)  # fails while its writer has it open
             return True
@@ -310,6 +528,28 @@ def _remove_if_abandoned(path: str) -> bool:
             return False
         os.unlink(path)
         return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _remove_directory_if_abandoned(path: str, before) -> bool:
+    """A temporary directory whose lock (on the directory itself) can be taken: removed
+    with what it holds, under that lock.  Without flock (Windows) none is removed."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        if not _same_file(os.fstat(fd), before) or not _lock(fd):
+            return False
+        if not _same_file(os.lstat(path), before):
+            return False
+        shutil.rmtree(path, ignore_errors=True)  # fd-based where the OS allows: never follows a symlink out
+        return not os.path.lexists(path)
     except OSError:
         return False
     finally:

@@ -474,9 +474,11 @@ class _Spool:
     COPY_PIECE = 8 << 20
 
     def __init__(self):
-        import tempfile
+        from ..io.atomic import open_anonymous
 
-        self.file = tempfile.TemporaryFile(prefix="aprfast-spool-")
+        # nameless (O_TMPFILE), or a temporary named and locked by the one rule of
+        # aprfast.io.atomic until it is unlinked: a killed save leaves nothing unswept
+        self.file = os.fdopen(open_anonymous(None), "w+b", buffering=0)
         self.fd = self.file.fileno()
         self.size = 0
 
