@@ -524,8 +524,9 @@ def encode_index(tensors, offsets, ids: IdTable, *, spec_layout: bool, codecs: b
 
 def layout_id(ids: IdTable, dtype) -> int:
     """The id ``dtype`` is written with: the table's, or for an opaque dtype (APR2 only)
-    the unknown id it was read with, or OPAQUE_APR2_ID for one known by name."""
-    if dtype.opaque:
+    the unknown id it was read with, or OPAQUE_APR2_ID for one known by name.  (APR1's
+    index check passes the name of a type it does not know: its table gives the id.)"""
+    if getattr(dtype, "opaque", False):
         return OPAQUE_APR2_ID if dtype.raw_id is None else dtype.raw_id
     return ids.id_of(dtype)
 
