@@ -476,6 +476,8 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
     try:
         if naming == "auto" and arch is None:
             model = _hf.plan_model(src, kind, destination)
+            if kind == "apr":  # what a later .apr -> GGUF needs (a GGUF's keys are all kept already)
+                src.metadata = dict(src.metadata, **_hf.apr_record(src))
         mapping = _map_names(src, arch, prefixes)
         pairs = _plan(src, rename, precision, quantize, prefixes, mapping, optimizer, model)
         if model is not None:

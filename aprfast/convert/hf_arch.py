@@ -29,6 +29,7 @@ from ..errors import CorruptError, LayoutError
 from ..io.atomic import AtomicFile
 from ..tensors import RawTensor
 from ._common import DestinationExistsError
+from .gguf import TYPES_KEY, gguf_metadata
 from .safetensors import _write_all
 from .tokenizer import _read_json
 
@@ -616,10 +617,10 @@ class ModelConversion:
     :meth:`metadata` the destination's metadata once the output tensors are known,
     :meth:`finish` the side files of a Hugging Face directory."""
 
-    def __init__(self, direction: str, arch: HFArch, source, files: dict | None = None):
+    def __init__(self, direction: str, arch: HFArch, source, files: dict | None = None, kv: dict | None = None):
         self.direction, self.arch, self.files = direction, arch, files or {}
         self.unknown, self.rows = [], {}
-        self._kv = getattr(source, "gguf_metadata", {}) if direction == "gguf-to-hf" else {}
+        self._kv = kv or {}
         self._source_path = source.path
         to_dest = hf_to_gguf_name if direction == "hf-to-gguf" else gguf_to_hf_name
         self._names = {}
@@ -699,33 +700,88 @@ def side_file_dir(destination) -> str:
     return os.path.dirname(os.path.abspath(dest))
 
 
+#: .apr metadata key holding a Hugging Face source's model files (config.json,
+#: generation_config.json, tokenizer_config.json, tokenizer.json as JSON objects), so
+#: that .apr -> GGUF is the model conversion HF -> GGUF is.
+HF_FILES_KEY = "aprfast.hf_files"
+
+
+def _hf_dir_files(source):
+    """The model files beside a safetensors source, or None when it has no config.json."""
+    if getattr(source, "format", None) not in ("safetensors", "safetensors-sharded"):
+        return None
+    directory = os.path.dirname(os.path.abspath(source.path))
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        return None
+    return read_model_dir(directory)
+
+
+def apr_record(source) -> dict:
+    """What an .apr made from ``source`` records for a later model conversion:
+    ``{HF_FILES_KEY: files}`` for a Hugging Face directory with a config.json, else {}.
+    (A GGUF's keys are all kept in .apr already.)"""
+    files = _hf_dir_files(source)
+    return {HF_FILES_KEY: _bounded_ints(files)} if files else {}
+
+
+def _bounded_ints(value):
+    """JSON integers .apr metadata can hold (i64/u64): bigger ones become floats (a
+    tokenizer_config.json's ``model_max_length`` of 10**30 means "no limit")."""
+    if isinstance(value, dict):
+        return {k: _bounded_ints(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_bounded_ints(v) for v in value]
+    if type(value) is int and not -(1 << 63) <= value < (1 << 64):
+        return float(value)
+    return value
+
+
+def _apr_hf_files(metadata):
+    files = metadata.get(HF_FILES_KEY)
+    return files if isinstance(files, dict) and isinstance(files.get("config.json"), dict) else None
+
+
 def plan_model(source, kind: str, destination):
     """The ModelConversion for ``source`` -> a ``kind`` destination, or None when it is
     a container conversion (not Hugging Face <-> GGUF, or an architecture with no
-    table: warned when the source says what it is)."""
+    table: warned when the source says what it is).  An .apr source converts as the
+    model it was made from: a Hugging Face one (:data:`HF_FILES_KEY`) to GGUF, a GGUF
+    one (its ``gguf.kv_types``) to Hugging Face."""
     fmt = getattr(source, "format", None)
-    if kind == "gguf" and fmt in ("safetensors", "safetensors-sharded"):
-        directory = os.path.dirname(os.path.abspath(source.path))
-        if not os.path.isfile(os.path.join(directory, "config.json")):
-            return None
-        files = read_model_dir(directory)
-        arch = arch_for_config(files["config.json"])
-        if arch is None:
-            warnings.warn(f"config.json's model_type {files['config.json'].get('model_type')!r} has no llama.cpp "
-                          "mapping in aprfast: names are kept and llama.cpp will not know the model",
-                          ModelConversionWarning, stacklevel=3)
-            return None
-        return ModelConversion("hf-to-gguf", arch, source, files)
+    if fmt == "apr":
+        metadata = source.metadata or {}
+        if kind == "gguf" and _apr_hf_files(metadata) is not None:
+            return _from_hf(source, _apr_hf_files(metadata))
+        if kind == "safetensors" and isinstance(metadata.get(TYPES_KEY), dict):
+            return _from_gguf(source, {key: value for key, _, value in gguf_metadata(metadata)})
+        return None
+    if kind == "gguf":
+        files = _hf_dir_files(source)
+        return _from_hf(source, files) if files else None
     if kind == "safetensors" and fmt == "gguf":
-        arch = arch_for_gguf(source.gguf_metadata)
-        if arch is None:
-            stated = source.gguf_metadata.get("general.architecture")
-            if stated is not None:
-                warnings.warn(f"GGUF architecture {stated!r} has no Hugging Face mapping in aprfast: names are "
-                              "kept and transformers will not load the result", ModelConversionWarning, stacklevel=3)
-            return None
-        return ModelConversion("gguf-to-hf", arch, source)
+        return _from_gguf(source, source.gguf_metadata)
     return None
+
+
+def _from_hf(source, files):
+    arch = arch_for_config(files["config.json"])
+    if arch is None:
+        warnings.warn(f"config.json's model_type {files['config.json'].get('model_type')!r} has no llama.cpp "
+                      "mapping in aprfast: names are kept and llama.cpp will not know the model",
+                      ModelConversionWarning, stacklevel=4)
+        return None
+    return ModelConversion("hf-to-gguf", arch, source, files=files)
+
+
+def _from_gguf(source, kv):
+    arch = arch_for_gguf(kv)
+    if arch is None:
+        stated = kv.get("general.architecture")
+        if stated is not None:
+            warnings.warn(f"GGUF architecture {stated!r} has no Hugging Face mapping in aprfast: names are "
+                          "kept and transformers will not load the result", ModelConversionWarning, stacklevel=4)
+        return None
+    return ModelConversion("gguf-to-hf", arch, source, kv=kv)
 
 
 def write_side_files(files: dict, directory, *, force: bool, durable: bool = True, check_only: bool = False) -> None:
