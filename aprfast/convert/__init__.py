@@ -507,8 +507,7 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
     if mapping is not None:
         names = dict(mapping.metadata(), reason=mapping.reason)
     if model is not None:
-        names = {"model": model.arch.model_type, "direction": model.direction, "unknown": list(model.unknown),
-                 "permuted": sorted(model.rows)}
+        names = model.report()
     return {"source_format": src.format, "format": kind, "tensors": len(pairs), "bytes": total,
             "arch": mapping.arch if mapping is not None else (model.arch.gguf if model is not None else None),
             "names": names, "validation": validator.report(),

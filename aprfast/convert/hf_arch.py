@@ -660,6 +660,17 @@ class ModelConversion:
             order = rope_rows(spec.shape[0], n_head if m.group(1) == "q" else n_kv)
             self.rows[spec.name] = order if self.direction == "hf-to-gguf" else np.argsort(order)
 
+    def report(self) -> dict:
+        """What ``convert()`` returns under ``names``: ``arch`` (general.architecture),
+        ``model`` (config.json's model_type), ``direction``, ``renamed``, ``dropped``,
+        ``unknown`` (kept) and ``permuted`` (source tensors whose rows moved)."""
+        return {"arch": self.arch.gguf, "model": self.arch.model_type, "direction": self.direction,
+                "detected": True, "reason": "from config.json" if self.direction == "hf-to-gguf"
+                else "from general.architecture",
+                "renamed": sum(1 for s, d in self._names.items() if d is not None and s != d),
+                "dropped": sorted(s for s, d in self._names.items() if d is None),
+                "unknown": list(self.unknown), "permuted": sorted(self.rows)}
+
     def name(self, source_name: str):
         """The destination name of a source tensor (None: the engines recompute it)."""
         return self._names.get(source_name, source_name)
