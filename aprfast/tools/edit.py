@@ -54,6 +54,8 @@ _SPAN_ALIGN = 64
 #: Bytes after the new index (and security block) in an in-place span: four zeros, so no
 #: reader takes them for a security block's magic, then the CRC compensation.
 _SPAN_TAIL = 8
+#: A span that fits one page is placed inside one (see place_in_place).
+_PAGE = 4096
 _MASK32 = 0xFFFFFFFF
 
 
@@ -413,7 +415,17 @@ class _Edit:
         if not self.spec and self.data_end() != self.parsed.data_len:
             return None  # aprender's footer sits where the index says the data ends
         need = self.span_length()
-        for start, end in self._gaps() or ():
+        gaps = self._gaps() or ()
+        if need <= _PAGE:
+            # within one page: the kernel copies it into the page cache whole, so even a
+            # kill -9 during the write cannot leave half of it (docs/FORMAT.md §5.2)
+            for start, end in gaps:
+                at = align(start, _SPAN_ALIGN)
+                if at % _PAGE + need > _PAGE:
+                    at = align(at, _PAGE)
+                if at + need <= end:
+                    return at
+        for start, end in gaps:
             at = align(start, _SPAN_ALIGN)
             if at + need <= end:
                 return at
