@@ -306,6 +306,19 @@ def test_v1_encrypted_and_missing_files_are_refused(tmp_path):
         aprfast.edit(tmp_path / "missing.apr", metadata={"a": 1})
 
 
+def test_a_shard_takes_in_place_metadata_edits_only(tmp_path):
+    t = {f"w{i}": np.full(1000, i, np.float32) for i in range(4)}
+    aprfast.save_file(t, tmp_path / "m.apr", {"name": "m"}, max_shard_size=8000, reserve=4096)
+    shard = sorted(p for p in tmp_path.iterdir() if p.name.startswith("m-0"))[0]
+    assert aprfast.edit(shard, metadata={"note": "edited"})["in_place"]
+    with aprfast.open(tmp_path / "m.apr") as f:  # the manifest's CRC32 of the shard still holds
+        f.verify()
+        assert sorted(f.keys()) == sorted(t)
+    for change in (dict(rename={"w0": "x"}), dict(metadata={"note": "y" * 10000})):
+        with pytest.raises(aprfast.LayoutError, match="shard"):
+            aprfast.edit(shard, **change)
+
+
 # --- signed files ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("reserve", [0, 16384], ids=["rewrite", "in-place"])
 def test_signed_files_are_signed_again_or_refused(tmp_path, reserve):

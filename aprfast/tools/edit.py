@@ -82,6 +82,10 @@ def edit(path, metadata=None, rename=None, drop=None, *, signing_key=None, durab
     every chunk's authentication binds the index, so an edit re-encrypts every byte
     (decrypt, edit, encrypt).  v1 (``APRN``) and APR1 files are refused.
 
+    A shard of a sharded set (its metadata has ``sharding``) takes in-place metadata
+    edits only: the set's manifest records each shard's CRC32, which an in-place edit
+    keeps, and which shard holds each tensor, which a rename or drop would break.
+
     Concurrent ``edit`` calls on one file are serialised with ``flock``; a reader that
     opened the file before an in-place edit keeps the index it parsed, but a second
     edit may overwrite the old metadata bytes it has not read yet (metadata is read
@@ -149,6 +153,11 @@ def edit(path, metadata=None, rename=None, drop=None, *, signing_key=None, durab
                 result["room"] = new.room()
                 return result
             span = new.place_in_place()
+            if new.shard and (changes.rename or changes.drop or span is None):
+                raise LayoutError("this file is a shard of a sharded set, whose manifest records each shard's CRC32 "
+                                  "and which shard holds each tensor: only an in-place metadata edit keeps it "
+                                  "valid (it keeps the CRC32); rename or drop tensors in the model and save it "
+                                  "again", path=path)
             if span is not None:
                 result["bytes_written"] = _write_in_place(fd, new, span, durable, path)
                 result["room"] = new.room_after(span)
@@ -228,6 +237,7 @@ class _Edit:
         self._check_names()
         self.meta_range = (parsed.header["metadata_offset"], parsed.header["metadata_size"])
         self.stored_meta = bytes(parsed.source.read(*self.meta_range, "metadata"))
+        self.shard = isinstance(parsed.metadata.get("sharding"), dict)
         self.meta = self._metadata()
         self.flags = self._flags()
         self.index = self._index()
