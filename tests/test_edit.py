@@ -467,7 +467,7 @@ def test_kill_9_at_random_moments_of_repeated_edits(tmp_path, layout):
     aprfast.save_file(t, path, {"generation": 0}, layout=layout, reserve=8192)
     states = [contents(path), expected_after(t, {"generation": 1}, {"layers.1.weight": "swapped"})]
     rng = random.Random(layout)
-    for _ in range(12):
+    for _ in range(8):
         child = subprocess.Popen([sys.executable, "-c", LOOP_CHILD, str(path)], env=child_env(),
                                  cwd=tempfile.gettempdir(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert child.stdout.readline() == "ready\n", child.stderr.read()
