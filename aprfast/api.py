@@ -19,19 +19,20 @@ from .tensors import as_inputs
 __all__ = ["save_file", "save", "load_file", "load", "open", "inspect"]
 
 
-def _plan(tensors, metadata, layout, alignment, compression=None, compression_level=None, security=None):
+def _plan(tensors, metadata, layout, alignment, compression=None, compression_level=None, security=None,
+          reserve=0):
     if not hasattr(tensors, "items"):
         raise TypeError(f"tensors must be a mapping of name to array, not {type(tensors).__name__}")
     options = SecurityOptions.from_keywords(**(security or {}))  # checked before any tensor is reduced
     inputs = as_inputs(tensors)
     return layouts.plan(inputs, metadata, layout=layout, alignment=alignment, compression=compression,
-                        compression_level=compression_level, security=options)
+                        compression_level=compression_level, security=options, reserve=reserve)
 
 
 def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: int = 64,
               durable: bool = True, compression: str | None = None, compression_level: int | None = None,
               password=None, recipients=None, signing_key=None, digest: str | None = None,
-              encrypt_names: bool = False, max_shard_size=None, storage_options=None) -> None:
+              encrypt_names: bool = False, max_shard_size=None, storage_options=None, reserve: int = 0) -> None:
     """Write ``tensors`` (name -> array) to ``path`` atomically.
 
     ``layout`` is "aprender" (APR\\0, readable by aprender), "apr2" (the spec's APR2) or
@@ -62,6 +63,13 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
     tensors are held in memory until the file is written; tied weights are stored
     once per name.
 
+    **Room for edits:** ``reserve=`` (bytes; 0, the default, writes exactly aprender's
+    bytes) leaves that much zeroed room between the index and the data (and a 32- or
+    64-byte commit slot after the header), so :func:`aprfast.edit` can change metadata,
+    rename or drop tensors later by writing a few KiB in place instead of rewriting the
+    file (docs/guide/editing.md, docs/FORMAT.md §5.2).  Readers, aprender's included,
+    read such a file as any other.
+
     **Sharding** (docs/guide/sharding.md, :mod:`aprfast.files.shards`): ``max_shard_size``
     (bytes, or a string such as "2GB" / "500MiB") splits the tensors, in the order given,
     into complete ``.apr`` files of at most that many tensor bytes each (a larger tensor
@@ -88,6 +96,7 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
         encrypt_names: Encrypt the index and metadata too.
         max_shard_size: Split into shards of at most this many tensor bytes.
         storage_options: Options passed to fsspec for a URL ``path``.
+        reserve: Bytes of room to leave for in-place edits (at most 64 MiB).
 
     Returns:
         None.
@@ -114,15 +123,15 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
             raise LayoutError("sharded saves go to a local directory; a URL target takes one file (upload the "
                               "shards and their manifest afterwards)")
         _save_sharded(tensors, path, metadata, max_shard_size, layout, alignment, durable, compression,
-                      compression_level, _security(password, recipients, signing_key, digest, encrypt_names))
+                      compression_level, _security(password, recipients, signing_key, digest, encrypt_names), reserve)
         return
     save_to(path, _plan(tensors, metadata, layout, alignment, compression, compression_level,
-                        _security(password, recipients, signing_key, digest, encrypt_names)), durable=durable,
-            storage_options=storage_options)
+                        _security(password, recipients, signing_key, digest, encrypt_names), reserve),
+            durable=durable, storage_options=storage_options)
 
 
 def _save_sharded(tensors, path, metadata, max_shard_size, layout, alignment, durable, compression,
-                  compression_level, security) -> None:
+                  compression_level, security, reserve=0) -> None:
     if any(v not in (None, False) for v in security.values()):
         raise LayoutError("sharded files cannot be encrypted or signed: the manifest that maps tensors to "
                           "shards is not authenticated")
@@ -131,7 +140,7 @@ def _save_sharded(tensors, path, metadata, max_shard_size, layout, alignment, du
 
     def plan_shard(inputs, shard_metadata):
         return layouts.plan(inputs, shard_metadata, layout=layout, alignment=alignment, compression=compression,
-                            compression_level=compression_level)
+                            compression_level=compression_level, reserve=reserve)
 
     shards.save_sharded(as_inputs(tensors), path, metadata, max_shard_size, plan_shard=plan_shard,
                         write_plan=lambda target, plan: save_to(target, plan, durable=durable), durable=durable)
@@ -144,7 +153,7 @@ def _security(password, recipients, signing_key, digest, encrypt_names):
 
 def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64, compression: str | None = None,
          compression_level: int | None = None, password=None, recipients=None, signing_key=None,
-         digest: str | None = None, encrypt_names: bool = False) -> bytes:
+         digest: str | None = None, encrypt_names: bool = False, reserve: int = 0) -> bytes:
     """The bytes :func:`save_file` would write, as a ``bytes`` object.
 
     Args:
@@ -159,6 +168,7 @@ def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64, c
         signing_key: Sign with this Ed25519 seed.
         digest: "sha256" or "blake3" (signed files).
         encrypt_names: Encrypt the index and metadata too.
+        reserve: Bytes of room to leave for in-place edits, as for :func:`save_file`.
 
     Returns:
         The complete file.
@@ -176,7 +186,7 @@ def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64, c
         array([1., 1., 1.], dtype=float32)
     """
     plan = _plan(tensors, metadata, layout, alignment, compression, compression_level,
-                 _security(password, recipients, signing_key, digest, encrypt_names))
+                 _security(password, recipients, signing_key, digest, encrypt_names), reserve)
     out = io.BytesIO()
     save_to(out, plan)
     return out.getvalue()

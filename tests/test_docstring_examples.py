@@ -63,6 +63,7 @@ MODULES = {
     "aprfast.tools.merge": None,
     "aprfast.tools.quality": None,
     "aprfast.tools.protection": None,
+    "aprfast.tools.edit": None,
     "aprfast.tools.text": None,
     "aprfast.files.shards": None,
     "aprfast.convert._common": None,

@@ -26,6 +26,7 @@ from . import (
     decrypt,
     diff,
     download,
+    edit,
     encrypt,
     explain,
     export,
@@ -48,8 +49,8 @@ from ._common import EXIT_ERROR, EXIT_FORMAT, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAG
 __all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_NOT_FOUND", "EXIT_FORMAT", "EXIT_VALIDATION"]
 
 #: The subcommand modules, in `apr --help` order; each has add_parser(subparsers).
-COMMANDS = (inspect, debug, validate, tensors, lint, diff, convert, import_, export, quantize, merge, trace, sign,
-            verify, encrypt, decrypt, keygen, explain, tui, config_command, download, cache)
+COMMANDS = (inspect, debug, validate, tensors, lint, diff, edit, convert, import_, export, quantize, merge, trace,
+            sign, verify, encrypt, decrypt, keygen, explain, tui, config_command, download, cache)
 
 
 def main(argv=None) -> int:

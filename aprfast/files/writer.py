@@ -390,6 +390,8 @@ class Writer:
         compression: "lz4", "zstd" or ``None`` (not with a plan).
         compression_level: The codec's level (``None``: its default).
         storage_options: Options passed to fsspec for a URL ``target``.
+        reserve: Bytes of room to leave for in-place edits (:func:`aprfast.edit`), as
+            for :func:`aprfast.save_file` (0: none, aprender's own bytes).
 
     Raises:
         LayoutError: Compression with a plan or with ``layout="aprender"``; a plan entry
@@ -415,7 +417,7 @@ class Writer:
 
     def __init__(self, target, metadata=None, *, plan=None, layout: str = "auto", alignment: int = 64,
                  durable: bool = True, compression: str | None = None, compression_level: int | None = None,
-                 storage_options=None):
+                 storage_options=None, reserve: int = 0):
         if not isinstance(target, (str, os.PathLike)):
             _require_writable(target)
         # Compression (apr2 only) needs every tensor's bytes before the index: spooled, never planned.
@@ -429,6 +431,7 @@ class Writer:
         self._layout = layout
         self._alignment = alignment
         self._durable = durable
+        self._reserve = reserve
         self._names = set()
         self._items = []
         self._size = 0
@@ -518,7 +521,8 @@ class Writer:
             if self._compression is not None:
                 self._emit_compressed()
             else:
-                plan = layouts.plan(self._items, self._metadata, layout=self._layout, alignment=self._alignment)
+                plan = layouts.plan(self._items, self._metadata, layout=self._layout, alignment=self._alignment,
+                                    reserve=self._reserve)
                 self._emit(plan)
         finally:
             self._state = "closed"
@@ -557,7 +561,8 @@ class Writer:
         items = [TensorInput(t.name, t.dtype, t.shape, whole[t.spool_offset:t.spool_offset + t.nbytes], t.nbytes)
                  for t in self._items]
         plan = layouts.plan(items, self._metadata, layout=self._layout, alignment=self._alignment,
-                            compression=self._compression, compression_level=self._compression_level)
+                            compression=self._compression, compression_level=self._compression_level,
+                            reserve=self._reserve)
         _emit_to(self._target, lambda sink: write_plan(plan, sink), self._durable, plan.total_size,
                  self._storage_options)
 
@@ -570,7 +575,7 @@ class Writer:
     def _start_planned(self, plan) -> None:
         declared = _declare(plan)
         self._plan = layouts.plan(declared, self._metadata, layout=self._layout, alignment=self._alignment,
-                                  in_given_order=True)
+                                  in_given_order=True, reserve=self._reserve)
         self._declared = {t.name: i for i, t in enumerate(self._plan.tensors)}
         self._next = 0
         self._atomic = None
