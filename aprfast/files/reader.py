@@ -313,14 +313,19 @@ class AprFile(TensorMapping):
             raw = tensor_codecs.read_range(self, name, 0, codec[1])
             tensor = make(shape, raw.base, 0, codec[1])
         elif copy or not self._source.zero_copy:
+            start = 0
             if self._source.zero_copy:  # a memcpy from the map: no system call
                 owned = _memory.copy_range(self._mapped(), offset, size, self.alignment)
                 if len(self._copies) < _MAX_REMEMBERED_VIEWS:
                     self._copies[name] = (offset, size, shape, make)
+            elif self._source.direct_align:  # placed so the device writes straight into it
+                arena = self._arena(offset, size)
+                self._source.readinto(offset, arena)
+                owned, start = _base_and_start(arena)
             else:
                 owned = _memory.AlignedBuffer(size, self.alignment)
                 self._source.readinto(offset, owned)
-            tensor = make(shape, owned, 0, size)
+            tensor = make(shape, owned, start, size)
         else:
             tensor = make(shape, self._mapped(), offset, size)
             if type(tensor) is np.ndarray and len(self._views) < _MAX_REMEMBERED_VIEWS:
@@ -520,13 +525,28 @@ class AprFile(TensorMapping):
                                     f"{crc:#010x}", path=self.path)
             return _slice_arena(f, arena, decoded)
         # a local file fills the arena with one parallel pread, which populates it as it goes
-        arena = aligned_empty(f.data_len, max(self.alignment, 64), filled_by_read=self._source.reads_by_pread)
+        arena = self._arena(f.data_start, f.data_len)
         prefix_crc = crc32(self._source.read(0, f.data_start, "header")) if verify else None
         crc = self._source.readinto(f.data_start, arena, threads=threads, crc=prefix_crc)
         if verify and crc != f.stored_crc:
             raise ChecksumError(f"footer CRC32 is {f.stored_crc:#010x} but the file's bytes give {crc:#010x}",
                                 path=self.path)
         return _slice_arena(f, arena)
+
+    def _arena(self, offset: int, n: int) -> np.ndarray:
+        """An uninitialised uint8 array for the file's bytes ``[offset, offset + n)``,
+        filled next by one read.  With direct I/O its address is congruent with
+        ``offset`` modulo the direct alignment, so the device writes straight into it (no
+        bounce copy); each tensor then sits on its file offset's alignment (64 bytes, or
+        what the file gives), as with a buffered read when the data section starts
+        aligned."""
+        alignment = max(self.alignment, 64)
+        direct = self._source.direct_align
+        if direct and n >= 2 * direct and offset % alignment == 0:
+            shift = offset % direct
+            whole = _memory.AlignedBuffer(n + shift, direct, filled_by_read=True)
+            return np.frombuffer(whole, np.uint8, n, shift)
+        return aligned_empty(n, alignment, filled_by_read=self._source.reads_by_pread)
 
 
 def crc_by_chunks(source, end: int, chunk: int = 8 << 20) -> int:
@@ -542,8 +562,8 @@ def crc_by_chunks(source, end: int, chunk: int = 8 << 20) -> int:
 def _slice_arena(parsed, arena: np.ndarray, decoded=None) -> dict:
     """Tensors as views of the arena (which holds the data section), or, for the
     compressed ones in ``decoded`` (name -> (buffer, offset, size)), of their buffer."""
-    buffer = arena.base if arena.base is not None else arena
-    base = parsed.data_start
+    buffer, shift = _base_and_start(arena)
+    base = parsed.data_start - shift
     makers = {}
     out = {}
     for name, (type_id, offset, size, shape) in zip(parsed.names, parsed.rows):
@@ -568,6 +588,15 @@ def array_maker(ids, type_id):
     # ``buf`` is an AlignedBuffer or an ndarray (never a bare memoryview of a map):
     # np.ndarray keeps it as the base, which keeps the memory alive.
     return lambda shape, buf, start, size: np.ndarray(shape, np_dtype, buf, start)
+
+
+def _base_and_start(arena: np.ndarray):
+    """(the object owning ``arena``'s memory, where ``arena`` starts in it): tensors are
+    built on the owner, which np.ndarray keeps alive as their base."""
+    base = arena.base
+    if base is None:
+        return arena, 0
+    return base, arena.ctypes.data - np.frombuffer(base, np.uint8).ctypes.data
 
 
 def _bytes_at(buffer, start, size) -> np.ndarray:
