@@ -199,24 +199,8 @@ def pread_direct(fd, offset, dst, threads=0, crc=None, align=4096):
         raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
     bounce = mmap.mmap(-1, _DIRECT_CHUNK + 2 * align)  # page aligned
     try:
-        view = memoryview(bounce)
-        done = 0
-        while done < n:
-            at = offset + done
-            start = at - at % align
-            want = min(n - done, _DIRECT_CHUNK - (at - start))
-            span = -(-(at - start + want) // align) * align
-            got = 0
-            while got < span:
-                step = os.preadv(fd, [view[got:span]], start + got)
-                if step == 0:
-                    break
-                got += step
-            if got < at - start + want:
-                raise EOFError(f"file ended before {n} bytes at offset {offset} were read")
-            out[done:done + want] = np.frombuffer(bounce, np.uint8, want, at - start)
-            done += want
-        del view
+        with memoryview(bounce) as view:
+            _direct_chunks(fd, offset, out, view, align)
     finally:
         bounce.close()
     return None if value is None else crc32(out, value)
@@ -232,6 +216,27 @@ def page_cache_sample(fd, size, samples=16):
 
 
 _DIRECT_CHUNK = 4 << 20
+
+
+def _direct_chunks(fd, offset, out, view, align) -> None:
+    """Fill ``out`` from ``offset`` through the aligned bounce buffer ``view``."""
+    n = out.shape[0]
+    done = 0
+    while done < n:
+        at = offset + done
+        start = at - at % align
+        want = min(n - done, _DIRECT_CHUNK - (at - start))
+        span = -(-(at - start + want) // align) * align
+        got = 0
+        while got < span:
+            step = os.preadv(fd, [view[got:span]], start + got)
+            if step == 0:
+                break
+            got += step
+        if got < at - start + want:
+            raise EOFError(f"file ended before {n} bytes at offset {offset} were read")
+        out[done:done + want] = view[at - start:at - start + want]
+        done += want
 
 
 def pread_some(fd, offset, dst) -> int:

@@ -199,9 +199,9 @@ class DropBehind:
     (the bytes written so far), :meth:`finish` after the final ``fsync``.
 
     Each window of :data:`WINDOW` bytes is advised ``POSIX_FADV_DONTNEED`` once the
-    writer is a window past it (the advice starts its writeback) and again two windows
-    past it (by then written back and clean, so the advice drops it): the cache holds
-    about three windows of the file while it is written, and nothing of it after
+    writer is a window past its end (the advice starts its writeback) and again two
+    windows past it (by then written back and clean, so the advice drops it): the cache
+    holds about four windows of the file while it is written, and nothing of it after
     :meth:`finish`.
 
     Examples:
