@@ -136,7 +136,7 @@ def test_refused_direct_io_falls_back_to_buffered_reads(tmp_path, forced_buffere
 
 def test_direct_read_refused_at_the_first_read_falls_back(tmp_path, monkeypatch):
     want = _model(odd=False)
-    want["big"] = np.arange(1 << 18, dtype=np.float32)  # above DIRECT_MIN: goes the direct way
+    want["big"] = np.arange(1 << 18, dtype=np.float32)  # read by the direct path
     path = tmp_path / "m.apr"
     aprfast.save_file(want, path)
 

@@ -44,9 +44,9 @@ __all__ = ["ALIGN", "WINDOW", "DirectReader", "open_direct", "drop_cached", "Dro
 ALIGN = 4096
 #: The buffered fallback reads and drops this much at a time; saves drop this far behind.
 WINDOW = 64 << 20
-#: Reads below this size use the buffered descriptor (followed by a drop): a header or
-#: an index costs one system call either way, and direct I/O would read whole blocks.
-DIRECT_MIN = 64 << 10
+#: The buffered fallback drops this much more than it read: the kernel's read-ahead
+#: (128 KiB by default, more on some devices) cached pages past the range asked for.
+READ_AHEAD = 2 << 20
 #: What ``backend=`` takes on the loaders.
 BACKENDS = ("auto", "mmap", "pread", "direct")
 
@@ -152,7 +152,7 @@ class DirectReader:
     def readinto(self, offset: int, out: memoryview, threads: int, crc):
         """Fill ``out`` (a flat byte view) from ``offset``; the running CRC if ``crc``."""
         direct = self._direct
-        if direct is not None and out.nbytes >= DIRECT_MIN:
+        if direct is not None:  # small reads (header, index) too: a buffered one reads ahead
             try:
                 if self.how == "o_direct":
                     return _memory.pread_direct(direct, offset, out, threads, crc, ALIGN)
@@ -170,7 +170,7 @@ class DirectReader:
         while True:
             step = min(WINDOW, n - done)
             crc = _memory.pread_into(self._fd, offset + done, out[done:done + step], threads, crc)
-            drop_cached(self._fd, offset + done, step)
+            drop_cached(self._fd, offset + done, step + READ_AHEAD)
             done += step
             if done >= n:
                 return crc
@@ -182,10 +182,6 @@ class DirectReader:
                 os.close(direct)
             except OSError:
                 pass
-
-    def drop(self, offset: int, n: int) -> None:
-        """Drop what a buffered read of ``[offset, offset + n)`` left cached."""
-        drop_cached(self._fd, offset, n)
 
     def close(self) -> None:
         """Close the second descriptor (idempotent)."""
