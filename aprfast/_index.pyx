@@ -14,6 +14,7 @@ strictly sorted in both layouts, so a name is found by binary search, without a 
 import numpy as np
 from collections.abc import Mapping, Sequence
 
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 cimport cython
 from libc.stdint cimport int8_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
@@ -405,6 +406,120 @@ cdef class Entries:
         for i in range(self.count):
             out[i] = self._row(s, data_start)
             s = next_entry(self._p, s, self._tail)
+        return out
+
+    def tensors_in(self, int64_t data_start, object buffer, int64_t base, dict dtypes, object make_one):
+        """``{name: tensor}`` for every entry, in index order, viewing ``buffer`` (which
+        holds file byte ``base`` at its byte 0): what an eager load returns.
+
+        Entries whose dtype id is in ``dtypes`` (id -> NumPy dtype of plain elements)
+        are grouped by (dtype, shape); each group's members whose offsets step by the
+        same stride form a run, and a run becomes one strided array whose rows
+        (``list(run)``, made by NumPy in C) are the tensors: about 0.15 us per tensor,
+        where building each with ``np.ndarray`` took about 1 us.  A model of 20,000
+        small tensors is a few runs (MoE experts: one per layer and shape).  The group
+        of an entry is looked up among the last 8 groups seen first (memcmp), then in a
+        dict.  0-d tensors and other dtype ids go through
+        ``make_one(type_id, shape, buffer, start, size)``.
+        """
+        cdef Py_ssize_t i, s = 0, q, nl, nd, r, k, hit, n = self.count, nruns = 0, klen
+        cdef int t
+        cdef int64_t offset, size, stride, last
+        cdef const uint8_t *p = self._p
+        cdef bint plain[256]
+        for k in range(256):
+            plain[k] = k in dtypes
+        # per run: dtype id, entry start (its key and shape), first offset, stride, count, size
+        runs_np = np.empty((max(n, 1), 6), np.int64)
+        cdef int64_t[:, ::1] runs = runs_np
+        # per entry: run << 32 | position in the run
+        packed_np = np.empty(max(n, 1), np.int64)
+        cdef int64_t[::1] packed = packed_np
+        cdef Py_ssize_t recent_s[8]
+        cdef Py_ssize_t recent_run[8]
+        cdef Py_ssize_t nrecent = 0, next_slot = 0
+        cdef dict groups = {}
+        cdef object key, found
+        for i in range(n):
+            q = tail_at(p, s)
+            nl = name_len_at(p, s)
+            nd = p[s + 3 + nl]
+            offset = <int64_t>le64(p + q) + data_start - base
+            size = <int64_t>le64(p + q + 8)
+            t = p[s + 2 + nl]
+            r = -1
+            if nd and plain[t]:
+                klen = 2 + 8 * nd
+                hit = -1
+                for k in range(nrecent):
+                    if memcmp(p + recent_s[k] + 2 + name_len_at(p, recent_s[k]), p + s + 2 + nl, klen) == 0:
+                        hit = recent_run[k]
+                        break
+                if hit < 0:
+                    key = PyBytes_FromStringAndSize(<const char *>(p + s + 2 + nl), klen)
+                    found = groups.get(key)
+                    if found is not None:
+                        hit = <Py_ssize_t>found
+                    k = next_slot
+                    next_slot = (next_slot + 1) & 7
+                    if nrecent < 8:
+                        nrecent += 1
+                    recent_s[k] = s
+                    recent_run[k] = hit  # fixed below when a new run starts
+                if hit >= 0:
+                    last = runs[hit, 2] + runs[hit, 3] * (runs[hit, 4] - 1)
+                    stride = offset - last
+                    if runs[hit, 4] == 1 and stride >= size and stride > 0:
+                        runs[hit, 3] = stride
+                        r = hit
+                    elif runs[hit, 4] > 1 and stride == runs[hit, 3]:
+                        r = hit
+                if r < 0:  # a new run, which becomes the group's open run
+                    r = nruns
+                    nruns += 1
+                    runs[r, 0] = t
+                    runs[r, 1] = s
+                    runs[r, 2] = offset
+                    runs[r, 3] = 0
+                    runs[r, 4] = 0
+                    runs[r, 5] = size
+                    groups[PyBytes_FromStringAndSize(<const char *>(p + s + 2 + nl), klen)] = r
+                    for k in range(nrecent):
+                        if memcmp(p + recent_s[k] + 2 + name_len_at(p, recent_s[k]), p + s + 2 + nl, klen) == 0:
+                            recent_run[k] = r
+                packed[i] = (<int64_t>r << 32) | runs[r, 4]
+                runs[r, 4] += 1
+            else:
+                r = nruns
+                nruns += 1
+                runs[r, 0] = t
+                runs[r, 1] = s
+                runs[r, 2] = offset
+                runs[r, 3] = 0
+                runs[r, 4] = 1
+                runs[r, 5] = size
+                packed[i] = <int64_t>r << 32
+            s = q + self._tail
+        made = [None] * nruns
+        for r in range(nruns):
+            shape = shape_at(p, runs[r, 1])
+            if runs[r, 4] == 1:
+                made[r] = [make_one(runs[r, 0], shape, buffer, runs[r, 2], runs[r, 5])]
+            else:
+                dtype = dtypes[runs[r, 0]]
+                inner = []
+                step = dtype.itemsize
+                for d in reversed(shape):
+                    inner.append(step)
+                    step *= d
+                whole = np.ndarray((runs[r, 4],) + shape, dtype, buffer, runs[r, 2],
+                                   (runs[r, 3],) + tuple(reversed(inner)))
+                made[r] = list(whole)
+        out = {}
+        s = 0
+        for i in range(n):
+            out[name_at(p, s)] = (<list>made[packed[i] >> 32])[packed[i] & 0xFFFFFFFF]
+            s = next_entry(p, s, self._tail)
         return out
 
     def describe(self, int64_t data_start, list dtype_names):
