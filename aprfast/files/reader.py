@@ -65,7 +65,8 @@ _MAX_REMEMBERED_VIEWS = 4096
 class AprFile(TensorMapping):
     """An open ``.apr`` v2 file (either layout).  Use as a context manager.
 
-    ``mode`` is "mmap" (default for files) or "pread"; ``limits`` bounds what the
+    ``mode`` is "mmap" (default for files), "pread" or "direct" (owned arrays read
+    around the page cache, :mod:`aprfast.io.direct`); ``limits`` bounds what the
     parser believes; ``unknown_dtypes="raw"`` returns tensors of unknown dtype ids as
     :class:`RawTensor` instead of failing at open; ``verify=True`` checks the whole-file
     CRC32 at open; ``alignment`` is the alignment of owned arrays.  ``keys``: a dict of
@@ -80,7 +81,8 @@ class AprFile(TensorMapping):
 
     Args:
         target: A path, a readable seekable file object, or bytes-like data.
-        mode: "mmap", "private" (copy-on-write map) or "pread"; ``None`` picks.
+        mode: "mmap", "private" (copy-on-write map), "pread" or "direct";
+            ``None`` picks.
         limits: Bounds on what the parser believes.
         unknown_dtypes: "error" or "raw".
         verify: Check the whole-file CRC32 at open.
