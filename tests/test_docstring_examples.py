@@ -46,6 +46,7 @@ MODULES = {
     "aprfast.jax": "jax",
     "aprfast.distributed": None,
     "aprfast.io.pickling": None,
+    "aprfast.io.direct": None,
     "aprfast.v1": None,
     "aprfast.v1.writer": None,
     "aprfast.v1.load": None,
