@@ -10,7 +10,9 @@ where the onnx package is not installed.
 Inputs follow tests/fuzz/harness.py: a control byte, a param byte, then the model
 (protobuf).  Control bits: 0x01 through ``aprfast.convert.open_source``; 0x02 also
 ``aprfast.convert`` to .apr (same bytes); 0x04 an external data file ``ext.bin``
-(bytes 0..255, four times) lies beside the model.  Oracle: harness.run_one.
+(bytes 0..255, four times) lies beside the model; 0x08 the model is named ``m.<suffix>``
+(``param`` picks one of SUFFIXES: .json, .textproto, .onnxtxt...), else ``m.onnx``.
+Oracle: harness.run_one.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-DETECT, CONVERT, EXTERNAL = 0x01, 0x02, 0x04
+DETECT, CONVERT, EXTERNAL, NAMED = 0x01, 0x02, 0x04, 0x08
+#: NAMED: the model's file name ends with one of these (``param`` picks): a name must not
+#: change how the bytes are parsed.
+SUFFIXES = ("pb", "json", "textproto", "onnxtxt", "onnx", "bin", "txt", "model")
 EXT_BYTES = bytes(range(256)) * 4
 
 
@@ -41,11 +46,12 @@ def target_onnx(data: bytes) -> None:
     from aprfast.convert import onnx as conx
     from aprfast.convert import open_source
 
-    control, _param, body = harness.split(data)
-    files = {"m.onnx": body}
+    control, param, body = harness.split(data)
+    name = f"m.{SUFFIXES[param % len(SUFFIXES)]}" if control & NAMED else "m.onnx"
+    files = {name: body}
     if control & EXTERNAL:
         files["ext.bin"] = EXT_BYTES
-    path = os.path.join(harness.write_scratch(files), "m.onnx")
+    path = os.path.join(harness.write_scratch(files), name)
     src = open_source(path) if control & DETECT else conx.OnnxSource(path)
     try:
         got = harness.drain_source(src)
@@ -98,6 +104,7 @@ def seeds() -> dict:
         "external": (EXTERNAL, model([external, raw[1]])),
         "external-convert": (EXTERNAL | CONVERT, model([external])),
         "sparse": (DETECT, model(raw[:1], sparse=[sparse])),
+        "named-pb": (NAMED | DETECT, model(raw[:2])),
         "empty": (0, model([])),
     }
 

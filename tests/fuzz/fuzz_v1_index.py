@@ -110,6 +110,7 @@ def target_v1_index(data: bytes) -> None:
         for name, t in index.tensors.items():
             value = reader.array(read, name)
             harness.touch(value)
+            harness.take_stats(value)
             whole = harness.raw_bytes(value)
             if t.dtype is not None and len(whole) != t.nbytes:
                 raise AssertionError(f"tensor {name!r}: array() gives {len(whole)} bytes, the index says {t.nbytes}")
@@ -140,6 +141,7 @@ def _trueno(body: bytes) -> None:
     for entry in entries.values():
         view = trueno_view(whole, entry)
         harness.touch(np.ascontiguousarray(view))
+        harness.take_stats(view)  # strided: the engine's chunked path
         trueno.backend_name(entry.backend_hint)
 
 
