@@ -118,6 +118,8 @@ def test_run_py_enumerates_every_harness_target():
     assert sorted(run.TARGETS) == sorted(harness.TARGETS)
     for name in harness.EXTERNAL:
         assert os.path.isfile(os.path.join(FUZZ_DIR, f"fuzz_{name}.py")), name
+    assert run._seconds("15 open=20 v2_security=20") == {None: 15, "open": 20, "v2_security": 20}
+    assert run._seconds("25") == {None: 25}
 
 
 def test_every_external_target_has_seeds(seeds):
