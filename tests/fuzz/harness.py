@@ -956,6 +956,8 @@ TARGETS = {
 KNOWN_OPEN: list = [
     ("ParseError", r"", "_load", "issue 25: convert.onnx.OnnxSource lets onnx.load pick a JSON / text parser "
      "from the file's name (regressions/onnx-json-name-parse-error)"),
+    ("UserWarning", r"onnxtxt format is experimental", "_load", "issue 25: the same, a *.onnxtxt name "
+     "(regressions/onnx-onnxtxt-name-warning)"),
 ]
 
 
