@@ -953,12 +953,7 @@ TARGETS = {
 #: (CI's smoke run) skips them, so a long run still shows them; delete an entry when its
 #: fix lands.  Example of an entry (fixed in 1c71a46, kept as a pattern):
 #:   ("TypeError", r"comparing strings with non-ASCII", "matches", "license.hash not ASCII")
-KNOWN_OPEN: list = [
-    ("ParseError", r"", "_load", "issue 25: convert.onnx.OnnxSource lets onnx.load pick a JSON / text parser "
-     "from the file's name (regressions/onnx-json-name-parse-error)"),
-    ("UserWarning", r"onnxtxt format is experimental", "_load", "issue 25: the same, a *.onnxtxt name "
-     "(regressions/onnx-onnxtxt-name-warning)"),
-]
+KNOWN_OPEN: list = []
 
 
 def is_known_open(exc: BaseException) -> bool:
