@@ -67,6 +67,10 @@ DEFAULT_MIN_RATE = 16 << 10
 #: Less time left than this (seconds) is none: a socket timeout set to what was left
 #: fires at about that moment.
 _SLACK = 1e-3
+#: The most interim answers ("100 Continue") read before the final one: http.client
+#: skips them in a loop of its own, so a server sending them without end at full speed
+#: would hold a request for ever (the time bounds count waiting, and it never waits).
+MAX_INTERIM = 16
 
 
 class _Response:
@@ -76,6 +80,10 @@ class _Response:
         self.resp = resp
         self.status = resp.status
         self.content_range = resp.getheader("Content-Range")
+        lengths = {value.strip() for value in resp.msg.get_all("Content-Length") or ()}
+        if len(lengths) > 1:
+            # RFC 9110 8.6: an error.  http.client would read as many bytes as the first says.
+            raise http.client.HTTPException(f"Content-Length headers that disagree: {sorted(lengths)}")
         length = resp.getheader("Content-Length")
         self.length = int(length) if length is not None and length.strip().isdigit() else None
         self.version = (resp.getheader("ETag"), resp.getheader("Last-Modified"))
@@ -591,6 +599,15 @@ class _TimedResponse(http.client.HTTPResponse):
     def __init__(self, sock, *args, clock: _Clock, **kwargs):
         super().__init__(sock, *args, **kwargs)
         self.fp = _TimedReader(self.fp, sock, clock)
+        self._interim = 0
+
+    def _read_status(self):
+        version, status, reason = super()._read_status()
+        if status == http.client.CONTINUE:  # begin() reads the next status line, and the next...
+            self._interim += 1
+            if self._interim > MAX_INTERIM:
+                raise http.client.HTTPException(f"more than {MAX_INTERIM} interim answers ({status})")
+        return version, status, reason
 
 
 class Endpoint:
