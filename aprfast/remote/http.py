@@ -47,9 +47,9 @@ import threading
 import time
 import urllib.parse
 
-from ..errors import AprFileNotFoundError, AprIOError, AprPermissionError
+from ..errors import AprError, AprFileNotFoundError, AprIOError, AprPermissionError
 from ._ranged import HEAD_BYTES, TAIL_BYTES, RangedSource, RemoteChangedError, RemoteTimeoutError, TransientError
-from ._url import parse_http_url, redact_url
+from ._url import Secrets, parse_http_url, redact_url
 
 __all__ = ["HttpSource", "HttpBody", "Endpoint", "Target", "Budget", "open_body", "check_range", "read_into",
            "DEFAULT_MIN_RATE"]
@@ -113,8 +113,18 @@ class HttpSource(RangedSource):
         budget = Budget(timeout, min_rate=min_rate, deadline=deadline, path=self.shown)  # checks the options
         self._limits = {"timeout": timeout, "min_rate": min_rate, "deadline": deadline}
         self._where = Target(url, headers, timeout)
+        #: what no message may show: a server may quote the query or the credentials back
+        self._secrets = Secrets(url, self._where.headers)
         self.version = None
-        size, head, tail_start, tail = self._open(budget)
+        try:
+            size, head, tail_start, tail = self._open(budget)
+            error = None
+        except AprError as exc:
+            error = self._secrets.clean(exc)
+            if error is exc:
+                raise
+        if error is not None:  # raised out here: chained to nothing that shows a secret
+            raise error
         super().__init__(size, head, path=self.shown, connections=connections)
         if tail is not None:
             self._set_tail(tail_start, tail)
@@ -235,6 +245,15 @@ class HttpSource(RangedSource):
 
     # --- later reads --------------------------------------------------------------------
     def _fetch_into(self, offset: int, out: memoryview) -> int:
+        try:
+            return self._fetch_once(offset, out)
+        except (AprError, TransientError) as exc:
+            error = self._secrets.clean(exc)
+            if error is exc:
+                raise
+        raise error  # out here: chained to nothing that shows a secret
+
+    def _fetch_once(self, offset: int, out: memoryview) -> int:
         n = out.nbytes
         conn, resp = self._request(f"bytes={offset}-{offset + n - 1}")
         try:
@@ -266,6 +285,17 @@ def open_body(url: str, *, headers=None, timeout=30.0, min_rate=DEFAULT_MIN_RATE
     redirect policy, time bounds, URL parsing and typed errors of :class:`HttpSource`:
     5xx and connection failures are retried ``retries`` times, then AprIOError."""
     where = Target(url, headers, timeout)
+    secrets = Secrets(url, where.headers)
+    try:
+        return _open_body(where, secrets, timeout, min_rate, deadline, retries, backoff)
+    except AprError as exc:
+        error = secrets.clean(exc)
+        if error is exc:
+            raise
+    raise error  # out here: chained to nothing that shows a secret
+
+
+def _open_body(where, secrets, timeout, min_rate, deadline, retries, backoff) -> "HttpBody":
     shown = where.shown
     budget = Budget(timeout, min_rate=min_rate, deadline=deadline, path=shown)
     redirects = attempt = 0
@@ -290,7 +320,7 @@ def open_body(url: str, *, headers=None, timeout=30.0, min_rate=DEFAULT_MIN_RATE
         if resp.status != 200:
             conn.close()
             raise AprIOError(f"the server answered {resp.status} to a GET", path=shown)
-        return HttpBody(conn, resp, shown)
+        return HttpBody(conn, resp, shown, secrets)
 
 
 class HttpBody:
@@ -300,8 +330,9 @@ class HttpBody:
     breaks off is an AprIOError (http.client never reads past a Content-Length).  Errors
     name the URL redacted (``url``)."""
 
-    def __init__(self, conn, resp: _Response, shown: str):
+    def __init__(self, conn, resp: _Response, shown: str, secrets=None):
         self._conn, self._resp, self.url = conn, resp, shown
+        self._secrets = secrets if secrets is not None else Secrets(shown)
         self.got = 0
         #: the Content-Length (None: not declared, or a chunked body)
         self.size = None if resp.resp.chunked else resp.length
@@ -318,7 +349,7 @@ class HttpBody:
         except (OSError, http.client.HTTPException) as exc:
             n, failure = 0, f"the body broke off after {self.got} bytes: {type(exc).__name__}: {exc}"
         if failure is not None:  # raised here, chained to nothing
-            raise AprIOError(failure, path=self.url)
+            raise AprIOError(self._secrets(failure), path=self.url)
         self.got += n
         if n == 0 and view and self.size is not None and self.got != self.size:
             raise AprIOError(f"the body ended after {self.got} of {self.size} bytes", path=self.url)
