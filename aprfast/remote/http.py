@@ -627,10 +627,12 @@ class _TimedReader:
 class _TimedResponse(http.client.HTTPResponse):
     """An HTTPResponse reading its status line, headers and body through a _TimedReader."""
 
-    def __init__(self, sock, *args, clock: _Clock, **kwargs):
+    def __init__(self, sock, *args, clock: _Clock, owner=None, **kwargs):
         super().__init__(sock, *args, **kwargs)
         self.fp = _TimedReader(self.fp, sock, clock)
         self._interim = 0
+        if owner is not None:
+            owner._last_response = self
 
     def _read_status(self):
         version, status, reason = super()._read_status()
@@ -639,6 +641,41 @@ class _TimedResponse(http.client.HTTPResponse):
             if self._interim > MAX_INTERIM:
                 raise http.client.HTTPException(f"more than {MAX_INTERIM} interim answers ({status})")
         return version, status, reason
+
+
+class _ClosesItsResponse:
+    """http.client's connection forgets its response once that response will close the
+    connection (no Content-Length, ``Connection: close``), or when reading its head
+    failed, while the response's file still holds the socket: closing the connection
+    then left the descriptor open until garbage collection (a ResourceWarning).  This
+    ``close()`` closes the last response too (except when http.client itself closes the
+    connection while handing that response out: its body is still to be read)."""
+
+    _last_response = None
+    _handing_out = False
+
+    def getresponse(self):
+        self._handing_out = True
+        try:
+            return super().getresponse()
+        finally:
+            self._handing_out = False
+
+    def close(self):
+        response = None
+        if not self._handing_out:
+            response, self._last_response = self._last_response, None
+        super().close()
+        if response is not None:
+            response.close()
+
+
+class _HTTPConnection(_ClosesItsResponse, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_ClosesItsResponse, http.client.HTTPSConnection):
+    pass
 
 
 class Endpoint:
@@ -662,9 +699,9 @@ class Endpoint:
                     conn.sock.settimeout(self.timeout)
                 return conn
         if self.scheme == "https":
-            return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout,
-                                               context=ssl.create_default_context(cafile=self.cafile))
-        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            return _HTTPSConnection(self.host, self.port, timeout=self.timeout,
+                                    context=ssl.create_default_context(cafile=self.cafile))
+        return _HTTPConnection(self.host, self.port, timeout=self.timeout)
 
     def send(self, target: str, headers: dict, clock: "_Clock | None" = None):
         """GET ``target``; (connection, _Response) with the body unread, whatever the
@@ -703,7 +740,7 @@ class Endpoint:
         conn.timeout = timeout
         if conn.sock is not None:
             conn.sock.settimeout(timeout)
-        conn.response_class = functools.partial(_TimedResponse, clock=clock)
+        conn.response_class = functools.partial(_TimedResponse, clock=clock, owner=conn)
         start = time.monotonic()
         try:
             conn.request("GET", target, headers=headers)
