@@ -219,7 +219,7 @@ def _range_start_shifted(r):
     return r.range_answer(a, b, len(r.payload), r.payload[a:b + 1])
 
 
-@behaviour("206 whose Content-Range ends one byte before the end asked for (body to match)", fails=("load_file",))
+@behaviour("206 whose Content-Range ends one byte before the end asked for (body to match)", fails=RANGED)
 def _range_end_short(r):
     if not isinstance(r.ranges, list):
         return r.honest()
@@ -273,7 +273,7 @@ def _content_range_garbage(r):
 
 
 @behaviour("Content-Length 10 bytes shorter than the body sent (the rest poisons a kept-alive connection)",
-           fails=(), entity=lambda p: p[:-10])
+           fails=RANGED + ("stream",), entity=lambda p: p[:-10])
 def _length_shorter(r):
     if isinstance(r.ranges, list) and len(r.ranges) == 1:
         a, b = r.ranges[0]
@@ -341,7 +341,7 @@ def _last_modified_changes(r):
     return r.send(answer.replace(b"10:00:00", b"10:00:%02d" % (r.count % 60), 1))
 
 
-@behaviour("multipart/byteranges whose parts use another boundary than the one declared", fails=())
+@behaviour("multipart/byteranges whose parts use another boundary than the one declared", fails=RANGED)
 def _multipart_wrong_boundary(r):
     if not isinstance(r.ranges, list) or len(r.ranges) < 2:
         return r.honest()
@@ -351,7 +351,7 @@ def _multipart_wrong_boundary(r):
 
 
 @behaviour("multipart/byteranges with three parts, the second not asked for, the tail at the wrong place",
-           fails=())
+           fails=RANGED)
 def _multipart_wrong_parts(r):
     if not isinstance(r.ranges, list) or len(r.ranges) < 2:
         return r.honest()
@@ -361,7 +361,7 @@ def _multipart_wrong_parts(r):
                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
 
 
-@behaviour("multipart/byteranges of undeclared length whose one part claims 1 TiB", fails=(), big=True)
+@behaviour("multipart/byteranges of undeclared length whose one part claims 1 TiB", fails=RANGED, big=True)
 def _multipart_huge_part(r):
     if not isinstance(r.ranges, list) or len(r.ranges) < 2:
         return r.honest()
@@ -371,16 +371,14 @@ def _multipart_huge_part(r):
     return "close"
 
 
-@behaviour("200 with the whole body (declared 1 TiB, endless) to every request, ranged or not",
-           fails=RANGED + ("download",), big=True)
+@behaviour("200 with the whole body (declared 1 TiB, endless) to every request, ranged or not", big=True)
 def _ignore_range_huge(r):
     r.send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (1 << 40))
     r.endless(r.payload)
     return "close"
 
 
-@behaviour("200 without Content-Length: the payload, then zeros without end", fails=RANGED + ("download",),
-           big=True)
+@behaviour("200 without Content-Length: the payload, then zeros without end", big=True)
 def _endless_no_length(r):
     r.send(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")
     r.endless(r.payload)
@@ -450,6 +448,17 @@ def _redirect_ftp(r):
                   b"\r\nContent-Length: 0\r\n\r\n")
 
 
+@behaviour("a redirect to a URL that does not parse (an unclosed IPv6 bracket quoting the query)")
+def _redirect_bad_url(r):
+    return r.send(b"HTTP/1.1 308 Permanent Redirect\r\nLocation: http://[" + r.target.partition("?")[2].encode()
+                  + b"/x\r\nContent-Length: 0\r\n\r\n")
+
+
+@behaviour("204 No Content to every request")
+def _status_204(r):
+    return r.send(b"HTTP/1.1 204 No Content\r\n\r\n")
+
+
 @behaviour("a 302 without a Location")
 def _redirect_no_location(r):
     return r.send(b"HTTP/1.1 302 Found\r\nContent-Length: 0\r\n\r\n")
@@ -493,7 +502,7 @@ def _status_100_forever(r):
     return "close"
 
 
-@behaviour("a status the client does not know (299) with the payload", fails=RANGED)
+@behaviour("a status the client does not know (299) with the payload")
 def _status_odd(r):
     return r.send(b"HTTP/1.1 299 Odd\r\nContent-Length: %d\r\n\r\n" % len(r.payload) + r.payload)
 
