@@ -127,11 +127,11 @@ def open_stream(url: str, storage_options=None):
         from .http import open_body
 
         return open_body(url, **options)
-    from .fsspec import _io_error, filesystem
+    from .fsspec import TypedStream, _io_error, filesystem
 
     fs, path = filesystem(url, options)
     try:
-        return fs.open(path, "rb", block_size=8 << 20)
+        return TypedStream(fs.open(path, "rb", block_size=8 << 20), url)
     except Exception as exc:  # noqa: BLE001
         error = _io_error(exc, url, "cannot open")
     raise error  # out here: chained to nothing that quotes the URL

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from ..errors import AprIOError
 
-__all__ = ["redact_url", "scrub", "Secrets", "parse_http_url", "HttpUrl", "RemoteURLError"]
+__all__ = ["redact_url", "redact_urls", "scrub", "Secrets", "parse_http_url", "HttpUrl", "RemoteURLError"]
 
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*://)([^/?#]*)([^?#]*)(\?[^#]*)?(#.*)?$", re.DOTALL)
 #: Default ports, for comparing origins (http://h and http://h:80 are one origin).
@@ -46,6 +46,20 @@ def redact_url(url) -> str:
     scheme, authority, path, query, fragment = m.groups()
     host = authority.rpartition("@")[2]
     return f"{scheme}{host}{path}{'?…' if query else ''}{'#…' if fragment else ''}"
+
+
+_ANY_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s'\"<>()\[\]]*(?:\[[^\s\]]*\][^\s'\"<>()]*)?")
+
+
+def redact_urls(text) -> str:
+    """``text`` with every ``scheme://`` URL in it shown by :func:`redact_url` (a
+    backend's message may quote a URL a server named: a redirect's ``Location`` with
+    its userinfo and query).
+
+    >>> redact_urls("redirected to 'ftp://bob:pw@h/x?token=t' and http://h/y")
+    "redirected to 'ftp://h/x?…' and http://h/y"
+    """
+    return _ANY_URL.sub(lambda m: redact_url(m.group(0)), str(text))
 
 
 def _secrets(url: str) -> list:

@@ -53,7 +53,7 @@ import urllib.parse
 
 from ..errors import AprError, AprFileNotFoundError, AprIOError, AprPermissionError
 from ._ranged import HEAD_BYTES, RangedSource, RemoteChangedError, TransientError
-from ._url import redact_url
+from ._url import redact_url, redact_urls
 
 __all__ = ["S3Source", "is_s3fs", "PRESIGN_EXPIRES", "PRESIGN_REUSE"]
 
@@ -88,7 +88,7 @@ async def _get(fs, kwargs: dict, check):
         try:
             return await body.read()
         except Exception as exc:  # noqa: BLE001 - aiohttp / botocore errors of a body cut short
-            raise _BodyError(f"{type(exc).__name__}: {exc}") from None
+            raise _BodyError(f"{type(exc).__name__}: {redact_urls(exc)}") from None
     finally:
         body.close()
 
@@ -244,10 +244,10 @@ class S3Source(RangedSource):
                 raise AprFileNotFoundError("no such object", path=self.shown) from None
             if isinstance(exc, PermissionError) or code in ("AccessDenied", "403", "InvalidAccessKeyId",
                                                             "SignatureDoesNotMatch"):
-                raise AprPermissionError(f"access refused ({exc})", path=self.shown) from None
+                raise AprPermissionError(f"access refused ({redact_urls(exc)})", path=self.shown) from None
             # botocore (5xx, throttling, connection errors) and then s3fs (its ``retries``)
             # have retried the request already: retrying here too would multiply them
-            raise AprIOError(f"GetObject failed after s3fs's retries: {type(exc).__name__}: {exc}",
+            raise AprIOError(f"GetObject failed after s3fs's retries: {type(exc).__name__}: {redact_urls(exc)}",
                              path=self.shown) from None
 
 
