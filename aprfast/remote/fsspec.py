@@ -94,14 +94,15 @@ class TypedStream:
         return False
 
 
-def open_fsspec(url: str, storage_options=None, *, connections: int = 8):
+def open_fsspec(url: str, storage_options=None, *, connections: int = 8, deadline=None):
     """The Source for an fsspec URL: :class:`~aprfast.remote.s3.S3Source` for s3fs
-    (ranged GETs only: 1 request to open), else :class:`FsspecSource`."""
+    (ranged GETs only: 1 request to open; ``deadline`` seconds per GET at most), else
+    :class:`FsspecSource`."""
     fs, path = filesystem(url, storage_options)
     from .s3 import S3Source, is_s3fs
 
     if is_s3fs(fs):
-        return S3Source(url, fs=fs, path=path, connections=connections)
+        return S3Source(url, fs=fs, path=path, connections=connections, deadline=deadline)
     return FsspecSource(url, fs=fs, path=path, connections=connections)
 
 

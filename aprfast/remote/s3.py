@@ -52,7 +52,7 @@ import time
 import urllib.parse
 
 from ..errors import AprError, AprFileNotFoundError, AprIOError, AprPermissionError
-from ._ranged import HEAD_BYTES, RangedSource, RemoteChangedError, TransientError
+from ._ranged import HEAD_BYTES, RangedSource, RemoteChangedError, RemoteTimeoutError, TransientError
 from ._url import redact_url, redact_urls
 
 __all__ = ["S3Source", "is_s3fs", "PRESIGN_EXPIRES", "PRESIGN_REUSE"]
@@ -108,10 +108,15 @@ def _error_code(exc: BaseException):
 class S3Source(RangedSource):
     """One S3 object of an s3fs filesystem (``fs``, ``path`` as fsspec splits the URL)."""
 
-    def __init__(self, url: str, *, fs, path: str, connections: int = 8):
+    def __init__(self, url: str, *, fs, path: str, connections: int = 8, deadline=None):
         from fsspec.asyn import sync
 
+        from .http import Budget
+
         self.url, self.fs, self._sync = url, fs, sync
+        #: seconds each GET may take, retries included (None: botocore's read_timeout per
+        #: read only, so a server dripping bytes holds a GET as long as it drips)
+        self.deadline = Budget(deadline=deadline).deadline  # checked as the HTTP reader checks it
         self.shown = redact_url(url)  # what messages show: no userinfo, no query
         bucket, key, version_id = fs.split_path(path)
         if not key:
@@ -227,12 +232,15 @@ class S3Source(RangedSource):
         """One GetObject through s3fs's client and event loop, its failures typed:
         missing / refused / changed objects are errors, the rest TransientError."""
         try:
-            return self._sync(self.fs.loop, _get, self.fs, kwargs, check)
+            return self._sync(self.fs.loop, _get, self.fs, kwargs, check, timeout=self.deadline)
         except AprError:
             raise
         except _BodyError as exc:  # s3fs does not retry a body read: the retry is here
             raise TransientError(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - botocore, aiohttp and s3fs each have their own
+            if self.deadline is not None and type(exc).__name__ == "FSTimeoutError":  # fsspec's sync(timeout=)
+                raise RemoteTimeoutError(f"no complete answer within the deadline of {self.deadline:g} s "
+                                         "(storage_options 'deadline')", path=self.shown) from None
             code, error = _error_code(exc)
             if code == "PreconditionFailed":
                 raise RemoteChangedError(f"the object changed since it was opened (If-Match {kwargs.get('IfMatch')!r}"
@@ -370,8 +378,11 @@ class _Direct:
         endpoint, target = self._target()
         query = target.partition("?")[2]
         headers = {"Range": f"bytes={offset}-{offset + n - 1}", "If-Match": source.version[0]}
+        from .http import Budget
+
+        clock = Budget(endpoint.timeout, deadline=source.deadline, path=source.shown).request()
         try:
-            conn, resp = endpoint.send(target, headers)
+            conn, resp = endpoint.send(target, headers, clock)
             failure = None
         except TransientError as exc:  # http.client may quote the request line: redacted
             conn, resp, failure = None, None, _redact(str(exc), query)
