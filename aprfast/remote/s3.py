@@ -68,8 +68,8 @@ PRESIGN_REUSE = 300
 #: accepted) is then Version 4, which every region accepts; AWS deprecated Version 2.
 _PRESIGNING_V4 = contextvars.ContextVar("aprfast_presigning_v4", default=False)
 #: The query parameters of a presigned URL that are secrets or name the key.
-_SECRET_PARAMS = re.compile(r"(?i)(X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|"
-                            r"AWSAccessKeyId|x-amz-security-token)=[^&\s'\"]*")
+_SECRET_PARAMS = re.compile(r"(?i)(X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|Credential|"
+                            r"AWSAccessKeyId|x-amz-security-token)=[^&\s'\",]*")
 
 
 def is_s3fs(fs) -> bool:
@@ -134,7 +134,24 @@ class S3Source(RangedSource):
             self.direct = _Direct(self)
 
     # --- opening: one GET for the first bytes, the length and the ETag ------------------
+    def _scrubbed(self, call, *args):
+        """``call(*args)``, any error it raises with the signing secrets a server may
+        quote back (an ``Authorization`` header's credential and signature, a presigned
+        query's, in a Content-Range or an ETag) removed from its message."""
+        try:
+            return call(*args)
+        except (AprError, TransientError) as exc:
+            text = exc.message if isinstance(exc, AprError) else str(exc)
+            clean = _redact(text)
+            if clean == text:
+                raise
+            error = type(exc)(clean, path=exc.path) if isinstance(exc, AprError) else TransientError(clean)
+        raise error  # out here: chained to nothing that shows a secret
+
     def _open(self):
+        return self._scrubbed(self._open_unscrubbed)
+
+    def _open_unscrubbed(self):
         import time
 
         attempt = 0
@@ -187,6 +204,9 @@ class S3Source(RangedSource):
 
     # --- later reads --------------------------------------------------------------------
     def _fetch_into(self, offset: int, out: memoryview) -> int:
+        return self._scrubbed(self._fetch_one, offset, out)
+
+    def _fetch_one(self, offset: int, out: memoryview) -> int:
         direct = self.direct
         if direct is not None:
             try:
