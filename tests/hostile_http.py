@@ -93,6 +93,7 @@ class Request:
         line = text.split("\r\n", 1)[0].split(" ")
         self.method, self.target = line[0], line[1] if len(line) > 1 else "/"
         self.ranges = _parse_ranges(self.header("Range"), len(self.payload))
+        self._head, self._head_sent = bytearray(), False
 
     def header(self, name: str):
         m = re.search(rf"(?im)^{re.escape(name)}:[ \t]*(.*?)\r?$", self.text)
@@ -105,7 +106,17 @@ class Request:
                 and self.sent < s.max_body)
 
     def send(self, data: bytes) -> bool:
-        """Send ``data`` (False when the client went or the answer must stop)."""
+        """Send ``data`` (False when the client went or the answer must stop).  The
+        answer to a HEAD request stops after its headers (S3 clients ask HEAD first)."""
+        if self.method == "HEAD":
+            if self._head_sent:
+                return True
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                return True
+            self._head_sent = True
+            data = bytes(self._head[:end + 4])
         view = memoryview(data)
         while view.nbytes:
             if not self.alive():
