@@ -386,7 +386,7 @@ def test_s3_errors_never_carry_the_presigned_url_query(s3_server, bucket, monkey
     s3_server.fs().pipe(f"{bucket}/m.apr", aprfast.save(tensors))
     targets = []
 
-    def quoting_send(self, target, headers):  # as http.client quotes a request line it refuses
+    def quoting_send(self, target, headers, clock=None):  # as http.client quotes a request line it refuses
         targets.append(target)
         try:
             raise http.client.InvalidURL(f"URL can't contain control characters. {target!r}")

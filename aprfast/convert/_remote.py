@@ -156,6 +156,7 @@ def _fetch(url: str, path: str, storage_options) -> None:
     source = open_url(url, storage_options, mode="pread")
     try:
         size = source.size
+        _check_room(size, path, url)
         with open(path, "x+b") as f:  # read too: a shared writable map needs both
             if not size:
                 return
@@ -174,6 +175,27 @@ def _fetch(url: str, path: str, storage_options) -> None:
         raise AprIOError(f"cannot write the fetched copy: {exc.strerror or exc}", path=path) from exc
     finally:
         source.close()
+
+
+def _check_room(size: int, path: str, url: str) -> None:
+    """Refuse, before the copy is sized, an object larger than a download may be
+    (:data:`aprfast.remote.cache.DEFAULT_MAX_SIZE`) or than the free space beside the
+    destination: the length is the server's word, and a server that claims a terabyte
+    of zeros would otherwise be fetched until the disk is full (LimitError, E008)."""
+    import shutil
+
+    from ..remote.cache import DEFAULT_MAX_SIZE
+
+    if size > DEFAULT_MAX_SIZE:
+        raise LimitError(f"the object is {size} bytes, more than {DEFAULT_MAX_SIZE} (a remote source is copied "
+                         "before it is converted: download it with `apr download --max-size` first)", path=_shown(url))
+    try:
+        free = shutil.disk_usage(os.path.dirname(path) or ".").free
+    except OSError:
+        return
+    if size > free:
+        raise LimitError(f"the object is {size} bytes; only {free} bytes are free for its copy in "
+                         f"{os.path.dirname(path)}", path=_shown(url))
 
 
 def _read_into(source, mapping) -> None:

@@ -71,7 +71,9 @@ def open_url(url: str, storage_options=None, *, mode=None):
     - ``connections``: parallel requests (default 8);
 
     any other key, or ``{"fsspec": True}``, sends the URL through fsspec's HTTP
-    filesystem.  Past a time bound: :class:`~aprfast.remote._ranged.RemoteTimeoutError`
+    filesystem.  For ``s3://``, ``deadline`` (seconds) bounds each GetObject of the
+    handle, s3fs's and botocore's retries included (the rest goes to s3fs).  Past a
+    time bound: :class:`~aprfast.remote._ranged.RemoteTimeoutError`
     (E007); a redirect to a non-http(s) URL:
     :class:`~aprfast.remote._url.RemoteURLError` (E007).  Error messages show URLs
     redacted (:func:`redact_url`).  Example::
@@ -100,7 +102,8 @@ def open_url(url: str, storage_options=None, *, mode=None):
     else:
         from .fsspec import open_fsspec
 
-        source = open_fsspec(url, options, connections=connections)
+        deadline = options.pop("deadline", None) if url_scheme(url) in ("s3", "s3a") else None
+        source = open_fsspec(url, options, connections=connections, deadline=deadline)
     source.storage_options = dict(storage_options or {})  # what reopening it elsewhere needs (pickling)
     return source
 
@@ -127,11 +130,15 @@ def open_stream(url: str, storage_options=None):
         from .http import open_body
 
         return open_body(url, **options)
-    from .fsspec import _io_error, filesystem
+    from .fsspec import TypedStream, _io_error, filesystem
 
+    if url_scheme(url) in ("s3", "s3a"):
+        # not s3fs's option (it would keep it); a stream's reads are bounded by botocore's
+        # read_timeout each (config_kwargs), not by a deadline
+        options.pop("deadline", None)
     fs, path = filesystem(url, options)
     try:
-        return fs.open(path, "rb", block_size=8 << 20)
+        return TypedStream(fs.open(path, "rb", block_size=8 << 20), url)
     except Exception as exc:  # noqa: BLE001
         error = _io_error(exc, url, "cannot open")
     raise error  # out here: chained to nothing that quotes the URL

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from ..errors import AprIOError
 
-__all__ = ["redact_url", "scrub", "parse_http_url", "HttpUrl", "RemoteURLError"]
+__all__ = ["redact_url", "redact_urls", "scrub", "Secrets", "parse_http_url", "HttpUrl", "RemoteURLError"]
 
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*://)([^/?#]*)([^?#]*)(\?[^#]*)?(#.*)?$", re.DOTALL)
 #: Default ports, for comparing origins (http://h and http://h:80 are one origin).
@@ -46,6 +46,20 @@ def redact_url(url) -> str:
     scheme, authority, path, query, fragment = m.groups()
     host = authority.rpartition("@")[2]
     return f"{scheme}{host}{path}{'?…' if query else ''}{'#…' if fragment else ''}"
+
+
+_ANY_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s'\"<>()\[\]]*(?:\[[^\s\]]*\][^\s'\"<>()]*)?")
+
+
+def redact_urls(text) -> str:
+    """``text`` with every ``scheme://`` URL in it shown by :func:`redact_url` (a
+    backend's message may quote a URL a server named: a redirect's ``Location`` with
+    its userinfo and query).
+
+    >>> redact_urls("redirected to 'ftp://bob:pw@h/x?token=t' and http://h/y")
+    "redirected to 'ftp://h/x?…' and http://h/y"
+    """
+    return _ANY_URL.sub(lambda m: redact_url(m.group(0)), str(text))
 
 
 def _secrets(url: str) -> list:
@@ -90,6 +104,49 @@ def scrub(text: str, *urls) -> str:
                     replacement = "…"
                 text = text.replace(secret, replacement)
     return text
+
+
+class Secrets:
+    """What a message about ``url`` must not show, whoever wrote its text: the URL's
+    secret parts (as :func:`scrub`) and the values of the ``headers`` sent with it
+    (an ``Authorization``, a ``Cookie``, an API key; each value whole and each word of
+    it).  A server can quote any of them back (in a status line, a ``Content-Range``,
+    an ``ETag``), so every message built from its answer goes through this.
+
+    >>> Secrets("http://u:pw12@h/m?sig=abc", {"Cookie": "c=SECRETCOOKIE"})("ETag 'sig=abc SECRETCOOKIE pw12'")
+    "ETag '… … …'"
+    """
+
+    def __init__(self, url: str, headers=None):
+        self.url = url
+        words = set()
+        for value in (headers or {}).values():
+            value = str(value)
+            for word in (value, *re.split(r"[\s;,=:]+", value)):
+                if len(word) >= 6:  # shorter words ("c", "Basic") are no secrets, and common
+                    words.add(word)
+        self.words = sorted(words, key=len, reverse=True)
+
+    def __call__(self, text) -> str:
+        text = scrub(text, self.url)
+        for word in self.words:
+            text = text.replace(word, "…")
+        return text
+
+    def clean(self, exc):
+        """``exc`` (an :class:`~aprfast.errors.AprError` or any exception whose
+        ``str`` is its message) when it shows no secret, else a new one of its type with
+        the message scrubbed (raise it outside the ``except`` block: chained to nothing)."""
+        from ..errors import AprError
+
+        if isinstance(exc, AprError):
+            message = self(exc.message)
+            if message == exc.message and self(exc.path or "") == (exc.path or ""):
+                return exc
+            return type(exc)(message, path=self(exc.path) if exc.path else exc.path)
+        text = str(exc)
+        message = self(text)
+        return exc if message == text else type(exc)(message)
 
 
 class HttpUrl(NamedTuple):

@@ -17,9 +17,9 @@ import threading
 from .._optional import require
 from ..errors import AprFileNotFoundError, AprIOError, AprPermissionError
 from ._ranged import HEAD_BYTES, RangedSource, RemoteChangedError, TransientError
-from ._url import redact_url, scrub
+from ._url import redact_url, redact_urls, scrub
 
-__all__ = ["FsspecSource", "filesystem", "open_fsspec"]
+__all__ = ["FsspecSource", "TypedStream", "filesystem", "open_fsspec"]
 
 
 def filesystem(url: str, storage_options=None):
@@ -50,18 +50,59 @@ def _io_error(exc: BaseException, url: str, what: str) -> AprIOError:
     if isinstance(exc, FileNotFoundError):
         return AprFileNotFoundError(f"{what}: no such object", path=shown)
     if isinstance(exc, PermissionError):
-        return AprPermissionError(f"{what}: access refused ({scrub(exc, url)})", path=shown)
-    return AprIOError(f"{what}: {type(exc).__name__}: {scrub(exc, url)}", path=shown)
+        return AprPermissionError(f"{what}: access refused ({redact_urls(scrub(exc, url))})", path=shown)
+    return AprIOError(f"{what}: {type(exc).__name__}: {redact_urls(scrub(exc, url))}", path=shown)
 
 
-def open_fsspec(url: str, storage_options=None, *, connections: int = 8):
+class TypedStream:
+    """An fsspec file object read forward (:func:`aprfast.remote.open_stream`), its
+    backend's errors typed: a body cut short or a protocol error from aiohttp or
+    botocore (``ClientPayloadError``, ``HTTPClientError``, ...) becomes an
+    :class:`AprIOError` naming the URL redacted, as every other read of a URL does."""
+
+    def __init__(self, f, url: str):
+        self._f, self.url = f, url
+        size = getattr(f, "size", None)
+        self.size = size if isinstance(size, int) else None
+
+    def _call(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - every backend has its own errors
+            if isinstance(exc, AprIOError):
+                raise
+            error = _io_error(exc, self.url, what)
+        raise error  # out here: chained to nothing that quotes the URL
+
+    def readinto(self, view) -> int:
+        return self._call("reading failed", self._f.readinto, view)
+
+    def read(self, n=-1) -> bytes:
+        return self._call("reading failed", self._f.read, n)
+
+    def close(self) -> None:
+        try:
+            self._f.close()
+        except Exception:  # noqa: BLE001 - closing a read handle: nothing to lose
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def open_fsspec(url: str, storage_options=None, *, connections: int = 8, deadline=None):
     """The Source for an fsspec URL: :class:`~aprfast.remote.s3.S3Source` for s3fs
-    (ranged GETs only: 1 request to open), else :class:`FsspecSource`."""
+    (ranged GETs only: 1 request to open; ``deadline`` seconds per GET at most), else
+    :class:`FsspecSource`."""
     fs, path = filesystem(url, storage_options)
     from .s3 import S3Source, is_s3fs
 
     if is_s3fs(fs):
-        return S3Source(url, fs=fs, path=path, connections=connections)
+        return S3Source(url, fs=fs, path=path, connections=connections, deadline=deadline)
     return FsspecSource(url, fs=fs, path=path, connections=connections)
 
 

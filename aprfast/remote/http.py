@@ -47,9 +47,9 @@ import threading
 import time
 import urllib.parse
 
-from ..errors import AprFileNotFoundError, AprIOError, AprPermissionError
+from ..errors import AprError, AprFileNotFoundError, AprIOError, AprPermissionError
 from ._ranged import HEAD_BYTES, TAIL_BYTES, RangedSource, RemoteChangedError, RemoteTimeoutError, TransientError
-from ._url import parse_http_url, redact_url
+from ._url import Secrets, parse_http_url, redact_url
 
 __all__ = ["HttpSource", "HttpBody", "Endpoint", "Target", "Budget", "open_body", "check_range", "read_into",
            "DEFAULT_MIN_RATE"]
@@ -67,6 +67,10 @@ DEFAULT_MIN_RATE = 16 << 10
 #: Less time left than this (seconds) is none: a socket timeout set to what was left
 #: fires at about that moment.
 _SLACK = 1e-3
+#: The most interim answers ("100 Continue") read before the final one: http.client
+#: skips them in a loop of its own, so a server sending them without end at full speed
+#: would hold a request for ever (the time bounds count waiting, and it never waits).
+MAX_INTERIM = 16
 
 
 class _Response:
@@ -76,6 +80,10 @@ class _Response:
         self.resp = resp
         self.status = resp.status
         self.content_range = resp.getheader("Content-Range")
+        lengths = {value.strip() for value in resp.msg.get_all("Content-Length") or ()}
+        if len(lengths) > 1:
+            # RFC 9110 8.6: an error.  http.client would read as many bytes as the first says.
+            raise http.client.HTTPException(f"Content-Length headers that disagree: {sorted(lengths)}")
         length = resp.getheader("Content-Length")
         self.length = int(length) if length is not None and length.strip().isdigit() else None
         self.version = (resp.getheader("ETag"), resp.getheader("Last-Modified"))
@@ -105,8 +113,18 @@ class HttpSource(RangedSource):
         budget = Budget(timeout, min_rate=min_rate, deadline=deadline, path=self.shown)  # checks the options
         self._limits = {"timeout": timeout, "min_rate": min_rate, "deadline": deadline}
         self._where = Target(url, headers, timeout)
+        #: what no message may show: a server may quote the query or the credentials back
+        self._secrets = Secrets(url, self._where.headers)
         self.version = None
-        size, head, tail_start, tail = self._open(budget)
+        try:
+            size, head, tail_start, tail = self._open(budget)
+            error = None
+        except AprError as exc:
+            error = self._secrets.clean(exc)
+            if error is exc:
+                raise
+        if error is not None:  # raised out here: chained to nothing that shows a secret
+            raise error
         super().__init__(size, head, path=self.shown, connections=connections)
         if tail is not None:
             self._set_tail(tail_start, tail)
@@ -227,6 +245,15 @@ class HttpSource(RangedSource):
 
     # --- later reads --------------------------------------------------------------------
     def _fetch_into(self, offset: int, out: memoryview) -> int:
+        try:
+            return self._fetch_once(offset, out)
+        except (AprError, TransientError) as exc:
+            error = self._secrets.clean(exc)
+            if error is exc:
+                raise
+        raise error  # out here: chained to nothing that shows a secret
+
+    def _fetch_once(self, offset: int, out: memoryview) -> int:
         n = out.nbytes
         conn, resp = self._request(f"bytes={offset}-{offset + n - 1}")
         try:
@@ -258,6 +285,17 @@ def open_body(url: str, *, headers=None, timeout=30.0, min_rate=DEFAULT_MIN_RATE
     redirect policy, time bounds, URL parsing and typed errors of :class:`HttpSource`:
     5xx and connection failures are retried ``retries`` times, then AprIOError."""
     where = Target(url, headers, timeout)
+    secrets = Secrets(url, where.headers)
+    try:
+        return _open_body(where, secrets, timeout, min_rate, deadline, retries, backoff)
+    except AprError as exc:
+        error = secrets.clean(exc)
+        if error is exc:
+            raise
+    raise error  # out here: chained to nothing that shows a secret
+
+
+def _open_body(where, secrets, timeout, min_rate, deadline, retries, backoff) -> "HttpBody":
     shown = where.shown
     budget = Budget(timeout, min_rate=min_rate, deadline=deadline, path=shown)
     redirects = attempt = 0
@@ -282,7 +320,7 @@ def open_body(url: str, *, headers=None, timeout=30.0, min_rate=DEFAULT_MIN_RATE
         if resp.status != 200:
             conn.close()
             raise AprIOError(f"the server answered {resp.status} to a GET", path=shown)
-        return HttpBody(conn, resp, shown)
+        return HttpBody(conn, resp, shown, secrets)
 
 
 class HttpBody:
@@ -292,8 +330,9 @@ class HttpBody:
     breaks off is an AprIOError (http.client never reads past a Content-Length).  Errors
     name the URL redacted (``url``)."""
 
-    def __init__(self, conn, resp: _Response, shown: str):
+    def __init__(self, conn, resp: _Response, shown: str, secrets=None):
         self._conn, self._resp, self.url = conn, resp, shown
+        self._secrets = secrets if secrets is not None else Secrets(shown)
         self.got = 0
         #: the Content-Length (None: not declared, or a chunked body)
         self.size = None if resp.resp.chunked else resp.length
@@ -310,7 +349,7 @@ class HttpBody:
         except (OSError, http.client.HTTPException) as exc:
             n, failure = 0, f"the body broke off after {self.got} bytes: {type(exc).__name__}: {exc}"
         if failure is not None:  # raised here, chained to nothing
-            raise AprIOError(failure, path=self.url)
+            raise AprIOError(self._secrets(failure), path=self.url)
         self.got += n
         if n == 0 and view and self.size is not None and self.got != self.size:
             raise AprIOError(f"the body ended after {self.got} of {self.size} bytes", path=self.url)
@@ -588,9 +627,55 @@ class _TimedReader:
 class _TimedResponse(http.client.HTTPResponse):
     """An HTTPResponse reading its status line, headers and body through a _TimedReader."""
 
-    def __init__(self, sock, *args, clock: _Clock, **kwargs):
+    def __init__(self, sock, *args, clock: _Clock, owner=None, **kwargs):
         super().__init__(sock, *args, **kwargs)
         self.fp = _TimedReader(self.fp, sock, clock)
+        self._interim = 0
+        if owner is not None:
+            owner._last_response = self
+
+    def _read_status(self):
+        version, status, reason = super()._read_status()
+        if status == http.client.CONTINUE:  # begin() reads the next status line, and the next...
+            self._interim += 1
+            if self._interim > MAX_INTERIM:
+                raise http.client.HTTPException(f"more than {MAX_INTERIM} interim answers ({status})")
+        return version, status, reason
+
+
+class _ClosesItsResponse:
+    """http.client's connection forgets its response once that response will close the
+    connection (no Content-Length, ``Connection: close``), or when reading its head
+    failed, while the response's file still holds the socket: closing the connection
+    then left the descriptor open until garbage collection (a ResourceWarning).  This
+    ``close()`` closes the last response too (except when http.client itself closes the
+    connection while handing that response out: its body is still to be read)."""
+
+    _last_response = None
+    _handing_out = False
+
+    def getresponse(self):
+        self._handing_out = True
+        try:
+            return super().getresponse()
+        finally:
+            self._handing_out = False
+
+    def close(self):
+        response = None
+        if not self._handing_out:
+            response, self._last_response = self._last_response, None
+        super().close()
+        if response is not None:
+            response.close()
+
+
+class _HTTPConnection(_ClosesItsResponse, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_ClosesItsResponse, http.client.HTTPSConnection):
+    pass
 
 
 class Endpoint:
@@ -614,9 +699,9 @@ class Endpoint:
                     conn.sock.settimeout(self.timeout)
                 return conn
         if self.scheme == "https":
-            return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout,
-                                               context=ssl.create_default_context(cafile=self.cafile))
-        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            return _HTTPSConnection(self.host, self.port, timeout=self.timeout,
+                                    context=ssl.create_default_context(cafile=self.cafile))
+        return _HTTPConnection(self.host, self.port, timeout=self.timeout)
 
     def send(self, target: str, headers: dict, clock: "_Clock | None" = None):
         """GET ``target``; (connection, _Response) with the body unread, whatever the
@@ -655,7 +740,7 @@ class Endpoint:
         conn.timeout = timeout
         if conn.sock is not None:
             conn.sock.settimeout(timeout)
-        conn.response_class = functools.partial(_TimedResponse, clock=clock)
+        conn.response_class = functools.partial(_TimedResponse, clock=clock, owner=conn)
         start = time.monotonic()
         try:
             conn.request("GET", target, headers=headers)

@@ -52,8 +52,8 @@ import time
 import urllib.parse
 
 from ..errors import AprError, AprFileNotFoundError, AprIOError, AprPermissionError
-from ._ranged import HEAD_BYTES, RangedSource, RemoteChangedError, TransientError
-from ._url import redact_url
+from ._ranged import HEAD_BYTES, RangedSource, RemoteChangedError, RemoteTimeoutError, TransientError
+from ._url import redact_url, redact_urls
 
 __all__ = ["S3Source", "is_s3fs", "PRESIGN_EXPIRES", "PRESIGN_REUSE"]
 
@@ -68,8 +68,8 @@ PRESIGN_REUSE = 300
 #: accepted) is then Version 4, which every region accepts; AWS deprecated Version 2.
 _PRESIGNING_V4 = contextvars.ContextVar("aprfast_presigning_v4", default=False)
 #: The query parameters of a presigned URL that are secrets or name the key.
-_SECRET_PARAMS = re.compile(r"(?i)(X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|"
-                            r"AWSAccessKeyId|x-amz-security-token)=[^&\s'\"]*")
+_SECRET_PARAMS = re.compile(r"(?i)(X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|Credential|"
+                            r"AWSAccessKeyId|x-amz-security-token)=[^&\s'\",]*")
 
 
 def is_s3fs(fs) -> bool:
@@ -88,7 +88,7 @@ async def _get(fs, kwargs: dict, check):
         try:
             return await body.read()
         except Exception as exc:  # noqa: BLE001 - aiohttp / botocore errors of a body cut short
-            raise _BodyError(f"{type(exc).__name__}: {exc}") from None
+            raise _BodyError(f"{type(exc).__name__}: {redact_urls(exc)}") from None
     finally:
         body.close()
 
@@ -108,10 +108,15 @@ def _error_code(exc: BaseException):
 class S3Source(RangedSource):
     """One S3 object of an s3fs filesystem (``fs``, ``path`` as fsspec splits the URL)."""
 
-    def __init__(self, url: str, *, fs, path: str, connections: int = 8):
+    def __init__(self, url: str, *, fs, path: str, connections: int = 8, deadline=None):
         from fsspec.asyn import sync
 
+        from .http import Budget
+
         self.url, self.fs, self._sync = url, fs, sync
+        #: seconds each GET may take, retries included (None: botocore's read_timeout per
+        #: read only, so a server dripping bytes holds a GET as long as it drips)
+        self.deadline = Budget(deadline=deadline).deadline  # checked as the HTTP reader checks it
         self.shown = redact_url(url)  # what messages show: no userinfo, no query
         bucket, key, version_id = fs.split_path(path)
         if not key:
@@ -129,7 +134,24 @@ class S3Source(RangedSource):
             self.direct = _Direct(self)
 
     # --- opening: one GET for the first bytes, the length and the ETag ------------------
+    def _scrubbed(self, call, *args):
+        """``call(*args)``, any error it raises with the signing secrets a server may
+        quote back (an ``Authorization`` header's credential and signature, a presigned
+        query's, in a Content-Range or an ETag) removed from its message."""
+        try:
+            return call(*args)
+        except (AprError, TransientError) as exc:
+            text = exc.message if isinstance(exc, AprError) else str(exc)
+            clean = _redact(text)
+            if clean == text:
+                raise
+            error = type(exc)(clean, path=exc.path) if isinstance(exc, AprError) else TransientError(clean)
+        raise error  # out here: chained to nothing that shows a secret
+
     def _open(self):
+        return self._scrubbed(self._open_unscrubbed)
+
+    def _open_unscrubbed(self):
         import time
 
         attempt = 0
@@ -182,6 +204,9 @@ class S3Source(RangedSource):
 
     # --- later reads --------------------------------------------------------------------
     def _fetch_into(self, offset: int, out: memoryview) -> int:
+        return self._scrubbed(self._fetch_one, offset, out)
+
+    def _fetch_one(self, offset: int, out: memoryview) -> int:
         direct = self.direct
         if direct is not None:
             try:
@@ -227,12 +252,15 @@ class S3Source(RangedSource):
         """One GetObject through s3fs's client and event loop, its failures typed:
         missing / refused / changed objects are errors, the rest TransientError."""
         try:
-            return self._sync(self.fs.loop, _get, self.fs, kwargs, check)
+            return self._sync(self.fs.loop, _get, self.fs, kwargs, check, timeout=self.deadline)
         except AprError:
             raise
         except _BodyError as exc:  # s3fs does not retry a body read: the retry is here
             raise TransientError(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - botocore, aiohttp and s3fs each have their own
+            if self.deadline is not None and type(exc).__name__ == "FSTimeoutError":  # fsspec's sync(timeout=)
+                raise RemoteTimeoutError(f"no complete answer within the deadline of {self.deadline:g} s "
+                                         "(storage_options 'deadline')", path=self.shown) from None
             code, error = _error_code(exc)
             if code == "PreconditionFailed":
                 raise RemoteChangedError(f"the object changed since it was opened (If-Match {kwargs.get('IfMatch')!r}"
@@ -244,10 +272,10 @@ class S3Source(RangedSource):
                 raise AprFileNotFoundError("no such object", path=self.shown) from None
             if isinstance(exc, PermissionError) or code in ("AccessDenied", "403", "InvalidAccessKeyId",
                                                             "SignatureDoesNotMatch"):
-                raise AprPermissionError(f"access refused ({exc})", path=self.shown) from None
+                raise AprPermissionError(f"access refused ({redact_urls(exc)})", path=self.shown) from None
             # botocore (5xx, throttling, connection errors) and then s3fs (its ``retries``)
             # have retried the request already: retrying here too would multiply them
-            raise AprIOError(f"GetObject failed after s3fs's retries: {type(exc).__name__}: {exc}",
+            raise AprIOError(f"GetObject failed after s3fs's retries: {type(exc).__name__}: {redact_urls(exc)}",
                              path=self.shown) from None
 
 
@@ -370,8 +398,11 @@ class _Direct:
         endpoint, target = self._target()
         query = target.partition("?")[2]
         headers = {"Range": f"bytes={offset}-{offset + n - 1}", "If-Match": source.version[0]}
+        from .http import Budget
+
+        clock = Budget(endpoint.timeout, deadline=source.deadline, path=source.shown).request()
         try:
-            conn, resp = endpoint.send(target, headers)
+            conn, resp = endpoint.send(target, headers, clock)
             failure = None
         except TransientError as exc:  # http.client may quote the request line: redacted
             conn, resp, failure = None, None, _redact(str(exc), query)
