@@ -2,7 +2,8 @@
 function a program can call directly.
 
 Exit codes (seed 001 Appendix A): 0 success, 1 general error, 2 invalid arguments,
-3 file not found, 4 format error (any AprError while reading), 5 validation failed.
+3 file not found, 4 format error (any AprError while reading), 5 validation failed
+(the CRC32 check, E004, of every command that reads a whole file, unless ``--no-verify``).
 Results go to stdout (``--json`` for machines), diagnostics to stderr.
 
 Every command reads the configuration file and environment of :mod:`aprfast.config`
@@ -18,7 +19,7 @@ import sys
 from .. import __version__
 from .. import config as apr_config
 from ..convert import DestinationExistsError
-from ..errors import AprError, AprFileNotFoundError, AprIOError
+from ..errors import AprError, AprFileNotFoundError, AprIOError, ChecksumError
 from . import (
     cache,
     convert,
@@ -99,6 +100,10 @@ def _main(argv, settings) -> int:
         return EXIT_ERROR
     except AprError as exc:
         print(f"apr: {exc}", file=sys.stderr)
+        if isinstance(exc, ChecksumError) and getattr(args, "verify", None) is True:
+            # the integrity check of a command reading a whole file failed: exit 5, as apr validate's
+            print(f"apr {args.command}: the input is damaged (--no-verify reads it anyway)", file=sys.stderr)
+            return EXIT_VALIDATION
         return EXIT_FORMAT
     except BrokenPipeError:  # `apr inspect big.apr | head` is fine
         return EXIT_OK

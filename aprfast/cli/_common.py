@@ -97,6 +97,19 @@ def keys_from(args) -> dict:
     return keys
 
 
+def add_verify_option(parser) -> None:
+    """``--no-verify`` for a command that reads a whole file: by default its footer
+    CRC32 (and signature, where present) is checked while it is read, and a damaged
+    file is E004, exit 5, before anything is written (issue 28 item 1)."""
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="do not check the input's CRC32 and signature (a damaged file then passes silently)")
+
+
+def verify_from(args) -> bool:
+    """Whether to check the input's integrity (``--no-verify`` says not; True by default)."""
+    return getattr(args, "verify", True) is not False
+
+
 def open_model(path, args, **options):
     """``aprfast.open`` with the keys of ``args``; tensors of unknown dtype come back raw
     so that listing and checking a file never fails on them."""

@@ -30,6 +30,7 @@ from ._common import (
     EXIT_VALIDATION,
     UsageError,
     add_progress_option,
+    add_verify_option,
     print_json,
     progress_for,
     refuse_existing,
@@ -81,6 +82,7 @@ def add_conversion_arguments(p, *, source_help: str) -> None:
                    help="replace an existing destination; write tensors that fail validation or the quality gate "
                         "(with a warning)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_verify_option(p)
     add_progress_option(p)
 
 
@@ -105,6 +107,8 @@ def output_path(args) -> str:
 def conversion_options(args) -> dict:
     """``aprfast.convert`` keyword arguments; a bad value is a usage error (exit 2)."""
     options = {"force": args.force, "tokenizer": not args.no_tokenizer}
+    if getattr(args, "verify", True) is False:
+        options["verify"] = False
     if args.quantize:
         options["quantize"] = _quant_name(args.quantize)
     if args.precision:

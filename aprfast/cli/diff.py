@@ -21,11 +21,13 @@ from ._common import (
     UsageError,
     add_key_options,
     add_progress_option,
+    add_verify_option,
     fmt,
     keys_from,
     non_negative_int,
     print_json,
     progress_for,
+    verify_from,
 )
 
 #: Metadata values longer than this are shortened in the human report (vocabularies).
@@ -44,6 +46,7 @@ def add_parser(commands) -> None:
     p.add_argument("--threads", type=non_negative_int, default=0, help="threads for the statistics (0: every core)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     add_key_options(p)
+    add_verify_option(p)
     add_progress_option(p)
     p.set_defaults(run=run)
 
@@ -57,7 +60,7 @@ def run(args) -> int:
     with progress_for(args, "diff") as progress:
         report = diff_models(args.a, args.b, tolerance=args.tolerance, mapping=mapping,
                              keys_a=keys if _is_apr(args.a) else None, keys_b=keys if _is_apr(args.b) else None,
-                             threads=args.threads, progress=progress)
+                             threads=args.threads, progress=progress, verify=verify_from(args))
     same = report.tensors_match and (args.ignore_metadata or not report.metadata_differs)
     if args.json:
         print_json({**report.as_dict(), "result": _verdict(report, same)})

@@ -21,11 +21,13 @@ from ._common import (
     UsageError,
     add_key_options,
     add_progress_option,
+    add_verify_option,
     non_negative_int,
     open_model,
     print_json,
     progress_for,
     refuse_existing,
+    verify_from,
 )
 
 #: Names of embedding and output-projection tensors (Hugging Face, GGUF, whisper spellings).
@@ -54,6 +56,7 @@ def add_parser(commands) -> None:
     p.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     add_progress_option(p)
+    add_verify_option(p)
     add_key_options(p)
     p.set_defaults(run=run)
 
@@ -116,7 +119,7 @@ def quantize_file(source, destination, default, rules, args) -> dict:
     """Quantize ``source`` into ``destination``; the report as a dict."""
     import aprfast
 
-    with open_model(source, args) as f, progress_for(args, "quantizing") as progress:
+    with open_model(source, args, verify=verify_from(args)) as f, progress_for(args, "quantizing") as progress:
         names = list(f.keys())
         tensors = {}
         for done, name in enumerate(names, 1):

@@ -20,10 +20,12 @@ from ._common import (
     EXIT_OK,
     UsageError,
     add_signing_key_option,
+    add_verify_option,
     keys_from,
     print_json,
     refuse_existing,
     signing_key_from,
+    verify_from,
 )
 
 
@@ -53,6 +55,7 @@ def add_parser(commands) -> None:
                         "(repeatable)")
     p.add_argument("-f", "--force", action="store_true", help="replace an existing OUTPUT")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_verify_option(p)
     p.set_defaults(run=run)
 
 
@@ -69,7 +72,8 @@ def run(args) -> int:
     refuse_existing(args.force, args.output)  # no OUTPUT: FILE itself is re-signed in place
     keys = keys_from(args)
     result = sign_file(args.file, key, output=args.output, replace_signature=args.resign, force=args.force,
-                       password=keys.get("password"), private_key=keys.get("private_key"))
+                       password=keys.get("password"), private_key=keys.get("private_key"),
+                       verify=verify_from(args))
     if args.json:
         print_json(result)
     else:

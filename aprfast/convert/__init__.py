@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 
 from .. import dtypes as _dtypes
-from ..errors import FormatError, LayoutError, os_error
+from ..errors import AprError, ChecksumError, FormatError, LayoutError, os_error
 from ..numerics.drift import numeric_values
 from ..numerics.precision import to_bfloat16, to_float16, to_float32
 from ..numerics.quantization import dequantize as _dequantize
@@ -126,7 +126,7 @@ def detect(path) -> str:
                       "a safetensors index, GGUF, a torch.save checkpoint, ONNX, Burnpack or MLE", path=path)
 
 
-def open_source(path, *, tokenizer: bool = True):
+def open_source(path, *, tokenizer: bool = True, verify: bool = True):
     """The tensor stream of any supported source, metadata mapped to .apr's.
 
     What :func:`convert` reads from: ``specs`` (each tensor's name, dtype and shape,
@@ -137,6 +137,8 @@ def open_source(path, *, tokenizer: bool = True):
         path: A file or directory of any format :func:`detect` names.
         tokenizer: Embed a sibling ``tokenizer.json`` of a safetensors source in the
             metadata.
+        verify: An ``.apr`` source checks its CRC (and signature) as it is read;
+            its ``check()`` compares (see ``convert.apr.AprSource``).
 
     Returns:
         A source object; its ``format`` is what :func:`detect` said.
@@ -156,7 +158,7 @@ def open_source(path, *, tokenizer: bool = True):
     """
     kind = detect(path)
     if kind == "apr":
-        source = _apr.AprSource(path)
+        source = _apr.AprSource(path, verify=verify)
     elif kind == "gguf":
         source = _gguf.GGUFSource(path)
     elif kind == "pytorch":
@@ -414,7 +416,7 @@ def _quant_selector(quantize):
 def convert(source, destination, *, to=None, quantize=None, precision=None, compression=None, arch=None,
             rename=None, strip_prefix=None, validate="strict", force=False, progress=None, max_shard_size=None,
             tokenizer=True, durable=True, prune=None, lowrank=None, max_drift=DEFAULT_MAX_DRIFT,
-            storage_options=None) -> dict:
+            storage_options=None, verify=True) -> dict:
     """Convert a model between ``.apr``, safetensors (one file or a sharded checkpoint)
     and GGUF, streaming one tensor at a time.
 
@@ -492,6 +494,9 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
         lowrank: A rank, or a dict of low-rank options, as above.
         max_drift: The quality gate's limit on relative L2 drift (None: no limit).
         storage_options: Options for a URL ``source``, as for :func:`aprfast.open`.
+        verify: Check an ``.apr`` source's footer CRC32 (and signature) while it is
+            read, before the output is published (ChecksumError otherwise); False
+            converts a damaged file as it is.
 
     Returns:
         The summary dict described above.
@@ -506,6 +511,8 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
             (E002; nothing written).
         QualityGateError: A lossy option drifted a tensor past ``max_drift`` (E002;
             nothing written).
+        ChecksumError: With ``verify``, an ``.apr`` source's bytes do not match its
+            CRC32 (E004; nothing written).
         AprFileNotFoundError: ``source`` does not exist.
 
     Examples:
@@ -540,15 +547,15 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
             source = local.path
     try:
         return _convert(source, destination, kind, precision, quantize, prefixes, validator, optimizer, gate, arch,
-                        rename, compression, max_shard_size, force, durable, progress, tokenizer)
+                        rename, compression, max_shard_size, force, durable, progress, tokenizer, verify)
     finally:
         if local is not None:
             local.close()
 
 
 def _convert(source, destination, kind, precision, quantize, prefixes, validator, optimizer, gate, arch, rename,
-             compression, max_shard_size, force, durable, progress, tokenizer) -> dict:
-    src = open_source(source, tokenizer=tokenizer)
+             compression, max_shard_size, force, durable, progress, tokenizer, verify=True) -> dict:
+    src = open_source(source, tokenizer=tokenizer, verify=verify)
     try:
         mapping = _map_names(src, arch, prefixes)
         pairs = _plan(src, rename, precision, quantize, prefixes, mapping, optimizer)
@@ -634,8 +641,32 @@ def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None) 
             done += spec.nbytes
             if progress is not None:
                 progress(done, total)
+        _check_source(src)
         writer.close()
+    except AprError as exc:
+        writer.abort()
+        if not isinstance(exc, ChecksumError):
+            _check_source(src, exc)  # a damaged source says so, not what the damage broke
+        raise
     except BaseException:
         writer.abort()
         raise
     return total
+
+
+def _check_source(src, cause=None) -> None:
+    """The source's own integrity check (an ``.apr`` source's CRC, issue 28 item 1),
+    before the output is published; after another failure (``cause``), a ChecksumError
+    it finds replaces that failure's error."""
+    check = getattr(src, "check", None)
+    if check is None:
+        return
+    if cause is None:
+        check()
+        return
+    try:
+        check()
+    except ChecksumError as exc:
+        raise exc from cause
+    except Exception:  # noqa: BLE001 - any other trouble of the check: the first error stands
+        return

@@ -281,13 +281,13 @@ def _check_options(method, n_models, base, weights, density, t, lam, seed):
 
 
 # --- files -------------------------------------------------------------------------
-def _open_all(paths, keys):
+def _open_all(paths, keys, verify=True):
     from ..api import open as open_apr
 
     files = []
     try:
         for path in paths:
-            files.append(open_apr(path, **(keys or {})))
+            files.append(open_apr(path, verify=verify, **(keys or {})))
     except BaseException:
         for f in files:
             f.close()
@@ -346,7 +346,7 @@ def _copy_equal(name, files, paths):
 
 def merge_models(paths, output, *, method: str = "average", base=None, weights=None, density=None,
                  t: float | None = None, lam: float | None = None, seed: int | None = None, keys=None,
-                 force: bool = False, progress=None) -> dict:
+                 force: bool = False, progress=None, verify: bool = True) -> dict:
     """Merge the ``.apr`` models at ``paths`` into ``output`` (see the module docstring
     for the methods).  ``base``: the base model's path for ties/dare.  ``weights``: one
     per model.  ``density``: fraction kept by ties/dare.  ``t``: slerp's position (0.5).
@@ -368,6 +368,7 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
         keys: ``aprfast.open`` keyword arguments for encrypted inputs.
         force: Replace an existing ``output``.
         progress: ``progress(done, total)``, called after each tensor.
+        verify: Check every input's CRC32 (and signature) before anything is written.
 
     Returns:
         A dict: ``output``, ``method``, ``models``, ``base``, ``tensors``, ``merged``
@@ -381,6 +382,7 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
         LayoutError: The models hold other tensor names or shapes, or a non-float
             tensor differs between them.
         DestinationExistsError: ``output`` exists and ``force`` is not set.
+        ChecksumError: With ``verify``, an input's bytes do not match its CRC32.
         AprIOError: An input cannot be read or the output written.
 
     Examples:
@@ -406,7 +408,7 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
     if os.path.lexists(output) and not force:
         raise DestinationExistsError("output exists; pass force=True to replace it", path=output)
     all_paths = paths + ([os.fspath(base)] if base is not None else [])
-    files = _open_all(all_paths, keys)
+    files = _open_all(all_paths, keys, verify)
     try:
         names = _check_same_tensors(files, all_paths)
         models, base_file = (files[:-1], files[-1]) if base is not None else (files, None)

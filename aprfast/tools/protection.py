@@ -206,7 +206,7 @@ def verify_file(path, *, trusted_keys=None, require_signature: bool = True, pass
 
 
 def sign_file(path, signing_key, *, output=None, replace_signature: bool = False, force: bool = False,
-              password=None, private_key=None) -> dict:
+              password=None, private_key=None, verify: bool = True) -> dict:
     """Sign a v1 file with an Ed25519 seed (32 bytes), writing ``output`` (default:
     ``path`` itself, replaced atomically).  A file signed already keeps its signature
     unless ``replace_signature``.  STREAMING files are refused: their chunk index
@@ -226,6 +226,8 @@ def sign_file(path, signing_key, *, output=None, replace_signature: bool = False
         force: Replace an existing ``output``.
         password: (v2) The password of an encrypted file.
         private_key: (v2) The X25519 private key of an encrypted file.
+        verify: Check the file's CRC32 (and a v2 file's chunks) before signing; a v1
+            file's CRC is always checked (its signature covers the stored bytes).
 
     Returns:
         A dict: ``file`` (the path written) and ``signer`` (the public key, hex); v2
@@ -253,7 +255,7 @@ def sign_file(path, signing_key, *, output=None, replace_signature: bool = False
     """
     if container_of(path) == "v2":
         return _sign_v2(path, signing_key, output=output, replace_signature=replace_signature, force=force,
-                        password=password, private_key=private_key)
+                        password=password, private_key=private_key, verify=verify)
     if password is not None or private_key is not None:
         raise ValueError("a v1 file is signed as stored, without its key; give no password or private key")
     from ..crypto import core as crypto
@@ -333,7 +335,7 @@ def _is_encrypted(path) -> bool:
 
 
 def encrypt_file(path, output, *, password=None, recipients=None, signing_key=None, encrypt_names: bool = False,
-                 force: bool = False) -> dict:
+                 force: bool = False, verify: bool = True) -> dict:
     """Encrypt a v1 file's payload with a password (Argon2id) or to X25519 recipients'
     public keys, writing ``output``.  An encrypted file is refused (decrypt it first).
     A v2 file is saved again in the apr2 layout with its tensors sealed (FORMAT §3.2;
@@ -347,6 +349,8 @@ def encrypt_file(path, output, *, password=None, recipients=None, signing_key=No
         signing_key: Sign the result with this Ed25519 seed.
         encrypt_names: (v2) Encrypt the metadata and tensor index too.
         force: Replace an existing ``output``.
+        verify: Check a v2 file's CRC32 (and signature) before it is sealed again; a
+            v1 file's CRC is always checked.
 
     Returns:
         A dict: ``file``, ``encryption`` ("password", "recipient" or
@@ -374,7 +378,7 @@ def encrypt_file(path, output, *, password=None, recipients=None, signing_key=No
         raise ValueError("give a password or recipients (public keys), one of the two")
     if container_of(path) == "v2":
         return _encrypt_v2(path, output, password=password, recipients=recipients, signing_key=signing_key,
-                           encrypt_names=encrypt_names, force=force)
+                           encrypt_names=encrypt_names, force=force, verify=verify)
     if encrypt_names:
         raise ValueError("encrypt_names is for v2 files: a v1 file's metadata is never encrypted")
     _refuse_existing(output, force)
@@ -503,7 +507,7 @@ def _encrypted_needs_key(exc, path, what: str):
                         "the security block, FORMAT §3.2), so it needs the key", path=path)
 
 
-def _sign_v2(path, signing_key, *, output, replace_signature, force, password, private_key) -> dict:
+def _sign_v2(path, signing_key, *, output, replace_signature, force, password, private_key, verify=True) -> dict:
     from ..crypto import core as crypto
     from ..errors import DecryptError
 
@@ -512,7 +516,7 @@ def _sign_v2(path, signing_key, *, output, replace_signature, force, password, p
         _refuse_existing(target, force)
     public = bytes(crypto.public_key_of(signing_key))
     try:
-        f = _open_v2(path, password=password, private_key=private_key)
+        f = _open_v2(path, password=password, private_key=private_key, verify=verify or None)
     except DecryptError as exc:
         if password is None and private_key is None:
             raise _encrypted_needs_key(exc, path, "signing") from None
@@ -541,12 +545,12 @@ def _v2_is_encrypted(path) -> bool:
         return True
 
 
-def _encrypt_v2(path, output, *, password, recipients, signing_key, encrypt_names, force) -> dict:
+def _encrypt_v2(path, output, *, password, recipients, signing_key, encrypt_names, force, verify=True) -> dict:
     _refuse_existing(output, force)
     recipients = list(recipients or [])
     if _v2_is_encrypted(path):
         raise ValueError(f"{path} is encrypted already; decrypt it first")
-    with _open_v2(path) as f:
+    with _open_v2(path, verify=verify or None) as f:
         state = f.security or {"signed": False, "encrypted": False, "digest": "none"}
         security = {"password": password, "recipients": recipients or None, "signing_key": signing_key,
                     "encrypt_names": encrypt_names,
