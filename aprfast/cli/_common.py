@@ -150,12 +150,62 @@ def password_from(args) -> str | None:
 
 
 def signing_key_from(args) -> bytes | None:
-    """The Ed25519 seed of ``--signing-key PATH`` (raw 32 bytes, PEM or OpenSSH)."""
-    if not getattr(args, "signing_key", None):
+    """The Ed25519 seed of ``--signing-key PATH`` (PEM, OpenSSH or raw 32 bytes).
+
+    A public key is refused (issue 28 item 2: signing "with" ``me.key.pub`` took its 32
+    bytes for a seed and signed under another identity).  A PEM or OpenSSH file says
+    what it holds; raw 32 bytes do not, so a raw file named ``*.pub``, one equal to its
+    ``PATH.pub`` sibling, or one whose public half is not that sibling's key is refused
+    too (FormatError, exit 4, naming the file to use)."""
+    path = getattr(args, "signing_key", None)
+    if not path:
         return None
     from ..crypto.core import load_key
+    from ..errors import FormatError
 
-    return load_key(args.signing_key, kind="ed25519-private")[1]
+    path = os.fspath(path)
+    raw = os.path.isfile(path) and os.path.getsize(path) == 32
+    if not raw:
+        kind, seed = load_key(path)
+        if kind == "ed25519-public":
+            raise FormatError(f"--signing-key {path} is an Ed25519 public key; sign with its private key"
+                              f"{_private_hint(path)}", path=path)
+        if kind != "ed25519-private":
+            raise FormatError(f"--signing-key {path} holds an {kind} key, not an Ed25519 private key "
+                              "(apr keygen PATH writes one)", path=path)
+        return seed
+    seed = load_key(path, kind="ed25519-private")[1]
+    _check_raw_seed(path, seed)
+    return seed
+
+
+def _private_hint(path: str) -> str:
+    private = path[:-len(".pub")] if path.endswith(".pub") else None
+    return f" ({private})" if private and os.path.exists(private) else ""
+
+
+def _check_raw_seed(path: str, seed: bytes) -> None:
+    """Refuse a raw 32-byte ``--signing-key`` that is (or is not the private half of)
+    a public key: the name, then the ``.pub`` sibling, decide."""
+    from ..crypto.core import load_key, public_key_of
+    from ..errors import FormatError
+
+    if path.endswith(".pub"):
+        raise FormatError(f"--signing-key {path} is a public key file (.pub); sign with its private key"
+                          f"{_private_hint(path)}", path=path)
+    sibling = path + ".pub"
+    if not os.path.isfile(sibling):
+        return
+    try:
+        public = load_key(sibling, kind="ed25519-public")[1]
+    except Exception:  # noqa: BLE001 - a sibling of another kind says nothing about this key
+        return
+    if bytes(public) == bytes(seed):
+        raise FormatError(f"--signing-key {path} holds the same 32 bytes as its public key {sibling}: it is "
+                          "a copy of the public key, not a private key", path=path)
+    if bytes(public_key_of(seed)) != bytes(public):
+        raise FormatError(f"--signing-key {path} is not the private key of {sibling} (their public keys "
+                          "differ): signatures would not verify with it", path=path)
 
 
 def add_signing_key_option(parser, help_text: str) -> None:

@@ -74,10 +74,13 @@ def run(args) -> int:
     result = sign_file(args.file, key, output=args.output, replace_signature=args.resign, force=args.force,
                        password=keys.get("password"), private_key=keys.get("private_key"),
                        verify=verify_from(args))
+    from ..crypto.core import key_fingerprint
+
+    result["fingerprint"] = key_fingerprint(bytes.fromhex(result["signer"]))
     if args.json:
         print_json(result)
     else:
-        print(f"{result['file']}: signed by {result['signer']}")
+        print(f"{result['file']}: signed by {result['fingerprint']} (Ed25519 public key {result['signer']})")
     return EXIT_OK
 
 

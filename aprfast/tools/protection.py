@@ -672,20 +672,23 @@ def generate_keypair(path, kind: str = "ed25519", *, format: str | None = None, 
         kind: "ed25519" (signs .apr files), "x25519" (receives encrypted models) or
             "ecdsa-p256" / "ecdsa-p384" / "ecdsa-p521" (signs OpenSSF model-signing
             bundles: :func:`aprfast.tools.model_signing.sign_model`).
-        format: "raw" (the default for Ed25519/X25519), "pem" or "openssh"; ECDSA keys
-            are PEM only.
+        format: "pem" (the default: PKCS#8 / SubjectPublicKeyInfo, which say what
+            they hold and need no package), "openssh" (Ed25519) or "raw" (32 bytes
+            that do not say whether they are the private or the public key); ECDSA
+            keys are PEM only.
         force: replace existing key files.
         password: ECDSA only: encrypt the private key PEM with it.
 
     Returns:
         ``{"private", "public", "kind", "format", "public_key"}``; ``public_key`` is the raw
-        public key in hex for Ed25519/X25519 and, for ECDSA, the key's hint (SHA-256 of its
-        public PEM, the identifier a bundle carries).
+        public key in hex for Ed25519/X25519 (which add ``fingerprint``:
+        :func:`aprfast.crypto.key_fingerprint`) and, for ECDSA, the key's hint (SHA-256
+        of its public PEM, the identifier a bundle carries).
 
     Raises:
         ValueError: an unknown kind, or a format the kind has no encoding in.
         DestinationExistsError: a key file exists and ``force`` is false.
-        MissingDependencyError: "pem"/"openssh" or an ECDSA key without the
+        MissingDependencyError: "openssh" or an ECDSA key without the
             ``cryptography`` package.
         AprIOError: a file cannot be written.
 
@@ -714,7 +717,7 @@ def generate_keypair(path, kind: str = "ed25519", *, format: str | None = None, 
                 "public_key": written["key_hint"]}
     if password is not None:
         raise ValueError("password= encrypts ECDSA private keys only")
-    format = format or "raw"  # noqa: A001
+    format = format or "pem"  # noqa: A001 - self-describing: a public key cannot pass for a private one
     from ..crypto import core as crypto
 
     for p in (path, public_path):
@@ -722,4 +725,5 @@ def generate_keypair(path, kind: str = "ed25519", *, format: str | None = None, 
     secret, public = crypto.generate_signing_key() if kind == "ed25519" else crypto.generate_x25519_key()
     crypto.save_key(path, secret, kind=f"{kind}-private", format=format)
     crypto.save_key(public_path, public, kind=f"{kind}-public", format=format)
-    return {"private": path, "public": public_path, "kind": kind, "format": format, "public_key": bytes(public).hex()}
+    return {"private": path, "public": public_path, "kind": kind, "format": format, "public_key": bytes(public).hex(),
+            "fingerprint": crypto.key_fingerprint(public, f"{kind}-public")}
