@@ -17,6 +17,47 @@ class UsageError(Exception):
     """An argument that parsed but cannot be used (exit 2)."""
 
 
+#: The library's messages name its keyword arguments; under ``apr`` they name the flags
+#: (issue 28 item 3).  Applied in order by :func:`cli_text`, longest phrasings first.
+CLI_WORDS = (
+    ("pass password= or private_key=", "give --password-env VAR or --key-file FILE"),
+    ("give password= or private_key=, not both", "give --password-env VAR or --key-file FILE, not both"),
+    ("(password= or private_key=)", "(--password-env VAR or --key-file FILE)"),
+    ("password= or private_key=", "--password-env VAR or --key-file FILE"),
+    ("give password= or recipients=, not both", "give --password-env VAR or --recipient FILE, not both"),
+    ("password= or recipients=", "--password-env VAR or --recipient FILE"),
+    ("pass replace_signature=True (apr sign --resign)", "pass --resign"),
+    ("replace_signature=True", "--resign"),
+    ("; pass allow_unencrypted=True to read it anyway",
+     "; give no --password-env or --key-file to read it (apr verify checks its signature)"),
+    ("; pass allow_unencrypted=True to accept plaintext files too",
+     "; give no --password-env or --key-file to read a file that is not encrypted"),
+    ("max_drift= raises the limit", "--max-drift X raises the limit"),
+    ("validate='relaxed' or force=True", "--validate relaxed or --force"),
+    ("validate='relaxed'", "--validate relaxed"),
+    ("pass force=True", "pass --force"),
+    ("force=True", "--force"),
+    ("encrypt_names=True", "--encrypt-names"),
+    ("pass trusted_keys=", "give --trusted-key FILE"),
+)
+
+
+def cli_text(message: str) -> str:
+    """``message`` in the command line's words: the keyword arguments a library
+    error names (``pass password= or private_key=``) become the flags that give them
+    (``--password-env VAR or --key-file FILE``).  What ``apr`` prints every error with.
+
+    Example::
+
+        cli_text("the file is encrypted: pass password= or private_key=")
+        # 'the file is encrypted: give --password-env VAR or --key-file FILE'
+    """
+    for library, cli in CLI_WORDS:
+        if library in message:
+            message = message.replace(library, cli)
+    return message
+
+
 def refuse_existing(force: bool, *paths) -> None:
     """The one ``--force`` rule of every command that writes a file: anything at an
     output's name (a file, a directory, a symlink, even a dangling one:

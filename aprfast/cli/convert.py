@@ -31,6 +31,7 @@ from ._common import (
     UsageError,
     add_progress_option,
     add_verify_option,
+    cli_text,
     print_json,
     progress_for,
     refuse_existing,
@@ -202,11 +203,11 @@ def convert_and_report(source, destination, options, to, verb, as_json) -> int:
         print(f"apr {verb}: {destination} exists; pass --force to replace it", file=sys.stderr)
         return EXIT_ERROR
     except QualityGateError as exc:
-        print(f"apr {verb}: quality gate failed: {exc}", file=sys.stderr)
+        print(cli_text(f"apr {verb}: quality gate failed: {exc}"), file=sys.stderr)
         print(f"apr {verb}: --max-drift X raises the limit; --force writes it anyway", file=sys.stderr)
         return EXIT_VALIDATION
     except TensorValidationError as exc:
-        print(f"apr {verb}: validation failed: {exc}", file=sys.stderr)
+        print(cli_text(f"apr {verb}: validation failed: {exc}"), file=sys.stderr)
         return EXIT_VALIDATION
     except (NotImplementedError, ValueError) as exc:
         from ..errors import AprError
@@ -215,7 +216,7 @@ def convert_and_report(source, destination, options, to, verb, as_json) -> int:
             raise
         raise UsageError(str(exc)) from None
     for w in caught:  # the mapper's and validator's warnings, once each, on stderr
-        print(f"apr {verb}: warning: {w.message}", file=sys.stderr)
+        print(cli_text(f"apr {verb}: warning: {w.message}"), file=sys.stderr)
     result.update({"source": str(source), "destination": str(destination), "size": _size(destination)})
     if as_json:
         print_json(result)

@@ -1,5 +1,6 @@
-"""``apr quantize IN -o OUT --type q4_0 [--embedding-type q8_0] [--output-type q8_0]
-[--layer GLOB=TYPE ...]``: seed 002 §6.2.6.
+"""``apr quantize IN OUT --type q4_0 [--embedding-type q8_0] [--output-type q8_0]
+[--layer GLOB=TYPE ...]``: seed 002 §6.2.6.  OUT may also be given as ``-o OUT``, as
+``apr convert`` takes either.
 
 Tensors are quantized by :func:`aprfast.numerics.quantization.quantize_tensors` (the C kernels),
 then dequantized to measure each one's error; the report gives every tensor's type,
@@ -41,7 +42,8 @@ FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 def add_parser(commands) -> None:
     p = commands.add_parser("quantize", help="quantize a model's float tensors (q8_0, q4_0, q4_1, ...) with a report")
     p.add_argument("file", help="the model to quantize (.apr)")
-    p.add_argument("-o", "--output", required=True, help="where to write the quantized model")
+    p.add_argument("destination", nargs="?", help="where to write the quantized model (or give -o)")
+    p.add_argument("-o", "--output", help="where to write the quantized model")
     # not required=True: a config file's [quantize] type = "q4_0" may supply it
     p.add_argument("--type", metavar="TYPE",
                    help=f"the default type: {', '.join(t.lower() for t in quant_types(quantizable=True))}")
@@ -59,6 +61,16 @@ def add_parser(commands) -> None:
     add_verify_option(p)
     add_key_options(p)
     p.set_defaults(run=run)
+
+
+def _output(args) -> str:
+    """OUT as the second argument or ``-o`` (one of the two, as apr convert)."""
+    if args.destination and args.output and args.destination != args.output:
+        raise UsageError(f"two outputs given: {args.destination!r} and -o {args.output!r}")
+    output = args.destination or args.output
+    if not output:
+        raise UsageError("no output: give OUT (apr quantize IN OUT --type TYPE) or -o OUT")
+    return output
 
 
 def parse_rules(args) -> list:
@@ -106,8 +118,9 @@ def run(args) -> int:
     if default is None:
         raise UsageError("--type must name a quantization type")
     rules = parse_rules(args)
-    refuse_existing(args.force, args.output)
-    result = quantize_file(args.file, args.output, default, rules, args)
+    output = _output(args)
+    refuse_existing(args.force, output)
+    result = quantize_file(args.file, output, default, rules, args)
     if args.json:
         print_json(result)
     else:

@@ -27,6 +27,7 @@ from ._common import (
     UsageError,
     add_key_options,
     add_progress_option,
+    cli_text,
     keys_from,
     non_negative_int,
     open_model,
@@ -201,7 +202,7 @@ def _checksum(f) -> dict:
     try:
         f.verify()
     except (ChecksumError, SignatureError, DecryptError) as exc:
-        return {"name": "checksum", "status": "FAIL", "code": exc.code, "detail": exc.message}
+        return {"name": "checksum", "status": "FAIL", "code": exc.code, "detail": cli_text(exc.message)}
     return {"name": "checksum", "status": "PASS", "code": None, "detail": "CRC32 matches"
             + ("; signature valid" if getattr(f, "signer", None) else "")}
 

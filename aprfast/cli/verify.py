@@ -18,7 +18,7 @@ import sys
 
 from ..errors import ChecksumError, DecryptError, SignatureError
 from ..tools.protection import verify_file
-from ._common import EXIT_OK, EXIT_VALIDATION, UsageError, keys_from, print_json
+from ._common import EXIT_OK, EXIT_VALIDATION, UsageError, cli_text, keys_from, print_json
 
 
 def add_parser(commands) -> None:
@@ -65,8 +65,8 @@ def run(args) -> int:
                              private_key=keys.get("private_key"))
     except (ChecksumError, SignatureError, DecryptError) as exc:
         if args.json:
-            print_json({"file": args.file, "valid": False, "code": exc.code, "detail": exc.message})
-        print(f"apr verify: [{exc.code}] {args.file}: {exc.message}", file=sys.stderr)
+            print_json({"file": args.file, "valid": False, "code": exc.code, "detail": cli_text(exc.message)})
+        print(cli_text(f"apr verify: [{exc.code}] {args.file}: {exc.message}"), file=sys.stderr)
         return EXIT_VALIDATION
     result.update({"file": args.file, "valid": True})
     if result.get("signer"):
