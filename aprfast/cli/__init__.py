@@ -186,7 +186,8 @@ def _parser(settings=None) -> argparse.ArgumentParser:
     parser = _Parser(prog="apr", allow_abbrev=False,
                                      description="Inspect and work with .apr model files.",
                                      epilog="exit codes: 0 success, 1 error, 2 invalid arguments, "
-                                            "3 file not found, 4 format error, 5 validation failed")
+                                            "3 file not found, 4 format error, 5 validation failed, "
+                                            "6 (apr diff) tensors match, metadata differs")
     parser.add_argument("--version", action="version", version=f"aprfast {__version__}")
     parser.add_argument("--color", dest="color_choice", choices=apr_config.COLOR_MODES, default=None,
                         help="colour in the output (default: APR_COLOR, the config file, else auto)")

@@ -34,10 +34,13 @@ CLI_WORDS = (
      "; give no --password-env or --key-file to read a file that is not encrypted"),
     ("max_drift= raises the limit", "--max-drift X raises the limit"),
     ("validate='relaxed' or force=True", "--validate relaxed or --force"),
+    ("(validate='strict', force=True)", "(--force)"),
+    ("(validate='relaxed')", "(--validate relaxed)"),
     ("validate='relaxed'", "--validate relaxed"),
     ("pass force=True", "pass --force"),
     ("force=True", "--force"),
     ("encrypt_names=True", "--encrypt-names"),
+    ("save with layout='apr2' or 'auto'", "--layout apr2 or auto"),
     ("pass trusted_keys=", "give --trusted-key FILE"),
 )
 

@@ -83,6 +83,8 @@ def add_conversion_arguments(p, *, source_help: str) -> None:
                    help="replace an existing destination; write tensors that fail validation or the quality gate "
                         "(with a warning)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="list every tensor outside the expected ranges (default: one line per rule, with a count)")
     add_verify_option(p)
     add_progress_option(p)
 
@@ -93,7 +95,7 @@ def run(args, *, to=None, verb="convert") -> int:
     target = to or getattr(args, "to", None)
     with progress_for(args, f"{verb} {os.path.basename(str(args.source))}") as progress:
         return convert_and_report(args.source, destination, dict(options, progress=progress), target, verb,
-                                  args.json)
+                                  args.json, getattr(args, "verbose", False))
 
 
 def output_path(args) -> str:
@@ -185,7 +187,7 @@ def _quant_name(text: str) -> str:
     return name
 
 
-def convert_and_report(source, destination, options, to, verb, as_json) -> int:
+def convert_and_report(source, destination, options, to, verb, as_json, verbose=False) -> int:
     import warnings
 
     from ..convert import DestinationExistsError, QualityGateError, TensorValidationError, convert
@@ -223,15 +225,17 @@ def convert_and_report(source, destination, options, to, verb, as_json) -> int:
     else:
         print(f"{source} ({result['source_format']}) -> {destination} ({result['format']}): "
               f"{result['tensors']} tensors, {result['bytes']:,} source bytes, {result['size']:,} bytes written")
-        print(_summary(result))
+        print(_summary(result, verbose))
     return EXIT_OK
 
 
 _SHOWN = 10
 
 
-def _summary(result) -> str:
-    """The name mapping and validation lines under the conversion line."""
+def _summary(result, verbose: bool = False) -> str:
+    """The name mapping and validation lines under the conversion line: the tensors
+    outside the expected ranges counted per rule (issue 28 item 4: a normal model's
+    twelve projections are one line, not twelve), each listed with ``verbose``."""
     lines = []
     names = result.get("names")
     if names is not None:
@@ -256,12 +260,28 @@ def _summary(result) -> str:
         if v["skipped"]:
             parts.append(f"{len(v['skipped'])} without statistics (not checked)")
         lines.append(f"validation ({v['mode']}): {', '.join(parts)}")
-        lines += [f"  WARN {w['name']}: {'; '.join(w['reasons'])}" for w in v["warned"][:_SHOWN]]
-        if len(v["warned"]) > _SHOWN:
-            lines.append(f"  ... and {len(v['warned']) - _SHOWN} more (--json lists every one)")
+        if verbose:
+            lines += [f"  WARN {w['name']}: {'; '.join(w['reasons'])}" for w in v["warned"]]
+        else:
+            lines += _rule_lines(v["warned"])
     lines += _optimize_lines(result.get("optimize") or {})
     lines += _quality_lines(result.get("quality"))
     return "\n".join(lines)
+
+
+def _rule_lines(warned) -> list:
+    """One line per rule: how many tensors, the first few names."""
+    groups = {}
+    for w in warned:
+        for rule in w.get("rules") or w["reasons"]:
+            groups.setdefault(rule, []).append(w["name"])
+    lines = []
+    for rule, names in sorted(groups.items(), key=lambda item: -len(item[1])):
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        lines.append(f"  WARN {rule}: {len(names)} tensor(s) ({shown})")
+    if lines:
+        lines.append("  (--verbose lists each tensor with its numbers)")
+    return lines
 
 
 def _optimize_lines(report) -> list:

@@ -16,6 +16,8 @@ import dataclasses
 import fnmatch
 import os
 
+from ..dtypes import element_count
+from ..layouts.aprender import COUNT_KEYS, tensor_counts
 from ..numerics.quantization import quant_type, quant_types, quantize_tensors
 from ._common import (
     EXIT_OK,
@@ -139,7 +141,8 @@ def quantize_file(source, destination, default, rules, args) -> dict:
             tensors[name] = f.get_tensor(name)
             if progress:
                 progress(done, len(names))
-        metadata = {k: v for k, v in (f.metadata or {}).items() if k != "quantization"}
+        # the source's counts described its tensors: the new file's are filled below
+        metadata = {k: v for k, v in (f.metadata or {}).items() if k not in ("quantization", *COUNT_KEYS)}
         quantized, report = quantize_tensors(tensors, default, selector(default, rules, args.quantize_1d),
                                              threads=args.threads)
     report = _explain_kept(report, rules, args.quantize_1d)
@@ -150,6 +153,8 @@ def quantize_file(source, destination, default, rules, args) -> dict:
         metadata["quantization"] = quant_meta
     layout = args.layout if args.layout != "auto" else ("aprender" if quant_meta and "quant_type" in quant_meta
                                                         else "apr2")
+    if layout == "aprender":  # its param_count / total_size fields say what was written (issue 28 item 4)
+        metadata.update(tensor_counts((element_count(v.shape), v.nbytes) for v in quantized.values()))
     aprfast.save_file(quantized, destination, metadata, layout=layout)  # temp file + rename: never half-written
     return _result(source, destination, default, layout, report)
 

@@ -19,7 +19,7 @@ import sys
 from ..convert.mle import format_validate as format_mle
 from ..convert.mle import is_mle, validate_mle
 from ..errors import ChecksumError, DecryptError, SignatureError
-from ..numerics.expectations import check_expected
+from ..numerics.expectations import check_expected, count_by_rule
 from ..numerics.stats import tensor_stats
 from ._common import (
     EXIT_OK,
@@ -187,10 +187,11 @@ def _stats_result(verdicts, skipped) -> dict:
         status = "FAIL"
         detail = f"{len(failed)} tensor(s) outside the expected statistics: " + \
             "; ".join(f"{n} ({', '.join(v.reasons)})" for n, v in failed)
-    elif warned:
+    elif warned:  # one clause per rule with a count (apr tensors --stats lists each tensor's numbers)
         status = "WARN"
         detail = f"{len(warned)} tensor(s) outside the expected ranges (allowed): " + \
-            "; ".join(f"{n} ({', '.join(v.reasons)})" for n, v in warned)
+            "; ".join(f"{rule}: {len(names)} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                      for rule, names in count_by_rule(warned))
     else:
         status, detail = "PASS", f"{checked} tensor(s) with an expectation, all within it"
     return {"name": "stats", "status": status, "code": None, "skipped": skipped, "detail": detail,

@@ -10,6 +10,7 @@ from ..api import open as _open
 from ..errors import LayoutError
 from ..files.reader import AprFile
 from ..files.writer import Writer
+from ..layouts.aprender import COUNT_KEYS, tensor_counts
 from ..tensors import RawTensor
 from ._common import MAP_MIN, Spec, value_of
 
@@ -42,6 +43,11 @@ class AprSource:
             names = metadata.pop(_dtypes.OPAQUE_NAMES_KEY, None)
             names = names if isinstance(names, dict) else {}
             self.specs = [self._spec(i, names) for i in infos]
+            # counts a converter filled describe that file's tensors, not the model: the
+            # writer of the next file fills its own (a safetensors export gets none)
+            if all(metadata.get(k) == v for k, v in counts_of(self.specs).items()):
+                for key in COUNT_KEYS:
+                    metadata.pop(key, None)
             self.metadata = metadata
         except BaseException:
             self._file.close()
@@ -122,6 +128,11 @@ class AprSource:
         self._file.close()
 
 
+def counts_of(specs) -> dict:
+    """aprender's ``param_count`` and ``total_size`` of the tensors ``specs`` declare."""
+    return tensor_counts((_dtypes.element_count(s.shape), s.nbytes) for s in specs)
+
+
 def apr_writer(path, specs, metadata, *, compression=None, durable=True):
     """A planned Writer (header and index first, nothing spooled) or, with
     ``compression``, a spooled one: stored sizes of compressed tensors are known only
@@ -129,6 +140,8 @@ def apr_writer(path, specs, metadata, *, compression=None, durable=True):
     uncompressed tensors in a nameless spool file and the compressed ones in memory
     until close, so that path is not bounded by the largest tensor."""
     if compression is None and not any(s.dtype.opaque for s in specs):
+        # the aprender layout's count fields say what was written (issue 28 item 4: they read 0)
+        metadata = dict(metadata or {}, **counts_of(specs))
         return Writer(path, metadata, plan=[(s.name, s.dtype, s.shape) for s in specs], durable=durable)
     if compression is None:  # an opaque dtype has no size rule a plan could declare: spooled
         return Writer(path, metadata, durable=durable)

@@ -41,8 +41,9 @@ import os
 
 import numpy as np
 
-from ..dtypes import by_name
+from ..dtypes import by_name, element_count
 from ..errors import LayoutError
+from ..layouts.aprender import tensor_counts
 from ..numerics.drift import numeric_values
 from ..tensors import RawTensor
 
@@ -414,6 +415,8 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
         models, base_file = (files[:-1], files[-1]) if base is not None else (files, None)
         plan = [(n, _out_dtype(files[0].info(n)), tuple(files[0].info(n).shape)) for n in names]
         metadata = dict(files[0].metadata or {})
+        # aprender's count fields describe the tensors written (issue 28 item 4)
+        metadata.update(tensor_counts((element_count(s), by_name(d).nbytes(s)) for _, d, s in plan))
         metadata["merge"] = {"method": method, "models": [os.path.basename(p) for p in paths],
                              "base": os.path.basename(base) if base is not None else None, "weights": weights,
                              "density": density, "t": t if method == "slerp" else None,
