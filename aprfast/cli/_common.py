@@ -256,6 +256,44 @@ def add_signing_key_option(parser, help_text: str) -> None:
     parser.add_argument("--signing-key", metavar="PATH", help=help_text)
 
 
+class layout_notes:  # noqa: N801 - used as a context manager, like contextlib's
+    """Within it, a :class:`aprfast.layouts.LayoutChangeWarning` becomes the line
+    ``apr COMMAND: note: ...`` on stderr (issue 28 item 8); other warnings go on as
+    they would.
+
+    Example::
+
+        with layout_notes("sign"):
+            sign_file(...)
+    """
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __enter__(self):
+        import warnings
+
+        from ..layouts import LayoutChangeWarning
+
+        self._catch = warnings.catch_warnings(record=True)
+        self._caught = self._catch.__enter__()
+        warnings.simplefilter("always", LayoutChangeWarning)
+        return self
+
+    def __exit__(self, *exc_info):
+        import warnings
+
+        from ..layouts import LayoutChangeWarning
+
+        self._catch.__exit__(*exc_info)
+        for w in self._caught:
+            if issubclass(w.category, LayoutChangeWarning):
+                print(f"apr {self.command}: note: {w.message}", file=sys.stderr)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return False
+
+
 def add_progress_option(parser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 

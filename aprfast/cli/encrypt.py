@@ -15,6 +15,7 @@ from ._common import (
     UsageError,
     add_signing_key_option,
     add_verify_option,
+    layout_notes,
     password_from,
     print_json,
     refuse_existing,
@@ -49,9 +50,10 @@ def run(args) -> int:
 
         recipients = [load_key(path, kind="x25519-public")[1] for path in args.recipient]
     refuse_existing(args.force, args.output)
-    result = encrypt_file(args.file, args.output, password=password, recipients=recipients,
-                          signing_key=signing_key_from(args), encrypt_names=args.encrypt_names, force=args.force,
-                          verify=verify_from(args))
+    with layout_notes("encrypt"):  # an aprender-layout file is written as APR2: say so
+        result = encrypt_file(args.file, args.output, password=password, recipients=recipients,
+                              signing_key=signing_key_from(args), encrypt_names=args.encrypt_names,
+                              force=args.force, verify=verify_from(args))
     if args.json:
         print_json(result)
     else:

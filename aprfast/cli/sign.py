@@ -22,6 +22,7 @@ from ._common import (
     add_signing_key_option,
     add_verify_option,
     keys_from,
+    layout_notes,
     print_json,
     refuse_existing,
     signing_key_from,
@@ -71,9 +72,10 @@ def run(args) -> int:
         raise UsageError("--signing-key PATH is required")
     refuse_existing(args.force, args.output)  # no OUTPUT: FILE itself is re-signed in place
     keys = keys_from(args)
-    result = sign_file(args.file, key, output=args.output, replace_signature=args.resign, force=args.force,
-                       password=keys.get("password"), private_key=keys.get("private_key"),
-                       verify=verify_from(args))
+    with layout_notes("sign"):  # an aprender-layout file is written back as APR2: say so
+        result = sign_file(args.file, key, output=args.output, replace_signature=args.resign, force=args.force,
+                           password=keys.get("password"), private_key=keys.get("private_key"),
+                           verify=verify_from(args))
     from ..crypto.core import key_fingerprint
 
     result["fingerprint"] = key_fingerprint(bytes.fromhex(result["signer"]))

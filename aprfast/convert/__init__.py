@@ -449,7 +449,9 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     first match wins, unmatched kept; or ``callable(name, shape) -> type | None``;
     names are the output names) quantizes 2-D float tensors whose rows fit the type's
     blocks; others are kept.  ``compression`` ("lz4"/"zstd", .apr only) uses a spooled
-    Writer (see ``convert.apr.apr_writer``: memory then grows with the compressed model).
+    Writer (see ``convert.apr.apr_writer``: memory then grows with the compressed model)
+    and the APR2 layout (from an aprender-layout source: a LayoutChangeWarning, as
+    aprender does not read APR2).
     ``validate`` (``convert.validation``; docs/guide/converting.md): "strict" checks every
     tensor written against its expected statistics and aborts at the first failure
     (TensorValidationError, nothing written) unless ``force=True``; "relaxed" warns
@@ -564,6 +566,10 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
         recorded = optimizer.metadata()  # aprfast.lowrank / aprfast.prune
         if recorded:
             src.metadata = dict(src.metadata, **recorded)
+        if kind == "apr" and compression is not None and getattr(src, "layout", None) == "aprender":
+            from ..layouts import warn_layout_change
+
+            warn_layout_change(source, destination, f"compression={compression!r}", stacklevel=4)
         if kind == "apr" and compression is None and getattr(src, "aliases", None) and not optimizer.factored:
             total = _save_shared(src, destination, pairs, force, durable, progress, validator, optimizer, gate)
         else:

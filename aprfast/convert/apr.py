@@ -43,6 +43,8 @@ class AprSource:
             names = metadata.pop(_dtypes.OPAQUE_NAMES_KEY, None)
             names = names if isinstance(names, dict) else {}
             self.specs = [self._spec(i, names) for i in infos]
+            #: "aprender", "apr2" (v2 files), else None
+            self.layout = getattr(self._file, "layout", None) if isinstance(self._file, AprFile) else None
             # counts a converter filled describe that file's tensors, not the model: the
             # writer of the next file fills its own (a safetensors export gets none)
             if all(metadata.get(k) == v for k, v in counts_of(self.specs).items()):

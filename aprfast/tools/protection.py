@@ -213,7 +213,9 @@ def sign_file(path, signing_key, *, output=None, replace_signature: bool = False
     carries a second signature that only a re-save can make.
 
     A v2 file is saved again in the apr2 layout with ``signing_key`` (its metadata,
-    compression, digest and encryption kept): the signature covers every chunk's tag,
+    compression, digest and encryption kept; a file in aprender's layout gets a
+    :class:`aprfast.LayoutChangeWarning`: aprender does not read the result): the
+    signature covers every chunk's tag,
     which binds the security block, so an encrypted v2 file needs ``password`` or
     ``private_key`` (single-recipient files only: the other recipients' public keys are
     not in a multi-recipient file).
@@ -248,7 +250,7 @@ def sign_file(path, signing_key, *, output=None, replace_signature: bool = False
         >>> from aprfast import v1
         >>> from aprfast.tools.protection import sign_file
         >>> seed, public = v1.generate_signing_key()
-        >>> aprfast.save_file({"w": np.zeros(2, np.float32)}, "m.apr")
+        >>> aprfast.save_file({"w": np.zeros(2, np.float32)}, "m.apr", layout="apr2")  # aprender's: a warning
         >>> sign_file("m.apr", seed, output="signed.apr")["signer"] == public.hex()
         True
         >>> aprfast.open("signed.apr", trusted_keys=[public]).close()
@@ -339,7 +341,9 @@ def encrypt_file(path, output, *, password=None, recipients=None, signing_key=No
     """Encrypt a v1 file's payload with a password (Argon2id) or to X25519 recipients'
     public keys, writing ``output``.  An encrypted file is refused (decrypt it first).
     A v2 file is saved again in the apr2 layout with its tensors sealed (FORMAT §3.2;
-    ``encrypt_names`` seals metadata and index too), its metadata and compression kept.
+    ``encrypt_names`` seals metadata and index too), its metadata and compression kept
+    (from aprender's layout with a :class:`aprfast.LayoutChangeWarning`: aprender does
+    not read APR2).
 
     Args:
         path: The ``.apr`` file (v1 or v2).
@@ -366,7 +370,7 @@ def encrypt_file(path, output, *, password=None, recipients=None, signing_key=No
     Examples:
         >>> import numpy as np, aprfast
         >>> from aprfast.tools.protection import encrypt_file
-        >>> aprfast.save_file({"w": np.float32([1, 2])}, "m.apr")
+        >>> aprfast.save_file({"w": np.float32([1, 2])}, "m.apr", layout="apr2")  # aprender's: a warning
         >>> encrypt_file("m.apr", "sealed.apr", password="pw")["encryption"]
         'password'
         >>> aprfast.load_file("sealed.apr", password="pw")["w"].tolist()
@@ -530,6 +534,10 @@ def _sign_v2(path, signing_key, *, output, replace_signature, force, password, p
         if state["encrypted"]:
             security.update(_same_encryption(state, password, private_key, path),
                             encrypt_names=state["names_encrypted"])
+        if f.layout == "aprender":
+            from ..layouts import warn_layout_change
+
+            warn_layout_change(path, target, "a signature", stacklevel=4)
         _resave_v2(f, target, layout="apr2", security=security)
     return {"file": target, "signer": public.hex(), "container": "v2", "encrypted": state["encrypted"]}
 
@@ -555,6 +563,10 @@ def _encrypt_v2(path, output, *, password, recipients, signing_key, encrypt_name
         security = {"password": password, "recipients": recipients or None, "signing_key": signing_key,
                     "encrypt_names": encrypt_names,
                     "digest": None if state["digest"] == "none" else state["digest"]}
+        if f.layout == "aprender":
+            from ..layouts import warn_layout_change
+
+            warn_layout_change(path, output, "encryption", stacklevel=4)
         _resave_v2(f, output, layout="apr2", security=security)
     return {"file": os.fspath(output), "container": "v2",
             "encryption": "password" if password is not None else
