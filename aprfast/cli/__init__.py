@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
 import re
 import sys
+import time
 
 from .. import __version__
 from .. import config as apr_config
@@ -57,6 +59,8 @@ from ._common import (
     cli_text,
 )
 
+log = logging.getLogger("aprfast.cli")
+
 __all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_NOT_FOUND", "EXIT_FORMAT", "EXIT_VALIDATION"]
 
 #: The subcommand modules, in `apr --help` order; each has add_parser(subparsers).
@@ -85,6 +89,29 @@ def _main(argv, settings) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    _debug_start(args, argv, settings)
+    started = time.perf_counter()
+    code = _run(args, settings)
+    log.debug("apr %s: exit %s after %.3f s", args.command, code, time.perf_counter() - started)
+    return code
+
+
+def _debug_start(args, argv, settings) -> None:
+    """``APR_LOG_LEVEL=debug`` (seed 001 §8's environment table): what runs, with what."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    import platform
+
+    from .. import _backend
+
+    log.debug("aprfast %s (%s backend), Python %s on %s", __version__, _backend.BACKEND,
+              platform.python_version(), platform.platform(terse=True))
+    log.debug("configuration file: %s", settings.path or "none")
+    # argv holds no secret: keys and passwords come from files and the environment only
+    log.debug("command: apr %s", " ".join(sys.argv[1:] if argv is None else map(str, argv)))
+
+
+def _run(args, settings) -> int:
     try:
         args.settings = settings
         args.color_mode = apr_config.color_mode(settings, args.color_choice)

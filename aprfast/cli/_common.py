@@ -157,9 +157,19 @@ def verify_from(args) -> bool:
 def open_model(path, args, **options):
     """``aprfast.open`` with the keys of ``args``; tensors of unknown dtype come back raw
     so that listing and checking a file never fails on them."""
+    import logging
+    import time
+
     import aprfast
 
-    return aprfast.open(path, unknown_dtypes="raw", **keys_from(args), **options)
+    started = time.perf_counter()
+    opened = aprfast.open(path, unknown_dtypes="raw", **keys_from(args), **options)
+    log = logging.getLogger("aprfast.cli")
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("opened %s: %s, %d tensor(s)%s in %.3f s", path, type(opened).__name__ + (
+            f" ({opened.layout} layout)" if hasattr(opened, "layout") else ""), len(opened),
+            ", CRC32 checked" if options.get("verify") else "", time.perf_counter() - started)
+    return opened
 
 
 def clean(value):

@@ -39,6 +39,16 @@ from ._common import (
 
 #: The seed's names for the integer quantizations (§13.2 `--quantize int8`).
 QUANTIZE_ALIASES = {"int8": "Q8_0", "int4": "Q4_0"}
+#: Spellings of a precision: the seed writes `--precision fp16` (§4.8) and `--quantize fp16`
+#: / `--quantize bf16` (§13.2: a float "quantization" is a precision change).
+PRECISION_ALIASES = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16", "fp16": "f16", "float16": "f16",
+                     "half": "f16", "bf16": "bf16", "bfloat16": "bf16"}
+
+
+def precision_name(text: str) -> str:
+    """argparse type of ``--precision``: the seed's ``fp16``/``fp32`` and NumPy's
+    ``float16`` spell the same precisions as ``f16``/``f32``."""
+    return PRECISION_ALIASES.get(str(text).lower(), text)
 
 
 def add_parser(commands) -> None:
@@ -54,8 +64,10 @@ def add_conversion_arguments(p, *, source_help: str) -> None:
     p.add_argument("source", help=source_help)
     p.add_argument("destination", nargs="?", help="output path (or give -o)")
     p.add_argument("-o", "--output", help="output path")
-    p.add_argument("--quantize", metavar="TYPE", help="quantize 2-D float tensors: q8_0, q4_0, q4_k, ..., int8, int4")
-    p.add_argument("--precision", choices=("f32", "f16", "bf16"), help="convert float tensors to this precision")
+    p.add_argument("--quantize", metavar="TYPE",
+                   help="quantize 2-D float tensors: q8_0, q4_0, ..., int8, int4; fp16/bf16 change the precision")
+    p.add_argument("--precision", type=precision_name, choices=("f32", "f16", "bf16"),
+                   help="convert float tensors to this precision (fp32, fp16, float16, bfloat16 are accepted too)")
     p.add_argument("--compress", choices=("lz4", "zstd"), help="compress the tensors (.apr destinations)")
     p.add_argument("--validate", choices=("strict", "relaxed", "off"),
                    help="check each tensor's statistics as it is written (seed 001 §10.9); strict (default) "
@@ -112,10 +124,16 @@ def conversion_options(args) -> dict:
     options = {"force": args.force, "tokenizer": not args.no_tokenizer}
     if getattr(args, "verify", True) is False:
         options["verify"] = False
-    if args.quantize:
+    precision = args.precision
+    if args.quantize and args.quantize.lower() in PRECISION_ALIASES:  # the seed's `--quantize fp16`
+        wanted = PRECISION_ALIASES[args.quantize.lower()]
+        if precision is not None and precision != wanted:
+            raise UsageError(f"--quantize {args.quantize} and --precision {precision} disagree")
+        precision = wanted
+    elif args.quantize:
         options["quantize"] = _quant_name(args.quantize)
-    if args.precision:
-        options["precision"] = args.precision
+    if precision:
+        options["precision"] = precision
     if args.compress:
         options["compression"] = args.compress
     if args.validate:

@@ -1,8 +1,11 @@
 """``apr validate FILE``: integrity and value checks, exit 5 when one fails.
 
 ``--checksum`` (the file's CRC32 and, for signed v1 files, the signature), ``--nan-check``
-(no NaN or Inf in any tensor), ``--zero-check`` (no weight entirely zero; an all-zero bias only warns); none given
-means all three.  ``--stats`` checks every tensor against seed 001 §10.9's expected statistics
+(no NaN or Inf in any tensor), ``--zero-check`` (no weight entirely zero; an all-zero bias only warns),
+``--shapes`` (below); none given means all four (the shapes too since issue 28 item 10: the seed's
+acceptance item 33, "Vocab Match", expects ``apr validate`` to catch ``n_vocab`` 500 against an
+embedding of 512 rows; the comparison reads only the metadata and the index).  ``--stats``
+checks every tensor against seed 001 §10.9's expected statistics
 (:mod:`aprfast.numerics.expectations`, the rules ``apr tensors --stats`` and ``aprfast.convert``'s inline validation
 use; FAIL on NaN/Inf or a LayerNorm mean outside its range, WARN outside the expected std).  ``--shapes``
 compares metadata sizes (``n_vocab``, ``hidden_size``, ``n_mels``, context lengths) with
@@ -37,12 +40,13 @@ from ._common import (
 )
 
 CHECKS = ("checksum", "nan-check", "zero-check", "shapes", "stats")
-#: What `apr validate FILE` runs with no check named (--shapes and --stats are asked for explicitly).
-DEFAULT_CHECKS = ("checksum", "nan-check", "zero-check")
+#: What `apr validate FILE` runs with no check named (--stats is asked for explicitly).
+DEFAULT_CHECKS = ("checksum", "nan-check", "zero-check", "shapes")
 
 
 def add_parser(commands) -> None:
-    p = commands.add_parser("validate", help="check the CRC, NaN/Inf and all-zero tensors (exit 5 on failure)")
+    p = commands.add_parser("validate", help="check the CRC, NaN/Inf, all-zero tensors and metadata sizes against "
+                                             "the tensors (exit 5 on failure)")
     p.add_argument("file", help="a .apr file")
     p.add_argument("--checksum", action="store_true", help="verify the CRC32 (and signature) over the whole file")
     p.add_argument("--nan-check", action="store_true", help="fail if any tensor holds NaN or Inf")

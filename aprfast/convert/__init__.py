@@ -13,6 +13,7 @@ while it is converted) plus a constant, whatever the model's size.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 
@@ -51,6 +52,7 @@ _PRECISIONS = {"f32": "F32", "float32": "F32", "f16": "F16", "float16": "F16", "
 _FLOATS = {"F32", "F16", "BF16", "F64"}
 #: Where the output's metadata records the name mapping applied (``arch=``).
 NAME_MAPPING_KEY = "aprfast.name_mapping"
+log = logging.getLogger("aprfast.convert")
 
 
 # --- sources -------------------------------------------------------------------------
@@ -563,6 +565,8 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
         pairs = _plan(src, rename, precision, quantize, prefixes, mapping, optimizer)
         if mapping is not None and mapping.arch:
             src.metadata = dict(src.metadata, **{NAME_MAPPING_KEY: mapping.metadata()})
+        log.debug("convert %s (%s, %d tensors, %d bytes) -> %s (%s): %d tensors written", source, src.format,
+                  len(src.specs), sum(s.nbytes for s in src.specs), destination, kind, len(pairs))
         recorded = optimizer.metadata()  # aprfast.lowrank / aprfast.prune
         if recorded:
             src.metadata = dict(src.metadata, **recorded)
@@ -669,6 +673,7 @@ def _check_source(src, cause=None) -> None:
         return
     if cause is None:
         check()
+        log.debug("source integrity checked before publishing (%s)", type(src).__name__)
         return
     try:
         check()
