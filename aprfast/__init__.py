@@ -55,7 +55,7 @@ from .tensors import QuantizedTensor, RawTensor, TensorInfo
 __all__ = [
     "__version__", "backend",
     "save_file", "save", "load_file", "load", "open", "inspect", "Writer", "safe_open", "stream",
-    "convert",
+    "convert", "edit",
     "quantize", "dequantize", "quantize_tensors", "register_quantizer", "QuantizationReport",
     "to_float16", "to_bfloat16", "to_float32",
     "AprFile", "TensorSlice", "QuantizedSlice", "TensorInfo", "RawTensor", "QuantizedTensor", "DType", "Limits",
@@ -71,7 +71,8 @@ __all__ = [
 
 #: served on first use: aprfast.tools.model_signing loads the model-signing package only
 #: when called, and even importing the tools layer is more than ``import aprfast`` needs
-_LAZY = {"sign_model": "aprfast.tools.model_signing", "verify_model": "aprfast.tools.model_signing"}
+_LAZY = {"sign_model": "aprfast.tools.model_signing", "verify_model": "aprfast.tools.model_signing",
+         "edit": "aprfast.tools.edit"}
 
 
 def __getattr__(name):

@@ -46,6 +46,9 @@ cdef extern from "pio.h" nogil:
     void apr_copy(uint8_t *dst, const uint8_t *src, size_t len, int nthreads)
     int apr_default_threads()
     int apr_preallocate(int fd, uint64_t size)
+    int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
+                         size_t align)
+    int apr_page_cache_sample(int fd, uint64_t size, int samples)
 
 cdef extern from "fallbacks.h" nogil:
     void apr_set_fallbacks(unsigned int flags)
@@ -203,6 +206,40 @@ def pread_to_bytes(int fd, unsigned long long offset, Py_ssize_t n, int threads=
     if rc:
         raise OSError(rc, os.strerror(rc))
     return out, (None if crc is None else value)
+
+
+def pread_direct(int fd, unsigned long long offset, uint8_t[::1] dst, int threads=0, crc=None,
+                 size_t align=4096):
+    """``pread_into`` for a descriptor opened with ``O_DIRECT``: any ``dst`` and
+    ``offset``; the aligned blocks go straight into ``dst`` when ``dst``'s address and
+    ``offset`` are congruent modulo ``align``, partial blocks (and every block
+    otherwise) through an aligned bounce buffer.  ``threads`` <= 0: 8 (the reads wait
+    on the device).  Returns the running CRC if ``crc`` is given.
+
+    Raises EOFError if the file ends first and OSError for read errors (EINVAL: the
+    filesystem refused direct I/O)."""
+    cdef size_t n = dst.shape[0]
+    cdef uint32_t value = 0 if crc is None else crc
+    cdef uint32_t *crc_ptr = NULL if crc is None else &value
+    cdef int rc = 0
+    if n == 0:
+        return None if crc is None else value
+    with nogil:
+        rc = apr_pread_direct(fd, &dst[0], offset, n, threads, crc_ptr, align)
+    if rc == -1:
+        raise EOFError(f"file ended before {n} bytes at offset {offset} were read")
+    if rc:
+        raise OSError(rc, os.strerror(rc))
+    return None if crc is None else value
+
+
+def page_cache_sample(int fd, unsigned long long size, int samples=16):
+    """How many of ``samples`` pages spread over ``fd``'s first ``size`` bytes are in
+    the page cache (mincore), or None where that cannot be told."""
+    cdef int got
+    with nogil:
+        got = apr_page_cache_sample(fd, size, samples)
+    return None if got < 0 else got
 
 
 def pread_some(int fd, unsigned long long offset, uint8_t[::1] dst):

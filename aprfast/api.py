@@ -9,7 +9,8 @@ from . import layouts, remote
 from .errors import AprFileNotFoundError, LayoutError
 from .files import shards
 from .files.reader import AprFile
-from .files.writer import save_to
+from .files.writer import SAVE_BACKENDS, save_to
+from .io import direct as direct_io
 from .io.pickling import reopenable
 from .io.sources import Source, open_source
 from .limits import Limits
@@ -19,19 +20,21 @@ from .tensors import as_inputs
 __all__ = ["save_file", "save", "load_file", "load", "open", "inspect"]
 
 
-def _plan(tensors, metadata, layout, alignment, compression=None, compression_level=None, security=None):
+def _plan(tensors, metadata, layout, alignment, compression=None, compression_level=None, security=None,
+          reserve=0):
     if not hasattr(tensors, "items"):
         raise TypeError(f"tensors must be a mapping of name to array, not {type(tensors).__name__}")
     options = SecurityOptions.from_keywords(**(security or {}))  # checked before any tensor is reduced
     inputs = as_inputs(tensors)
     return layouts.plan(inputs, metadata, layout=layout, alignment=alignment, compression=compression,
-                        compression_level=compression_level, security=options)
+                        compression_level=compression_level, security=options, reserve=reserve)
 
 
 def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: int = 64,
               durable: bool = True, compression: str | None = None, compression_level: int | None = None,
               password=None, recipients=None, signing_key=None, digest: str | None = None,
-              encrypt_names: bool = False, max_shard_size=None, storage_options=None) -> None:
+              encrypt_names: bool = False, max_shard_size=None, storage_options=None, reserve: int = 0,
+              backend: str = "auto") -> None:
     """Write ``tensors`` (name -> array) to ``path`` atomically.
 
     ``layout`` is "aprender" (APR\\0, readable by aprender), "apr2" (the spec's APR2) or
@@ -62,6 +65,13 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
     tensors are held in memory until the file is written; tied weights are stored
     once per name.
 
+    **Room for edits:** ``reserve=`` (bytes; 0, the default, writes exactly aprender's
+    bytes) leaves that much zeroed room between the index and the data (and a 32- or
+    64-byte commit slot after the header), so :func:`aprfast.edit` can change metadata,
+    rename or drop tensors later by writing a few KiB in place instead of rewriting the
+    file (docs/guide/editing.md, docs/FORMAT.md §5.2).  Readers, aprender's included,
+    read such a file as any other.
+
     **Sharding** (docs/guide/sharding.md, :mod:`aprfast.files.shards`): ``max_shard_size``
     (bytes, or a string such as "2GB" / "500MiB") splits the tensors, in the order given,
     into complete ``.apr`` files of at most that many tensor bytes each (a larger tensor
@@ -69,6 +79,12 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
     manifest ``{stem}.apr.index.json``; ``aprfast.open(path)`` then reads them as one
     model.  When everything fits one shard, ``path`` is written as a plain file.  Not
     with encryption or signing (the manifest is not authenticated).
+
+    ``backend="direct"`` keeps the file out of the page cache: each 64 MiB written is
+    handed to ``posix_fadvise(POSIX_FADV_DONTNEED)`` as the writer moves on, and the
+    whole file after the final ``fsync`` (made even with ``durable=False``), so a save
+    of a model larger than memory does not push everything else out of the cache
+    (:mod:`aprfast.io.direct`).  "auto" (the default) writes through the cache.
 
     Args:
         tensors: A mapping of tensor name (str) to array: NumPy arrays, anything with
@@ -88,11 +104,14 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
         encrypt_names: Encrypt the index and metadata too.
         max_shard_size: Split into shards of at most this many tensor bytes.
         storage_options: Options passed to fsspec for a URL ``path``.
+        reserve: Bytes of room to leave for in-place edits (at most 64 MiB).
+        backend: "auto" or "direct" (a local path's pages leave the page cache).
 
     Returns:
         None.
 
     Raises:
+        ValueError: An unknown ``backend``.
         LayoutError: The layout cannot hold what was asked (an unknown layout, an
             unsupported dtype, a non-str name, metadata that is not JSON, compression or
             encryption with ``layout="aprender"``, sharding with encryption or to a URL).
@@ -108,21 +127,24 @@ def save_file(tensors, path, metadata=None, *, layout: str = "auto", alignment: 
         array([[0., 1., 2.],
                [3., 4., 5.]], dtype=float32)
         >>> aprfast.save_file({"w": np.zeros(4096, np.float32)}, "small.apr", compression="zstd")
+        >>> aprfast.save_file({"w": np.zeros(4096, np.float32)}, "uncached.apr", backend="direct")
     """
+    if backend not in SAVE_BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, SAVE_BACKENDS))}, not {backend!r}")
     if max_shard_size is not None:
         if _is_url(path):
             raise LayoutError("sharded saves go to a local directory; a URL target takes one file (upload the "
                               "shards and their manifest afterwards)")
         _save_sharded(tensors, path, metadata, max_shard_size, layout, alignment, durable, compression,
-                      compression_level, _security(password, recipients, signing_key, digest, encrypt_names))
+                      compression_level, _security(password, recipients, signing_key, digest, encrypt_names), reserve)
         return
     save_to(path, _plan(tensors, metadata, layout, alignment, compression, compression_level,
-                        _security(password, recipients, signing_key, digest, encrypt_names)), durable=durable,
-            storage_options=storage_options)
+                        _security(password, recipients, signing_key, digest, encrypt_names), reserve),
+            durable=durable, storage_options=storage_options, backend=backend)
 
 
 def _save_sharded(tensors, path, metadata, max_shard_size, layout, alignment, durable, compression,
-                  compression_level, security) -> None:
+                  compression_level, security, reserve=0) -> None:
     if any(v not in (None, False) for v in security.values()):
         raise LayoutError("sharded files cannot be encrypted or signed: the manifest that maps tensors to "
                           "shards is not authenticated")
@@ -131,7 +153,7 @@ def _save_sharded(tensors, path, metadata, max_shard_size, layout, alignment, du
 
     def plan_shard(inputs, shard_metadata):
         return layouts.plan(inputs, shard_metadata, layout=layout, alignment=alignment, compression=compression,
-                            compression_level=compression_level)
+                            compression_level=compression_level, reserve=reserve)
 
     shards.save_sharded(as_inputs(tensors), path, metadata, max_shard_size, plan_shard=plan_shard,
                         write_plan=lambda target, plan: save_to(target, plan, durable=durable), durable=durable)
@@ -144,7 +166,7 @@ def _security(password, recipients, signing_key, digest, encrypt_names):
 
 def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64, compression: str | None = None,
          compression_level: int | None = None, password=None, recipients=None, signing_key=None,
-         digest: str | None = None, encrypt_names: bool = False) -> bytes:
+         digest: str | None = None, encrypt_names: bool = False, reserve: int = 0) -> bytes:
     """The bytes :func:`save_file` would write, as a ``bytes`` object.
 
     Args:
@@ -159,6 +181,7 @@ def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64, c
         signing_key: Sign with this Ed25519 seed.
         digest: "sha256" or "blake3" (signed files).
         encrypt_names: Encrypt the index and metadata too.
+        reserve: Bytes of room to leave for in-place edits, as for :func:`save_file`.
 
     Returns:
         The complete file.
@@ -176,7 +199,7 @@ def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64, c
         array([1., 1., 1.], dtype=float32)
     """
     plan = _plan(tensors, metadata, layout, alignment, compression, compression_level,
-                 _security(password, recipients, signing_key, digest, encrypt_names))
+                 _security(password, recipients, signing_key, digest, encrypt_names), reserve)
     out = io.BytesIO()
     save_to(out, plan)
     return out.getvalue()
@@ -186,7 +209,7 @@ def save(tensors, metadata=None, *, layout: str = "auto", alignment: int = 64, c
 def open(target, *, mode: str | None = None, limits: Limits | None = None, unknown_dtypes: str = "error",
          verify: bool = False, alignment: int = 64, password=None, private_key=None, trusted_keys=None,
          require_signature: bool | None = None, allow_unencrypted: bool = False,
-         storage_options=None):  # noqa: A001 - mirrors safe_open
+         storage_options=None, backend: str | None = None):  # noqa: A001 - mirrors safe_open
     """Open any ``.apr`` file (path, URL, file object or bytes-like) for lazy tensor access.
 
     A URL (``http(s)://``, or any fsspec URL such as ``s3://`` with the ``remote``
@@ -220,9 +243,14 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
     request for the manifest, then each shard opened (one request) when first needed.
     See docs/guide/sharding.md.
 
+    ``mode="direct"`` (or ``backend="direct"``, safetensors 0.8's name for it) reads
+    tensors into owned memory around the page cache: ``O_DIRECT`` reads, or buffered
+    reads whose pages are dropped after them where the filesystem refuses direct I/O
+    (:mod:`aprfast.io.direct`); nothing is mapped.
+
     Args:
         target: A path, a URL, a readable seekable file object, or bytes-like data.
-        mode: "mmap" (the default for local files) or "pread".
+        mode: "mmap" (the default for local files), "private", "pread" or "direct".
         limits: Bounds on what the parser believes (:class:`aprfast.Limits`).
         unknown_dtypes: "error" (refuse at open) or "raw" (return tensors of unknown
             dtype ids as :class:`aprfast.RawTensor`).
@@ -234,6 +262,8 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
         require_signature: Require (True) or waive (False) a trusted signature.
         allow_unencrypted: Accept a file that is not encrypted although a key was given.
         storage_options: Options passed to fsspec (or the native HTTP reader) for a URL.
+        backend: The same choice as ``mode`` under safetensors' name: "auto" (the
+            default mode), "mmap", "pread" or "direct"; give one of the two.
 
     Returns:
         An :class:`AprFile`, :class:`aprfast.v1.reader.V1File` or
@@ -249,6 +279,7 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
         LimitError: The file asks for more than ``limits`` allow.
         DecryptError: A wrong key or password, or a key for a file that is not encrypted.
         SignatureError: A required signature is missing, untrusted or wrong.
+        ValueError: An unknown ``mode`` or ``backend``, or both given and different.
 
     Examples:
         >>> import numpy as np, aprfast
@@ -256,7 +287,11 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
         >>> with aprfast.open("m.apr") as f:
         ...     print(f.keys(), f.get_tensor("b"), f.get_slice("a")[1].tolist())
         ['a', 'b'] [1. 1. 1.] [0.0, 0.0]
+        >>> with aprfast.open("m.apr", backend="direct") as f:
+        ...     print(f.get_tensor("b"))
+        [1. 1. 1.]
     """
+    mode = _mode_of(mode, backend)
     def sharded(manifest):
         refuse_keys(dict(password=password, private_key=private_key, trusted_keys=trusted_keys,
                          require_signature=require_signature, allow_unencrypted=allow_unencrypted),
@@ -280,6 +315,18 @@ def open(target, *, mode: str | None = None, limits: Limits | None = None, unkno
     return _open_single(source, limits=limits, unknown_dtypes=unknown_dtypes, verify=verify, alignment=alignment,
                         password=password, private_key=private_key, trusted_keys=trusted_keys,
                         require_signature=require_signature, allow_unencrypted=allow_unencrypted)
+
+
+def _mode_of(mode, backend):
+    """The source mode of open(mode=..., backend=...): backend is safetensors' name."""
+    if backend is None:
+        return mode
+    if backend not in direct_io.BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, direct_io.BACKENDS))}, not {backend!r}")
+    chosen = None if backend == "auto" else backend
+    if mode is not None and mode != chosen:
+        raise ValueError(f"mode={mode!r} and backend={backend!r} disagree: give one of them")
+    return chosen
 
 
 def _open_single(source, *, mode=None, limits=None, unknown_dtypes="error", verify=False, alignment=64,
@@ -316,7 +363,8 @@ def _refuse_keys_for_v2(password, private_key, trusted_keys, require_signature, 
 
 
 def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Limits | None = None,
-              unknown_dtypes: str = "error", threads: int = 0, storage_options=None, **keys) -> dict:
+              unknown_dtypes: str = "error", threads: int = 0, storage_options=None, backend: str = "auto",
+              **keys) -> dict:
     """Every tensor of ``path`` (any ``.apr`` variant), by name.
 
     With ``mmap`` (the default) arrays are read-only views of the mapped file, valid
@@ -333,6 +381,15 @@ def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Li
     requests straight into the aligned buffer, CRC checked on the way unless
     ``verify=False`` (``storage_options`` as for :func:`open`).
 
+    ``backend`` (safetensors 0.8's name) picks how a local file is read: "mmap" gives
+    views (as ``mmap=True``), "pread" owned arrays read through the page cache,
+    "direct" owned arrays read around it (``O_DIRECT``: no second copy of the model in
+    the cache; :mod:`aprfast.io.direct`), and "auto" (the default) follows ``mmap``,
+    an owned load then reading direct where that measured faster or saves memory: a
+    file of 64 MiB or more mostly not in the page cache (sampled with ``mincore``), on
+    a network filesystem, or larger than half the available memory
+    (:func:`aprfast.io.direct.choose_backend`), and through the cache otherwise.
+
     Args:
         path: A path, a URL or a sharded model's manifest.
         mmap: Return read-only views of the mapped file instead of owned arrays.
@@ -342,6 +399,7 @@ def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Li
         unknown_dtypes: "error" or "raw", as for :func:`open`.
         threads: Threads for the parallel read (0: one per idle core).
         storage_options: Options for a URL, as for :func:`open`.
+        backend: "auto", "mmap", "pread" or "direct".
         **keys: ``password``, ``private_key``, ``trusted_keys``, ``require_signature``,
             ``allow_unencrypted``, as for :func:`open`.
 
@@ -364,7 +422,13 @@ def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Li
         >>> tensors = aprfast.load_file("model.apr", mmap=False)
         >>> tensors["w"].tolist(), tensors["w"].dtype.name, tensors["w"].flags.writeable
         ([0, 1, 2], 'int64', True)
+        >>> aprfast.load_file("model.apr", backend="direct")["w"].tolist()
+        [0, 1, 2]
     """
+    if backend not in direct_io.BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, direct_io.BACKENDS))}, not {backend!r}")
+    if backend != "auto":
+        mmap = backend == "mmap"
     if _is_url(path):
         with open(path, mode="pread", limits=limits, unknown_dtypes=unknown_dtypes, storage_options=storage_options,
                   **keys) as f:
@@ -372,8 +436,28 @@ def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Li
     if mmap:
         with open(path, mode="mmap", limits=limits, unknown_dtypes=unknown_dtypes, verify=bool(verify), **keys) as f:
             return f.tensors()
-    with open(path, mode="pread", limits=limits, unknown_dtypes=unknown_dtypes, **keys) as f:
+    mode = backend if backend in ("pread", "direct") else _owned_mode(path)
+    with open(path, mode=mode, limits=limits, unknown_dtypes=unknown_dtypes, **keys) as f:
         return _load_owned(f, verify is not False, threads)
+
+
+def _owned_mode(path) -> str:
+    """backend="auto" for an owned load of a local file: "direct" or "pread"
+    (aprfast.io.direct.choose_backend); "pread" when the file cannot be looked at here
+    (a directory, a manifest: open reports those)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return "pread"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    except OSError:
+        return "pread"
+    try:
+        size = os.fstat(fd).st_size
+        if size < direct_io.AUTO_MIN:
+            return "pread"
+        return direct_io.choose_backend(fd, size, path)[0]
+    finally:
+        os.close(fd)
 
 
 def load(data, *, verify: bool = True, limits: Limits | None = None, unknown_dtypes: str = "error",

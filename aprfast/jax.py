@@ -81,7 +81,7 @@ def load_file(filename, *, backend: str = "mmap", device="cpu") -> dict:
 
     Args:
         filename: The path to read.
-        backend: "mmap" or "pread".
+        backend: "mmap", "pread" or "direct".
         device: The JAX device ("cpu", or a ``jax.Device``).
 
     Returns:

@@ -75,11 +75,13 @@ def load_file(filename, *, backend: str = "mmap") -> dict:
 
     ``backend="mmap"`` (the default) maps the file privately (copy-on-write): no copy,
     no memory for pages never written.  ``backend="pread"`` reads the data section
-    into one owned buffer with parallel ``pread``, checking the whole-file CRC.
+    into one owned buffer with parallel ``pread``, checking the whole-file CRC;
+    ``backend="direct"`` does the same around the page cache (``O_DIRECT``,
+    :mod:`aprfast.io.direct`), leaving no second copy of the model in it.
 
     Args:
         filename: The path to read.
-        backend: "mmap" or "pread".
+        backend: "mmap", "pread" or "direct".
 
     Returns:
         A dict of name to writable array, in file order.
@@ -88,7 +90,7 @@ def load_file(filename, *, backend: str = "mmap") -> dict:
         UsageError: An unknown ``backend`` (an AprError and a ValueError).
         AprFileNotFoundError: ``filename`` does not exist.
         FormatError: Not an ``.apr`` file.
-        ChecksumError: With ``backend="pread"``, the CRC does not match.
+        ChecksumError: With ``backend="pread"`` or ``"direct"``, the CRC does not match.
 
     Examples:
         >>> import numpy as np
@@ -102,9 +104,9 @@ def load_file(filename, *, backend: str = "mmap") -> dict:
     if backend == "mmap":
         with AprFile(filename, mode="private") as f:
             return f.tensors()
-    if backend == "pread":
-        return api.load_file(filename, mmap=False)
-    raise UsageError(f"backend must be 'mmap' or 'pread', not {backend!r}")
+    if backend in ("pread", "direct"):
+        return api.load_file(filename, backend=backend)
+    raise UsageError(f"backend must be 'mmap', 'pread' or 'direct', not {backend!r}")
 
 
 def load(data) -> dict:

@@ -90,7 +90,8 @@ def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool = T
 
     ``backend="mmap"`` (the default, as in safetensors) gives CPU tensors over a private
     copy-on-write map: no copy, writes never reach the file.  ``backend="pread"`` reads
-    the data section into one owned buffer with parallel ``pread``.  The whole-file CRC
+    the data section into one owned buffer with parallel ``pread``; ``backend="direct"``
+    reads it around the page cache (``O_DIRECT``, :mod:`aprfast.io.direct`).  The whole-file CRC
     is checked unless ``verify=False``.  ``device="meta"`` reads only the index: tensors
     with shapes and dtypes and no data.  Any other device (``"cuda:0"``, ``0``) gets
     tensors allocated there and filled through pinned staging buffers, reads overlapping
@@ -99,7 +100,7 @@ def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool = T
     Args:
         filename: The path to read.
         device: "cpu", "meta", a CUDA device ("cuda:0", an int) or a ``torch.device``.
-        backend: "mmap" or "pread".
+        backend: "mmap", "pread" or "direct".
         verify: Check the whole-file CRC.
 
     Returns:
@@ -118,8 +119,8 @@ def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool = T
         >>> load_file("model.apr", device="meta")["w"].shape
         torch.Size([2, 3])
     """
-    if backend not in ("mmap", "pread"):
-        raise UsageError(f"backend must be 'mmap' or 'pread', not {backend!r}")
+    if backend not in ("mmap", "pread", "direct"):
+        raise UsageError(f"backend must be 'mmap', 'pread' or 'direct', not {backend!r}")
     if str(device) == "meta":
         return _meta_tensors(filename)
     target = torch.device(device)
@@ -129,7 +130,7 @@ def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool = T
     if backend == "mmap":
         with AprFile(filename, mode="private", verify=verify) as f:
             return _to_torch(f, f.tensors(), device)
-    with AprFile(filename, mode="pread") as f:
+    with AprFile(filename, mode=backend) as f:
         return _to_torch(f, f.load_all(verify=verify), device)
 
 
@@ -198,7 +199,7 @@ def load_model(model, filename, strict: bool = True, device="cpu", *, backend: s
         filename: The path to read.
         strict: Raise when a name is missing or unexpected.
         device: Where the tensors are loaded, as for :func:`load_file`.
-        backend: "mmap" or "pread".
+        backend: "mmap", "pread" or "direct".
 
     Returns:
         ``(missing, unexpected)``: a set and a list of names.

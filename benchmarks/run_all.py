@@ -24,7 +24,7 @@ import timing
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = ("bench_containers", "bench_inspect", "bench_crypto", "bench_half", "bench_quant", "bench_codecs",
-           "bench_convert", "bench_stats")
+           "bench_convert", "bench_stats", "bench_edit")
 
 
 def main():

@@ -220,7 +220,8 @@ class Row:
             if samples is None:
                 continue
             if self.ratio(samples) < 1:
-                marks.append(f"❌ {'slower than' if self.unit == 's' else 'more memory than'} {name}")
+                more = {"s": "slower than", "bytes": "more bytes written than"}.get(self.unit, "more memory than")
+                marks.append(f"❌ {more} {name}")
             elif samples.lo <= self.aprfast.hi and self.aprfast.lo <= samples.hi:
                 marks.append(f"≈ ranges overlap {name}")
         if self.note:

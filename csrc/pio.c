@@ -16,6 +16,8 @@
 #else
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #endif
 
@@ -289,3 +291,215 @@ void apr_copy(uint8_t *dst, const uint8_t *src, size_t len, int nthreads)
     }
     run_pieces(pieces, n, len, copy_worker);
 }
+
+/* --- direct I/O ------------------------------------------------------------------ */
+#ifndef _WIN32
+typedef struct {
+    int fd;
+    uint8_t *dst;            /* where file byte ``offset`` goes */
+    uint64_t offset;
+    size_t len;
+    size_t align;
+    int want_crc;
+    uint32_t crc;
+    int status;
+    int fresh;
+    apr_fresh_state pages;
+    uint8_t *populated;
+    uint8_t *bounce;         /* APR_DIRECT_CHUNK + 2 * align bytes, allocated on first use */
+} dpiece;
+
+/* Aligned reads of n bytes at pos into buf (both aligned) until n bytes are in or the
+ * file ends; the bytes read, or -1 with *err set.  A short read at the end of the file
+ * is how direct I/O returns a last block the file only partly fills. */
+static long long direct_read(int fd, uint8_t *buf, uint64_t pos, size_t n, int *err)
+{
+    size_t done = 0;
+    while (done < n) {
+        long long got = read_at(fd, buf + done, n - done, pos + done, err);
+        if (got < 0)
+            return -1;
+        if (got == 0)
+            break;
+        done += (size_t)got;
+    }
+    return (long long)done;
+}
+
+/* File bytes [u0, u1) through the piece's bounce buffer into dst.  0, an errno value,
+ * or -1 when the file ends before u1. */
+static int bounce_range(dpiece *p, uint64_t u0, uint64_t u1)
+{
+    size_t a = p->align;
+    uint64_t b0 = u0 & ~(uint64_t)(a - 1);
+    uint64_t b1 = (u1 + a - 1) & ~(uint64_t)(a - 1);
+    int err = 0;
+    if (p->bounce == NULL) {
+        void *mem = NULL;
+        if (posix_memalign(&mem, a, APR_DIRECT_CHUNK + 2 * a))
+            return ENOMEM;
+        p->bounce = mem;
+    }
+    long long got = direct_read(p->fd, p->bounce, b0, (size_t)(b1 - b0), &err);
+    if (got < 0)
+        return err;
+    if ((uint64_t)got < u1 - b0)
+        return -1;
+    memcpy(p->dst + (u0 - p->offset), p->bounce + (u0 - b0), (size_t)(u1 - u0));
+    return 0;
+}
+
+static void populate_direct(dpiece *p, uint8_t *need)
+{
+    while (p->populated < need) {
+        uint8_t *next = (uint8_t *)(((uintptr_t)p->populated + FRESH_STEP) & ~(uintptr_t)(FRESH_STEP - 1));
+        apr_fresh_populate(&p->pages, p->populated, (size_t)(next - p->populated));
+        p->populated = next;
+    }
+}
+
+static int direct_piece(dpiece *p)
+{
+    size_t a = p->align;
+    uint64_t end = p->offset + p->len;
+    int congruent = (((uintptr_t)p->dst - (uintptr_t)p->offset) & (a - 1)) == 0;
+    uint64_t u0 = p->offset;
+    p->populated = p->dst;
+    while (u0 < end) {
+        /* chunks end on absolute multiples of APR_DIRECT_CHUNK (aligned) */
+        uint64_t u1 = (u0 / APR_DIRECT_CHUNK + 1) * APR_DIRECT_CHUNK;
+        if (u1 > end)
+            u1 = end;
+        uint8_t *d = p->dst + (u0 - p->offset);
+        int rc = 0;
+        if (p->fresh)
+            populate_direct(p, d + (u1 - u0));
+        uint64_t a0 = (u0 + a - 1) & ~(uint64_t)(a - 1);
+        uint64_t a1 = u1 & ~(uint64_t)(a - 1);
+        if (!congruent || a1 <= a0) {
+            rc = bounce_range(p, u0, u1);
+        } else {
+            if (a0 > u0)
+                rc = bounce_range(p, u0, a0);
+            if (!rc) {
+                int err = 0;
+                long long got = direct_read(p->fd, p->dst + (a0 - p->offset), a0, (size_t)(a1 - a0), &err);
+                rc = got < 0 ? err : ((uint64_t)got < a1 - a0 ? -1 : 0);
+            }
+            if (!rc && u1 > a1)
+                rc = bounce_range(p, a1, u1);
+        }
+        if (rc)
+            return rc;
+        if (p->want_crc)
+            p->crc = apr_crc32(p->crc, d, (size_t)(u1 - u0));
+        u0 = u1;
+    }
+    return 0;
+}
+
+static void direct_worker(void *arg)
+{
+    dpiece *p = arg;
+    p->status = direct_piece(p);
+}
+
+int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
+                     size_t align)
+{
+    if (align == 0 || (align & (align - 1)) || align > APR_DIRECT_CHUNK)
+        return EINVAL;
+    uint64_t end = offset + len;
+    /* whole chunks per piece, so each piece's direct reads start aligned */
+    uint64_t first = offset / APR_DIRECT_CHUNK, last = (end + APR_DIRECT_CHUNK - 1) / APR_DIRECT_CHUNK;
+    uint64_t chunks = last > first ? last - first : 1;
+    int n = nthreads > 0 ? nthreads : APR_DIRECT_THREADS;
+    if (n > MAX_THREADS)
+        n = MAX_THREADS;
+    if ((uint64_t)n > chunks)
+        n = (int)chunks;
+    dpiece pieces[MAX_THREADS];
+    apr_fresh_state pages;
+    memset(&pages, 0, sizeof pages);
+    int fresh = apr_fresh_claim(dst, len, &pages);
+    uint64_t at = offset;
+    for (int i = 0; i < n; i++) {
+        uint64_t stop = i == n - 1 ? end : (first + chunks * (uint64_t)(i + 1) / (uint64_t)n) * APR_DIRECT_CHUNK;
+        if (stop > end)
+            stop = end;
+        if (stop < at)
+            stop = at;
+        memset(&pieces[i], 0, sizeof pieces[i]);
+        pieces[i].fd = fd;
+        pieces[i].dst = dst + (at - offset);
+        pieces[i].offset = at;
+        pieces[i].len = (size_t)(stop - at);
+        pieces[i].align = align;
+        pieces[i].want_crc = crc != NULL;
+        pieces[i].fresh = fresh;
+        pieces[i].pages = pages;
+        at = stop;
+    }
+    /* dst of each piece is where its first file byte goes; direct_piece indexes from it */
+    apr_parallel_run(pieces, sizeof pieces[0], n, direct_worker);
+    if (fresh)
+        apr_fresh_finish(&pieces[n - 1].pages);
+    uint32_t total = crc ? *crc : 0;
+    int status = 0;
+    for (int i = 0; i < n; i++) {
+        free(pieces[i].bounce);
+        if (pieces[i].status && !status)
+            status = pieces[i].status;
+        if (crc)
+            total = apr_crc32_combine(total, pieces[i].crc, pieces[i].len);
+    }
+    if (status)
+        return status;
+    if (crc)
+        *crc = total;
+    return 0;
+}
+
+int apr_page_cache_sample(int fd, uint64_t size, int samples)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    if (size == 0 || samples <= 0 || page <= 0)
+        return 0;
+    if (size > (uint64_t)SIZE_MAX)
+        return -1;
+    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED)
+        return -1;
+    uint64_t pages = (size + (uint64_t)page - 1) / (uint64_t)page;
+    int resident = 0;
+    for (int i = 0; i < samples; i++) {
+        /* the middle of each of ``samples`` equal parts of the file */
+        uint64_t at = (pages * (uint64_t)(2 * i + 1)) / (uint64_t)(2 * samples);
+        unsigned char vec = 0;
+#if defined(__APPLE__) || defined(__FreeBSD__)
+        if (mincore((char *)map + at * (uint64_t)page, (size_t)page, (char *)&vec)) {
+#else
+        if (mincore((char *)map + at * (uint64_t)page, (size_t)page, &vec)) {
+#endif
+            resident = -1;
+            break;
+        }
+        resident += vec & 1;
+    }
+    munmap(map, (size_t)size);
+    return resident;
+}
+#else
+int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
+                     size_t align)
+{
+    (void)fd; (void)dst; (void)offset; (void)len; (void)nthreads; (void)crc; (void)align;
+    return ENOSYS;
+}
+
+int apr_page_cache_sample(int fd, uint64_t size, int samples)
+{
+    (void)fd; (void)size; (void)samples;
+    return -1;
+}
+#endif

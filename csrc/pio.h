@@ -35,6 +35,29 @@ void apr_copy(uint8_t *dst, const uint8_t *src, size_t len, int nthreads);
  * ignore it. */
 int apr_preallocate(int fd, uint64_t size);
 
+/* Read exactly len bytes at offset of fd into dst, where fd was opened for direct
+ * I/O (O_DIRECT: the kernel moves the bytes between the device and dst, bypassing the
+ * page cache, and refuses (EINVAL) a read whose file offset, length or buffer address
+ * is not a multiple of align, a power of two: 4096 covers every common device).  Any
+ * dst and offset are accepted: the blocks of [offset, offset + len) that land on
+ * align-aligned addresses of dst (all of them when dst - offset is a multiple of
+ * align) are read straight into dst; a partial block at either end, or every block
+ * when dst is not congruent with the file, goes through an aligned bounce buffer per
+ * thread.  nthreads <= 0 picks APR_DIRECT_THREADS (the reads wait on the device, not
+ * on a core).  crc as for apr_pread_exact, computed by each thread over its pieces.
+ * Returns 0, an errno value (EINVAL: the filesystem refused direct I/O; the caller
+ * reads again without it), or -1 if the file ended first.  Not on Windows (ENOSYS). */
+#define APR_DIRECT_THREADS 8
+#define APR_DIRECT_CHUNK ((size_t)4 << 20)
+int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
+                     size_t align);
+
+/* Sample whether the pages of fd's first size bytes are in the page cache: samples
+ * pages spread evenly over the file (mincore on a shared read-only map).  Returns the
+ * number of sampled pages resident (0..samples), or -1 where mincore is unavailable
+ * (Windows) or fails. */
+int apr_page_cache_sample(int fd, uint64_t size, int samples);
+
 /* Cores to use when the caller passes 0. */
 int apr_default_threads(void);
 

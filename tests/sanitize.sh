@@ -8,7 +8,18 @@
 #   tests/sanitize.sh tests/test_hostile_files.py -k lz4   # any pytest arguments
 #   tests/sanitize.sh --self-test          # prove the set-up catches an injected bug
 #   tests/sanitize.sh --run tests/fuzz/replay.py /abs/path/corpus   # any python script
+#   tests/sanitize.sh --fuzz 60 v2_security stream     # fuzz targets against this build
 #
+# --fuzz SECONDS [TARGET ...]: each target (default: those that reach the C block
+# decoders, LZ4/zstd chunks, buffers and the stats engine: open stream v2_security
+# v1_open v1_index load) runs SECONDS under atheris against the sanitized build, one
+# after the other.  atheris sees no coverage through gcc's ASan runtime, so libFuzzer
+# cannot grow a corpus here: it mutates the seed corpus and SANITIZE_FUZZ_CORPUS/<target>
+# (a corpus grown by a coverage-guided run of the normal build, e.g. run.py's
+# $APRFAST_FUZZ_OUT/corpus) blindly, keeping every seed (-keep_seed=1; -len_control=0,
+# else mutants stay as short as libFuzzer's slowly growing length cap).  A sanitizer
+# report aborts (abort_on_error=1) so libFuzzer saves the input; each saved input is
+# printed in base64 and copied to SANITIZE_FUZZ_OUT/<target>/ when that is set.
 # The checkout is never touched: the tree is copied (without .git, builds, *.so or
 # tests/interop, which builds Rust) to a temporary directory, its extensions are built
 # in place there, and the tests import aprfast from there (PYTHONPATH).  Needs gcc and
@@ -31,12 +42,20 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-python3}"
 self_test=0
 run_script=0
+fuzz_mode=0
 if [[ "${1:-}" == "--self-test" ]]; then
     self_test=1
     shift
 elif [[ "${1:-}" == "--run" ]]; then
     run_script=1
     shift
+elif [[ "${1:-}" == "--fuzz" ]]; then
+    fuzz_mode=1
+    shift
+    fuzz_seconds="${1:-60}"
+    [[ $# -gt 0 ]] && shift
+    fuzz_targets=("$@")
+    [[ ${#fuzz_targets[@]} == 0 ]] && fuzz_targets=(open stream v2_security v1_open v1_index load)
 fi
 
 work="${SANITIZE_WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/aprfast-sanitize.XXXXXX")}"
@@ -157,19 +176,72 @@ EOF
     exit $status
 fi
 
+if [[ $fuzz_mode == 1 ]]; then
+    "$python" -c "import atheris" 2>/dev/null || "$python" -m pip install --quiet -r tests/fuzz/requirements.txt
+    # The open Python-level bugs of harness.KNOWN_OPEN are the normal fuzzers' business:
+    # here they would stop the hunt for C bugs at the first input that reaches them.
+    export APRFAST_FUZZ_IGNORE_KNOWN="${APRFAST_FUZZ_IGNORE_KNOWN:-1}"
+    echo "== sanitize: fuzz ${fuzz_targets[*]} for $fuzz_seconds s each (seeds${SANITIZE_FUZZ_CORPUS:+ + $SANITIZE_FUZZ_CORPUS})"
+    "$python" tests/fuzz/make_corpus.py "$work/seeds" >"$work/run.log" 2>&1 || { tail -30 "$work/run.log"; exit 1; }
+    rc=0
+    for target in "${fuzz_targets[@]}"; do
+        dirs=("$work/fuzz-corpus/$target" "$work/seeds/$target")
+        if [[ -n "${SANITIZE_FUZZ_CORPUS:-}" && -d "$SANITIZE_FUZZ_CORPUS/$target" ]]; then
+            dirs+=("$SANITIZE_FUZZ_CORPUS/$target")
+        fi
+        mkdir -p "$work/fuzz-corpus/$target" "$work/crashes/$target"
+        t0=$SECONDS
+        set +e
+        ASAN_OPTIONS="$ASAN_OPTIONS:abort_on_error=1" UBSAN_OPTIONS="$UBSAN_OPTIONS:abort_on_error=1" \
+            timeout -k 10 $((fuzz_seconds + 300)) "$python" tests/fuzz/fuzz.py "$target" -keep_seed=1 \
+            -max_total_time="$fuzz_seconds" -rss_limit_mb=4096 -timeout=30 -max_len=16384 -len_control=0 \
+            -print_final_stats=1 \
+            -dict=tests/fuzz/aprfast.dict -artifact_prefix="$work/crashes/$target/" "${dirs[@]}" \
+            >"$work/fuzz-$target.log" 2>&1
+        trc=$?
+        set -e
+        grep -v "^INFO: Instrumenting" "$work/fuzz-$target.log" >>"$work/run.log"
+        runs="$(grep -oE "^Done [0-9]+ runs" "$work/fuzz-$target.log" | tail -1 || true)"
+        crashes=("$work/crashes/$target/"*)
+        if [[ $trc == 0 && ! -e "${crashes[0]}" ]]; then
+            echo "[$target] ok after $((SECONDS - t0)) s: ${runs:-?}"
+        else
+            echo "[$target] FINDING (exit $trc) after $((SECONDS - t0)) s: ${runs:-?}"
+            grep -v "^INFO: Instrumenting" "$work/fuzz-$target.log" | tail -60
+            for crash in "${crashes[@]}"; do
+                [[ -e "$crash" ]] || continue
+                echo "[$target] input $crash ($(stat -c %s "$crash") bytes), base64:"
+                base64 -w0 "$crash"
+                echo
+                if [[ -n "${SANITIZE_FUZZ_OUT:-}" ]]; then
+                    mkdir -p "$SANITIZE_FUZZ_OUT/$target"
+                    cp "$crash" "$SANITIZE_FUZZ_OUT/$target/"
+                fi
+            done
+            rc=1
+        fi
+    done
+fi
+
 default_run=0
-if [[ $run_script == 1 ]]; then
+if [[ $fuzz_mode == 1 ]]; then
+    :
+elif [[ $run_script == 1 ]]; then
     set -- "$@"
 elif [[ $# == 0 ]]; then
     default_run=1
-    set -- -m pytest --capture=sys tests --ignore=tests/interop -q -p no:cacheprovider
+    # tests/engines: llama.cpp and transformers on what the converter writes (Python
+    # logic, run on the plain wheel); under ASan they would only add minutes.
+    set -- -m pytest --capture=sys tests --ignore=tests/interop --ignore=tests/engines -q -p no:cacheprovider
 else
     set -- -m pytest --capture=sys "$@"
 fi
-echo "== sanitize: $python $*"
 set +e
-"$python" "$@" 2>&1 | tee "$work/run.log"
-rc=${PIPESTATUS[0]}
+if [[ $fuzz_mode == 0 ]]; then
+    echo "== sanitize: $python $*"
+    "$python" "$@" 2>&1 | tee "$work/run.log"
+    rc=${PIPESTATUS[0]}
+fi
 if [[ $default_run == 1 && "${SANITIZE_FUZZ_SEEDS:-1}" == 1 ]]; then
     # The fuzz seed corpus (every layout, dtype, codec and crypto mode) through every
     # fuzz target: the C paths on valid and fixed-up files, under the sanitizers.

@@ -110,3 +110,78 @@ def test_stream_target_reads_through_short_reads(seeds):
     assert sorted(got) == sorted(want)
     for name in want:
         np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]))
+
+
+# --- the targets added for issue 25: converters, the v1 indexes, remote indexes -------------
+def test_run_py_enumerates_every_harness_target():
+    run = _load("run", "aprfast_fuzz_run")
+    assert sorted(run.TARGETS) == sorted(harness.TARGETS)
+    for name in harness.EXTERNAL:
+        assert os.path.isfile(os.path.join(FUZZ_DIR, f"fuzz_{name}.py")), name
+    assert run._seconds("15 open=20 v2_security=20") == {None: 15, "open": 20, "v2_security": 20}
+    assert run._seconds("25") == {None: 25}
+
+
+def test_every_external_target_has_seeds(seeds):
+    out, counts = seeds
+    for name in harness.EXTERNAL:
+        if name == "onnx" and importlib.util.find_spec("onnx") is None:
+            continue
+        assert counts[name] >= 5 and len(os.listdir(out / name)) == counts[name], name
+
+
+def test_secured_compressed_apr2_streams_from_a_pipe(seeds):
+    out, _ = seeds
+    names = [n for n in os.listdir(out / "v2_security") if "-pipe-" in n]
+    assert len(names) >= 4
+    with harness.fuzz_environment():
+        for name in names:
+            data = (out / "v2_security" / name).read_bytes()
+            if data[0] & 0x20:  # STREAM: the seed was read through the pipe when it was written
+                harness.run_one(harness.TARGETS["v2_security"], data)
+
+
+def test_mle_fix_carries_a_changed_weight_to_the_reader(seeds):
+    from aprfast.convert import mle
+
+    out, _ = seeds
+    data = _seed(out, "mle", "signed")
+    fuzz_mle = harness.external("mle")
+    body = bytearray(data[2:])
+    fields = fuzz_mle.FIELDS.unpack_from(body)
+    body[fields[8]] ^= 0x01  # first byte of the weights section
+    fixed = fuzz_mle.fix_mle(bytes(body))
+    path = os.path.join(harness.write_scratch({"m.mle": fixed}), "m.mle")
+    src = mle.MLESource(path)  # CRCs, header CRC and signature remade: accepted
+    src.close()
+    harness.write_scratch({"m.mle": bytes(body)})
+    with pytest.raises((ChecksumError, SignatureError)):
+        mle.MLESource(path)
+
+
+@pytest.mark.parametrize("prefix", ["lz4", "zstd", "signed-digests", "sealed-password"])
+def test_v1_index_fix_carries_a_changed_chunk_to_the_decoder(seeds, prefix):
+    out, _ = seeds
+    data = _seed(out, "v1_index", prefix)
+    body = bytearray(data[2:])
+    index_size = int.from_bytes(body[8:12], "little")
+    body[index_size] ^= 0x5A  # first byte of the first chunk
+    with harness.fuzz_environment():
+        try:
+            harness.TARGETS["v1_index"](data[:2] + bytes(body))
+        except (ChecksumError, SignatureError) as exc:
+            pytest.fail(f"the fix-up left a check failing: {exc!r}")
+        except AprError:  # the tag or the decoder refused the changed bytes: reached
+            pass
+        with pytest.raises(ChecksumError):
+            harness.TARGETS["v1_index"](bytes([data[0] & ~0x01, data[1]]) + bytes(body))
+
+
+def test_converter_targets_refuse_garbage_with_typed_errors():
+    with harness.fuzz_environment():
+        for name in ("gguf", "safetensors", "onnx", "burnpack", "mle", "v1_index", "remote_index"):
+            for control in (0x00, 0x01, 0x04, 0x05, 0x20, 0xFF):
+                for body in (b"", b"\x00" * 40, b"GGUF\x03\x00\x00\x00" + b"\xff" * 30,
+                             b"NRUB\x01\x00\x05\x00\x00\x00\xbf", b"MLE\x00\x02" + b"\x00" * 130,
+                             b'{"weight_map": {"a": "../x"}}', b"APRC\x01"):
+                    harness.run_one(harness.TARGETS[name], bytes([control, 7]) + body)

@@ -314,6 +314,24 @@ class Entries:
         data_start = check_int(data_start, 64, "int64_t")
         return [self._row(s, data_start) for s in self._starts]
 
+    def tensors_in(self, data_start, buffer, base, dtypes, make_one):
+        """``{name: tensor}`` for every entry, viewing ``buffer`` (file byte ``base`` at its
+        byte 0): tensors of a dtype id in ``dtypes`` as ``np.ndarray`` views, the others
+        (and 0-d ones alike) through ``make_one(type_id, shape, buffer, start, size)``."""
+        data_start = check_int(data_start, 64, "int64_t")
+        base = check_int(base, 64, "int64_t")
+        if not isinstance(dtypes, dict):
+            raise TypeError(f"Argument 'dtypes' has incorrect type (expected dict, got {type(dtypes).__name__})")
+        out = {}
+        for s in self._starts:
+            type_id, offset, size, shape = self._row(s, data_start)
+            start = offset - base
+            dtype = dtypes.get(type_id) if shape else None
+            name = self._name_at(s)
+            out[name] = np.ndarray(shape, dtype, buffer, start) if dtype is not None else \
+                make_one(type_id, shape, buffer, start, size)
+        return out
+
     def describe(self, data_start, dtype_names):
         """``{name: {"dtype", "shape", "offset", "nbytes"}}`` for every entry in index
         order (what ``aprfast.inspect`` reports); ``dtype_names`` maps each id to its name."""

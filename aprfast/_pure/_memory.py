@@ -183,6 +183,62 @@ def _seek_read(fd: int, into: memoryview, at: int) -> int:
     return len(data)
 
 
+def pread_direct(fd, offset, dst, threads=0, crc=None, align=4096):
+    """``pread_into`` for a descriptor opened with ``O_DIRECT``: every read is of whole
+    ``align``-aligned blocks into an aligned bounce buffer, then copied into ``dst``.
+    Raises EOFError if the file ends first and OSError for read errors."""
+    fd = check_int(fd, 32, "int")
+    offset = check_uint(offset, 64, "unsigned PY_LONG_LONG")
+    align = check_uint(align, 64, "size_t")
+    out = typed_view(dst, np.uint8, writable=True)
+    value = None if crc is None else check_uint(crc, 32, "uint32_t")
+    n = out.shape[0]
+    if n == 0:
+        return value
+    if align == 0 or align & (align - 1) or align > _DIRECT_CHUNK:
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+    bounce = mmap.mmap(-1, _DIRECT_CHUNK + 2 * align)  # page aligned
+    try:
+        with memoryview(bounce) as view:
+            _direct_chunks(fd, offset, out, view, align)
+    finally:
+        bounce.close()
+    return None if value is None else crc32(out, value)
+
+
+def page_cache_sample(fd, size, samples=16):
+    """How many sampled pages are in the page cache: None here (the pure backend has no
+    mincore), so ``backend="auto"`` keeps buffered reads."""
+    check_int(fd, 32, "int")
+    check_uint(size, 64, "unsigned PY_LONG_LONG")
+    check_int(samples, 32, "int")
+    return None
+
+
+_DIRECT_CHUNK = 4 << 20
+
+
+def _direct_chunks(fd, offset, out, view, align) -> None:
+    """Fill ``out`` from ``offset`` through the aligned bounce buffer ``view``."""
+    n = out.shape[0]
+    done = 0
+    while done < n:
+        at = offset + done
+        start = at - at % align
+        want = min(n - done, _DIRECT_CHUNK - (at - start))
+        span = -(-(at - start + want) // align) * align
+        got = 0
+        while got < span:
+            step = os.preadv(fd, [view[got:span]], start + got)
+            if step == 0:
+                break
+            got += step
+        if got < at - start + want:
+            raise EOFError(f"file ended before {n} bytes at offset {offset} were read")
+        out[done:done + want] = view[at - start:at - start + want]
+        done += want
+
+
 def pread_some(fd, offset, dst) -> int:
     """One positional read into the start of ``dst`` (at most 1 MiB): the bytes read,
     0 at the end of the file."""

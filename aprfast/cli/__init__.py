@@ -31,6 +31,7 @@ from . import (
     decrypt,
     diff,
     download,
+    edit,
     encrypt,
     explain,
     export,
@@ -64,8 +65,8 @@ log = logging.getLogger("aprfast.cli")
 __all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_NOT_FOUND", "EXIT_FORMAT", "EXIT_VALIDATION"]
 
 #: The subcommand modules, in `apr --help` order; each has add_parser(subparsers).
-COMMANDS = (inspect, debug, validate, tensors, lint, diff, convert, import_, export, quantize, merge, trace, sign,
-            verify, encrypt, decrypt, keygen, explain, tui, config_command, download, cache)
+COMMANDS = (inspect, debug, validate, tensors, lint, diff, edit, convert, import_, export, quantize, merge, trace,
+            sign, verify, encrypt, decrypt, keygen, explain, tui, config_command, download, cache)
 
 
 def main(argv=None) -> int:

@@ -87,6 +87,10 @@ def add_conversion_arguments(p, *, source_help: str) -> None:
                         "(default 0.1; 'off': report only); --force writes anyway")
     p.add_argument("--arch", choices=("whisper", "llama", "bert", "auto"),
                    help="map Hugging Face / GGUF / ONNX tensor names to the canonical .apr names (auto: detect)")
+    p.add_argument("--names", choices=("auto", "keep"), default="auto",
+                   help="auto (default): a Hugging Face model to GGUF gets llama.cpp's names, rows and keys, a GGUF "
+                        "to safetensors Hugging Face's, config.json and tokenizer; keep: names, rows and keys as "
+                        "they are")
     p.add_argument("--max-shard-size", metavar="SIZE", help="write a sharded safetensors checkpoint (e.g. 5GB)")
     p.add_argument("--no-tokenizer", action="store_true", help="do not embed a sibling tokenizer.json")
     p.add_argument("--prefix", action="append", metavar="PREFIX",
@@ -140,6 +144,8 @@ def conversion_options(args) -> dict:
         options["validate"] = args.validate
     if args.arch:
         options["arch"] = args.arch
+    if getattr(args, "names", "auto") != "auto":
+        options["names"] = args.names
     if args.max_shard_size:
         options["max_shard_size"] = args.max_shard_size
     if args.prefix:
@@ -256,7 +262,11 @@ def _summary(result, verbose: bool = False) -> str:
     twelve projections are one line, not twelve), each listed with ``verbose``."""
     lines = []
     names = result.get("names")
-    if names is not None:
+    if names is not None and names.get("direction"):
+        engine = "llama.cpp's" if names["direction"] == "hf-to-gguf" else "Hugging Face's"
+        lines.append(f"names: {engine} ({names['model']} model), {names['renamed']} renamed, "
+                     f"{len(names['permuted'])} with rotary rows reordered, {len(names['unknown'])} unknown kept")
+    elif names is not None:
         if names["arch"]:
             how = "detected" if names["detected"] else "chosen"
             namings = ", ".join(f"{k} {v}" for k, v in names["namings"].items())

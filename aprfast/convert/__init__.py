@@ -30,6 +30,7 @@ from ..tensors import RawTensor
 from . import apr as _apr
 from . import burnpack as _bpk
 from . import gguf as _gguf
+from . import hf_arch as _hf
 from . import mle as _mle
 from . import onnx as _onnx
 from . import pytorch as _pt
@@ -320,14 +321,19 @@ def _strip(name: str, prefixes) -> str:
 
 
 def _plan(source, rename, precision, quantize, strip_prefix=(), mapping: NameMapping | None = None,
-          optimizer: Optimizer | None = None):
+          optimizer: Optimizer | None = None, model=None):
     """(source spec, output spec) pairs of the tensors kept, output names unique.  Each
-    name: ``strip_prefix``, then the ``arch`` mapping, then ``rename``.  A tensor
+    name: ``strip_prefix``, then the ``arch`` mapping or the model conversion's names
+    (``model``: llama.cpp's or Hugging Face's), then ``rename``.  A tensor
     ``lowrank=`` factors gives two consecutive pairs of one source spec (its factors)."""
     pairs, seen = [], {}
     for spec in source.specs:
         stripped = _strip(spec.name, strip_prefix)
         mapped = mapping.names[stripped] if mapping is not None and mapping.arch else stripped
+        if model is not None:
+            mapped = model.name(spec.name)
+            if mapped is None:
+                continue
         name = _renamed(rename, mapped, spec.name)
         if name is None:
             continue
@@ -346,7 +352,12 @@ def _plan(source, rename, precision, quantize, strip_prefix=(), mapping: NameMap
                 pairs.append((spec, _out_spec(Spec(factor_name, spec.dtype, shape), factor_name, precision,
                                               quantize)))
             continue
-        pairs.append((spec, _out_spec(spec, name, precision, quantize)))
+        out = _out_spec(spec, name, precision, quantize)
+        if model is not None:
+            forced = model.out_dtype(name, out.shape, out.dtype.name, out.dtype.packed)
+            if forced is not None and forced != out.dtype.name:
+                out = Spec(name, _dtypes.by_name(forced), out.shape)
+        pairs.append((spec, out))
     return pairs
 
 
@@ -418,7 +429,7 @@ def _quant_selector(quantize):
 def convert(source, destination, *, to=None, quantize=None, precision=None, compression=None, arch=None,
             rename=None, strip_prefix=None, validate="strict", force=False, progress=None, max_shard_size=None,
             tokenizer=True, durable=True, prune=None, lowrank=None, max_drift=DEFAULT_MAX_DRIFT,
-            storage_options=None, verify=True) -> dict:
+            storage_options=None, names="auto", verify=True) -> dict:
     """Convert a model between ``.apr``, safetensors (one file or a sharded checkpoint)
     and GGUF, streaming one tensor at a time.
 
@@ -446,6 +457,16 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     output's metadata under ``aprfast.name_mapping``; ``rename`` (``callable(name) ->
     name | None``, or a dict; None drops a tensor) renames what the mapper gave.  Two
     tensors ending with one name are a LayoutError naming both.
+    ``names`` ("auto" or "keep"): with "auto" (the default) a model conversion between
+    a Hugging Face checkpoint and GGUF gives what the destination's engine loads
+    (``convert.hf_arch``, docs/FORMAT.md "Model conversions"): a safetensors model
+    whose directory holds a ``config.json`` of a known architecture (LLaMA, Mistral,
+    Qwen2, Qwen3) becomes a GGUF llama.cpp runs (its tensor names, the Q/K rotary row
+    order, the hyper-parameters and tokenizer as typed keys, norms in F32), and a GGUF
+    of such an architecture becomes a Hugging Face directory (``config.json``,
+    ``generation_config.json``, tokenizer files beside the weights; GGML blocks
+    dequantized to F32) that transformers loads.  "keep" (and any ``arch=``) leaves
+    names, rows and keys as they are: a container conversion.
     ``precision`` ("f32", "f16", "bf16") converts float tensors and dequantizes packed
     ones.  ``quantize`` (a type such as "Q8_0"; per-layer rules ``{glob: type | None}``,
     first match wins, unmatched kept; or ``callable(name, shape) -> type | None``;
@@ -530,6 +551,8 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
         (QuantizedTensor(Q8_0, shape=[2, 32], nbytes=68), [])
     """
     precision, quantize = _check_options(validate, precision, quantize)
+    if names not in ("auto", "keep"):
+        raise ValueError(f"names={names!r}: 'auto' (the destination's engine names) or 'keep'")
     kind = _destination_format(destination, to, max_shard_size)
     prefixes = (strip_prefix,) if isinstance(strip_prefix, str) else tuple(strip_prefix or ())
     validator = InlineValidator(validate, force=force, destination=destination)
@@ -551,18 +574,30 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
             source = local.path
     try:
         return _convert(source, destination, kind, precision, quantize, prefixes, validator, optimizer, gate, arch,
-                        rename, compression, max_shard_size, force, durable, progress, tokenizer, verify)
+                        rename, compression, max_shard_size, force, durable, progress, tokenizer, names, verify)
     finally:
         if local is not None:
             local.close()
 
 
 def _convert(source, destination, kind, precision, quantize, prefixes, validator, optimizer, gate, arch, rename,
-             compression, max_shard_size, force, durable, progress, tokenizer, verify=True) -> dict:
+             compression, max_shard_size, force, durable, progress, tokenizer, naming="auto",
+             verify=True) -> dict:
     src = open_source(source, tokenizer=tokenizer, verify=verify)
+    model = side = None
     try:
+        if naming == "auto" and arch is None:
+            model = _hf.plan_model(src, kind, destination)
+            if kind == "apr":  # what a later .apr -> GGUF needs (a GGUF's keys are all kept already)
+                src.metadata = dict(src.metadata, **_hf.apr_record(src))
         mapping = _map_names(src, arch, prefixes)
-        pairs = _plan(src, rename, precision, quantize, prefixes, mapping, optimizer)
+        pairs = _plan(src, rename, precision, quantize, prefixes, mapping, optimizer, model)
+        if model is not None:
+            outs = [out for _, out in pairs]
+            src.metadata = model.metadata(outs)
+            side = model.side_files(outs)
+            if side:  # refused before anything is written
+                _hf.write_side_files(side, _hf.side_file_dir(destination), force=force, check_only=True)
         if mapping is not None and mapping.arch:
             src.metadata = dict(src.metadata, **{NAME_MAPPING_KEY: mapping.metadata()})
         log.debug("convert %s (%s, %d tensors, %d bytes) -> %s (%s): %d tensors written", source, src.format,
@@ -580,14 +615,20 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
             writer = _open_writer(kind, destination, [out for _, out in pairs], src.metadata,
                                   compression=compression, max_shard_size=max_shard_size, force=force,
                                   durable=durable, q8_headers=_q8_headers(src, pairs) if kind == "gguf" else None)
-            total = _stream(src, writer, pairs, progress, validator, optimizer, gate)
+            total = _stream(src, writer, pairs, progress, validator, optimizer, gate,
+                            model.rows if model is not None else None)
+        if side:
+            _hf.write_side_files(side, _hf.side_file_dir(destination), force=True, durable=durable)
     finally:
         src.close()
     names = None
     if mapping is not None:
         names = dict(mapping.metadata(), reason=mapping.reason)
+    if model is not None:
+        names = model.report()
     return {"source_format": src.format, "format": kind, "tensors": len(pairs), "bytes": total,
-            "arch": mapping.arch if mapping is not None else None, "names": names, "validation": validator.report(),
+            "arch": mapping.arch if mapping is not None else (model.arch.gguf if model is not None else None),
+            "names": names, "validation": validator.report(),
             "optimize": optimizer.report(), "quality": gate.report()}
 
 
@@ -634,18 +675,22 @@ def _grouped(pairs):
     return groups
 
 
-def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None) -> int:
+def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None, rows=None) -> int:
     groups = _grouped(pairs)
     total = sum(spec.nbytes for spec, _ in groups)
     done, scratch = 0, Scratch()
     try:
         for spec, outs in groups:
-            changed = optimizer is not None and optimizer.op(spec.name)[0] is not None
+            changed = (optimizer is not None and optimizer.op(spec.name)[0] is not None) or \
+                (rows is not None and spec.name in rows)
             if changed or not _copy_unchanged(src, writer, spec, outs[0], validator):
                 # one tensor in memory at a time, read into the same buffer each time:
                 # writer.add has consumed the value before the next read overwrites it;
                 # the validator sees the value before any of its bytes are written
-                values = _convert_tensor(src.read(spec, scratch), spec, outs, optimizer, gate, validator)
+                value = src.read(spec, scratch)
+                if rows is not None and spec.name in rows:  # the rotary row order of the destination's engine
+                    value = _hf.permute_rows(value, rows[spec.name])
+                values = _convert_tensor(value, spec, outs, optimizer, gate, validator)
                 for out, value in zip(outs, values):
                     writer.add(out.name, value)
             done += spec.nbytes

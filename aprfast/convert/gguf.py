@@ -75,6 +75,9 @@ MAX_METADATA_MEMORY = 1 << 30
 #: trip back to GGUF keeps u32 as u32 and f32 as f32.
 TYPES_KEY = "gguf.kv_types"
 VERSION_KEY = "gguf.version"
+#: The GGUF's keys in file order (.apr metadata is written sorted), so a GGUF -> .apr ->
+#: GGUF round trip gives the same bytes.
+ORDER_KEY = "gguf.kv_order"
 #: One metadata string may not exceed what .apr metadata may hold in all.
 MAX_STRING_BYTES = MAX_METADATA_SIZE
 _MIN_TENSOR_INFO = 8 + 4 + 4 + 8
@@ -337,7 +340,8 @@ def apr_metadata(kv: dict, types: dict, version: int) -> dict:
     ``tokenizer.ggml.tokens``, which becomes seed 001 §5.2's ``tokenizer.vocabulary``
     (plus ``tokenizer.vocab_size``, and the special ids under §5.2's names); the
     §10.4 aliases (model_type, model_name, context_length, hidden_size) are added;
-    ``gguf.kv_types`` records each key's GGUF type and ``gguf.version`` the version."""
+    ``gguf.kv_types`` records each key's GGUF type, ``gguf.kv_order`` the keys' order
+    and ``gguf.version`` the version."""
     out = {}
     for key, value in kv.items():
         value = _json_safe(value)
@@ -360,6 +364,7 @@ def apr_metadata(kv: dict, types: dict, version: int) -> dict:
     if "tokenizer.ggml.model" in kv:
         out.setdefault("tokenizer.model_type", kv["tokenizer.ggml.model"])
     out[TYPES_KEY] = dict(types)
+    out[ORDER_KEY] = list(kv)
     out[VERSION_KEY] = version
     return out
 
@@ -380,7 +385,8 @@ def _json_safe(value):
 #: .apr keys the GGUF -> .apr direction derives; the way back drops them (their source
 #: keys are there) so a round trip gives exactly the original keys.
 _DERIVED = {"model_type", "model_name", "context_length", "hidden_size", "tokenizer.vocab_size",
-            "tokenizer.bos_token_id", "tokenizer.eos_token_id", "tokenizer.model_type", TYPES_KEY, VERSION_KEY}
+            "tokenizer.bos_token_id", "tokenizer.eos_token_id", "tokenizer.model_type", TYPES_KEY, VERSION_KEY,
+            ORDER_KEY}
 
 
 def gguf_metadata(metadata: dict) -> list:
@@ -397,10 +403,14 @@ def gguf_metadata(metadata: dict) -> list:
             out[_VOCAB] = value
         elif from_gguf and key in _DERIVED and key not in types:
             continue
-        elif key in (TYPES_KEY, VERSION_KEY):
+        elif key in (TYPES_KEY, VERSION_KEY, ORDER_KEY):
             continue
         else:
             out[key] = value
+    order = metadata.get(ORDER_KEY)
+    if from_gguf and isinstance(order, list):  # the source GGUF's order; keys added since go last
+        rank = {key: i for i, key in enumerate(order) if isinstance(key, str)}
+        out = dict(sorted(out.items(), key=lambda item: rank.get(item[0], len(rank))))
     for key, alias in _ALIASES.items():
         if key not in out and isinstance(metadata.get(alias), str):
             out[key] = metadata[alias]

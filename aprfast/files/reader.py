@@ -13,7 +13,7 @@ import numpy as np
 from .. import _memory, layouts
 from .._crc import crc32
 from ..codecs import blocks as tensor_codecs
-from ..dtypes import numpy_dtype
+from ..dtypes import IdTable, numpy_dtype
 from ..errors import ChecksumError, LayoutError
 from ..io.sources import open_source
 from ..limits import Limits
@@ -54,6 +54,9 @@ def aligned_empty(nbytes: int, alignment: int = 64, *, filled_by_read: bool = Fa
     return np.frombuffer(_memory.AlignedBuffer(nbytes, alignment, filled_by_read=filled_by_read), np.uint8, nbytes)
 
 
+#: get_tensors reads tensors this close to each other (bytes between them) in one read.
+_BATCH_GAP = 64 << 10
+
 #: get_tensor remembers this many zero-copy views per file (one small object each), so
 #: asking again for a tensor costs a view() instead of building an array.
 _MAX_REMEMBERED_VIEWS = 4096
@@ -62,7 +65,8 @@ _MAX_REMEMBERED_VIEWS = 4096
 class AprFile(TensorMapping):
     """An open ``.apr`` v2 file (either layout).  Use as a context manager.
 
-    ``mode`` is "mmap" (default for files) or "pread"; ``limits`` bounds what the
+    ``mode`` is "mmap" (default for files), "pread" or "direct" (owned arrays read
+    around the page cache, :mod:`aprfast.io.direct`); ``limits`` bounds what the
     parser believes; ``unknown_dtypes="raw"`` returns tensors of unknown dtype ids as
     :class:`RawTensor` instead of failing at open; ``verify=True`` checks the whole-file
     CRC32 at open; ``alignment`` is the alignment of owned arrays.  ``keys``: a dict of
@@ -77,7 +81,8 @@ class AprFile(TensorMapping):
 
     Args:
         target: A path, a readable seekable file object, or bytes-like data.
-        mode: "mmap", "private" (copy-on-write map) or "pread"; ``None`` picks.
+        mode: "mmap", "private" (copy-on-write map), "pread" or "direct";
+            ``None`` picks.
         limits: Bounds on what the parser believes.
         unknown_dtypes: "error" or "raw".
         verify: Check the whole-file CRC32 at open.
@@ -313,14 +318,19 @@ class AprFile(TensorMapping):
             raw = tensor_codecs.read_range(self, name, 0, codec[1])
             tensor = make(shape, raw.base, 0, codec[1])
         elif copy or not self._source.zero_copy:
+            start = 0
             if self._source.zero_copy:  # a memcpy from the map: no system call
                 owned = _memory.copy_range(self._mapped(), offset, size, self.alignment)
                 if len(self._copies) < _MAX_REMEMBERED_VIEWS:
                     self._copies[name] = (offset, size, shape, make)
+            elif self._source.direct_align:  # placed so the device writes straight into it
+                arena = self._arena(offset, size)
+                self._source.readinto(offset, arena)
+                owned, start = _base_and_start(arena)
             else:
                 owned = _memory.AlignedBuffer(size, self.alignment)
                 self._source.readinto(offset, owned)
-            tensor = make(shape, owned, 0, size)
+            tensor = make(shape, owned, start, size)
         else:
             tensor = make(shape, self._mapped(), offset, size)
             if type(tensor) is np.ndarray and len(self._views) < _MAX_REMEMBERED_VIEWS:
@@ -330,6 +340,73 @@ class AprFile(TensorMapping):
         if dequantize and isinstance(tensor, QuantizedTensor):
             return quantization.dequantize(tensor)
         return tensor
+
+    def get_tensors(self, names, copy: bool = False) -> dict:
+        """Several tensors at once, as :meth:`get_tensor` gives them one by one, with the
+        reads batched: on a file read with ``pread`` or ``direct`` (or with ``copy``),
+        the tensors asked for are sorted by offset and those lying within 64 KiB of each
+        other are read with one read into one buffer they then view, so 1,000 small
+        tensors cost a few system calls, not 1,000.  Python work per tensor is a lookup
+        and an array view.
+
+        Args:
+            names: The tensors' names (an iterable of str; repeats are read once).
+            copy: Owned arrays instead of views of the mapped file.
+
+        Returns:
+            A dict of name to tensor, in the order of ``names``.
+
+        Raises:
+            TensorNotFoundError: A name the file does not hold (nothing is read).
+            AprIOError: The file is closed, or a read failed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({f"e{i}": np.full(3, i, np.float32) for i in range(4)}, "m.apr")
+            >>> with aprfast.open("m.apr", mode="pread") as f:
+            ...     got = f.get_tensors(["e3", "e1"])
+            >>> list(got), got["e3"].tolist()
+            (['e3', 'e1'], [3.0, 3.0, 3.0])
+        """
+        names = list(dict.fromkeys(names))
+        f = self._file
+        if not names:
+            return {}
+        rows = [f.row(name) for name in names]  # every name checked before anything is read
+        plain = (copy or not self._source.zero_copy) and not getattr(f.entries, "compressed", 0) \
+            and f.security is None
+        if not plain:
+            return {name: self.get_tensor(name, copy) for name in names}
+        out = dict.fromkeys(names)
+        order = sorted(range(len(rows)), key=lambda i: rows[i][1])
+        span = []
+        lo = hi = None
+        for i in order:
+            offset, size = rows[i][1], rows[i][2]
+            if span and offset - hi > _BATCH_GAP:
+                self._read_span(lo, hi, span, names, rows, out)
+                span = []
+            if not span:
+                lo = hi = offset
+            span.append(i)
+            hi = max(hi, offset + size)
+        self._read_span(lo, hi, span, names, rows, out)
+        return out
+
+    def _read_span(self, lo, hi, members, names, rows, out) -> None:
+        """One read of bytes [lo, hi) and the tensors ``members`` (positions in
+        ``names``/``rows``) as views of it."""
+        arena = self._arena(lo, hi - lo)
+        if hi > lo:
+            if self._source.zero_copy:
+                _memory.copy_into(arena, self._mapped()[lo:hi])
+            else:
+                self._source.readinto(lo, arena)
+        buffer, start = _base_and_start(arena)
+        for i in members:
+            type_id, offset, size, shape = rows[i]
+            make = self._makers.get(type_id) or self.array_maker(type_id)
+            out[names[i]] = make(shape, buffer, start + offset - lo, size)
 
     def _table(self, name):
         """The checked block-table header of a compressed tensor (read once)."""
@@ -546,13 +623,28 @@ class AprFile(TensorMapping):
                                     f"{crc:#010x}", path=self.path)
             return _slice_arena(f, arena, decoded)
         # a local file fills the arena with one parallel pread, which populates it as it goes
-        arena = aligned_empty(f.data_len, max(self.alignment, 64), filled_by_read=self._source.reads_by_pread)
+        arena = self._arena(f.data_start, f.data_len)
         prefix_crc = crc32(self._source.read(0, f.data_start, "header")) if verify else None
         crc = self._source.readinto(f.data_start, arena, threads=threads, crc=prefix_crc)
         if verify and crc != f.stored_crc:
             raise ChecksumError(f"footer CRC32 is {f.stored_crc:#010x} but the file's bytes give {crc:#010x}",
                                 path=self.path)
         return _slice_arena(f, arena)
+
+    def _arena(self, offset: int, n: int) -> np.ndarray:
+        """An uninitialised uint8 array for the file's bytes ``[offset, offset + n)``,
+        filled next by one read.  With direct I/O its address is congruent with
+        ``offset`` modulo the direct alignment, so the device writes straight into it (no
+        bounce copy); each tensor then sits on its file offset's alignment (64 bytes, or
+        what the file gives), as with a buffered read when the data section starts
+        aligned."""
+        alignment = max(self.alignment, 64)
+        direct = self._source.direct_align
+        if direct and n >= 2 * direct and offset % alignment == 0:
+            shift = offset % direct
+            whole = _memory.AlignedBuffer(n + shift, direct, filled_by_read=True)
+            return np.frombuffer(whole, np.uint8, n, shift)
+        return aligned_empty(n, alignment, filled_by_read=self._source.reads_by_pread)
 
 
 class RunningCrc:
@@ -645,8 +737,13 @@ def crc_by_chunks(source, end: int, chunk: int = 8 << 20) -> int:
 def _slice_arena(parsed, arena: np.ndarray, decoded=None) -> dict:
     """Tensors as views of the arena (which holds the data section), or, for the
     compressed ones in ``decoded`` (name -> (buffer, offset, size)), of their buffer."""
-    buffer = arena.base if arena.base is not None else arena
-    base = parsed.data_start
+    buffer, shift = _base_and_start(arena)
+    base = parsed.data_start - shift
+    if not decoded and hasattr(parsed.entries, "tensors_in"):
+        # O(1) Python work per tensor: runs of same-shaped tensors become rows of one
+        # strided array each, in C (_index.Entries.tensors_in)
+        return parsed.entries.tensors_in(parsed.data_start, buffer, base, _plain_dtypes(parsed.ids),
+                                         _maker_for(parsed.ids))
     makers = {}
     out = {}
     for name, (type_id, offset, size, shape) in zip(parsed.names, parsed.rows):
@@ -660,6 +757,34 @@ def _slice_arena(parsed, arena: np.ndarray, decoded=None) -> dict:
     return out
 
 
+def _plain_dtypes(ids) -> dict:
+    """dtype id -> NumPy dtype, for the ids of ``ids`` whose dtype has plain elements
+    (not packed, not opaque); kept per table until a dtype is registered in it."""
+    found = _PLAIN_DTYPES.get(id(ids))
+    if found is not None and found[0] is ids:
+        return found[1]
+    out = {type_id: np.dtype(numpy_dtype(dtype)) for type_id, dtype in ids.items()
+           if not dtype.packed and not getattr(dtype, "opaque", False)}
+    _PLAIN_DTYPES[id(ids)] = (ids, out)
+    return out
+
+
+_PLAIN_DTYPES = {}
+IdTable.watchers.append(lambda table, type_id: _PLAIN_DTYPES.pop(id(table), None))
+
+
+def _maker_for(ids):
+    """make_one(type_id, shape, buffer, start, size) over array_maker's per-id makers."""
+    makers = {}
+
+    def make_one(type_id, shape, buffer, start, size):
+        make = makers.get(type_id)
+        if make is None:
+            make = makers[type_id] = array_maker(ids, type_id)
+        return make(shape, buffer, start, size)
+    return make_one
+
+
 def array_maker(ids, type_id):
     """A function (shape, buffer, offset, size) -> tensor for one dtype id."""
     if not ids.knows(type_id):
@@ -671,6 +796,15 @@ def array_maker(ids, type_id):
     # ``buf`` is an AlignedBuffer or an ndarray (never a bare memoryview of a map):
     # np.ndarray keeps it as the base, which keeps the memory alive.
     return lambda shape, buf, start, size: np.ndarray(shape, np_dtype, buf, start)
+
+
+def _base_and_start(arena: np.ndarray):
+    """(the object owning ``arena``'s memory, where ``arena`` starts in it): tensors are
+    built on the owner, which np.ndarray keeps alive as their base."""
+    base = arena.base
+    if base is None:
+        return arena, 0
+    return base, arena.ctypes.data - np.frombuffer(base, np.uint8).ctypes.data
 
 
 def _bytes_at(buffer, start, size) -> np.ndarray:

@@ -28,7 +28,8 @@ class safe_open:  # noqa: N801 - the name safetensors users import
     torch and JAX tensors ("cpu", "cuda:0", an int, a ``torch.device``; "meta" gives
     torch tensors with shapes and dtypes and no data).  NumPy arrays are always on the
     CPU.  ``backend="mmap"`` (the default) hands out writable zero-copy views of a
-    private copy-on-write map; ``backend="pread"`` reads each tensor into owned memory.
+    private copy-on-write map; ``backend="pread"`` reads each tensor into owned memory,
+    ``backend="direct"`` the same around the page cache (:mod:`aprfast.io.direct`).
     ``keys()`` are sorted, ``offset_keys()`` are in file order; ``metadata()`` returns
     the file's metadata (None when it was saved without).  ``filename`` may also be an
     open binary file object.  Reading a closed handle raises :class:`aprfast.AprIOError`.
@@ -39,7 +40,8 @@ class safe_open:  # noqa: N801 - the name safetensors users import
         framework: "np"/"numpy", "pt"/"torch" or "jax"/"flax".
         device: Where torch and JAX tensors go ("cpu", "cuda:0", an int, a
             ``torch.device``, "meta").
-        backend: "mmap" (private copy-on-write views) or "pread" (owned copies).
+        backend: "mmap" (private copy-on-write views), "pread" (owned copies) or
+            "direct" (owned copies read around the page cache).
 
     Raises:
         UsageError: An unknown framework, device or backend (an AprError and a
@@ -60,7 +62,7 @@ class safe_open:  # noqa: N801 - the name safetensors users import
     def __init__(self, filename, framework: str, device="cpu", *, backend: str = "mmap"):
         self.framework = framework_name(framework)
         if backend not in _BACKEND_MODES:
-            raise UsageError(f"backend must be 'mmap' or 'pread', not {backend!r}")
+            raise UsageError(f"backend must be 'mmap', 'pread' or 'direct', not {backend!r}")
         if self.framework != "numpy":
             _import_framework(self.framework)
         self.device = _framework_device(self.framework, device)
@@ -225,7 +227,7 @@ class safe_open:  # noqa: N801 - the name safetensors users import
 
 
 #: safe_open's backend -> the AprFile mode serving it.
-_BACKEND_MODES = {"mmap": "private", "pread": "pread"}
+_BACKEND_MODES = {"mmap": "private", "pread": "pread", "direct": "direct"}
 
 
 def _framework_device(framework: str, device):

@@ -25,6 +25,7 @@ from ..dtypes import DType, check_shape
 from ..errors import AprError, AprIOError, LayoutError, UnknownDTypeError
 from ..io import platform as _platform
 from ..io.atomic import AtomicFile, kernel_copy, open_anonymous, reserve_blocks
+from ..io.direct import DropBehind
 from ..tensors import TensorInput, as_input
 
 __all__ = ["Writer", "write_plan"]
@@ -40,11 +41,13 @@ class _Sink:
     everything written.  Small pieces are gathered so many tiny tensors cost a few
     syscalls and one CRC call per megabyte."""
 
-    def __init__(self, fd=None, fileobj=None):
+    def __init__(self, fd=None, fileobj=None, behind=None):
         self._fd = fd
         self._file = fileobj
         self.pending = bytearray()
         self.crc = 0
+        #: an aprfast.io.direct.DropBehind told of every byte written (backend="direct")
+        self.behind = behind
 
     def write(self, piece, nbytes: int) -> None:
         """Write ``nbytes`` bytes from ``piece`` (any C-contiguous buffer)."""
@@ -96,6 +99,8 @@ class _Sink:
                 written = self._file.write(view)
                 written = len(view) if written is None else written
             view = view[written:]
+            if self.behind is not None:
+                self.behind.wrote(written)
 
 
 def _as_bytes(piece) -> memoryview:
@@ -155,9 +160,13 @@ def _write_vectored(plan, sink: _Sink) -> None:
             sink.pending += _ZEROS[:pad]
         if queued >= _VECTOR_BATCH or len(queue) >= _VECTOR_PIECES:
             _writev_all(sink._fd, queue)
+            if sink.behind is not None:
+                sink.behind.wrote(queued)
             queue, queued = [], 0
-    _queue_pending(sink, queue)
+    queued += _queue_pending(sink, queue)
     _writev_all(sink._fd, queue)
+    if sink.behind is not None:
+        sink.behind.wrote(queued)
 
 
 def _queue_pending(sink: _Sink, queue: list) -> int:
@@ -204,11 +213,21 @@ def _write_footer(plan, sink: _Sink) -> None:
     sink.flush()
 
 
-def save_to(target, plan, *, durable: bool = True, storage_options=None) -> None:
+def save_to(target, plan, *, durable: bool = True, storage_options=None, backend: str = "auto") -> None:
     """Write a complete plan to a path (atomically), a URL (an upload published only
     when complete), a writable file object, or an uncommitted
-    :class:`~aprfast.io.atomic.AtomicFile` (one file of a set; its owner commits it)."""
-    _emit_to(target, lambda sink: write_plan(plan, sink), durable, plan.total_size, storage_options)
+    :class:`~aprfast.io.atomic.AtomicFile` (one file of a set; its owner commits it).
+    ``backend="direct"``: a path's file leaves the page cache as it is written
+    (:class:`aprfast.io.direct.DropBehind`), and is written back before the save
+    returns, even when not ``durable``, so that nothing of it stays cached."""
+    if backend not in SAVE_BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, SAVE_BACKENDS))}, not {backend!r}")
+    _emit_to(target, lambda sink: write_plan(plan, sink), durable, plan.total_size, storage_options,
+             direct=backend == "direct")
+
+
+#: What ``save_file(backend=...)`` takes: "auto" (buffered writes, as always) or "direct".
+SAVE_BACKENDS = ("auto", "direct")
 
 
 def _is_url(target) -> bool:
@@ -227,7 +246,7 @@ def _open_upload(target, storage_options):
     return remote.RemoteTarget(target, storage_options)
 
 
-def _emit_to(target, emit, durable: bool, size: int, storage_options=None) -> None:
+def _emit_to(target, emit, durable: bool, size: int, storage_options=None, direct: bool = False) -> None:
     """Run ``emit(sink)`` into a path (atomically: temp file, fsync, rename), a URL
     (an upload committed at the end, discarded on failure) or a file object; an OS
     refusal (disk full, file too large, broken pipe) is AprIOError."""
@@ -256,7 +275,13 @@ def _emit_to(target, emit, durable: bool, size: int, storage_options=None) -> No
         try:
             if not durable:
                 reserve_blocks(atomic.fd, size)
-            emit(_Sink(fd=atomic.fd))
+            behind = DropBehind(atomic.fd) if direct else None
+            emit(_Sink(fd=atomic.fd, behind=behind))
+            if behind is not None:
+                # written back (the fsync the commit would make anyway when durable), so the
+                # advice drops every page: none of the file stays in the cache
+                (os.fsync if durable else getattr(os, "fdatasync", os.fsync))(atomic.fd)
+                behind.finish()
         except BaseException as exc:
             atomic.abort()
             _raise_io_error(exc, target)
@@ -390,6 +415,8 @@ class Writer:
         compression: "lz4", "zstd" or ``None`` (not with a plan).
         compression_level: The codec's level (``None``: its default).
         storage_options: Options passed to fsspec for a URL ``target``.
+        reserve: Bytes of room to leave for in-place edits (:func:`aprfast.edit`), as
+            for :func:`aprfast.save_file` (0: none, aprender's own bytes).
 
     Raises:
         LayoutError: Compression with a plan or with ``layout="aprender"``; a plan entry
@@ -415,7 +442,7 @@ class Writer:
 
     def __init__(self, target, metadata=None, *, plan=None, layout: str = "auto", alignment: int = 64,
                  durable: bool = True, compression: str | None = None, compression_level: int | None = None,
-                 storage_options=None):
+                 storage_options=None, reserve: int = 0):
         if not isinstance(target, (str, os.PathLike)):
             _require_writable(target)
         # Compression (apr2 only) needs every tensor's bytes before the index: spooled, never planned.
@@ -429,6 +456,7 @@ class Writer:
         self._layout = layout
         self._alignment = alignment
         self._durable = durable
+        self._reserve = reserve
         self._names = set()
         self._items = []
         self._size = 0
@@ -518,7 +546,8 @@ class Writer:
             if self._compression is not None:
                 self._emit_compressed()
             else:
-                plan = layouts.plan(self._items, self._metadata, layout=self._layout, alignment=self._alignment)
+                plan = layouts.plan(self._items, self._metadata, layout=self._layout, alignment=self._alignment,
+                                    reserve=self._reserve)
                 self._emit(plan)
         finally:
             self._state = "closed"
@@ -557,7 +586,8 @@ class Writer:
         items = [TensorInput(t.name, t.dtype, t.shape, whole[t.spool_offset:t.spool_offset + t.nbytes], t.nbytes)
                  for t in self._items]
         plan = layouts.plan(items, self._metadata, layout=self._layout, alignment=self._alignment,
-                            compression=self._compression, compression_level=self._compression_level)
+                            compression=self._compression, compression_level=self._compression_level,
+                            reserve=self._reserve)
         _emit_to(self._target, lambda sink: write_plan(plan, sink), self._durable, plan.total_size,
                  self._storage_options)
 
@@ -570,7 +600,7 @@ class Writer:
     def _start_planned(self, plan) -> None:
         declared = _declare(plan)
         self._plan = layouts.plan(declared, self._metadata, layout=self._layout, alignment=self._alignment,
-                                  in_given_order=True)
+                                  in_given_order=True, reserve=self._reserve)
         self._declared = {t.name: i for i, t in enumerate(self._plan.tensors)}
         self._next = 0
         self._atomic = None

@@ -11,7 +11,10 @@ compare their bytes with the normal paths': ``all`` or a comma list of
 - ``madvise``: no memory advice (huge pages, lazily freed cache pages, read-ahead);
 - ``o_tmpfile``: no unnamed ``O_TMPFILE`` inode: the save writes a named temporary file;
 - ``copy_file_range``: copies between files go through memory;
-- ``dir_fsync``: no ``fsync`` of a directory after a rename (Windows cannot open one).
+- ``dir_fsync``: no ``fsync`` of a directory after a rename (Windows cannot open one);
+- ``o_direct``: no direct I/O: ``backend="direct"`` reads buffered and drops the pages
+  it read from the cache with ``posix_fadvise`` (aprfast.io.direct), as on a
+  filesystem that refuses ``O_DIRECT``.
 
 :func:`force` does the same from code (tests).  ``WINDOWS`` is true on Windows, where
 the fallbacks are taken because the calls do not exist, whatever is forced.
@@ -30,7 +33,7 @@ __all__ = ["WINDOWS", "NAMES", "ENV", "forced", "force", "uses", "pread", "pread
 WINDOWS = os.name == "nt"
 ENV = "APRFAST_FALLBACKS"
 #: Every fallback that can be forced; the first three are C paths too (aprfast._memory).
-NAMES = ("pread", "fallocate", "madvise", "o_tmpfile", "copy_file_range", "dir_fsync")
+NAMES = ("pread", "fallocate", "madvise", "o_tmpfile", "copy_file_range", "dir_fsync", "o_direct")
 _C_NAMES = ("pread", "fallocate", "madvise")
 # Win32 errors of a rename over a file another handle has open or mapped.
 _IN_USE_WINERRORS = {5, 32, 1224}  # ERROR_ACCESS_DENIED, ERROR_SHARING_VIOLATION, ERROR_USER_MAPPED_FILE
@@ -80,6 +83,8 @@ def uses(name: str) -> bool:
         return not WINDOWS
     if name == "o_tmpfile":
         return hasattr(os, "O_TMPFILE")
+    if name == "o_direct":
+        return not WINDOWS
     return True  # fallocate, madvise: decided where they are called
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from .. import _memory
 from .._crc import crc32
 from ..errors import AprIOError, CorruptError, os_error
+from .direct import ALIGN, DirectReader
 
 __all__ = ["Source", "FileSource", "BufferSource", "StreamSource", "open_source"]
 
@@ -42,6 +43,10 @@ class Source:
     #: True when :meth:`readinto` is one parallel ``pread`` (``_memory.pread_into``),
     #: which populates a buffer allocated with ``filled_by_read`` as it reads.
     reads_by_pread = False
+    #: With ``mode="direct"``, the alignment of the reads that bypass the page cache:
+    #: a buffer whose address is congruent with the file offset modulo it is filled
+    #: without a bounce copy (0: no alignment to keep).
+    direct_align = 0
     path = None
 
     def __init__(self, size: int):
@@ -174,6 +179,9 @@ class FileSource(Source):
     ``mappable=False`` (mode "pread") never maps: tensors are then always copied.
     ``private=True`` (mode "private") maps copy-on-write: views are writable, writes
     stay in this process and never reach the file, and untouched pages cost nothing.
+    ``direct=True`` (mode "direct", never mapped) reads around the page cache
+    (:class:`aprfast.io.direct.DirectReader`: ``O_DIRECT``, or buffered reads whose
+    pages are dropped after them where the filesystem refuses it).
     """
 
     reads_by_pread = True
@@ -184,11 +192,20 @@ class FileSource(Source):
     HEAD = 16 << 10
 
     def __init__(self, fd: int, path=None, *, mappable: bool = True, size: int | None = None,
-                 owned: bool = False, private: bool = False):
+                 owned: bool = False, private: bool = False, direct: bool = False):
         # ``owned``: the caller hands its descriptor over instead of us duplicating it.
         self._fd = fd if owned else os.dup(fd)
         self.path = path
-        self.zero_copy = mappable
+        self.zero_copy = mappable and not direct
+        self._direct = None
+        if direct:
+            try:
+                self._direct = DirectReader(self._fd, path)
+            except BaseException:
+                if not owned:
+                    os.close(self._fd)
+                raise
+            self.direct_align = ALIGN if self._direct.how == "o_direct" else 0
         self._access = mmap.ACCESS_COPY if private else mmap.ACCESS_READ
         self._map = None
         self._map_view = None
@@ -249,7 +266,15 @@ class FileSource(Source):
 
     def _readinto(self, offset, out, threads, crc):
         with _read_errors(self.path, out.nbytes, offset):
+            if self._direct is not None:
+                return self._direct.readinto(offset, out, threads, crc)
             return _memory.pread_into(self._fd, offset, out, threads, crc)
+
+    @property
+    def direct_how(self) -> str | None:
+        """With mode "direct": "o_direct", "nocache", or why the reads are buffered
+        (then dropped from the cache); None in the other modes."""
+        return None if self._direct is None else self._direct.how
 
     def pread_bytes(self, offset: int, n: int, *, threads: int = 0, crc=None):
         """(``n`` bytes at ``offset`` as a new ``bytes``, read straight into it, the
@@ -259,6 +284,10 @@ class FileSource(Source):
         self._enter()
         try:
             with _read_errors(self.path, n, offset):
+                if self._direct is not None:
+                    out = _memory.uninitialised_bytearray(n)
+                    crc = self._direct.readinto(offset, memoryview(out), threads, crc)
+                    return bytes(out), crc
                 return _memory.pread_to_bytes(self._fd, offset, n, threads, crc)
         finally:
             self._leave()
@@ -279,6 +308,8 @@ class FileSource(Source):
                 # Arrays handed out still view the map; it unmaps when the last one dies,
                 # so those arrays never point at unmapped memory.
                 pass
+        if self._direct is not None:
+            self._direct.close()
         os.close(self._fd)
 
 
@@ -326,16 +357,17 @@ def open_source(target, *, mode: str | None = None, storage_options=None) -> Sou
 
     ``mode`` is "mmap" (the default for files: zero-copy read-only views), "private"
     (zero-copy views that are writable, copy-on-write: writes stay in this process),
-    "pread" (tensors are always read into owned memory), or None for the default.
+    "pread" (tensors are always read into owned memory), "direct" (owned memory, read
+    around the page cache: :mod:`aprfast.io.direct`), or None for the default.
     A ``scheme://`` string is a remote object (:mod:`aprfast.remote`, ranged reads,
-    never mapped: "mmap" reads like "pread"); ``storage_options`` go to it.
+    never mapped: "mmap" and "direct" read like "pread"); ``storage_options`` go to it.
     """
-    if mode not in (None, "mmap", "private", "pread"):
-        raise ValueError(f"mode must be 'mmap', 'private' or 'pread', not {mode!r}")
+    if mode not in (None, "mmap", "private", "pread", "direct"):
+        raise ValueError(f"mode must be 'mmap', 'private', 'pread' or 'direct', not {mode!r}")
     if isinstance(target, Source) and mode is None:
         return target  # already open (e.g. inspect looked at the magic first)
     if isinstance(target, str) and "://" in target and _url_opener is not None and _url_opener[0](target):
-        return _url_opener[1](target, storage_options, mode=mode)
+        return _url_opener[1](target, storage_options, mode="pread" if mode == "direct" else mode)
     if isinstance(target, (bytes, bytearray, memoryview, np.ndarray)):
         return BufferSource(target)
     if isinstance(target, (str, os.PathLike)):
@@ -377,7 +409,8 @@ def _from_fd(fd: int, path, mode, *, owned: bool = False) -> Source:
         if stat.S_ISFIFO(kind) or stat.S_ISSOCK(kind):
             raise _not_seekable("a pipe" if stat.S_ISFIFO(kind) else "a socket", path)
         source = FileSource(fd, path, mappable=mode in ("mmap", "private") or (mode is None and regular),
-                            size=info.st_size if regular else None, owned=owned, private=mode == "private")
+                            size=info.st_size if regular else None, owned=owned, private=mode == "private",
+                            direct=mode == "direct" and regular)
     except BaseException:
         if owned:
             os.close(fd)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from ..errors import FormatError, LayoutError
 from . import apr1, apr2, aprender, v1
-from ._common import find_aliases
+from ._common import MAX_RESERVE, align, check_reserve, find_aliases
 
-__all__ = ["LAYOUTS", "LayoutChangeWarning", "caller_metadata", "detect", "is_v1", "plan", "warn_layout_change"]
+__all__ = ["LAYOUTS", "MAX_RESERVE", "LayoutChangeWarning", "align", "caller_metadata", "check_reserve", "detect",
+           "is_v1", "plan", "warn_layout_change"]
 
 
 class LayoutChangeWarning(UserWarning):
@@ -128,14 +129,15 @@ def is_v1(source) -> bool:
 
 
 def plan(inputs, metadata, *, layout: str = "auto", alignment: int = 64, in_given_order: bool = False,
-         compression: str | None = None, compression_level: int | None = None, security=None):
+         compression: str | None = None, compression_level: int | None = None, security=None, reserve: int = 0):
     """A write plan in ``layout``; "auto" prefers aprender's layout, so files stay readable
     by aprender, and falls back to the spec layout only when aprender's can't hold the request.
     ``in_given_order`` lays the data out in the order of ``inputs`` (a planned Writer)
     instead of index (name) order; the index is sorted either way.  ``compression``
     ("lz4", "zstd") exists only in the spec layout: "auto" then means apr2, and
     "aprender" is refused.  ``security`` (aprfast.security.SecurityOptions: encryption,
-    signing, digests) likewise exists only in the spec layout."""
+    signing, digests) likewise exists only in the spec layout.  ``reserve`` (bytes, 0:
+    none) leaves room before the data for in-place edits (docs/FORMAT.md §5.2)."""
     if security is not None:
         if layout not in ("auto", apr2.NAME):
             raise LayoutError(f"encryption and signing need the apr2 layout; the {layout!r} layout has neither "
@@ -143,7 +145,8 @@ def plan(inputs, metadata, *, layout: str = "auto", alignment: int = 64, in_give
         if compression is None and compression_level is not None:
             raise LayoutError("compression_level was given without a compression")
         return apr2.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order,
-                         compression=compression, compression_level=compression_level, security=security)
+                         compression=compression, compression_level=compression_level, security=security,
+                         reserve=reserve)
     if compression is not None or compression_level is not None:
         if compression is None:
             raise LayoutError("compression_level was given without a compression")
@@ -151,18 +154,19 @@ def plan(inputs, metadata, *, layout: str = "auto", alignment: int = 64, in_give
             raise LayoutError(f"compression={compression!r} needs the apr2 layout; the {layout!r} layout has no "
                               "per-tensor codec (use layout='auto' or 'apr2')")
         return apr2.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order,
-                         compression=compression, compression_level=compression_level)
+                         compression=compression, compression_level=compression_level, reserve=reserve)
     if layout == "auto":
         if not in_given_order and has_shared_storage(inputs):
             # aprender's layout stores every name's bytes (as aprender would); the spec
             # layout stores one storage once under all its names
-            return apr2.plan(inputs, metadata, alignment=alignment)
+            return apr2.plan(inputs, metadata, alignment=alignment, reserve=reserve)
         try:
-            return aprender.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order)
+            return aprender.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order,
+                                 reserve=reserve)
         except LayoutError:
-            return apr2.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order)
+            return apr2.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order, reserve=reserve)
     try:
         module = LAYOUTS[layout]
     except KeyError:
         raise LayoutError(f"unknown layout {layout!r}; choose one of auto, {', '.join(LAYOUTS)}") from None
-    return module.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order)
+    return module.plan(inputs, metadata, alignment=alignment, in_given_order=in_given_order, reserve=reserve)

@@ -31,6 +31,20 @@ def align(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+#: The most room ``reserve=`` may leave: readers bound what lies before the data by
+#: the index limit (aprfast.limits.MAX_INDEX_SIZE, 256 MiB by default).
+MAX_RESERVE = 64 * 1024 * 1024
+
+
+def check_reserve(reserve) -> int:
+    """``reserve=`` of a write (bytes of room left for in-place edits), checked."""
+    if isinstance(reserve, bool) or not isinstance(reserve, int):
+        raise LayoutError(f"reserve must be an int number of bytes, not {reserve!r}")
+    if not 0 <= reserve <= MAX_RESERVE:
+        raise LayoutError(f"reserve={reserve} must lie in [0, {MAX_RESERVE}] bytes")
+    return reserve
+
+
 @dataclass
 class Plan:
     """Everything a writer needs before streaming tensor bytes: the bytes in front of

@@ -29,6 +29,7 @@ from ._common import (
     ParsedFile,
     Plan,
     align,
+    check_reserve,
     checked_inputs,
     encode_index,
     find_aliases,
@@ -46,6 +47,9 @@ NAME = "apr2"
 MAGIC = b"APR2"
 FOOTER_MAGIC = b"2RPA"
 HEADER_SIZE = 32
+#: A file saved with ``reserve`` (room for in-place edits) keeps [HEADER_SIZE, SLOT_END)
+#: unreferenced: the commit slot an in-place edit writes with the header (docs/FORMAT.md §5.2).
+SLOT_END = 64
 FOOTER_SIZE = 16
 INDEX_HEADER_SIZE = 8
 APR_VERSION = "2.0.0"
@@ -87,14 +91,17 @@ def encode_metadata(metadata: dict) -> bytes:
 
 
 def plan(inputs, metadata, *, alignment: int = 64, in_given_order: bool = False, compression=None,
-         compression_level=None, security=None) -> Plan:
+         compression_level=None, security=None, reserve: int = 0) -> Plan:
     """Lay out a file; ``in_given_order``: data in the order of ``inputs`` (the index is
     sorted either way).  With ``compression`` ("lz4", "zstd") every tensor that
     compresses is stored as independent blocks (aprfast.codecs.blocks), the rest as is.
     ``security`` (aprfast.security.SecurityOptions) seals and/or signs the file: a
-    security block after the index, each tensor's stored bytes sealed in chunks."""
+    security block after the index, each tensor's stored bytes sealed in chunks.
+    ``reserve`` > 0 leaves the commit slot [32, 64) and at least ``reserve`` zero bytes
+    before the data, room for :func:`aprfast.edit` in place."""
     if alignment not in _ALIGNMENT_FLAG:
         raise LayoutError(f"the apr2 layout aligns tensors to 64 or 32 bytes, not {alignment}")
+    reserve = check_reserve(reserve)
     if compression is not None:
         tensor_codecs.codec_id(compression)  # an unknown codec is refused before any work
     ordered = checked_inputs(inputs, APR2_IDS, max_name_bytes=MAX_NAME_BYTES, max_dims=MAX_DIMS)
@@ -108,7 +115,8 @@ def plan(inputs, metadata, *, alignment: int = 64, in_given_order: bool = False,
         raise LayoutError("encryption and signing need every tensor's bytes before the index is written; "
                           "a Writer streaming a declared plan cannot seal or sign")
     compressed = any(isinstance(t, tensor_codecs.StoredTensor) for t in ordered)
-    index_offset = HEADER_SIZE + len(meta)
+    meta_offset = SLOT_END if reserve else HEADER_SIZE
+    index_offset = meta_offset + len(meta)
     data = ordered
     # a secured file seals each name's bytes under its own index position: no sharing
     aliases = find_aliases(ordered) if compression is None and not in_given_order and security is None else {}
@@ -122,7 +130,7 @@ def plan(inputs, metadata, *, alignment: int = 64, in_given_order: bool = False,
                                                                codecs=compressed)
     sealer = security.sealer(ordered) if security is not None else None
     block_size = sealer.size if sealer is not None else 0
-    data_start = align(index_offset + len(index) + block_size, alignment)
+    data_start = align(index_offset + len(index) + block_size + reserve, alignment)
     if data_start >= 2**32:
         raise LayoutError(f"metadata and index end at byte {data_start}; the apr2 header's u32 offsets "
                           "stop at 4 GiB")
@@ -134,13 +142,25 @@ def plan(inputs, metadata, *, alignment: int = 64, in_given_order: bool = False,
     if sealer is not None:
         encrypted, signed = sealer.header_flags
         flags |= (FLAGS["ENCRYPTED"] if encrypted else 0) | (FLAGS["SIGNED"] if signed else 0)
-    header = _HEADER.pack(MAGIC, 2, 0, flags, HEADER_SIZE, len(meta), index_offset, len(index), data_start)
+    header = pack_header(flags, meta_offset, len(meta), index_offset, len(index), data_start)
     block = b""
     if sealer is not None:  # metadata and index as stored (sealed with encrypt_names), data sealed
         meta, index, block, data = sealer.finish(header, meta, index)
-    prefix = header + meta + index + block + bytes(data_start - index_offset - len(index) - len(block))
+    prefix = (header + bytes(meta_offset - HEADER_SIZE) + meta + index + block
+              + bytes(data_start - index_offset - len(index) - len(block)))
     total = data_start + data_len + FOOTER_SIZE
     return Plan(NAME, prefix, data, pads, total, lambda crc: _FOOTER.pack(crc, FOOTER_MAGIC, total))
+
+
+def pack_header(flags, meta_offset, meta_size, index_offset, index_size, data_offset, version=(2, 0)) -> bytes:
+    """The 32-byte header."""
+    return _HEADER.pack(MAGIC, version[0], version[1], flags, meta_offset, meta_size, index_offset, index_size,
+                        data_offset)
+
+
+def pack_footer(crc: int, file_size: int) -> bytes:
+    """The 16-byte footer: the CRC32 of every byte before it, the magic, the file's size."""
+    return _FOOTER.pack(crc, FOOTER_MAGIC, file_size)
 
 
 def parse(source, limits: Limits, *, strict_dtypes: bool = True, keys=None) -> ParsedFile:

@@ -14,6 +14,7 @@ import struct
 
 import numpy as np
 
+from .. import limits as _limits
 from .._crc import crc32
 from ..dtypes import APRENDER_IDS
 from ..errors import ChecksumError, CorruptError, FormatError, LayoutError, LimitError, VersionError
@@ -24,6 +25,7 @@ from ._common import (
     ParsedFile,
     Plan,
     align,
+    check_reserve,
     checked_inputs,
     encode_index,
     footer,
@@ -41,6 +43,9 @@ VERSION = 2
 HEADER_SIZE = 64
 FOOTER_SIZE = 4
 ALIGNMENT = 64
+#: A file saved with ``reserve`` (room for in-place edits) keeps [HEADER_SIZE, SLOT_END)
+#: unreferenced: the commit slot an in-place edit writes with the header (docs/FORMAT.md §5.2).
+SLOT_END = 128
 #: aprender's writer silently truncates longer names; aprfast refuses them instead.
 MAX_NAME_BYTES = 256
 MAX_DIMS = 8
@@ -214,42 +219,60 @@ def _nested(key, value):
 
 
 # --- writing ----------------------------------------------------------------------
-def plan(inputs, metadata, *, alignment: int = ALIGNMENT, in_given_order: bool = False) -> Plan:
+def plan(inputs, metadata, *, alignment: int = ALIGNMENT, in_given_order: bool = False, reserve: int = 0) -> Plan:
     """Lay out a file; LayoutError says why aprender's layout cannot hold the request.
-    ``in_given_order``: data in the order of ``inputs`` (the index is sorted either way)."""
+    ``in_given_order``: data in the order of ``inputs`` (the index is sorted either way).
+    ``reserve`` > 0 leaves the commit slot [64, 128) and ``reserve`` zero bytes (rounded
+    up to 64) between the index and the data, room for :func:`aprfast.edit` in place;
+    0 writes aprender's own bytes."""
     if alignment != ALIGNMENT:
         raise LayoutError(f"the aprender layout always aligns tensors to 64 bytes, not {alignment}")
+    reserve = check_reserve(reserve)
     ordered = checked_inputs(inputs, APRENDER_IDS, max_name_bytes=MAX_NAME_BYTES, max_dims=MAX_DIMS)
     meta = encode_metadata(metadata)
     if len(meta) >= 2**32:
         raise LayoutError(f"metadata of {len(meta)} bytes does not fit aprender's u32 size field")
-    index_offset = HEADER_SIZE + align(len(meta), ALIGNMENT)
+    meta_offset = SLOT_END if reserve else HEADER_SIZE
+    index_offset = meta_offset + align(len(meta), ALIGNMENT)
     data = ordered
     if in_given_order:
         data, offsets, pads, data_len = lay_out_in_order(ordered, inputs, ALIGNMENT)
     else:
         offsets, pads, data_len = lay_out_data(ordered, ALIGNMENT)
     index = encode_index(ordered, offsets, APRENDER_IDS, spec_layout=False)
-    data_start = index_offset + align(len(index), ALIGNMENT)
-    flags = FLAGS["LAYOUT_ROW_MAJOR"]
-    if (metadata or {}).get("sharding") is not None:
+    data_start = index_offset + align(len(index), ALIGNMENT) + align(reserve, ALIGNMENT)
+    if reserve and data_start - index_offset > _limits.MAX_INDEX_SIZE:
+        raise LayoutError(f"reserve={reserve}: readers take everything between the index and the data as the "
+                          f"index, at most {_limits.MAX_INDEX_SIZE} bytes (aprfast.limits.MAX_INDEX_SIZE)")
+    flags = header_flags(FLAGS["LAYOUT_ROW_MAJOR"], metadata)
+    header = pack_header(flags, len(ordered), meta_offset, len(meta), index_offset, data_start)
+    prefix = b"".join([header, bytes(meta_offset - HEADER_SIZE), _pad(meta, ALIGNMENT), _pad(index, ALIGNMENT),
+                       bytes(data_start - index_offset - align(len(index), ALIGNMENT))])
+    return Plan(NAME, prefix, data, pads, data_start + data_len + FOOTER_SIZE,
+                lambda crc: struct.pack("<I", crc))
+
+
+def header_flags(flags: int, metadata) -> int:
+    """``flags`` with SHARDED and QUANTIZED following the metadata's ``sharding`` and
+    ``quantization`` objects, as the writer sets them."""
+    metadata = metadata or {}
+    flags &= ~(FLAGS["SHARDED"] | FLAGS["QUANTIZED"])
+    if metadata.get("sharding") is not None:
         flags |= FLAGS["SHARDED"]
     # QUANTIZED follows the `quantization` object as SHARDED follows `sharding`: aprender
     # sets it only through set_header_flags, so the same content gives the same bytes.
-    if (metadata or {}).get("quantization") is not None:
+    if metadata.get("quantization") is not None:
         flags |= FLAGS["QUANTIZED"]
-    header = _pack_header(flags, len(ordered), len(meta), index_offset, data_start)
-    prefix = b"".join([header, _pad(meta, ALIGNMENT), _pad(index, ALIGNMENT)])
-    return Plan(NAME, prefix, data, pads, data_start + data_len + FOOTER_SIZE,
-                lambda crc: struct.pack("<I", crc))
+    return flags
 
 
 def _pad(blob: bytes, to: int) -> bytes:
     return blob + bytes(align(len(blob), to) - len(blob))
 
 
-def _pack_header(flags, count, meta_size, index_offset, data_offset) -> bytes:
-    fields = (MAGIC, VERSION, 0, flags, count, HEADER_SIZE, meta_size, index_offset, data_offset)
+def pack_header(flags, count, meta_offset, meta_size, index_offset, data_offset, version=(VERSION, 0)) -> bytes:
+    """The 64-byte header, its CRC computed (the 20 reserved bytes zero)."""
+    fields = (MAGIC, version[0], version[1], flags, count, meta_offset, meta_size, index_offset, data_offset)
     unsigned = _HEADER.pack(*fields, 0, bytes(20))
     return _HEADER.pack(*fields, _header_crc(unsigned), bytes(20))
 

@@ -202,14 +202,22 @@ def _a2_header(x):
         return NA, "v1 container: no section offsets"
     h = x.header
     index_at = h.get("index_offset", h.get("tensor_index_offset"))
-    order = [h.get("metadata_offset"), h.get("metadata_offset", 0) + h.get("metadata_size", 0), index_at,
-             h.get("data_offset")]
+    meta_at, meta_size, data_at = h.get("metadata_offset"), h.get("metadata_size", 0), h.get("data_offset")
     fixed = {"apr2": 32, "aprender": 64}[x.layout]
-    if h.get("metadata_offset") != fixed:
-        return FAIL, f"metadata at {h.get('metadata_offset')}, the {fixed}-byte header is not where it belongs"
-    if None in order or order != sorted(order):
-        return FAIL, f"sections out of order: {order}"
-    return PASS, f"{fixed}-byte header, sections in order"
+    if None in (meta_at, index_at, data_at):
+        return FAIL, f"section offsets missing: metadata {meta_at}, index {index_at}, data {data_at}"
+    if meta_at < fixed or index_at < fixed:
+        return FAIL, f"metadata at {meta_at}, index at {index_at}: inside the {fixed}-byte header"
+    # metadata then index is how every writer lays them out; a file saved with room for
+    # edits (reserve=) may hold them the other way round after aprfast.edit, never overlapping
+    index_end = index_at + h.get("index_size", 0)
+    if meta_at + meta_size > data_at or index_at > data_at or index_end > data_at:
+        return FAIL, f"metadata [{meta_at}, +{meta_size}) or index at {index_at} lies past the data at {data_at}"
+    if meta_at < index_at < meta_at + meta_size or (index_at <= meta_at < index_end):
+        return FAIL, f"metadata [{meta_at}, +{meta_size}) and index at {index_at} overlap"
+    if meta_at == fixed and meta_at + meta_size <= index_at:
+        return PASS, f"{fixed}-byte header, sections in order"
+    return PASS, f"{fixed}-byte header, metadata at {meta_at} and index at {index_at} (room for in-place edits)"
 
 
 def _a4_checksum(x):

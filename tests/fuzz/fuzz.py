@@ -2,8 +2,10 @@
 """atheris driver: ``python tests/fuzz/fuzz.py TARGET [libFuzzer flags] [CORPUS_DIR ...]``.
 
 TARGET is one of tests/fuzz/harness.py's TARGETS (load, open, inspect, v1_load,
-v1_inspect, v1_open, stream); the ``fuzz_<target>.py`` files beside this one are the same with the
-target fixed.  Everything after TARGET goes to libFuzzer, e.g.::
+v1_inspect, v1_open, stream, pytorch, v2_security, gguf, safetensors, onnx, burnpack,
+mle, v1_index, remote_index); the ``fuzz_<target>.py`` files beside this one are the same
+with the target fixed (the last nine keep their target and seeds there).  Everything
+after TARGET goes to libFuzzer, e.g.::
 
     python tests/fuzz/fuzz.py open -rss_limit_mb=2048 -timeout=10 -max_total_time=3600 \
         -artifact_prefix=crashes/ corpus/open
@@ -35,11 +37,20 @@ with atheris.instrument_imports(include=["aprfast"]):
     import aprfast.api  # noqa: F401
     import aprfast.codecs  # noqa: F401
     import aprfast.codecs.blocks  # noqa: F401
+    import aprfast.convert  # noqa: F401
+    import aprfast.convert._common  # noqa: F401
     import aprfast.convert._pickle_vm  # noqa: F401
+    import aprfast.convert._remote  # noqa: F401
+    import aprfast.convert.burnpack  # noqa: F401
+    import aprfast.convert.gguf  # noqa: F401
+    import aprfast.convert.mle  # noqa: F401
+    import aprfast.convert.onnx  # noqa: F401
     import aprfast.convert.pytorch  # noqa: F401
+    import aprfast.convert.safetensors  # noqa: F401
     import aprfast.crypto  # noqa: F401
     import aprfast.dtypes  # noqa: F401
     import aprfast.files.reader  # noqa: F401
+    import aprfast.files.shards  # noqa: F401
     import aprfast.io.sources  # noqa: F401
     import aprfast.layouts  # noqa: F401
     import aprfast.layouts.chunk_index  # noqa: F401
@@ -47,10 +58,13 @@ with atheris.instrument_imports(include=["aprfast"]):
     import aprfast.layouts.serde_json  # noqa: F401
     import aprfast.layouts.trueno  # noqa: F401
     import aprfast.numerics.quantization  # noqa: F401
+    import aprfast.security  # noqa: F401
     import aprfast.stream  # noqa: F401
     import aprfast.tensors  # noqa: F401
     import aprfast.v1  # noqa: F401
+    import aprfast.v1.chunks  # noqa: F401
     import aprfast.v1.licensing  # noqa: F401
+    import aprfast.v1.load  # noqa: F401
     import aprfast.v1.reader  # noqa: F401
 
 import harness  # noqa: E402  (imported after aprfast is instrumented)

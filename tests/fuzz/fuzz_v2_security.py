@@ -15,6 +15,8 @@ Inputs are harness.py's: control byte, param byte, then the file.  Control bits:
 * 0x08 trusted_keys=[the fuzz Ed25519 key];  0x10 require_signature=True.
 * 0x20 also aprfast.stream() the bytes and compare with what open() gave.
 * 0x40 allow_unencrypted=True.
+* 0x80 (with 0x20) stream() reads a non-seekable pipe of short reads (1 + param * 61
+  bytes a call; param odd: read() only), as harness.target_stream does.
 
 ``param`` picks slice bounds.  The oracle is harness.run_one's: an AprError is a correct
 refusal, anything else (or a crash, a hang, a huge allocation) is a finding; reading the
@@ -36,12 +38,14 @@ import zlib
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-try:
-    import atheris
-except ImportError:  # seeds and replays need no atheris
-    atheris = None
+atheris = None
+if __name__ == "__main__" and not {"--make-corpus", "--seeds"} & set(sys.argv[1:2]):
+    try:
+        import atheris
+    except ImportError:  # seeds and replays need no atheris
+        atheris = None
 
-if atheris is not None:
+if atheris is not None:  # instrumented only when run as the fuzzer (not from harness.external)
     with atheris.instrument_imports(include=["aprfast"]):
         import aprfast
         import aprfast.codecs.blocks  # noqa: F401
@@ -58,7 +62,7 @@ import numpy as np  # noqa: E402
 
 from aprfast.errors import AprError  # noqa: E402
 
-FIX, CREDENTIALS, TRUSTED, REQUIRE, STREAM, ALLOW = 0x01, 0x06, 0x08, 0x10, 0x20, 0x40
+FIX, CREDENTIALS, TRUSTED, REQUIRE, STREAM, ALLOW, PIPE = 0x01, 0x06, 0x08, 0x10, 0x20, 0x40, 0x80
 KEYS = harness.KEYS
 
 # --- FORMAT §3 / §3.2 byte tables ------------------------------------------------------
@@ -190,7 +194,13 @@ def target_v2_security(data: bytes) -> None:
             _ = info.as_dict()
         f.verify()
     if control & STREAM:
-        streamed = {name: harness.raw_bytes(t) for name, t in aprfast.stream(io.BytesIO(body), **keys)}
+        source = io.BytesIO(body)
+        if control & PIPE:  # a non-seekable stream of short reads (harness.target_stream's)
+            source = harness._Pipe(body, 1 + param * 61 if param else 1 << 20, bool(param & 1))
+        with aprfast.stream(source, **keys) as s:
+            streamed = {name: harness.raw_bytes(t) for name, t in s}
+            if not s.verified:
+                raise AssertionError("stream() ended without error but is not verified")
         assert sorted(streamed) == sorted(got), f"stream() names {sorted(streamed)} != open() {sorted(got)}"
         for name, want in got.items():
             harness.same("stream()", name, want, streamed[name])
@@ -219,6 +229,14 @@ def seeds() -> dict:
         "zstd-pw": (0x03 | STREAM, {**pw, "compression": "zstd"}),
         "lz4-alice-signed": (0x0D, {"recipients": [KEYS["alice_public"]], "signing_key": seed,
                                     "compression": "lz4"}),
+        # compressed and secured, streamed from a pipe of short reads (the C block decoders
+        # behind stream(): LZ4 and zstd blocks, sealed, signed, names sealed)
+        "lz4-pw-pipe": (0x03 | STREAM | PIPE, {**pw, "compression": "lz4"}),
+        "zstd-signed-pipe": (0x09 | STREAM | PIPE, {"signing_key": seed, "compression": "zstd"}),
+        "lz4-digests-pipe": (0x01 | STREAM | PIPE, {"digest": "sha256", "compression": "lz4"}),
+        "zstd-names-alice-signed-pipe": (0x0D | STREAM | PIPE, {"recipients": [KEYS["alice_public"]],
+                                                                "encrypt_names": True, "signing_key": seed,
+                                                                "compression": "zstd"}),
     }
     out = {}
     for name, (control, options) in files.items():
@@ -236,6 +254,12 @@ def make_corpus(directory: str) -> int:
                 with open(os.path.join(directory, f"{name}-{c:02x}03"), "wb") as f:
                     f.write(bytes([c, 3]) + data)
     return len(written)
+
+
+def write_seeds(out_dir: str) -> int:
+    """make_corpus under the name every fuzz_<target>.py gives it (make_corpus.py calls it)."""
+    make_corpus(out_dir)
+    return len(os.listdir(out_dir))
 
 
 def main(argv: list) -> None:
@@ -256,7 +280,7 @@ def main(argv: list) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--make-corpus":
+    if len(sys.argv) == 3 and sys.argv[1] in ("--make-corpus", "--seeds"):
         print(f"{make_corpus(sys.argv[2])} seeds written to {sys.argv[2]}")
     elif atheris is None:
         sys.exit("atheris is not installed: pip install -r tests/fuzz/requirements.txt")

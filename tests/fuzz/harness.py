@@ -42,7 +42,8 @@ import aprfast.crypto
 import aprfast.v1
 from aprfast.errors import AprError
 
-__all__ = ["TARGETS", "run_one", "fuzz_environment", "KEYS", "fix_v2", "fix_v1", "fix_v1_streaming", "CONTROL"]
+__all__ = ["TARGETS", "run_one", "fuzz_environment", "KEYS", "fix_v2", "fix_v1", "fix_v1_streaming", "CONTROL",
+           "external", "drain_source", "convert_agrees", "write_scratch"]
 
 # --- fixed test keys (public knowledge: they only let mutations past the checks) -------------
 PASSWORD = "aprfast-fuzz"
@@ -801,17 +802,137 @@ def target_pytorch(data: bytes) -> None:
 
 
 def _fuzz_pytorch():
-    """fuzz_pytorch.py beside this file, whatever name this harness was loaded under."""
+    return external("pytorch")
+
+
+def external(name: str):
+    """The module fuzz_<name>.py beside this file (loaded once, as
+    ``aprfast_fuzz_<name>``, whatever name this harness was loaded under): the targets
+    that keep their target, fix-ups and seeds in a file of their own."""
     import importlib.util
 
-    module = sys.modules.get("aprfast_fuzz_pytorch")
+    key = f"aprfast_fuzz_{name}"
+    module = sys.modules.get(key)
     if module is None:
         here = os.path.dirname(os.path.abspath(__file__))
-        spec = importlib.util.spec_from_file_location("aprfast_fuzz_pytorch", os.path.join(here, "fuzz_pytorch.py"))
+        if here not in sys.path:  # the target files import this harness by name
+            sys.path.insert(0, here)
+        spec = importlib.util.spec_from_file_location(key, os.path.join(here, f"fuzz_{name}.py"))
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules["aprfast_fuzz_pytorch"] = module
+        sys.modules[key] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[key]
+            raise
     return module
+
+
+def _external_target(name: str):
+    def target(data: bytes) -> None:
+        getattr(external(name), f"target_{name}")(data)
+
+    target.__name__ = target.__qualname__ = f"target_{name}"
+    target.__doc__ = f"fuzz_{name}.py's target_{name}."
+    return target
+
+
+#: The targets that live in fuzz_<name>.py (each has target_<name> and write_seeds(dir)).
+EXTERNAL = ("v2_security", "gguf", "safetensors", "onnx", "burnpack", "mle", "v1_index", "remote_index")
+
+
+# --- converter sources: shared by the converter targets -------------------------------------
+_SCRATCH_DIR = None
+
+
+def scratch_dir() -> str:
+    """A private directory for this process, emptied by the converter targets before each
+    input (a source reads only what the input wrote there: an ONNX external-data path or
+    a sharded index's shard names can reach nothing else)."""
+    global _SCRATCH_DIR
+    if _SCRATCH_DIR is None:
+        base = os.environ.get("APRFAST_FUZZ_TMPDIR") or (
+            "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None)
+        _SCRATCH_DIR = tempfile.mkdtemp(prefix="aprfast-fuzz-src-", dir=base)
+        atexit.register(_remove_tree, _SCRATCH_DIR)
+    return _SCRATCH_DIR
+
+
+def _remove_tree(path):
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write_scratch(files: dict) -> str:
+    """Empty :func:`scratch_dir`, write ``files`` (plain name -> bytes) into it; its path."""
+    d = scratch_dir()
+    for name in os.listdir(d):
+        target = os.path.join(d, name)
+        if os.path.isdir(target) and not os.path.islink(target):
+            _remove_tree(target)
+        else:
+            os.unlink(target)
+    for name, blob in files.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(blob)
+    return d
+
+
+def drain_source(src) -> dict:
+    """Read every tensor a converter source declares (``read`` with and without a
+    scratch buffer, ``raw_range``, ``tensors()``), each value touched, its byte count
+    checked against its spec and its statistics taken (:func:`take_stats`).  Returns
+    name -> bytes."""
+    from aprfast.convert._common import Scratch
+
+    got, scratch = {}, Scratch()
+    repr(src.metadata)
+    try:
+        for spec in src.specs:
+            value = src.read(spec)
+            touch(value)
+            got[spec.name] = raw_bytes(value)
+            if len(got[spec.name]) != spec.nbytes:
+                raise AssertionError(f"read({spec.name!r}) gives {len(got[spec.name])} bytes; its spec "
+                                     f"({spec.dtype.name} {list(spec.shape)}) says {spec.nbytes}")
+            same("read(scratch)", spec.name, got[spec.name], raw_bytes(src.read(spec, scratch)))
+            take_stats(value)
+            if hasattr(src, "raw_range"):
+                src.raw_range(spec)
+        names = [name for name, value in src.tensors()]
+        if names != [spec.name for spec in src.specs]:
+            raise AssertionError(f"tensors() yields {names}, specs say {[s.name for s in src.specs]}")
+    finally:
+        scratch.release()
+    return got
+
+
+def take_stats(value) -> None:
+    """The C statistics engine (csrc/stats.c: every dtype, packed types dequantized a
+    block at a time) over a value read from fuzzed bytes, as ``apr tensors --stats`` and
+    convert's validation run it; its histogram too (a second pass)."""
+    from aprfast.numerics.stats import tensor_stats
+
+    # what tensor_stats documents as TypeError: unknown dtypes (strict_dtypes=False) and complex
+    if getattr(value, "dtype", 0) is None or (isinstance(value, np.ndarray) and value.dtype.kind == "c"):
+        return
+    try:
+        result = tensor_stats(value, bins=5)
+    except AprError:
+        return
+    repr(result)
+
+
+def convert_agrees(path: str, got: dict, out: str) -> None:
+    """``aprfast.convert(path, out)`` (validate="off": a NaN in fuzzed bytes is no parser
+    bug) and the .apr must hold ``got``'s bytes."""
+    aprfast.convert(path, out, validate="off", force=True)
+    loaded = aprfast.load_file(out, unknown_dtypes="raw")
+    if sorted(loaded) != sorted(got):
+        raise AssertionError(f"convert() wrote {sorted(loaded)}, the source declares {sorted(got)}")
+    for name, want in got.items():
+        same("convert()", name, want, raw_bytes(loaded[name]))
 
 
 TARGETS = {
@@ -823,6 +944,7 @@ TARGETS = {
     "v1_open": target_v1_open,
     "stream": target_stream,
     "pytorch": target_pytorch,
+    **{name: _external_target(name) for name in EXTERNAL},
 }
 
 

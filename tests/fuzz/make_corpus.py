@@ -13,8 +13,11 @@ harness to compress, encrypt and sign after mutation (control bits PACK / SEAL).
 v1 STREAMING (chunk index) files of every codec, encrypted, signed, licensed, and
 their unsealed / unpacked forms; TRUENO_NATIVE files.  APR2 files with per-tensor LZ4
 and zstd block tables (4 KiB blocks: multi-block tensors).  The v1 tensor files also
-seed v1_open (aprfast.open of a v1 file), the v2 files stream (aprfast.stream).
-Deterministic except for the random salts/nonces of real encrypted seeds.
+seed v1_open (aprfast.open of a v1 file), the v2 files stream (aprfast.stream).  The
+targets kept in fuzz_<target>.py (pytorch and harness.EXTERNAL: v2_security, gguf,
+safetensors, onnx, burnpack, mle, v1_index, remote_index) write their own seeds
+(``write_seeds``).  Deterministic except for the random salts/nonces of real encrypted
+seeds.
 """
 
 from __future__ import annotations
@@ -356,11 +359,9 @@ def write(out_dir: str) -> dict:
         for control, param in ((0x01, 1), (0x03, 2), (0x05, 3), (0x07, 5), (0x39, 7)):
             put("open", name, control, data, param)
     for name, data in v2.items():  # stream(): pipe, short reads, read()-only, finish(), bytes
-        compressed = name.startswith(("apr2-lz4", "apr2-zstd"))  # refused (VersionError) by stream() for now
-        for control, param in ((0x01, 0),) if compressed else ((0x01, 0), (0x01, 1), (0x0d, 3), (0x13, 0),
-                                                                (0x21, 0)):
-            if not compressed:
-                harness.target_stream(bytes([control, param]) + data)  # raises if a seed does not stream
+        # (APR2 files with LZ4 / zstd block tables included: stream() decodes their blocks)
+        for control, param in ((0x01, 0), (0x01, 1), (0x0d, 3), (0x13, 0), (0x21, 0)):
+            harness.target_stream(bytes([control, param]) + data)  # raises if a seed does not stream
             put("stream", name, control, data, param)
     for name, (control, data) in v1s.items():
         if name.startswith(("v1-tensors", "v1-signed", "v1s-", "v1t", "v1-password", "v1-recipient",
@@ -382,6 +383,8 @@ def write(out_dir: str) -> dict:
         put("inspect", name, control, data)
         put("load", name, 0x01, data)  # v2 readers must refuse a v1 file cleanly
     counts["pytorch"] = harness._fuzz_pytorch().write_seeds(os.path.join(out_dir, "pytorch"))
+    for target in harness.EXTERNAL:  # fuzz_<target>.py writes its own seeds
+        counts[target] = harness.external(target).write_seeds(os.path.join(out_dir, target))
     return counts
 
 

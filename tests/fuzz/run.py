@@ -5,7 +5,8 @@
 
 Environment (all optional):
 
-  APRFAST_FUZZ_SECONDS   seconds per target (default 25)
+  APRFAST_FUZZ_SECONDS   seconds per target (default 25); "25 mle=10 onnx=10" gives
+                         the named targets their own time
   APRFAST_FUZZ_TARGETS   space-separated targets (default: all; arguments win)
   APRFAST_FUZZ_PARALLEL  targets run at once (default 1)
   APRFAST_FUZZ_OUT       work directory: corpus/<target> (grows run after run when kept),
@@ -39,7 +40,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-TARGETS = ["load", "open", "inspect", "v1_load", "v1_inspect", "v1_open", "stream", "pytorch"]
+TARGETS = ["load", "open", "inspect", "v1_load", "v1_inspect", "v1_open", "stream", "pytorch", "v2_security", "gguf",
+           "safetensors", "onnx", "burnpack", "mle", "v1_index", "remote_index"]
 LIMITS = ["-rss_limit_mb=2048", "-timeout=10", "-max_len=16384", "-print_final_stats=1",
           f"-dict={os.path.join(HERE, 'aprfast.dict')}"]
 
@@ -50,7 +52,7 @@ def main(argv) -> int:
     if unknown:
         print(f"unknown target(s) {unknown}; choose from {TARGETS}", file=sys.stderr)
         return 2
-    seconds = int(os.environ.get("APRFAST_FUZZ_SECONDS", "25"))
+    seconds = _seconds(os.environ.get("APRFAST_FUZZ_SECONDS", "25"))
     parallel = max(1, int(os.environ.get("APRFAST_FUZZ_PARALLEL", "1")))
     out = os.environ.get("APRFAST_FUZZ_OUT") or tempfile.mkdtemp(prefix="aprfast-fuzz-")
     temporary = not os.environ.get("APRFAST_FUZZ_OUT")
@@ -58,14 +60,15 @@ def main(argv) -> int:
     extra = shlex.split(os.environ.get("APRFAST_FUZZ_FLAGS", ""))
     seeds_dir = os.path.join(out, "seeds")
     subprocess.run([sys.executable, os.path.join(HERE, "make_corpus.py"), seeds_dir], check=True)
-    print(f"fuzzing {', '.join(targets)} for {seconds} s each, {parallel} at a time, -seed={seed}, in {out}",
-          flush=True)
+    print(f"fuzzing {', '.join(targets)} for {seconds.get(None)} s each"
+          + "".join(f", {t} {n} s" for t, n in seconds.items() if t in targets)
+          + f", {parallel} at a time, -seed={seed}, in {out}", flush=True)
 
     started, pending, running, results = time.monotonic(), list(targets), {}, {}
     while pending or running:
         while pending and len(running) < parallel:
             target = pending.pop(0)
-            running[target] = _start(target, out, seeds_dir, seconds, seed, extra)
+            running[target] = _start(target, out, seeds_dir, seconds.get(target, seconds[None]), seed, extra)
         time.sleep(0.2)
         for target, (proc, log, t0) in list(running.items()):
             if proc.poll() is not None:
@@ -82,6 +85,15 @@ def main(argv) -> int:
     if temporary:
         shutil.rmtree(out, ignore_errors=True)
     return 0
+
+
+def _seconds(spec: str) -> dict:
+    """{None: default seconds, target: seconds} from "25 mle=10 onnx=10"."""
+    out = {None: 25}
+    for word in spec.split():
+        name, _, value = word.rpartition("=")
+        out[name or None] = int(value)
+    return out
 
 
 def _start(target, out, seeds_dir, seconds, seed, extra):

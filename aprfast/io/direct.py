@@ -1,0 +1,332 @@
+"""Reads and writes that leave the page cache as they found it (``backend="direct"``),
+and the choice ``backend="auto"`` makes between them and buffered reads.
+
+Why: a cold start reads the model from disk (or a network filesystem), and a buffered
+read then holds the model twice, once in the page cache and once in the arrays (peak
+memory about 2x the model).  Direct I/O (``O_DIRECT``) moves the bytes from the device
+straight into the arrays, bypassing the cache; on the development VM it also read a
+cold 512 MiB file 3-5x faster than buffered ``pread`` (the buffered path copies every
+page out of the cache and reads ahead only 128 KiB at a time).
+
+Per platform:
+
+- Linux and the BSDs: a second descriptor opened with ``O_DIRECT`` (through
+  ``/proc/self/fd`` when there is one, so it is the same file even if the path was
+  replaced since), read by :func:`aprfast._memory.pread_direct` in aligned blocks, eight
+  reads in flight, the CRC taken by each thread over its pieces.
+- macOS: ``F_NOCACHE`` on the second descriptor (no alignment rules), read by the
+  normal parallel ``pread``.
+- Where the filesystem refuses direct I/O (``EINVAL`` at open or at the first read:
+  FUSE mounts, older tmpfs), on Windows (``FILE_FLAG_NO_BUFFERING`` needs a handle
+  opened for it, which ``os.open`` cannot give) and with the ``o_direct`` fallback
+  forced (``APRFAST_FALLBACKS=o_direct``): buffered reads of at most 64 MiB at a time,
+  each followed by ``posix_fadvise(POSIX_FADV_DONTNEED)`` over what it read (where the
+  call exists), so the cache never holds more than one window of the file.
+
+Saves (:class:`DropBehind`): buffered writes, with the written range handed to
+``POSIX_FADV_DONTNEED`` one window behind the writer (which starts its writeback) and
+the whole file after the final ``fsync`` (which drops it, clean by then).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from .. import _memory
+from . import platform as _platform
+
+__all__ = ["ALIGN", "WINDOW", "DirectReader", "open_direct", "drop_cached", "DropBehind", "choose_backend",
+           "filesystem_type", "is_network_filesystem", "available_memory", "cached_fraction", "BACKENDS"]
+
+#: The alignment direct reads keep (file offset, length and address): every common
+#: device's logical block divides it.
+ALIGN = 4096
+#: The buffered fallback reads and drops this much at a time; saves drop this far behind.
+WINDOW = 64 << 20
+#: The buffered fallback drops this much more than it read: the kernel's read-ahead
+#: (128 KiB by default, more on some devices) cached pages past the range asked for.
+READ_AHEAD = 2 << 20
+#: What ``backend=`` takes on the loaders.
+BACKENDS = ("auto", "mmap", "pread", "direct")
+
+# Filesystem types whose reads cross a network: page-faulting a map there crawls, and
+# the page cache is a second copy of what the server holds.
+_NETWORK_TYPES = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "beegfs",
+                  "gpfs", "afs", "ocfs2", "gfs2", "orangefs", "virtiofs"}
+
+
+def open_direct(fd: int, path=None):
+    """A second descriptor of the file ``fd`` is open on, reading around the page cache,
+    and how: ``(descriptor, "o_direct" | "nocache")``, or ``(None, reason)`` where the
+    platform or the filesystem refuses (the caller reads buffered and drops the pages).
+
+    Args:
+        fd: An open descriptor of a regular file.
+        path: Its path, used where ``/proc/self/fd`` does not exist.
+
+    Returns:
+        ``(int, str)`` or ``(None, str)``.
+
+    Examples:
+        >>> import os, tempfile
+        >>> from aprfast.io.direct import open_direct
+        >>> with tempfile.NamedTemporaryFile() as f:
+        ...     direct, how = open_direct(f.fileno(), f.name)
+        ...     if direct is not None:
+        ...         os.close(direct)
+        >>> how in ("o_direct", "nocache") or how.startswith("refused")
+        True
+    """
+    if not _platform.uses("o_direct"):
+        return None, "refused: the o_direct fallback is forced"
+    flag = getattr(os, "O_DIRECT", 0)
+    if flag:
+        target = f"/proc/self/fd/{fd}"
+        if not os.path.exists(target):
+            target = path
+        if target is None:
+            return None, "refused: no path to reopen the file with O_DIRECT"
+        try:
+            return os.open(target, os.O_RDONLY | flag | getattr(os, "O_CLOEXEC", 0)), "o_direct"
+        except OSError as exc:
+            return None, f"refused: O_DIRECT open failed ({exc.strerror or exc})"
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        return None, "refused: no direct I/O through os.open on this platform"
+    nocache = getattr(fcntl, "F_NOCACHE", None)
+    if nocache is None:
+        return None, "refused: neither O_DIRECT nor F_NOCACHE on this platform"
+    # F_NOCACHE belongs to the open file, which a dup shares with the caller: reopen
+    if path is None:
+        return None, "refused: no path to reopen the file with F_NOCACHE"
+    try:
+        reopened = os.open(path, os.O_RDONLY)
+        fcntl.fcntl(reopened, nocache, 1)
+    except OSError as exc:
+        return None, f"refused: F_NOCACHE failed ({exc.strerror or exc})"
+    return reopened, "nocache"
+
+
+def drop_cached(fd: int, offset: int = 0, n: int = 0) -> bool:
+    """Ask the kernel to drop the clean cached pages of ``[offset, offset + n)`` of
+    ``fd`` (``n=0``: to the end) and start the writeback of dirty ones: True when the
+    advice was given (``posix_fadvise`` exists), False elsewhere.
+
+    Examples:
+        >>> import tempfile
+        >>> from aprfast.io.direct import drop_cached
+        >>> with tempfile.TemporaryFile() as f:
+        ...     drop_cached(f.fileno()) in (True, False)
+        True
+    """
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return False
+    try:
+        advise(fd, offset, n, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        return False
+    return True
+
+
+class DirectReader:
+    """Reads of one file around the page cache (see the module's docstring).
+
+    ``fd`` is the file's ordinary descriptor (kept by the caller); a second descriptor
+    is opened for the direct reads and closed by :meth:`close`.  Safe from several
+    threads at once.
+    """
+
+    def __init__(self, fd: int, path=None):
+        self._fd = fd
+        self.path = path
+        self._direct, self.how = open_direct(fd, path)
+
+    @property
+    def direct(self) -> bool:
+        """True while reads bypass the page cache (not the buffered fallback)."""
+        return self._direct is not None
+
+    def readinto(self, offset: int, out: memoryview, threads: int, crc):
+        """Fill ``out`` (a flat byte view) from ``offset``; the running CRC if ``crc``."""
+        direct = self._direct
+        if direct is not None:  # small reads (header, index) too: a buffered one reads ahead
+            try:
+                if self.how == "o_direct":
+                    return _memory.pread_direct(direct, offset, out, threads, crc, ALIGN)
+                return _memory.pread_into(direct, offset, out, threads, crc)
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                # accepted at open, refused at read (some FUSE and overlay mounts): read
+                # buffered from now on, from the start of this request
+                self._refused(f"refused: direct read failed ({exc.strerror})")
+        return self._buffered(offset, out, threads, crc)
+
+    def _buffered(self, offset, out, threads, crc):
+        done, n = 0, out.nbytes
+        while True:
+            step = min(WINDOW, n - done)
+            crc = _memory.pread_into(self._fd, offset + done, out[done:done + step], threads, crc)
+            drop_cached(self._fd, offset + done, step + READ_AHEAD)
+            done += step
+            if done >= n:
+                return crc
+
+    def _refused(self, why: str) -> None:
+        direct, self._direct, self.how = self._direct, None, why
+        if direct is not None:
+            try:
+                os.close(direct)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Close the second descriptor (idempotent)."""
+        direct, self._direct = self._direct, None
+        if direct is not None:
+            os.close(direct)
+
+
+class DropBehind:
+    """Keeps a file being written out of the page cache: :meth:`wrote` after each write
+    (the bytes written so far), :meth:`finish` after the final ``fsync``.
+
+    Each window of :data:`WINDOW` bytes is advised ``POSIX_FADV_DONTNEED`` once the
+    writer is a window past its end (the advice starts its writeback) and again two
+    windows past it (by then written back and clean, so the advice drops it): the cache
+    holds about four windows of the file while it is written, and nothing of it after
+    :meth:`finish`.
+
+    Examples:
+        >>> import os, tempfile
+        >>> from aprfast.io.direct import DropBehind
+        >>> with tempfile.TemporaryFile() as f:
+        ...     behind = DropBehind(f.fileno())
+        ...     behind.wrote(os.write(f.fileno(), b"x" * 100))
+        ...     os.fsync(f.fileno())
+        ...     behind.finish()
+    """
+
+    def __init__(self, fd: int, window: int = WINDOW):
+        self._fd = fd
+        self._window = window
+        self._written = 0
+        self._kicked = 0    # advised once (writeback started) up to here
+        self._dropped = 0   # advised twice up to here
+
+    def wrote(self, n: int) -> None:
+        """Count ``n`` more bytes written; advise the windows now behind the writer."""
+        self._written += n
+        w = self._window
+        while self._written - self._kicked >= 2 * w:
+            drop_cached(self._fd, self._kicked, w)
+            self._kicked += w
+            if self._kicked - self._dropped >= 2 * w:
+                drop_cached(self._fd, self._dropped, w)
+                self._dropped += w
+
+    def finish(self) -> None:
+        """After ``fsync``: drop the whole file's pages (all clean now)."""
+        drop_cached(self._fd, 0, 0)
+
+
+# --- what backend="auto" picks ------------------------------------------------------
+def filesystem_type(path) -> str | None:
+    """The type of the filesystem holding ``path`` ("ext4", "nfs4", "fuse.s3fs", ...)
+    from ``/proc/self/mountinfo``, or None where that cannot be read (not Linux).
+
+    Examples:
+        >>> from aprfast.io.direct import filesystem_type
+        >>> filesystem_type("/") is None or isinstance(filesystem_type("/"), str)
+        True
+    """
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    where = os.path.realpath(os.fspath(path))
+    best, kind = -1, None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5:
+            continue
+        mount = fields[4].replace("\\040", " ")
+        if (where == mount or where.startswith(mount.rstrip("/") + "/")) and len(mount) > best:
+            best, kind = len(mount), right.split()[0] if right.split() else None
+    return kind
+
+
+def is_network_filesystem(path) -> bool:
+    """True when ``path`` is on a network filesystem (NFS, SMB, 9p, Ceph, Lustre, a FUSE
+    mount of object storage, ...) by its mount's type."""
+    kind = filesystem_type(path)
+    if kind is None:
+        return False
+    return kind in _NETWORK_TYPES or kind.startswith("fuse.") and kind not in ("fuse.portal",)
+
+
+def available_memory() -> int | None:
+    """``MemAvailable`` from ``/proc/meminfo`` in bytes, or None where there is none."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def cached_fraction(fd: int, size: int, samples: int = 32) -> float | None:
+    """The fraction of ``samples`` pages spread over the file that are in the page cache
+    (mincore on a map of it), or None where that cannot be told (Windows, the pure
+    backend)."""
+    sample = getattr(_memory, "page_cache_sample", None)
+    if sample is None or size <= 0:
+        return None
+    got = sample(fd, size, samples)
+    return None if got is None else got / samples
+
+
+#: Below this size an owned load stays buffered: at most a few milliseconds either way.
+AUTO_MIN = 64 << 20
+#: A file larger than this fraction of the available memory is read direct: loaded
+#: through the cache it would hold the model twice and push other pages out.
+AUTO_MEMORY_FRACTION = 0.5
+#: Read direct when fewer than this fraction of the sampled pages are cached.
+AUTO_CACHED_BELOW = 0.5
+
+
+def choose_backend(fd: int, size: int, path=None) -> tuple:
+    """``backend="auto"`` for an owned (eager) load: ``("direct", why)`` or
+    ``("pread", why)``.
+
+    Direct I/O where it measured faster or saves a copy of the model: a network
+    filesystem, a file larger than half the available memory, or a file of at least
+    64 MiB mostly not in the page cache (mincore sample; 504 MiB cold: direct 0.15 s,
+    buffered pread 0.5-1.3 s on the development VM, docs/performance.md).  A file in
+    the cache reads faster buffered (a copy from memory), so it stays so.
+
+    Examples:
+        >>> import tempfile
+        >>> from aprfast.io.direct import choose_backend
+        >>> with tempfile.TemporaryFile() as f:
+        ...     choose_backend(f.fileno(), 10)
+        ('pread', 'smaller than 64 MiB')
+    """
+    if size < AUTO_MIN:
+        return "pread", "smaller than 64 MiB"
+    if path is not None and is_network_filesystem(path):
+        return "direct", f"on a network filesystem ({filesystem_type(path)})"
+    free = available_memory()
+    if free is not None and size > AUTO_MEMORY_FRACTION * free:
+        return "direct", f"larger than half the available memory ({free >> 20} MiB)"
+    cached = cached_fraction(fd, size)
+    if cached is not None and cached < AUTO_CACHED_BELOW:
+        return "direct", f"{cached:.0%} of the sampled pages in the page cache"
+    return "pread", "in the page cache" if cached is not None else "page cache state unknown"

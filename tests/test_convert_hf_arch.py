@@ -1,0 +1,202 @@
+"""Hugging Face <-> GGUF model conversions without the engines (issue 26): the tables,
+the rotary permutation, the keys and their types, the way back.  tests/engines proves
+the same files against llama.cpp, its converter and transformers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import aprfast
+from aprfast.convert import DestinationExistsError, hf_arch
+from aprfast.numerics.quantization import quantize
+from aprfast.tensors import RawTensor
+
+gguf = pytest.importorskip("gguf")
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+VOCAB = ["<s>", "</s>", "a", "b", "c", "ab", "abc", "Ġa"]
+
+
+def _reference_permute(w, n_head):  # convert_hf_to_gguf.py's LlamaModel.permute
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@pytest.mark.parametrize("rows,heads", [(64, 4), (32, 2), (16, 1)])
+def test_rope_rows_is_the_reference_permutation_and_argsort_undoes_it(rows, heads):
+    w = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+    order = hf_arch.rope_rows(rows, heads)
+    assert np.array_equal(hf_arch.permute_rows(w, order), _reference_permute(w, heads))
+    assert np.array_equal(hf_arch.permute_rows(hf_arch.permute_rows(w, order), np.argsort(order)), w)
+    with pytest.raises(aprfast.LayoutError):
+        hf_arch.rope_rows(rows + 1, heads)
+
+
+def test_permuting_quantized_rows_moves_whole_blocks():
+    w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    order = hf_arch.rope_rows(8, 2)
+    packed = quantize(w, "Q8_0")
+    moved = hf_arch.permute_rows(packed, order)
+    assert isinstance(moved, RawTensor)
+    assert moved.data.tobytes() == quantize(w[order], "Q8_0").data.tobytes()
+
+
+def test_names_both_ways():
+    for hf, gg in hf_arch.TENSORS:
+        concrete = hf.replace("{n}", "3").replace("{w}", "weight")
+        want = None if gg is None else gg.replace("{n}", "3").replace("{w}", "weight")
+        assert hf_arch.hf_to_gguf_name(concrete) == want
+        if want is not None:
+            assert hf_arch.gguf_to_hf_name(want) == concrete
+    assert hf_arch.hf_to_gguf_name("vision_tower.x") is ...
+    assert hf_arch.hf_to_gguf_name("model.layers.0.self_attn.q_proj.bias") == "blk.0.attn_q.bias"
+
+
+@pytest.mark.parametrize("name", ["llama-bpe", "qwen2"])
+def test_pre_tokenizer_is_read_from_the_regex(name):
+    split = {"type": "Split", "pattern": {"Regex": hf_arch.PRE_TOKENIZER_REGEX[name]}, "behavior": "Isolated"}
+    pre = {"type": "Sequence", "pretokenizers": [split, {"type": "ByteLevel", "use_regex": False}]}
+    assert hf_arch.pre_tokenizer_name({"pre_tokenizer": pre}) == name
+    assert hf_arch.pre_tokenizer_name({"pre_tokenizer": {"type": "ByteLevel"}}) == "gpt-2"
+    assert hf_arch.pre_tokenizer_name({"pre_tokenizer": {"type": "Whitespace"}}) is None
+
+
+def _model_dir(path, *, model_type="llama", tie=False, rope=None):
+    """A tiny LLaMA-shaped checkpoint written with NumPy: hidden 16, 2 heads, 1 KV head."""
+    rng = np.random.default_rng(1)
+    hidden, heads, kv, ff, layers, vocab = 16, 2, 1, 32, 2, len(VOCAB)
+    head = hidden // heads
+
+    def w(*shape):
+        return (0.05 * rng.standard_normal(shape)).astype(np.float32)
+
+    tensors = {"model.embed_tokens.weight": w(vocab, hidden), "model.norm.weight": 1 + w(hidden)}
+    if not tie:
+        tensors["lm_head.weight"] = w(vocab, hidden)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        tensors.update({p + "input_layernorm.weight": 1 + w(hidden), p + "post_attention_layernorm.weight":
+                        1 + w(hidden), p + "self_attn.q_proj.weight": w(heads * head, hidden),
+                        p + "self_attn.k_proj.weight": w(kv * head, hidden),
+                        p + "self_attn.v_proj.weight": w(kv * head, hidden),
+                        p + "self_attn.o_proj.weight": w(hidden, heads * head),
+                        p + "mlp.gate_proj.weight": w(ff, hidden), p + "mlp.up_proj.weight": w(ff, hidden),
+                        p + "mlp.down_proj.weight": w(hidden, ff)})
+    path.mkdir()
+    safetensors_numpy.save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": model_type, "hidden_size": hidden,
+              "intermediate_size": ff, "num_hidden_layers": layers, "num_attention_heads": heads,
+              "num_key_value_heads": kv, "max_position_embeddings": 128, "rms_norm_eps": 1e-5,
+              "vocab_size": vocab, "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": tie,
+              "rope_theta": 500000.0}
+    if rope:
+        config["rope_scaling"] = rope
+    (path / "config.json").write_text(json.dumps(config))
+    added = [{"id": i, "content": t, "special": True, "normalized": False} for i, t in enumerate(VOCAB[:2])]
+    tokenizer = {"added_tokens": added, "pre_tokenizer": {"type": "ByteLevel", "use_regex": True},
+                 "post_processor": {"type": "ByteLevel"},
+                 "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(VOCAB)},
+                           "merges": [["a", "b"], ["ab", "c"]]}}
+    (path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    return tensors
+
+
+def _read(path):
+    reader = gguf.GGUFReader(path)
+    keys = {k: ([gguf.GGUFValueType(t).name for t in f.types], f.contents()) for k, f in reader.fields.items()
+            if not k.startswith("GGUF.")}
+    tensors = {t.name: (t.tensor_type.name, np.array(t.data)) for t in reader.tensors}
+    return keys, tensors
+
+
+def test_hugging_face_to_gguf_and_back(tmp_path):
+    tensors = _model_dir(tmp_path / "hf")
+    report = aprfast.convert(tmp_path / "hf", tmp_path / "m.gguf")
+    assert report["names"]["direction"] == "hf-to-gguf" and report["arch"] == "llama"
+    assert len(report["names"]["permuted"]) == 4
+    keys, out = _read(tmp_path / "m.gguf")
+    assert keys["general.architecture"] == (["STRING"], "llama")
+    for key in ("llama.block_count", "llama.attention.head_count_kv", "general.file_type", "llama.vocab_size",
+                "tokenizer.ggml.bos_token_id"):
+        assert keys[key][0] == ["UINT32"], key
+    assert keys["general.file_type"][1] == 0
+    assert keys["llama.rope.freq_base"] == (["FLOAT32"], 500000.0)
+    assert keys["llama.rope.dimension_count"][1] == 8
+    assert keys["tokenizer.ggml.model"][1] == "gpt2" and keys["tokenizer.ggml.pre"][1] == "gpt-2"
+    assert keys["tokenizer.ggml.tokens"][1] == VOCAB
+    assert keys["tokenizer.ggml.token_type"][1] == [3, 3, 1, 1, 1, 1, 1, 1]
+    assert keys["tokenizer.ggml.merges"][1] == ["a b", "ab c"]
+    assert keys["tokenizer.ggml.add_bos_token"] == (["BOOL"], False)
+    q = tensors["model.layers.1.self_attn.q_proj.weight"]
+    assert np.array_equal(out["blk.1.attn_q.weight"][1], _reference_permute(q, 2))
+    k = tensors["model.layers.1.self_attn.k_proj.weight"]
+    assert np.array_equal(out["blk.1.attn_k.weight"][1], _reference_permute(k, 1))
+    assert np.array_equal(out["blk.0.ffn_up.weight"][1], tensors["model.layers.0.mlp.up_proj.weight"])
+
+    report = aprfast.convert(tmp_path / "m.gguf", f"{tmp_path / 'back'}/")
+    assert report["names"]["direction"] == "gguf-to-hf"
+    back = safetensors_numpy.load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(back) == sorted(tensors)
+    assert all(back[n].tobytes() == tensors[n].tobytes() for n in tensors)
+    config = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["num_key_value_heads"] == 1
+    tokenizer = json.loads((tmp_path / "back" / "tokenizer.json").read_text())
+    assert tokenizer["model"]["vocab"] == {t: i for i, t in enumerate(VOCAB)}
+    assert tokenizer["model"]["merges"] == [["a", "b"], ["ab", "c"]]
+    # the side files are not overwritten without force
+    with pytest.raises(DestinationExistsError, match="config.json"):
+        aprfast.convert(tmp_path / "m.gguf", f"{tmp_path / 'back'}/")
+
+
+def test_keys_from_a_gguf_without_the_recorded_config(tmp_path):
+    _model_dir(tmp_path / "hf", tie=True)
+    aprfast.convert(tmp_path / "hf", tmp_path / "m.gguf")
+    keys, _ = _read(tmp_path / "m.gguf")
+    assert "output.weight" not in _read(tmp_path / "m.gguf")[1]
+    # a GGUF from another converter has no aprfast.hf.config: the config is built from the keys
+    aprfast.convert(tmp_path / "m.gguf", tmp_path / "plain.apr")
+    with aprfast.open(tmp_path / "plain.apr") as f:
+        metadata = dict(f.metadata)
+    assert hf_arch.HF_CONFIG_KEY in metadata
+    kv = {k: v[1] for k, v in keys.items() if k != hf_arch.HF_CONFIG_KEY}
+    kv["tokenizer.ggml.tokens"] = VOCAB
+    files = hf_arch.hf_files(hf_arch.ARCHS["llama"], kv, [], "F32")
+    config = files["config.json"]
+    assert config["tie_word_embeddings"] is True and "head_dim" not in config
+    assert (config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]) == (16, 2, 1)
+    assert config["rope_parameters"]["rope_theta"] == 500000.0 and config["vocab_size"] == len(VOCAB)
+
+
+def test_names_keep_and_unknown_architectures(tmp_path):
+    _model_dir(tmp_path / "hf")
+    report = aprfast.convert(tmp_path / "hf", tmp_path / "kept.gguf", names="keep")
+    assert report["names"] is None and "model.embed_tokens.weight" in _read(tmp_path / "kept.gguf")[1]
+    _model_dir(tmp_path / "other", model_type="somethingnew")
+    with pytest.warns(hf_arch.ModelConversionWarning, match="somethingnew"):
+        aprfast.convert(tmp_path / "other", tmp_path / "other.gguf")
+    with pytest.raises(ValueError, match="names="):
+        aprfast.convert(tmp_path / "hf", tmp_path / "x.gguf", names="canonical")
+
+
+def test_unwritten_rope_scaling_is_warned_and_linear_is_written(tmp_path):
+    _model_dir(tmp_path / "a", rope={"rope_type": "llama3", "factor": 8.0})
+    with pytest.warns(hf_arch.ModelConversionWarning, match="llama3"):
+        aprfast.convert(tmp_path / "a", tmp_path / "a.gguf")
+    _model_dir(tmp_path / "b", rope={"type": "linear", "factor": 2.0})
+    aprfast.convert(tmp_path / "b", tmp_path / "b.gguf")
+    keys, _ = _read(tmp_path / "b.gguf")
+    assert keys["llama.rope.scaling.type"][1] == "linear" and keys["llama.rope.scaling.factor"][1] == 2.0
+
+
+def test_file_type_follows_the_tensors(tmp_path):
+    _model_dir(tmp_path / "hf")
+    # (Q8_0: hidden 16 rows do not fit its 32-element blocks; tests/engines has it)
+    for options, want, norm in (({"precision": "f16"}, 1, "F32"), ({"precision": "bf16"}, 32, "F32")):
+        out = tmp_path / f"{want}.gguf"
+        aprfast.convert(tmp_path / "hf", out, **options)
+        keys, tensors = _read(out)
+        assert keys["general.file_type"][1] == want
+        assert tensors["blk.0.attn_norm.weight"][0] == norm  # llama.cpp takes norms in F32 only

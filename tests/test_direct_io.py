@@ -1,0 +1,322 @@
+"""backend="direct": reads and saves that leave the page cache as they found it
+(aprfast.io.direct, csrc/pio.c apr_pread_direct), and the choice backend="auto" makes.
+
+Covers unaligned files and buffers, the fallback where direct I/O is refused (forced,
+as on a filesystem that refuses O_DIRECT, and refused at the first read), files being
+written, CRC mismatches, page-cache residency after a direct load and a direct save,
+and the validation of ``backend=``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+import aprfast
+import aprfast.numpy as apr_numpy
+from aprfast import _memory
+from aprfast._pure import _memory as pure_memory
+from aprfast.errors import ChecksumError, CorruptError
+from aprfast.files.frameworks import UsageError
+from aprfast.io import direct, platform
+from aprfast.io.sources import open_source
+
+ALIGN = direct.ALIGN
+
+
+def _model(seed=0, count=7, odd=True):
+    rng = np.random.default_rng(seed)
+    out = {f"t.{i:02d}": rng.standard_normal((int(rng.integers(1, 300)), 37), dtype=np.float32)
+           for i in range(count)}
+    if odd:
+        out["bytes"] = rng.integers(0, 256, 4099, dtype=np.uint8)  # ends the file off a block boundary
+        out["scalar"] = np.float64(3.5)
+        out["empty"] = np.zeros((0, 3), np.float32)
+    return out
+
+
+def _same(got, want):
+    assert list(got) == list(want) or sorted(got) == sorted(want)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value)
+
+
+@pytest.fixture
+def forced_buffered():
+    previous = platform.force(["o_direct"])
+    yield
+    platform.force(previous)
+
+
+# --- the C primitive and its pure twin ----------------------------------------------
+@pytest.mark.parametrize("impl", [_memory, pure_memory], ids=["compiled", "pure"])
+def test_pread_direct_any_offset_length_and_buffer_address(tmp_path, impl):
+    data = np.random.default_rng(1).integers(0, 256, (9 << 20) + 1234, dtype=np.uint8)
+    path = tmp_path / "blob"
+    data.tofile(path)
+    fd, how = direct.open_direct(os.open(path, os.O_RDONLY), str(path))
+    if fd is None:
+        pytest.skip(f"direct I/O {how}")
+    rng = np.random.default_rng(2)
+    try:
+        cases = [(0, data.size, 0), (data.size - 5000, 5000, 17), (4095, 4097, 4095 % ALIGN), (ALIGN, 8 << 20, 0)]
+        for _ in range(25 if impl is _memory else 6):
+            n = int(rng.integers(0, 6 << 20)) if rng.random() < 0.5 else int(rng.integers(0, 9000))
+            at = int(rng.integers(0, data.size - n + 1))
+            cases.append((at, n, int(rng.integers(0, ALIGN))))
+            cases.append((at, n, at % ALIGN))  # congruent: the aligned blocks go straight in
+        for at, n, shift in cases:
+            whole = np.frombuffer(_memory.AlignedBuffer(n + 2 * ALIGN, ALIGN), np.uint8)
+            dst = whole[shift:shift + n]
+            threads = int(rng.integers(0, 5))
+            crc = impl.pread_direct(fd, at, dst, threads, 5)
+            np.testing.assert_array_equal(dst, data[at:at + n])
+            assert crc == zlib.crc32(data[at:at + n], 5)
+        with pytest.raises(EOFError):
+            impl.pread_direct(fd, data.size - 10, np.zeros(11, np.uint8))
+    finally:
+        os.close(fd)
+
+
+# --- loads ----------------------------------------------------------------------------
+@pytest.mark.parametrize("layout, alignment", [("aprender", 64), ("apr2", 64), ("apr2", 32)])
+def test_direct_load_of_unaligned_files_gives_the_same_tensors(tmp_path, alignment, layout):
+    want = _model()
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path, layout=layout, alignment=alignment)
+    assert os.path.getsize(path) % ALIGN  # the file ends inside a block
+    got = aprfast.load_file(path, backend="direct")
+    _same(got, want)
+    for value in got.values():
+        assert value.flags.writeable and value.flags.owndata is False
+        assert value.ctypes.data % alignment == 0
+    with aprfast.open(path, backend="direct") as f:
+        assert f._source.direct_how in ("o_direct", "nocache") or f._source.direct_how.startswith("refused")
+        for name, value in want.items():
+            np.testing.assert_array_equal(f.get_tensor(name), value)
+            np.testing.assert_array_equal(f.get_tensor(name, copy=True), value)
+        np.testing.assert_array_equal(f.get_slice("t.03")[1:, ::3], want["t.03"][1:, ::3])
+        f.verify()
+        assert f.get_tensor("t.01").ctypes.data % 64 == 0
+
+
+def test_direct_load_of_many_tensors_and_a_large_one(tmp_path):
+    rng = np.random.default_rng(3)
+    want = {f"s.{i:04d}": rng.standard_normal(int(rng.integers(1, 900)), dtype=np.float32) for i in range(500)}
+    want["big"] = rng.standard_normal((3000, 1001), dtype=np.float32)  # ~11.5 MiB: several direct chunks
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path)
+    for threads in (0, 1, 3):
+        _same(aprfast.load_file(path, backend="direct", threads=threads), want)
+
+
+def test_framework_modules_take_backend_direct(tmp_path):
+    want = _model(odd=False)
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path)
+    _same(apr_numpy.load_file(path, backend="direct"), want)
+    with aprfast.safe_open(path, "np", backend="direct") as f:
+        np.testing.assert_array_equal(f.get_tensor("t.02"), want["t.02"])
+
+
+def test_refused_direct_io_falls_back_to_buffered_reads(tmp_path, forced_buffered):
+    want = _model()
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path)
+    with aprfast.open(path, backend="direct") as f:
+        assert f._source.direct_how.startswith("refused")
+        assert f._source.direct_align == 0
+        _same(f.load_all(), want)
+    _same(aprfast.load_file(path, backend="direct"), want)
+
+
+def test_direct_read_refused_at_the_first_read_falls_back(tmp_path, monkeypatch):
+    want = _model(odd=False)
+    want["big"] = np.arange(1 << 18, dtype=np.float32)  # read by the direct path
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path)
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(_memory, "pread_direct", refuse)
+    with aprfast.open(path, backend="direct") as f:
+        _same(f.load_all(), want)
+        assert f._source.direct_how.startswith("refused")
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no tmpfs at /dev/shm")
+def test_direct_load_on_tmpfs(tmp_path):
+    """tmpfs refused O_DIRECT before Linux 6.6 (EINVAL) and accepts it since: either way
+    the load gives the tensors."""
+    want = _model()
+    path = os.path.join("/dev/shm", f"aprfast-direct-{os.getpid()}.apr")
+    try:
+        aprfast.save_file(want, path)
+        _same(aprfast.load_file(path, backend="direct"), want)
+        with aprfast.open(path, backend="direct") as f:
+            np.testing.assert_array_equal(f.get_tensor("bytes"), want["bytes"])
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+def test_file_being_written_reads_what_was_written(tmp_path):
+    """Dirty pages not yet written back: a direct read sees them (the kernel writes the
+    range back first), and a file growing after open reads as it was at open."""
+    want = _model()
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path, durable=False)
+    with aprfast.open(path, backend="direct") as f:
+        with open(path, "ab") as grow:
+            grow.write(b"\0" * 10000)  # appended while open: past the footer, not read
+        _same(f.load_all(verify=False), want)
+    data = bytearray(path.read_bytes()[:-10000])
+    path.write_bytes(data)  # rewritten, still dirty in the cache
+    _same(aprfast.load_file(path, backend="direct"), want)
+
+
+def test_file_that_shrinks_while_open_is_corrupt(tmp_path):
+    want = {"w": np.arange(100000, dtype=np.float32)}
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path)
+    with aprfast.open(path, backend="direct") as f:
+        os.truncate(path, 5000)
+        with pytest.raises(CorruptError):
+            f.load_all()
+
+
+@pytest.mark.parametrize("buffered", [False, True], ids=["o_direct", "fallback"])
+def test_crc_mismatch_is_detected(tmp_path, buffered):
+    want = {"w": np.arange(300000, dtype=np.float32)}
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(data)
+    previous = platform.force(["o_direct"] if buffered else [])
+    try:
+        with pytest.raises(ChecksumError):
+            aprfast.load_file(path, backend="direct")
+        assert aprfast.load_file(path, backend="direct", verify=False)["w"].size == 300000
+    finally:
+        platform.force(previous)
+
+
+# --- the page cache ---------------------------------------------------------------------
+def _cached(path) -> float | None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return direct.cached_fraction(fd, os.fstat(fd).st_size, 256)
+    finally:
+        os.close(fd)
+
+
+def _evict(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        direct.drop_cached(fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("buffered", [False, True], ids=["o_direct", "fallback"])
+def test_direct_load_and_save_leave_the_file_out_of_the_page_cache(tmp_path, buffered):
+    want = {f"w{i}": np.random.default_rng(i).standard_normal((256, 1024), dtype=np.float32) for i in range(24)}
+    path = tmp_path / "m.apr"
+    previous = platform.force(["o_direct"] if buffered else [])
+    try:
+        aprfast.save_file(want, path, backend="direct")
+        after_save = _cached(path)
+        if after_save is None:
+            pytest.skip("no mincore here: page-cache residency cannot be told")
+        assert after_save <= 0.05
+        aprfast.save_file(want, path, backend="direct", durable=False)
+        assert _cached(path) <= 0.05
+        _evict(path)
+        _same(aprfast.load_file(path, backend="direct"), want)
+        assert _cached(path) <= 0.05
+        aprfast.load_file(path, backend="pread")  # the buffered load does fill it
+        assert _cached(path) > 0.5
+    finally:
+        platform.force(previous)
+
+
+def test_auto_picks_direct_for_a_cold_file_and_pread_for_a_cached_one(tmp_path, monkeypatch):
+    want = {"w": np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)}
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        assert direct.choose_backend(fd, size, str(path)) == ("pread", "smaller than 64 MiB")
+        monkeypatch.setattr(direct, "AUTO_MIN", 1 << 20)
+        os.pread(fd, size, 0)
+        if direct.cached_fraction(fd, size) is None:
+            pytest.skip("no mincore here")
+        assert direct.choose_backend(fd, size, str(path))[0] == "pread"
+        os.fsync(fd)
+        direct.drop_cached(fd)
+        kind, why = direct.choose_backend(fd, size, str(path))
+        assert kind == "direct", why
+        _same(aprfast.load_file(path, mmap=False), want)  # auto: read direct, so still not cached
+        assert direct.cached_fraction(fd, size, 64) <= 0.05
+        monkeypatch.setattr(direct, "available_memory", lambda: size)  # larger than half of it
+        assert direct.choose_backend(fd, size, str(path))[0] == "direct"
+    finally:
+        os.close(fd)
+
+
+def test_drop_behind_advises_windows_behind_the_writer(monkeypatch):
+    calls = []
+    monkeypatch.setattr(direct, "drop_cached", lambda fd, offset=0, n=0: calls.append((offset, n)) or True)
+    behind = direct.DropBehind(3, window=10)
+    for _ in range(7):
+        behind.wrote(5)  # 35 bytes
+    # a window is advised once the writer is a window past its end (writeback starts),
+    # and again two windows past it (clean by then: dropped)
+    assert calls == [(0, 10), (10, 10), (0, 10)]
+    behind.wrote(20)  # 55 bytes
+    assert calls == [(0, 10), (10, 10), (0, 10), (20, 10), (10, 10), (30, 10), (20, 10)]
+    behind.finish()
+    assert calls[-1] == (0, 0)
+
+
+def test_network_filesystem_types(monkeypatch):
+    monkeypatch.setattr(direct, "filesystem_type", lambda path: "nfs4")
+    assert direct.is_network_filesystem("/x")
+    monkeypatch.setattr(direct, "filesystem_type", lambda path: "fuse.s3fs")
+    assert direct.is_network_filesystem("/x")
+    monkeypatch.setattr(direct, "filesystem_type", lambda path: "ext4")
+    assert not direct.is_network_filesystem("/x")
+
+
+# --- validation ---------------------------------------------------------------------------
+def test_backend_validation(tmp_path):
+    path = tmp_path / "m.apr"
+    aprfast.save_file({"w": np.zeros(3)}, path)
+    with pytest.raises(ValueError, match="backend"):
+        aprfast.load_file(path, backend="o_direct")
+    with pytest.raises(ValueError, match="backend"):
+        aprfast.open(path, backend="uring")
+    with pytest.raises(ValueError, match="disagree"):
+        aprfast.open(path, mode="pread", backend="direct")
+    with pytest.raises(ValueError, match="mode"):
+        open_source(str(path), mode="nocache")
+    with pytest.raises(ValueError, match="backend"):
+        aprfast.save_file({"w": np.zeros(3)}, tmp_path / "x.apr", backend="pread")
+    assert not (tmp_path / "x.apr").exists()
+    with pytest.raises(UsageError):
+        apr_numpy.load_file(path, backend="directio")
+    with pytest.raises(UsageError):
+        aprfast.safe_open(path, "np", backend="nocache")
+    with aprfast.open(path, mode="direct", backend="direct") as f:  # the same choice twice is fine
+        assert f.get_tensor("w").tolist() == [0.0, 0.0, 0.0]
+    # backend="mmap" gives views whatever mmap= says; "pread"/"direct" give owned arrays
+    assert not aprfast.load_file(path, mmap=False, backend="mmap")["w"].flags.writeable
+    assert aprfast.load_file(path, backend="pread")["w"].flags.writeable
