@@ -45,6 +45,7 @@ from .errors import (
 from .files.reader import AprFile, QuantizedSlice, TensorSlice, aligned_empty
 from .files.safe_open import safe_open
 from .files.writer import Writer
+from .layouts import LayoutChangeWarning
 from .limits import Limits
 from .numerics.precision import to_bfloat16, to_float16, to_float32
 from .numerics.quantization import QuantizationReport, dequantize, quantize, quantize_tensors, register_quantizer
@@ -64,7 +65,7 @@ __all__ = [
     "SignatureError", "AprIOError", "AprFileNotFoundError", "AprPermissionError", "AprFileInUseError",
     "LimitError",
     "TensorNotFoundError", "UnknownDTypeError",
-    "LayoutError", "ModelTypeMismatchError", "LicenseError",
+    "LayoutError", "ModelTypeMismatchError", "LicenseError", "LayoutChangeWarning",
     "sign_model", "verify_model",
 ]
 

@@ -368,7 +368,10 @@ def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Li
     """Every tensor of ``path`` (any ``.apr`` variant), by name.
 
     With ``mmap`` (the default) arrays are read-only views of the mapped file, valid
-    as long as they live.  With ``mmap=False`` the data section is read with parallel
+    as long as they live, and nothing is checked until asked: a damaged byte inside a
+    tensor is not noticed (pass ``verify=True``, or ``aprfast.open(path,
+    verify=True)``, to check the footer CRC32 and a signature first; docs/quickstart.md).
+    With ``mmap=False`` the data section is read with parallel
     ``pread`` into one aligned buffer and the arrays are owned and writable; the
     whole-file CRC is checked on the way unless ``verify=False``.  Tensors of an
     encrypted or signed APR2 file are owned arrays whatever ``mmap`` says (each checked

@@ -99,7 +99,7 @@ def test_metadata_and_vocabulary_changes_are_listed(pair, tmp_path, capsys):
                       metadata={"license": "MIT", "tokenizer.vocabulary": ["a", "b", "c"]})
     aprfast.save_file(tensors, tmp_path / "v2.apr", metadata={"license": "Apache-2.0", "author": "x",
                                                               "tokenizer.vocabulary": ["a", "c", "d", "e"]})
-    assert main(["diff", str(tmp_path / "v1.apr"), str(tmp_path / "v2.apr")]) == 5
+    assert main(["diff", str(tmp_path / "v1.apr"), str(tmp_path / "v2.apr")]) == 6  # metadata only: 6
     out = capsys.readouterr().out
     assert "Vocab Changes: Added 2 tokens, Removed 1 tokens" in out
     assert "~ license: 'MIT' -> 'Apache-2.0'" in out and "+ author: 'x'" in out
@@ -228,3 +228,23 @@ def test_one_tensor_pair_is_alive_at_a_time(tmp_path, rng, monkeypatch):
     report = diff_models(a, b)
     assert len(report.tensors) == 6 and not report.tensors_match
     assert most[0] <= 2
+
+
+def test_tensors_identical_metadata_differs_has_its_own_result_and_exit_code(tmp_path, capsys):
+    """Issue 28 item 4: a model and its faithful export (or GGUF round trip) said
+    "100.00% identical" and then "result: DIFFERENT", exit 5."""
+    a, g, b = tmp_path / "a.apr", tmp_path / "a.gguf", tmp_path / "b.apr"
+    tensors = {"w": np.arange(64, dtype=np.float32).reshape(2, 32), "b": np.ones(2, np.float32)}
+    aprfast.save_file(tensors, a, metadata={"license": "MIT"})
+    aprfast.convert(a, g)
+    aprfast.convert(g, b)  # the round trip adds gguf.* keys
+    assert main(["diff", str(a), str(b)]) == 6
+    out, err = capsys.readouterr()
+    assert "result: METADATA DIFFERS (tensors identical)" in out and "only the metadata differs" in err
+    assert main(["diff", str(a), str(b), "--json"]) == 6
+    assert json.loads(capsys.readouterr().out)["result"] == "METADATA DIFFERS"
+    assert main(["diff", str(a), str(b), "--ignore-metadata"]) == 0
+    c = tmp_path / "c.apr"
+    aprfast.save_file({"w": np.arange(64, dtype=np.float32).reshape(2, 32) + 1, "b": np.ones(2, np.float32)}, c)
+    assert main(["diff", str(a), str(c)]) == 5  # a tensor differs: DIFFERENT, whatever the metadata
+    assert "result: DIFFERENT" in capsys.readouterr().out

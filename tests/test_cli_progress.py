@@ -55,3 +55,35 @@ def test_no_bar_when_stderr_is_not_a_terminal(models, tmp_path, capsys):
     for argv in commands(tmp_path, *models):
         assert main(argv) == 0
         assert capsys.readouterr().err == ""
+
+
+def test_without_rich_a_plain_line_and_a_hint_once(models, tmp_path, monkeypatch):
+    """Issue 28 item 5: without rich a long command printed nothing at all."""
+    import importlib.util
+
+    from aprfast.cli import _common
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rich" else real(name, *a))
+    monkeypatch.setattr(_common.PlainProgress, "DELAY", 0.0)  # the models are small: show it at once
+    monkeypatch.setattr(_common.PlainProgress, "hinted", False)
+    shown = []
+    for argv in commands(tmp_path, *models):
+        terminal = FakeTerminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        assert main(argv) == 0
+        shown.append(terminal.getvalue())
+    assert all("100%" in s and "\r" in s and s.endswith("\r\x1b[K") for s in shown), shown
+    assert [s.count("aprfast[cli]") for s in shown] == [1, 0, 0]  # the hint, once
+
+
+def test_a_quick_command_prints_no_plain_progress(models, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rich" else real(name, *a))
+    terminal = FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    a, b = models
+    assert main(["diff", a, a]) == 0
+    assert terminal.getvalue() == ""  # under a second: nothing

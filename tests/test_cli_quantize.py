@@ -140,9 +140,8 @@ def test_missing_input_exits_3_and_corrupt_input_4(tmp_path, capsys):
 
 def test_output_is_required(model, capsys):
     src, _ = model
-    with pytest.raises(SystemExit) as info:
-        main(["quantize", str(src), "--type", "q8_0"])
-    assert info.value.code == 2
+    assert main(["quantize", str(src), "--type", "q8_0"]) == 2  # OUT or -o OUT (issue 28 item 3)
+    assert "no output" in capsys.readouterr().err
 
 
 def test_type_from_the_config_file_and_missing_type(model, tmp_path, monkeypatch, capsys):

@@ -38,7 +38,9 @@ def test_keygen_writes_a_private_file_only_the_owner_reads(tmp_path, capsys):
     assert stat.S_IMODE(os.stat(tmp_path / "k").st_mode) == 0o600
     assert doc["kind"] == "x25519" and doc["public"] == str(tmp_path / "k.pub")
     assert load_key(tmp_path / "k.pub", kind="x25519-public")[1].hex() == doc["public_key"]
-    assert len((tmp_path / "k").read_bytes()) == 32
+    # self-describing by default (issue 28 item 2): the files say which key they hold
+    assert (tmp_path / "k").read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----")
+    assert load_key(tmp_path / "k")[0] == "x25519-private" and load_key(tmp_path / "k.pub")[0] == "x25519-public"
     before = (tmp_path / "k").read_bytes()
     assert main(["keygen", str(tmp_path / "k")]) == 1  # never replaced without --force
     assert (tmp_path / "k").read_bytes() == before
@@ -153,7 +155,7 @@ def test_v2_sign_in_place_then_verify(v2_model, keys, capsys):
     assert main(["verify", str(v2_model)]) == 5  # not signed yet
     assert "not signed" in capsys.readouterr().err
     assert main(["sign", str(v2_model), "--signing-key", str(signer)]) == 0
-    assert f"signed by {public_of(signer).hex()}" in capsys.readouterr().out
+    assert f"(Ed25519 public key {public_of(signer).hex()})" in capsys.readouterr().out
     assert main(["verify", str(v2_model), "--trusted-key", f"{signer}.pub", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["valid"] is True and doc["container"] == "v2" and doc["trusted"] is True
@@ -305,3 +307,77 @@ def test_missing_and_junk_files(tmp_path, keys):
     junk.write_bytes(b"APRN" + b"\0" * 8)
     assert main(["verify", str(junk)]) == 4
     assert main(["sign", str(junk), "--signing-key", str(signer)]) == 4
+
+
+# --- keys that say what they are (issue 28 item 2) -----------------------------------
+def test_keygen_raw_only_on_request_and_prints_the_fingerprint(tmp_path, capsys):
+    from aprfast.crypto.core import key_fingerprint
+
+    assert main(["keygen", str(tmp_path / "me.key")]) == 0
+    out = capsys.readouterr().out
+    kind, public = load_key(tmp_path / "me.key.pub")
+    assert kind == "ed25519-public" and f"fingerprint: {key_fingerprint(public)}" in out
+    assert main(["keygen", str(tmp_path / "raw.key"), "--format", "raw"]) == 0
+    assert len((tmp_path / "raw.key").read_bytes()) == 32 and len((tmp_path / "raw.key.pub").read_bytes()) == 32
+
+
+def test_keygen_pem_needs_no_package_and_matches_cryptography(tmp_path, monkeypatch):
+    import builtins
+
+    from aprfast.crypto import core
+
+    real_import = builtins.__import__
+
+    def no_cryptography(name, *args, **kwargs):
+        if name.startswith("cryptography"):
+            raise ImportError("no cryptography here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_cryptography)
+    assert main(["keygen", str(tmp_path / "k")]) == 0
+    kind, seed = load_key(tmp_path / "k")
+    assert kind == "ed25519-private" and load_key(tmp_path / "k.pub")[1] == core.public_key_of(seed)
+    monkeypatch.undo()
+    serialization = pytest.importorskip("cryptography.hazmat.primitives.serialization")
+    key = serialization.load_pem_private_key((tmp_path / "k").read_bytes(), password=None)
+    assert key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()) == (tmp_path / "k").read_bytes()
+
+
+@pytest.mark.parametrize("fmt", ["pem", "raw"])
+def test_sign_refuses_a_public_key_as_the_signing_key(model, tmp_path, capsys, fmt):
+    assert main(["keygen", str(tmp_path / "me.key"), "--format", fmt]) == 0
+    capsys.readouterr()
+    before = model.read_bytes()
+    assert main(["sign", str(model), "--signing-key", str(tmp_path / "me.key.pub")]) == 4
+    err = capsys.readouterr().err
+    assert "public key" in err and str(tmp_path / "me.key") in err
+    assert model.read_bytes() == before
+
+
+def test_sign_refuses_a_raw_copy_of_the_public_key_and_a_mismatched_pair(model, tmp_path, capsys):
+    assert main(["keygen", str(tmp_path / "me.key"), "--format", "raw"]) == 0
+    assert main(["keygen", str(tmp_path / "other.key"), "--format", "raw"]) == 0
+    copy = tmp_path / "copy"
+    copy.write_bytes((tmp_path / "me.key.pub").read_bytes())  # a public key under a private name ...
+    (tmp_path / "copy.pub").write_bytes((tmp_path / "me.key.pub").read_bytes())  # ... beside its .pub
+    capsys.readouterr()
+    assert main(["sign", str(model), "--signing-key", str(copy)]) == 4
+    assert "copy of the public key" in capsys.readouterr().err
+    (tmp_path / "me.key.pub").write_bytes((tmp_path / "other.key.pub").read_bytes())
+    assert main(["sign", str(model), "--signing-key", str(tmp_path / "me.key")]) == 4
+    assert "not the private key of" in capsys.readouterr().err
+
+
+def test_sign_and_verify_print_the_signers_fingerprint(model, keys, capsys):
+    from aprfast.crypto.core import key_fingerprint
+
+    signer, _ = keys
+    fingerprint = key_fingerprint(load_key(f"{signer}.pub")[1])
+    assert main(["sign", str(model), "--signing-key", str(signer)]) == 0
+    assert f"signed by {fingerprint}" in capsys.readouterr().out
+    assert main(["verify", str(model)]) == 0  # no trusted key: it still says who signed
+    out = capsys.readouterr().out
+    assert f"signed by {fingerprint}" in out and "self-signed" in out
+    assert main(["verify", str(model), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fingerprint"] == fingerprint

@@ -840,8 +840,12 @@ def test_pem_without_cryptography_names_the_extra(tmp_path, monkeypatch):
     for name in [n for n in sys.modules if n == "cryptography" or n.startswith("cryptography.")]:
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "cryptography", None)
+    # RFC 8410's plain PEM needs no package (issue 28 item 2: apr keygen's default) ...
+    crypto.save_key(tmp_path / "k.pem", bytes(32), kind="x25519-public", format="pem")
+    assert crypto.load_key(tmp_path / "k.pem") == ("x25519-public", bytes(32))
+    # ... OpenSSH and other PEM shapes do
     with pytest.raises(ImportError, match=r"aprfast\[keyfiles\]"):
-        crypto.save_key(tmp_path / "k.pem", bytes(32), kind="x25519-public", format="pem")
+        crypto.save_key(tmp_path / "k.ssh", bytes(32), kind="ed25519-public", format="openssh")
     (tmp_path / "k.pem").write_bytes(b"-----BEGIN PUBLIC KEY-----\n")
     with pytest.raises(ImportError, match="cryptography"):
         crypto.load_key(tmp_path / "k.pem")

@@ -598,7 +598,7 @@ def test_cli_edit(tmp_path, capsys):
 
 def test_cli_edit_signed(tmp_path, capsys):
     key = tmp_path / "k"
-    assert apr_main(["keygen", str(key)]) == 0
+    assert apr_main(["keygen", str(key), "--format", "raw"]) == 0
     seed = key.read_bytes()
     path = tmp_path / "s.apr"
     aprfast.save_file(tensors(2), path, signing_key=seed, reserve=4096)

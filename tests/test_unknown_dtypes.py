@@ -7,6 +7,7 @@ is refused: tests/test_ggml_types.py.)"""
 
 import json
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -90,6 +91,8 @@ def patched_id(tmp_path, type_id):
     data = bytearray((tmp_path / "k.apr").read_bytes())
     at = data.find(b"\x01\x00a\x07")  # name length, name, dtype id (U8 = 7)
     data[at + 3] = type_id
+    end = len(data) - 16  # the APR2 footer: CRC32 of everything before it, magic, size
+    data[end:end + 4] = zlib.crc32(data[:end]).to_bytes(4, "little")  # a newer writer's file is not damaged
     (tmp_path / "u.apr").write_bytes(bytes(data))
     return tmp_path / "u.apr"
 

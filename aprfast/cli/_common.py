@@ -17,6 +17,50 @@ class UsageError(Exception):
     """An argument that parsed but cannot be used (exit 2)."""
 
 
+#: The library's messages name its keyword arguments; under ``apr`` they name the flags
+#: (issue 28 item 3).  Applied in order by :func:`cli_text`, longest phrasings first.
+CLI_WORDS = (
+    ("pass password= or private_key=", "give --password-env VAR or --key-file FILE"),
+    ("give password= or private_key=, not both", "give --password-env VAR or --key-file FILE, not both"),
+    ("(password= or private_key=)", "(--password-env VAR or --key-file FILE)"),
+    ("password= or private_key=", "--password-env VAR or --key-file FILE"),
+    ("give password= or recipients=, not both", "give --password-env VAR or --recipient FILE, not both"),
+    ("password= or recipients=", "--password-env VAR or --recipient FILE"),
+    ("pass replace_signature=True (apr sign --resign)", "pass --resign"),
+    ("replace_signature=True", "--resign"),
+    ("; pass allow_unencrypted=True to read it anyway",
+     "; give no --password-env or --key-file to read it (apr verify checks its signature)"),
+    ("; pass allow_unencrypted=True to accept plaintext files too",
+     "; give no --password-env or --key-file to read a file that is not encrypted"),
+    ("max_drift= raises the limit", "--max-drift X raises the limit"),
+    ("validate='relaxed' or force=True", "--validate relaxed or --force"),
+    ("(validate='strict', force=True)", "(--force)"),
+    ("(validate='relaxed')", "(--validate relaxed)"),
+    ("validate='relaxed'", "--validate relaxed"),
+    ("pass force=True", "pass --force"),
+    ("force=True", "--force"),
+    ("encrypt_names=True", "--encrypt-names"),
+    ("save with layout='apr2' or 'auto'", "--layout apr2 or auto"),
+    ("pass trusted_keys=", "give --trusted-key FILE"),
+)
+
+
+def cli_text(message: str) -> str:
+    """``message`` in the command line's words: the keyword arguments a library
+    error names (``pass password= or private_key=``) become the flags that give them
+    (``--password-env VAR or --key-file FILE``).  What ``apr`` prints every error with.
+
+    Example::
+
+        cli_text("the file is encrypted: pass password= or private_key=")
+        # 'the file is encrypted: give --password-env VAR or --key-file FILE'
+    """
+    for library, cli in CLI_WORDS:
+        if library in message:
+            message = message.replace(library, cli)
+    return message
+
+
 def refuse_existing(force: bool, *paths) -> None:
     """The one ``--force`` rule of every command that writes a file: anything at an
     output's name (a file, a directory, a symlink, even a dangling one:
@@ -97,12 +141,35 @@ def keys_from(args) -> dict:
     return keys
 
 
+def add_verify_option(parser) -> None:
+    """``--no-verify`` for a command that reads a whole file: by default its footer
+    CRC32 (and signature, where present) is checked while it is read, and a damaged
+    file is E004, exit 5, before anything is written (issue 28 item 1)."""
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="do not check the input's CRC32 and signature (a damaged file then passes silently)")
+
+
+def verify_from(args) -> bool:
+    """Whether to check the input's integrity (``--no-verify`` says not; True by default)."""
+    return getattr(args, "verify", True) is not False
+
+
 def open_model(path, args, **options):
     """``aprfast.open`` with the keys of ``args``; tensors of unknown dtype come back raw
     so that listing and checking a file never fails on them."""
+    import logging
+    import time
+
     import aprfast
 
-    return aprfast.open(path, unknown_dtypes="raw", **keys_from(args), **options)
+    started = time.perf_counter()
+    opened = aprfast.open(path, unknown_dtypes="raw", **keys_from(args), **options)
+    log = logging.getLogger("aprfast.cli")
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("opened %s: %s, %d tensor(s)%s in %.3f s", path, type(opened).__name__ + (
+            f" ({opened.layout} layout)" if hasattr(opened, "layout") else ""), len(opened),
+            ", CRC32 checked" if options.get("verify") else "", time.perf_counter() - started)
+    return opened
 
 
 def clean(value):
@@ -137,16 +204,104 @@ def password_from(args) -> str | None:
 
 
 def signing_key_from(args) -> bytes | None:
-    """The Ed25519 seed of ``--signing-key PATH`` (raw 32 bytes, PEM or OpenSSH)."""
-    if not getattr(args, "signing_key", None):
+    """The Ed25519 seed of ``--signing-key PATH`` (PEM, OpenSSH or raw 32 bytes).
+
+    A public key is refused (issue 28 item 2: signing "with" ``me.key.pub`` took its 32
+    bytes for a seed and signed under another identity).  A PEM or OpenSSH file says
+    what it holds; raw 32 bytes do not, so a raw file named ``*.pub``, one equal to its
+    ``PATH.pub`` sibling, or one whose public half is not that sibling's key is refused
+    too (FormatError, exit 4, naming the file to use)."""
+    path = getattr(args, "signing_key", None)
+    if not path:
         return None
     from ..crypto.core import load_key
+    from ..errors import FormatError
 
-    return load_key(args.signing_key, kind="ed25519-private")[1]
+    path = os.fspath(path)
+    raw = os.path.isfile(path) and os.path.getsize(path) == 32
+    if not raw:
+        kind, seed = load_key(path)
+        if kind == "ed25519-public":
+            raise FormatError(f"--signing-key {path} is an Ed25519 public key; sign with its private key"
+                              f"{_private_hint(path)}", path=path)
+        if kind != "ed25519-private":
+            raise FormatError(f"--signing-key {path} holds an {kind} key, not an Ed25519 private key "
+                              "(apr keygen PATH writes one)", path=path)
+        return seed
+    seed = load_key(path, kind="ed25519-private")[1]
+    _check_raw_seed(path, seed)
+    return seed
+
+
+def _private_hint(path: str) -> str:
+    private = path[:-len(".pub")] if path.endswith(".pub") else None
+    return f" ({private})" if private and os.path.exists(private) else ""
+
+
+def _check_raw_seed(path: str, seed: bytes) -> None:
+    """Refuse a raw 32-byte ``--signing-key`` that is (or is not the private half of)
+    a public key: the name, then the ``.pub`` sibling, decide."""
+    from ..crypto.core import load_key, public_key_of
+    from ..errors import FormatError
+
+    if path.endswith(".pub"):
+        raise FormatError(f"--signing-key {path} is a public key file (.pub); sign with its private key"
+                          f"{_private_hint(path)}", path=path)
+    sibling = path + ".pub"
+    if not os.path.isfile(sibling):
+        return
+    try:
+        public = load_key(sibling, kind="ed25519-public")[1]
+    except Exception:  # noqa: BLE001 - a sibling of another kind says nothing about this key
+        return
+    if bytes(public) == bytes(seed):
+        raise FormatError(f"--signing-key {path} holds the same 32 bytes as its public key {sibling}: it is "
+                          "a copy of the public key, not a private key", path=path)
+    if bytes(public_key_of(seed)) != bytes(public):
+        raise FormatError(f"--signing-key {path} is not the private key of {sibling} (their public keys "
+                          "differ): signatures would not verify with it", path=path)
 
 
 def add_signing_key_option(parser, help_text: str) -> None:
     parser.add_argument("--signing-key", metavar="PATH", help=help_text)
+
+
+class layout_notes:  # noqa: N801 - used as a context manager, like contextlib's
+    """Within it, a :class:`aprfast.layouts.LayoutChangeWarning` becomes the line
+    ``apr COMMAND: note: ...`` on stderr (issue 28 item 8); other warnings go on as
+    they would.
+
+    Example::
+
+        with layout_notes("sign"):
+            sign_file(...)
+    """
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __enter__(self):
+        import warnings
+
+        from ..layouts import LayoutChangeWarning
+
+        self._catch = warnings.catch_warnings(record=True)
+        self._caught = self._catch.__enter__()
+        warnings.simplefilter("always", LayoutChangeWarning)
+        return self
+
+    def __exit__(self, *exc_info):
+        import warnings
+
+        from ..layouts import LayoutChangeWarning
+
+        self._catch.__exit__(*exc_info)
+        for w in self._caught:
+            if issubclass(w.category, LayoutChangeWarning):
+                print(f"apr {self.command}: note: {w.message}", file=sys.stderr)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return False
 
 
 def add_progress_option(parser) -> None:
@@ -155,15 +310,66 @@ def add_progress_option(parser) -> None:
 
 def progress_for(args, description: str):
     """A context manager giving a ``progress(done, total)`` callback: a rich progress
-    bar on stderr when stderr is a terminal, else (``--json``, ``--quiet``, a pipe, or
-    rich not installed) a callback that does nothing."""
+    bar on stderr when stderr is a terminal; without rich a plain one-line progress
+    there once the command has run a second (issue 28 item 5: a 12 s convert printed
+    nothing), with a hint, once, that ``aprfast[cli]`` draws the bar; else
+    (``--json``, ``--quiet``, a pipe) a callback that does nothing."""
     if getattr(args, "json", False) or getattr(args, "quiet", False) or not sys.stderr.isatty():
         return _NoProgress()
     from importlib.util import find_spec
 
     if find_spec("rich") is None:  # optional: the bar is a nicety, never a requirement
-        return _NoProgress()
+        return PlainProgress(description)
     return _RichProgress(description)
+
+
+class PlainProgress:
+    """``description: 42% (3 s)`` rewritten in place on stderr (``\\r``), only once
+    :attr:`DELAY` seconds have passed (quick commands print nothing) and at most every
+    :attr:`INTERVAL` seconds; cleared at the end.  The first time one is shown in a
+    process, a line above it says that ``pip install 'aprfast[cli]'`` draws a full bar.
+
+    Example::
+
+        with PlainProgress("convert model.apr") as progress:
+            progress(done_bytes, total_bytes)
+    """
+
+    DELAY = 1.0
+    INTERVAL = 0.1
+    HINT = "apr: pip install 'aprfast[cli]' for a full progress bar (rich)"
+    hinted = False  # once per process
+
+    def __init__(self, description: str):
+        self.description = description
+
+    def __enter__(self):
+        import time
+
+        self._clock = time.monotonic
+        self._start = self._clock()
+        self._last = None
+        return self.update
+
+    def update(self, done, total) -> None:
+        now = self._clock()
+        finished = bool(total) and done >= total  # the last step is always shown
+        if now - self._start < self.DELAY or (self._last is not None and now - self._last < self.INTERVAL
+                                               and not finished):
+            return
+        if not PlainProgress.hinted:
+            PlainProgress.hinted = True
+            sys.stderr.write(self.HINT + "\n")
+        self._last = now
+        share = f"{100 * done / total:.0f}%" if total else f"{done}"
+        sys.stderr.write(f"\r{self.description}: {share} ({now - self._start:.0f} s)\x1b[K")
+        sys.stderr.flush()
+
+    def __exit__(self, *exc_info):
+        if self._last is not None:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+        return False
 
 
 class _NoProgress:

@@ -30,6 +30,8 @@ from ._common import (
     EXIT_VALIDATION,
     UsageError,
     add_progress_option,
+    add_verify_option,
+    cli_text,
     print_json,
     progress_for,
     refuse_existing,
@@ -37,6 +39,16 @@ from ._common import (
 
 #: The seed's names for the integer quantizations (§13.2 `--quantize int8`).
 QUANTIZE_ALIASES = {"int8": "Q8_0", "int4": "Q4_0"}
+#: Spellings of a precision: the seed writes `--precision fp16` (§4.8) and `--quantize fp16`
+#: / `--quantize bf16` (§13.2: a float "quantization" is a precision change).
+PRECISION_ALIASES = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16", "fp16": "f16", "float16": "f16",
+                     "half": "f16", "bf16": "bf16", "bfloat16": "bf16"}
+
+
+def precision_name(text: str) -> str:
+    """argparse type of ``--precision``: the seed's ``fp16``/``fp32`` and NumPy's
+    ``float16`` spell the same precisions as ``f16``/``f32``."""
+    return PRECISION_ALIASES.get(str(text).lower(), text)
 
 
 def add_parser(commands) -> None:
@@ -52,8 +64,10 @@ def add_conversion_arguments(p, *, source_help: str) -> None:
     p.add_argument("source", help=source_help)
     p.add_argument("destination", nargs="?", help="output path (or give -o)")
     p.add_argument("-o", "--output", help="output path")
-    p.add_argument("--quantize", metavar="TYPE", help="quantize 2-D float tensors: q8_0, q4_0, q4_k, ..., int8, int4")
-    p.add_argument("--precision", choices=("f32", "f16", "bf16"), help="convert float tensors to this precision")
+    p.add_argument("--quantize", metavar="TYPE",
+                   help="quantize 2-D float tensors: q8_0, q4_0, ..., int8, int4; fp16/bf16 change the precision")
+    p.add_argument("--precision", type=precision_name, choices=("f32", "f16", "bf16"),
+                   help="convert float tensors to this precision (fp32, fp16, float16, bfloat16 are accepted too)")
     p.add_argument("--compress", choices=("lz4", "zstd"), help="compress the tensors (.apr destinations)")
     p.add_argument("--validate", choices=("strict", "relaxed", "off"),
                    help="check each tensor's statistics as it is written (seed 001 §10.9); strict (default) "
@@ -85,6 +99,9 @@ def add_conversion_arguments(p, *, source_help: str) -> None:
                    help="replace an existing destination; write tensors that fail validation or the quality gate "
                         "(with a warning)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="list every tensor outside the expected ranges (default: one line per rule, with a count)")
+    add_verify_option(p)
     add_progress_option(p)
 
 
@@ -94,7 +111,7 @@ def run(args, *, to=None, verb="convert") -> int:
     target = to or getattr(args, "to", None)
     with progress_for(args, f"{verb} {os.path.basename(str(args.source))}") as progress:
         return convert_and_report(args.source, destination, dict(options, progress=progress), target, verb,
-                                  args.json)
+                                  args.json, getattr(args, "verbose", False))
 
 
 def output_path(args) -> str:
@@ -109,10 +126,18 @@ def output_path(args) -> str:
 def conversion_options(args) -> dict:
     """``aprfast.convert`` keyword arguments; a bad value is a usage error (exit 2)."""
     options = {"force": args.force, "tokenizer": not args.no_tokenizer}
-    if args.quantize:
+    if getattr(args, "verify", True) is False:
+        options["verify"] = False
+    precision = args.precision
+    if args.quantize and args.quantize.lower() in PRECISION_ALIASES:  # the seed's `--quantize fp16`
+        wanted = PRECISION_ALIASES[args.quantize.lower()]
+        if precision is not None and precision != wanted:
+            raise UsageError(f"--quantize {args.quantize} and --precision {precision} disagree")
+        precision = wanted
+    elif args.quantize:
         options["quantize"] = _quant_name(args.quantize)
-    if args.precision:
-        options["precision"] = args.precision
+    if precision:
+        options["precision"] = precision
     if args.compress:
         options["compression"] = args.compress
     if args.validate:
@@ -186,7 +211,7 @@ def _quant_name(text: str) -> str:
     return name
 
 
-def convert_and_report(source, destination, options, to, verb, as_json) -> int:
+def convert_and_report(source, destination, options, to, verb, as_json, verbose=False) -> int:
     import warnings
 
     from ..convert import DestinationExistsError, QualityGateError, TensorValidationError, convert
@@ -204,11 +229,11 @@ def convert_and_report(source, destination, options, to, verb, as_json) -> int:
         print(f"apr {verb}: {destination} exists; pass --force to replace it", file=sys.stderr)
         return EXIT_ERROR
     except QualityGateError as exc:
-        print(f"apr {verb}: quality gate failed: {exc}", file=sys.stderr)
+        print(cli_text(f"apr {verb}: quality gate failed: {exc}"), file=sys.stderr)
         print(f"apr {verb}: --max-drift X raises the limit; --force writes it anyway", file=sys.stderr)
         return EXIT_VALIDATION
     except TensorValidationError as exc:
-        print(f"apr {verb}: validation failed: {exc}", file=sys.stderr)
+        print(cli_text(f"apr {verb}: validation failed: {exc}"), file=sys.stderr)
         return EXIT_VALIDATION
     except (NotImplementedError, ValueError) as exc:
         from ..errors import AprError
@@ -217,22 +242,24 @@ def convert_and_report(source, destination, options, to, verb, as_json) -> int:
             raise
         raise UsageError(str(exc)) from None
     for w in caught:  # the mapper's and validator's warnings, once each, on stderr
-        print(f"apr {verb}: warning: {w.message}", file=sys.stderr)
+        print(cli_text(f"apr {verb}: warning: {w.message}"), file=sys.stderr)
     result.update({"source": str(source), "destination": str(destination), "size": _size(destination)})
     if as_json:
         print_json(result)
     else:
         print(f"{source} ({result['source_format']}) -> {destination} ({result['format']}): "
               f"{result['tensors']} tensors, {result['bytes']:,} source bytes, {result['size']:,} bytes written")
-        print(_summary(result))
+        print(_summary(result, verbose))
     return EXIT_OK
 
 
 _SHOWN = 10
 
 
-def _summary(result) -> str:
-    """The name mapping and validation lines under the conversion line."""
+def _summary(result, verbose: bool = False) -> str:
+    """The name mapping and validation lines under the conversion line: the tensors
+    outside the expected ranges counted per rule (issue 28 item 4: a normal model's
+    twelve projections are one line, not twelve), each listed with ``verbose``."""
     lines = []
     names = result.get("names")
     if names is not None and names.get("direction"):
@@ -261,12 +288,28 @@ def _summary(result) -> str:
         if v["skipped"]:
             parts.append(f"{len(v['skipped'])} without statistics (not checked)")
         lines.append(f"validation ({v['mode']}): {', '.join(parts)}")
-        lines += [f"  WARN {w['name']}: {'; '.join(w['reasons'])}" for w in v["warned"][:_SHOWN]]
-        if len(v["warned"]) > _SHOWN:
-            lines.append(f"  ... and {len(v['warned']) - _SHOWN} more (--json lists every one)")
+        if verbose:
+            lines += [f"  WARN {w['name']}: {'; '.join(w['reasons'])}" for w in v["warned"]]
+        else:
+            lines += _rule_lines(v["warned"])
     lines += _optimize_lines(result.get("optimize") or {})
     lines += _quality_lines(result.get("quality"))
     return "\n".join(lines)
+
+
+def _rule_lines(warned) -> list:
+    """One line per rule: how many tensors, the first few names."""
+    groups = {}
+    for w in warned:
+        for rule in w.get("rules") or w["reasons"]:
+            groups.setdefault(rule, []).append(w["name"])
+    lines = []
+    for rule, names in sorted(groups.items(), key=lambda item: -len(item[1])):
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        lines.append(f"  WARN {rule}: {len(names)} tensor(s) ({shown})")
+    if lines:
+        lines.append("  (--verbose lists each tensor with its numbers)")
+    return lines
 
 
 def _optimize_lines(report) -> list:

@@ -23,6 +23,7 @@ from ._common import (
     EXIT_VALIDATION,
     UsageError,
     add_key_options,
+    cli_text,
     non_negative_int,
     open_model,
     print_json,
@@ -172,7 +173,7 @@ def _checksum_check(path, args) -> dict:
         with open_model(path, _keys_args(args)) as f:
             f.verify()
     except AprError as exc:
-        return {"name": "checksum", "status": "FAIL", "code": exc.code, "detail": exc.message}
+        return {"name": "checksum", "status": "FAIL", "code": exc.code, "detail": cli_text(exc.message)}
     return {"name": "checksum", "status": "PASS", "detail": "CRC32 matches"}
 
 

@@ -5,8 +5,10 @@ B may be a ``.safetensors`` or ``.gguf`` reference, its names paired with A's th
 ``--tensor-mapping mapping.json`` (``{"name in A": "name in B"}``).  Exit 0 when every
 tensor is on both sides and within ``--tolerance`` and the metadata is the same
 (``--ignore-metadata`` leaves it out, as a reference in another format never has the
-same metadata); exit 5 otherwise: the seed's "validation failed", as ``diff`` itself
-reports a difference with a non-zero status.
+same metadata); exit 6 when the tensors all match but the metadata differs (result
+``METADATA DIFFERS``: a GGUF round trip adds ``gguf.*`` keys;
+issue 28 item 4); exit 5 when a tensor differs: the seed's "validation failed", as
+``diff`` itself reports a difference with a non-zero status.
 """
 
 from __future__ import annotations
@@ -21,19 +23,27 @@ from ._common import (
     UsageError,
     add_key_options,
     add_progress_option,
+    add_verify_option,
     fmt,
     keys_from,
     non_negative_int,
     print_json,
     progress_for,
+    verify_from,
 )
 
 #: Metadata values longer than this are shortened in the human report (vocabularies).
 _SHOWN_VALUE = 60
+#: The tensors match (within --tolerance) and only the metadata differs.
+EXIT_METADATA_DIFFERS = 6
 
 
 def add_parser(commands) -> None:
-    p = commands.add_parser("diff", help="compare two models tensor by tensor (exit 5 when they differ)")
+    p = commands.add_parser("diff", help="compare two models tensor by tensor (exit 5 when tensors differ, "
+                                         "6 when only the metadata does)",
+                            epilog="exit codes: 0 the same (IDENTICAL or MATCH), 5 a tensor differs (DIFFERENT), "
+                                   "6 the tensors match but the metadata differs (METADATA DIFFERS; "
+                                   "--ignore-metadata: 0)")
     p.add_argument("a", help="a .apr file")
     p.add_argument("b", help="a .apr file, or a .safetensors / .gguf reference")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
@@ -44,6 +54,7 @@ def add_parser(commands) -> None:
     p.add_argument("--threads", type=non_negative_int, default=0, help="threads for the statistics (0: every core)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     add_key_options(p)
+    add_verify_option(p)
     add_progress_option(p)
     p.set_defaults(run=run)
 
@@ -57,15 +68,20 @@ def run(args) -> int:
     with progress_for(args, "diff") as progress:
         report = diff_models(args.a, args.b, tolerance=args.tolerance, mapping=mapping,
                              keys_a=keys if _is_apr(args.a) else None, keys_b=keys if _is_apr(args.b) else None,
-                             threads=args.threads, progress=progress)
+                             threads=args.threads, progress=progress, verify=verify_from(args))
     same = report.tensors_match and (args.ignore_metadata or not report.metadata_differs)
     if args.json:
         print_json({**report.as_dict(), "result": _verdict(report, same)})
     else:
         print(format_report(report, same))
-    if not same:
-        print(f"apr diff: {args.a} and {args.b} differ", file=sys.stderr)
-    return EXIT_OK if same else EXIT_VALIDATION
+    if same:
+        return EXIT_OK
+    if report.tensors_match:
+        print(f"apr diff: {args.a} and {args.b} hold the same tensors; only the metadata differs "
+              "(--ignore-metadata: exit 0)", file=sys.stderr)
+        return EXIT_METADATA_DIFFERS
+    print(f"apr diff: {args.a} and {args.b} differ", file=sys.stderr)
+    return EXIT_VALIDATION
 
 
 def _is_apr(path) -> bool:
@@ -79,7 +95,7 @@ def _is_apr(path) -> bool:
 
 def _verdict(report, same) -> str:
     if not same:
-        return "DIFFERENT"
+        return "METADATA DIFFERS" if report.tensors_match else "DIFFERENT"
     if all(t.identical == t.count for t in report.tensors) and not report.metadata_differs:
         return "IDENTICAL"
     return "MATCH"
@@ -99,7 +115,11 @@ def format_report(report, same) -> str:
         lines.append(_tensor_line(t, report.tolerance))
     lines += [f"{name}: ONLY IN A" for name, _ in report.only_in_a]
     lines += [f"{name}: ONLY IN B" for name, _ in report.only_in_b]
-    lines.append(f"result: {_verdict(report, same)}")
+    verdict = _verdict(report, same)
+    if verdict == "METADATA DIFFERS":
+        identical = all(t.identical == t.count for t in report.tensors)
+        verdict += " (tensors identical)" if identical else " (tensors match within the tolerance)"
+    lines.append(f"result: {verdict}")
     return "\n".join(lines)
 
 

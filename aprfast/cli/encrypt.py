@@ -14,10 +14,13 @@ from ._common import (
     EXIT_OK,
     UsageError,
     add_signing_key_option,
+    add_verify_option,
+    layout_notes,
     password_from,
     print_json,
     refuse_existing,
     signing_key_from,
+    verify_from,
 )
 
 
@@ -33,6 +36,7 @@ def add_parser(commands) -> None:
                    help="v2 only: encrypt the metadata and tensor index as well (nothing listable without the key)")
     p.add_argument("-f", "--force", action="store_true", help="replace an existing OUTPUT")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_verify_option(p)
     p.set_defaults(run=run)
 
 
@@ -46,8 +50,10 @@ def run(args) -> int:
 
         recipients = [load_key(path, kind="x25519-public")[1] for path in args.recipient]
     refuse_existing(args.force, args.output)
-    result = encrypt_file(args.file, args.output, password=password, recipients=recipients,
-                          signing_key=signing_key_from(args), encrypt_names=args.encrypt_names, force=args.force)
+    with layout_notes("encrypt"):  # an aprender-layout file is written as APR2: say so
+        result = encrypt_file(args.file, args.output, password=password, recipients=recipients,
+                              signing_key=signing_key_from(args), encrypt_names=args.encrypt_names,
+                              force=args.force, verify=verify_from(args))
     if args.json:
         print_json(result)
     else:

@@ -19,7 +19,16 @@ from ..convert.mle import inspect_mle, is_mle
 from ..dtypes import element_count
 from ..errors import ChecksumError, SignatureError
 from ..tools.quality import VOCAB_KEYS, VOCAB_SIZE_KEYS
-from ._common import EXIT_OK, EXIT_VALIDATION, add_key_options, keys_from, non_negative_int, open_model, print_json
+from ._common import (
+    EXIT_OK,
+    EXIT_VALIDATION,
+    add_key_options,
+    cli_text,
+    keys_from,
+    non_negative_int,
+    open_model,
+    print_json,
+)
 
 SPECIAL_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "unk_token_id", "pad_token_id")
 #: Metadata values longer than this are cut short in the text report (``--full``: whole).
@@ -81,7 +90,7 @@ def verify(path, args) -> dict:
         with open_model(path, args) as f:
             f.verify()
     except (ChecksumError, SignatureError) as exc:
-        return {"ok": False, "code": exc.code, "detail": exc.message}
+        return {"ok": False, "code": exc.code, "detail": cli_text(exc.message)}
     return {"ok": True, "code": None, "detail": "checksum valid"}
 
 

@@ -3,7 +3,13 @@ pair, the private key in PATH (mode 0600) and the public key in PATH.pub; over
 :func:`aprfast.tools.protection.generate_keypair`.  Ed25519 keys sign .apr files (apr
 sign/verify), X25519 keys receive encrypted models (apr encrypt --recipient / decrypt
 --key-file), ECDSA keys (PEM) sign OpenSSF model-signing bundles (apr sign --format
-sigstore, and ``model_signing sign key``)."""
+sigstore, and ``model_signing sign key``).
+
+Key files say what they are (issue 28 item 2): PEM by default (PKCS#8 ``BEGIN PRIVATE
+KEY`` / ``BEGIN PUBLIC KEY``, read with no extra package), so a public key cannot pass for
+a private one; ``--format raw`` writes the bare 32 bytes, ``--format openssh`` OpenSSH's
+files (Ed25519).  The public key's fingerprint (``SHA256:...``, as ``ssh-keygen -l``
+shows it) is printed, as ``apr sign`` and ``apr verify`` print the signer's."""
 
 from __future__ import annotations
 
@@ -20,8 +26,8 @@ def add_parser(commands) -> None:
                    help="ed25519 for .apr signatures (default), x25519 for encryption, ecdsa-p256/p384/p521 "
                         "for Sigstore model-signing bundles (apr sign --format sigstore)")
     p.add_argument("--format", choices=("raw", "pem", "openssh"), default=None,
-                   help="key file format (default raw: 32 bytes, and pem for ECDSA; pem/openssh need the "
-                        "cryptography package)")
+                   help="key file format (default pem: says whether it is the private or the public key; raw: "
+                        "32 bytes that do not; openssh needs the cryptography package)")
     p.add_argument("--password-env", metavar="VAR",
                    help="ECDSA only: encrypt the private key with the password in environment variable VAR")
     p.add_argument("-f", "--force", action="store_true", help="replace existing key files")
@@ -44,7 +50,10 @@ def run(args) -> int:
     if args.json:
         print_json(result)
     else:
-        what = "key hint (SHA-256 of the public PEM)" if args.kind.startswith("ecdsa-") else "public key"
-        print(f"{args.kind} key pair: private {result['private']} (mode 0600), public {result['public']}\n"
-              f"{what}: {result['public_key']}")
+        print(f"{args.kind} key pair ({result['format']}): private {result['private']} (mode 0600), "
+              f"public {result['public']}")
+        if args.kind.startswith("ecdsa-"):
+            print(f"key hint (SHA-256 of the public PEM): {result['public_key']}")
+        else:
+            print(f"fingerprint: {result['fingerprint']}\npublic key: {result['public_key']}")
     return EXIT_OK

@@ -3,7 +3,10 @@
 Each falsifiable guarantee of §4.11 is one check:
 
 * **Naming** (§10.8): names that keep a source prefix (``model.``), GGUF or ONNX
-  spellings, or abbreviations (``encoder.w``) get WARN/INFO with the canonical name.
+  spellings, or abbreviations (``encoder.w``) get INFO with the canonical name: a
+  convention, not a failure (issue 28 item 4: every Hugging Face model keeps
+  ``model.``; ``apr convert --arch auto`` renames).  The text report gives one line per
+  naming rule with a count and an example (``--verbose``: one per tensor).
 * **Metadata**: a missing ``license``, ``model_card`` or ``provenance`` is a WARN
   (aprender's ``data_source`` counts as provenance).
 * **Efficiency**: a tensor whose data does not start on a 64-byte boundary is INFO.
@@ -13,7 +16,8 @@ Each falsifiable guarantee of §4.11 is one check:
 
 Alignment, compression and padding concern the v2 data section; v1 containers store
 one payload and get the naming and metadata checks only.  Exit 5 when a finding at or
-above ``--fail-on`` (default warn) is found, else 0.  :func:`lint_file` is the function.
+above ``--fail-on`` (default warn: a missing license, non-zero padding) is found, else 0.
+:func:`lint_file` is the function.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ _PAD_CHUNK = 1 << 20
 #: (pattern, level, why, replacement or None): §10.8's canonical names.  A replacement
 #: is re.sub's, applied to the name to suggest the canonical spelling.
 NAMING_RULES = (
-    (r"^model\.", "WARN", "source prefix 'model.' is not part of the APR name", ""),
-    (r"^/|/", "WARN", "ONNX-style path: APR names use dots", None),
+    (r"^model\.", "INFO", "source prefix 'model.' is not part of the APR name", ""),
+    (r"^/|/", "INFO", "ONNX-style path: APR names use dots", None),
     (r"^blk\.(\d+)\.attn_q\.", "INFO", "GGUF name", r"layers.\1.attn.q_proj."),
     (r"^blk\.(\d+)\.attn_k\.", "INFO", "GGUF name", r"layers.\1.attn.k_proj."),
     (r"^blk\.(\d+)\.attn_v\.", "INFO", "GGUF name", r"layers.\1.attn.v_proj."),
@@ -56,6 +60,8 @@ def add_parser(commands) -> None:
     p.add_argument("--fail-on", choices=("info", "warn", "never"), default="warn",
                    help="exit 5 when a finding at this level or above is found (default warn)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="one naming finding per tensor (default: one line per naming rule, with a count)")
     add_key_options(p)
     p.set_defaults(run=run)
 
@@ -66,7 +72,7 @@ def run(args) -> int:
     if args.json:
         print_json({"file": args.file, "findings": findings})
     else:
-        print(format_findings(args.file, findings))
+        print(format_findings(args.file, findings, verbose=args.verbose))
     if args.fail_on == "never":
         return EXIT_OK
     threshold = LEVELS.index(args.fail_on.upper())
@@ -117,7 +123,9 @@ def _naming_findings(name) -> list:
         return []
     level = max((lv for lv, _ in broken), key=LEVELS.index)
     hint = f"; canonical: '{canonical}'" if canonical != name else ""
-    return [_finding(level, "Tensor Naming", f"'{name}': {'; '.join(w for _, w in broken)}{hint}", name)]
+    finding = _finding(level, "Tensor Naming", f"'{name}': {'; '.join(w for _, w in broken)}{hint}", name)
+    finding["rule"] = "; ".join(w for _, w in broken)
+    return [finding]
 
 
 def _layout_findings(infos) -> list:
@@ -156,10 +164,29 @@ def _has_nonzero(fh, offset, size) -> bool:
     return False
 
 
-def format_findings(path, findings) -> str:
+def format_findings(path, findings, verbose: bool = False) -> str:
+    """The report: each finding, naming findings one line per rule with a count
+    unless ``verbose``."""
     if not findings:
         return f"{path}: no findings"
-    lines = [f"[{x['level']}] {x['category']}: {x['message']}" for x in findings]
+    lines, groups = [], {}
+    for x in findings:
+        if x["category"] == "Tensor Naming" and not verbose:
+            if x["rule"] not in groups:
+                groups[x["rule"]] = []
+                lines.append((x["level"], x["rule"]))  # where the group's line goes
+            groups[x["rule"]].append(x)
+        else:
+            lines.append(f"[{x['level']}] {x['category']}: {x['message']}")
+    lines = [line if isinstance(line, str) else _naming_line(*line, groups[line[1]]) for line in lines]
     counts = {level: sum(x["level"] == level for x in findings) for level in LEVELS}
-    lines.append(f"{path}: {counts['WARN']} warning(s), {counts['INFO']} info")
+    lines.append(f"{path}: {counts['WARN']} warning(s), {counts['INFO']} info"
+                 + (" (--verbose lists each tensor's name finding)" if groups else ""))
     return "\n".join(lines)
+
+
+def _naming_line(level, rule, found) -> str:
+    example = found[0]["message"]
+    if len(found) == 1:
+        return f"[{level}] Tensor Naming: {example}"
+    return f"[{level}] Tensor Naming: {len(found)} tensors: {rule} (e.g. {example})"

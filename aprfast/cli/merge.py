@@ -12,10 +12,12 @@ from ._common import (
     UsageError,
     add_key_options,
     add_progress_option,
+    add_verify_option,
     keys_from,
     print_json,
     progress_for,
     refuse_existing,
+    verify_from,
 )
 
 
@@ -34,6 +36,7 @@ def add_parser(commands) -> None:
     p.add_argument("-f", "--force", action="store_true", help="replace an existing OUTPUT")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     add_key_options(p)
+    add_verify_option(p)
     add_progress_option(p)
     p.set_defaults(run=run)
 
@@ -45,7 +48,8 @@ def run(args) -> int:
             refuse_existing(args.force, args.output)
             result = merge_models(args.models, args.output, method=args.method, base=args.base, weights=weights,
                                   density=args.density, t=args.t, lam=args.lam, seed=args.seed,
-                                  keys=keys_from(args), force=args.force, progress=progress)
+                                  keys=keys_from(args), force=args.force, progress=progress,
+                                  verify=verify_from(args))
     except ValueError as exc:
         from ..errors import AprError
 

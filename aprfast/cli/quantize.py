@@ -1,5 +1,6 @@
-"""``apr quantize IN -o OUT --type q4_0 [--embedding-type q8_0] [--output-type q8_0]
-[--layer GLOB=TYPE ...]``: seed 002 §6.2.6.
+"""``apr quantize IN OUT --type q4_0 [--embedding-type q8_0] [--output-type q8_0]
+[--layer GLOB=TYPE ...]``: seed 002 §6.2.6.  OUT may also be given as ``-o OUT``, as
+``apr convert`` takes either.
 
 Tensors are quantized by :func:`aprfast.numerics.quantization.quantize_tensors` (the C kernels),
 then dequantized to measure each one's error; the report gives every tensor's type,
@@ -15,17 +16,21 @@ import dataclasses
 import fnmatch
 import os
 
+from ..dtypes import element_count
+from ..layouts.aprender import COUNT_KEYS, tensor_counts
 from ..numerics.quantization import quant_type, quant_types, quantize_tensors
 from ._common import (
     EXIT_OK,
     UsageError,
     add_key_options,
     add_progress_option,
+    add_verify_option,
     non_negative_int,
     open_model,
     print_json,
     progress_for,
     refuse_existing,
+    verify_from,
 )
 
 #: Names of embedding and output-projection tensors (Hugging Face, GGUF, whisper spellings).
@@ -39,7 +44,8 @@ FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 def add_parser(commands) -> None:
     p = commands.add_parser("quantize", help="quantize a model's float tensors (q8_0, q4_0, q4_1, ...) with a report")
     p.add_argument("file", help="the model to quantize (.apr)")
-    p.add_argument("-o", "--output", required=True, help="where to write the quantized model")
+    p.add_argument("destination", nargs="?", help="where to write the quantized model (or give -o)")
+    p.add_argument("-o", "--output", help="where to write the quantized model")
     # not required=True: a config file's [quantize] type = "q4_0" may supply it
     p.add_argument("--type", metavar="TYPE",
                    help=f"the default type: {', '.join(t.lower() for t in quant_types(quantizable=True))}")
@@ -54,8 +60,19 @@ def add_parser(commands) -> None:
     p.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     add_progress_option(p)
+    add_verify_option(p)
     add_key_options(p)
     p.set_defaults(run=run)
+
+
+def _output(args) -> str:
+    """OUT as the second argument or ``-o`` (one of the two, as apr convert)."""
+    if args.destination and args.output and args.destination != args.output:
+        raise UsageError(f"two outputs given: {args.destination!r} and -o {args.output!r}")
+    output = args.destination or args.output
+    if not output:
+        raise UsageError("no output: give OUT (apr quantize IN OUT --type TYPE) or -o OUT")
+    return output
 
 
 def parse_rules(args) -> list:
@@ -103,8 +120,9 @@ def run(args) -> int:
     if default is None:
         raise UsageError("--type must name a quantization type")
     rules = parse_rules(args)
-    refuse_existing(args.force, args.output)
-    result = quantize_file(args.file, args.output, default, rules, args)
+    output = _output(args)
+    refuse_existing(args.force, output)
+    result = quantize_file(args.file, output, default, rules, args)
     if args.json:
         print_json(result)
     else:
@@ -116,14 +134,15 @@ def quantize_file(source, destination, default, rules, args) -> dict:
     """Quantize ``source`` into ``destination``; the report as a dict."""
     import aprfast
 
-    with open_model(source, args) as f, progress_for(args, "quantizing") as progress:
+    with open_model(source, args, verify=verify_from(args)) as f, progress_for(args, "quantizing") as progress:
         names = list(f.keys())
         tensors = {}
         for done, name in enumerate(names, 1):
             tensors[name] = f.get_tensor(name)
             if progress:
                 progress(done, len(names))
-        metadata = {k: v for k, v in (f.metadata or {}).items() if k != "quantization"}
+        # the source's counts described its tensors: the new file's are filled below
+        metadata = {k: v for k, v in (f.metadata or {}).items() if k not in ("quantization", *COUNT_KEYS)}
         quantized, report = quantize_tensors(tensors, default, selector(default, rules, args.quantize_1d),
                                              threads=args.threads)
     report = _explain_kept(report, rules, args.quantize_1d)
@@ -134,6 +153,8 @@ def quantize_file(source, destination, default, rules, args) -> dict:
         metadata["quantization"] = quant_meta
     layout = args.layout if args.layout != "auto" else ("aprender" if quant_meta and "quant_type" in quant_meta
                                                         else "apr2")
+    if layout == "aprender":  # its param_count / total_size fields say what was written (issue 28 item 4)
+        metadata.update(tensor_counts((element_count(v.shape), v.nbytes) for v in quantized.values()))
     aprfast.save_file(quantized, destination, metadata, layout=layout)  # temp file + rename: never half-written
     return _result(source, destination, default, layout, report)
 

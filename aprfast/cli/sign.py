@@ -20,10 +20,13 @@ from ._common import (
     EXIT_OK,
     UsageError,
     add_signing_key_option,
+    add_verify_option,
     keys_from,
+    layout_notes,
     print_json,
     refuse_existing,
     signing_key_from,
+    verify_from,
 )
 
 
@@ -53,6 +56,7 @@ def add_parser(commands) -> None:
                         "(repeatable)")
     p.add_argument("-f", "--force", action="store_true", help="replace an existing OUTPUT")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_verify_option(p)
     p.set_defaults(run=run)
 
 
@@ -68,12 +72,17 @@ def run(args) -> int:
         raise UsageError("--signing-key PATH is required")
     refuse_existing(args.force, args.output)  # no OUTPUT: FILE itself is re-signed in place
     keys = keys_from(args)
-    result = sign_file(args.file, key, output=args.output, replace_signature=args.resign, force=args.force,
-                       password=keys.get("password"), private_key=keys.get("private_key"))
+    with layout_notes("sign"):  # an aprender-layout file is written back as APR2: say so
+        result = sign_file(args.file, key, output=args.output, replace_signature=args.resign, force=args.force,
+                           password=keys.get("password"), private_key=keys.get("private_key"),
+                           verify=verify_from(args))
+    from ..crypto.core import key_fingerprint
+
+    result["fingerprint"] = key_fingerprint(bytes.fromhex(result["signer"]))
     if args.json:
         print_json(result)
     else:
-        print(f"{result['file']}: signed by {result['signer']}")
+        print(f"{result['file']}: signed by {result['fingerprint']} (Ed25519 public key {result['signer']})")
     return EXIT_OK
 
 

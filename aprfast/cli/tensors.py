@@ -14,11 +14,13 @@ from ._common import (
     EXIT_OK,
     EXIT_VALIDATION,
     add_key_options,
+    add_verify_option,
     fmt,
     non_negative_int,
     open_model,
     print_json,
     shape_text,
+    verify_from,
 )
 
 
@@ -33,11 +35,13 @@ def add_parser(commands) -> None:
     p.add_argument("--threads", type=non_negative_int, default=0, help="threads for the statistics (0: every core)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     add_key_options(p)
+    add_verify_option(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    with open_model(args.file, args) as f:
+    # --stats reads every tensor: the file's CRC is checked first (cheap next to the statistics)
+    with open_model(args.file, args, verify=bool(args.stats) and verify_from(args)) as f:
         if args.hist:
             return _hist(f, args)
         rows = list_tensors(f, pattern=args.filter, stats=args.stats, threads=args.threads)

@@ -18,7 +18,7 @@ import sys
 
 from ..errors import ChecksumError, DecryptError, SignatureError
 from ..tools.protection import verify_file
-from ._common import EXIT_OK, EXIT_VALIDATION, UsageError, keys_from, print_json
+from ._common import EXIT_OK, EXIT_VALIDATION, UsageError, cli_text, keys_from, print_json
 
 
 def add_parser(commands) -> None:
@@ -65,15 +65,23 @@ def run(args) -> int:
                              private_key=keys.get("private_key"))
     except (ChecksumError, SignatureError, DecryptError) as exc:
         if args.json:
-            print_json({"file": args.file, "valid": False, "code": exc.code, "detail": exc.message})
-        print(f"apr verify: [{exc.code}] {args.file}: {exc.message}", file=sys.stderr)
+            print_json({"file": args.file, "valid": False, "code": exc.code, "detail": cli_text(exc.message)})
+        print(cli_text(f"apr verify: [{exc.code}] {args.file}: {exc.message}"), file=sys.stderr)
         return EXIT_VALIDATION
     result.update({"file": args.file, "valid": True})
+    if result.get("signer"):
+        from ..crypto.core import key_fingerprint
+
+        result["fingerprint"] = key_fingerprint(bytes.fromhex(result["signer"]))
     if args.json:
         print_json(result)
     else:
         who = "a trusted key" if result["trusted"] else "its embedded key (self-signed: give --trusted-key)"
-        print(f"{args.file}: checksum valid; signature valid, by {who}: {result['signer']}")
+        print(f"{args.file}: checksum valid; signature valid, by {who}: {result['signer']} "
+              f"(fingerprint {result.get('fingerprint')})")
+        if not result["trusted"]:
+            print(f"{args.file}: signed by {result.get('fingerprint')}; compare it with the signer's "
+                  "(apr keygen prints it), or pass --trusted-key THEIR.pub")
         if result["container"] == "v2":
             tags = " and AES-GCM tags" if result["tags_checked"] else ""
             print(f"{args.file}: {result['chunks']} chunk(s): {result['digest']} digests{tags} valid")

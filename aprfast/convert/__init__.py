@@ -13,13 +13,14 @@ while it is converted) plus a constant, whatever the model's size.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 
 import numpy as np
 
 from .. import dtypes as _dtypes
-from ..errors import FormatError, LayoutError, os_error
+from ..errors import AprError, ChecksumError, FormatError, LayoutError, os_error
 from ..numerics.drift import numeric_values
 from ..numerics.precision import to_bfloat16, to_float16, to_float32
 from ..numerics.quantization import dequantize as _dequantize
@@ -52,6 +53,7 @@ _PRECISIONS = {"f32": "F32", "float32": "F32", "f16": "F16", "float16": "F16", "
 _FLOATS = {"F32", "F16", "BF16", "F64"}
 #: Where the output's metadata records the name mapping applied (``arch=``).
 NAME_MAPPING_KEY = "aprfast.name_mapping"
+log = logging.getLogger("aprfast.convert")
 
 
 # --- sources -------------------------------------------------------------------------
@@ -127,7 +129,7 @@ def detect(path) -> str:
                       "a safetensors index, GGUF, a torch.save checkpoint, ONNX, Burnpack or MLE", path=path)
 
 
-def open_source(path, *, tokenizer: bool = True):
+def open_source(path, *, tokenizer: bool = True, verify: bool = True):
     """The tensor stream of any supported source, metadata mapped to .apr's.
 
     What :func:`convert` reads from: ``specs`` (each tensor's name, dtype and shape,
@@ -138,6 +140,8 @@ def open_source(path, *, tokenizer: bool = True):
         path: A file or directory of any format :func:`detect` names.
         tokenizer: Embed a sibling ``tokenizer.json`` of a safetensors source in the
             metadata.
+        verify: An ``.apr`` source checks its CRC (and signature) as it is read;
+            its ``check()`` compares (see ``convert.apr.AprSource``).
 
     Returns:
         A source object; its ``format`` is what :func:`detect` said.
@@ -157,7 +161,7 @@ def open_source(path, *, tokenizer: bool = True):
     """
     kind = detect(path)
     if kind == "apr":
-        source = _apr.AprSource(path)
+        source = _apr.AprSource(path, verify=verify)
     elif kind == "gguf":
         source = _gguf.GGUFSource(path)
     elif kind == "pytorch":
@@ -425,7 +429,7 @@ def _quant_selector(quantize):
 def convert(source, destination, *, to=None, quantize=None, precision=None, compression=None, arch=None,
             rename=None, strip_prefix=None, validate="strict", force=False, progress=None, max_shard_size=None,
             tokenizer=True, durable=True, prune=None, lowrank=None, max_drift=DEFAULT_MAX_DRIFT,
-            storage_options=None, names="auto") -> dict:
+            storage_options=None, names="auto", verify=True) -> dict:
     """Convert a model between ``.apr``, safetensors (one file or a sharded checkpoint)
     and GGUF, streaming one tensor at a time.
 
@@ -468,7 +472,9 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     first match wins, unmatched kept; or ``callable(name, shape) -> type | None``;
     names are the output names) quantizes 2-D float tensors whose rows fit the type's
     blocks; others are kept.  ``compression`` ("lz4"/"zstd", .apr only) uses a spooled
-    Writer (see ``convert.apr.apr_writer``: memory then grows with the compressed model).
+    Writer (see ``convert.apr.apr_writer``: memory then grows with the compressed model)
+    and the APR2 layout (from an aprender-layout source: a LayoutChangeWarning, as
+    aprender does not read APR2).
     ``validate`` (``convert.validation``; docs/guide/converting.md): "strict" checks every
     tensor written against its expected statistics and aborts at the first failure
     (TensorValidationError, nothing written) unless ``force=True``; "relaxed" warns
@@ -513,6 +519,9 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
         lowrank: A rank, or a dict of low-rank options, as above.
         max_drift: The quality gate's limit on relative L2 drift (None: no limit).
         storage_options: Options for a URL ``source``, as for :func:`aprfast.open`.
+        verify: Check an ``.apr`` source's footer CRC32 (and signature) while it is
+            read, before the output is published (ChecksumError otherwise); False
+            converts a damaged file as it is.
 
     Returns:
         The summary dict described above.
@@ -527,6 +536,8 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
             (E002; nothing written).
         QualityGateError: A lossy option drifted a tensor past ``max_drift`` (E002;
             nothing written).
+        ChecksumError: With ``verify``, an ``.apr`` source's bytes do not match its
+            CRC32 (E004; nothing written).
         AprFileNotFoundError: ``source`` does not exist.
 
     Examples:
@@ -563,15 +574,16 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
             source = local.path
     try:
         return _convert(source, destination, kind, precision, quantize, prefixes, validator, optimizer, gate, arch,
-                        rename, compression, max_shard_size, force, durable, progress, tokenizer, names)
+                        rename, compression, max_shard_size, force, durable, progress, tokenizer, names, verify)
     finally:
         if local is not None:
             local.close()
 
 
 def _convert(source, destination, kind, precision, quantize, prefixes, validator, optimizer, gate, arch, rename,
-             compression, max_shard_size, force, durable, progress, tokenizer, naming="auto") -> dict:
-    src = open_source(source, tokenizer=tokenizer)
+             compression, max_shard_size, force, durable, progress, tokenizer, naming="auto",
+             verify=True) -> dict:
+    src = open_source(source, tokenizer=tokenizer, verify=verify)
     model = side = None
     try:
         if naming == "auto" and arch is None:
@@ -588,9 +600,15 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
                 _hf.write_side_files(side, _hf.side_file_dir(destination), force=force, check_only=True)
         if mapping is not None and mapping.arch:
             src.metadata = dict(src.metadata, **{NAME_MAPPING_KEY: mapping.metadata()})
+        log.debug("convert %s (%s, %d tensors, %d bytes) -> %s (%s): %d tensors written", source, src.format,
+                  len(src.specs), sum(s.nbytes for s in src.specs), destination, kind, len(pairs))
         recorded = optimizer.metadata()  # aprfast.lowrank / aprfast.prune
         if recorded:
             src.metadata = dict(src.metadata, **recorded)
+        if kind == "apr" and compression is not None and getattr(src, "layout", None) == "aprender":
+            from ..layouts import warn_layout_change
+
+            warn_layout_change(source, destination, f"compression={compression!r}", stacklevel=4)
         if kind == "apr" and compression is None and getattr(src, "aliases", None) and not optimizer.factored:
             total = _save_shared(src, destination, pairs, force, durable, progress, validator, optimizer, gate)
         else:
@@ -678,8 +696,33 @@ def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None, 
             done += spec.nbytes
             if progress is not None:
                 progress(done, total)
+        _check_source(src)
         writer.close()
+    except AprError as exc:
+        writer.abort()
+        if not isinstance(exc, ChecksumError):
+            _check_source(src, exc)  # a damaged source says so, not what the damage broke
+        raise
     except BaseException:
         writer.abort()
         raise
     return total
+
+
+def _check_source(src, cause=None) -> None:
+    """The source's own integrity check (an ``.apr`` source's CRC, issue 28 item 1),
+    before the output is published; after another failure (``cause``), a ChecksumError
+    it finds replaces that failure's error."""
+    check = getattr(src, "check", None)
+    if check is None:
+        return
+    if cause is None:
+        check()
+        log.debug("source integrity checked before publishing (%s)", type(src).__name__)
+        return
+    try:
+        check()
+    except ChecksumError as exc:
+        raise exc from cause
+    except Exception:  # noqa: BLE001 - any other trouble of the check: the first error stands
+        return

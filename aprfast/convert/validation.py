@@ -107,7 +107,8 @@ class InlineValidator:
             return value
         self.checked += 1
         if verdict.status == "WARN":
-            self.warned.append({"name": name, "role": verdict.role, "reasons": list(verdict.reasons)})
+            self.warned.append({"name": name, "role": verdict.role, "reasons": list(verdict.reasons),
+                                "rules": list(verdict.rules)})
         elif verdict.status == "FAIL":
             self._fail(name, stats, verdict)
         return value
@@ -122,7 +123,8 @@ class InlineValidator:
                 f"{what} [{numbers}]; conversion aborted, nothing written (validate='relaxed' or force=True "
                 "writes it anyway)", path=self.destination, tensor=name, role=verdict.role,
                 reasons=verdict.reasons, stats=stats.as_dict())
-        self.failed.append({"name": name, "role": verdict.role, "reasons": list(verdict.reasons)})
+        self.failed.append({"name": name, "role": verdict.role, "reasons": list(verdict.reasons),
+                            "rules": list(verdict.rules)})
         warnings.warn(f"{what} [{numbers}]; written anyway (validate={self.mode!r}"
                       + (", force=True)" if self.mode == "strict" else ")"), ValidationWarning, stacklevel=4)
 

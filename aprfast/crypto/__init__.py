@@ -17,8 +17,8 @@ __all__ = [
     "encrypt_with_password", "decrypt_with_password", "Sealing", "password_sealing", "recipient_sealing",
     "recipients_sealing", "encrypt_for_recipient", "is_recipient", "decrypt_as_recipient", "encrypt_for_recipients",
     "decrypt_multi_recipient", "is_multi_recipient", "generate_signing_key", "public_key_of", "sign", "verify",
-    "generate_x25519_key", "x25519_public_key", "save_key", "load_key", "encrypt_request", "decrypt_request",
-    "encrypt_response", "decrypt_response", "inference_metadata", "inference_public_key",
+    "generate_x25519_key", "x25519_public_key", "save_key", "load_key", "key_fingerprint", "encrypt_request",
+    "decrypt_request", "encrypt_response", "decrypt_response", "inference_metadata", "inference_public_key",
 ]
 
 

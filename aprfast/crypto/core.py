@@ -85,7 +85,7 @@ __all__ = [
     "encrypt_for_recipient", "is_recipient", "decrypt_as_recipient",
     "encrypt_for_recipients", "decrypt_multi_recipient", "is_multi_recipient",
     "generate_signing_key", "public_key_of", "sign", "verify",
-    "generate_x25519_key", "x25519_public_key", "save_key", "load_key",
+    "generate_x25519_key", "x25519_public_key", "save_key", "load_key", "key_fingerprint",
     "encrypt_request", "decrypt_request", "encrypt_response", "decrypt_response",
     "inference_metadata", "inference_public_key",
 ]
@@ -1420,10 +1420,55 @@ def _small_multiple(count: int, point: bytes) -> bytes:
 _MAX_KEY_FILE_SIZE = 64 * 1024  # a key file is tiny; anything bigger is the wrong file
 
 
+#: RFC 8410's DER of each kind, less the 32 key bytes that end it: a PKCS#8 v1
+#: PrivateKeyInfo (``BEGIN PRIVATE KEY``) or a SubjectPublicKeyInfo (``BEGIN PUBLIC KEY``),
+#: algorithm id-Ed25519 (1.3.101.112) or id-X25519 (1.3.101.110).  These are the bytes
+#: OpenSSL and ``cryptography`` write, so PEM needs no package to write or read.
+_DER_PREFIXES = {
+    "ed25519-private": bytes.fromhex("302e020100300506032b657004220420"),
+    "ed25519-public": bytes.fromhex("302a300506032b6570032100"),
+    "x25519-private": bytes.fromhex("302e020100300506032b656e04220420"),
+    "x25519-public": bytes.fromhex("302a300506032b656e032100"),
+}
+
+
+def key_fingerprint(public: BytesLike, kind: str = "ed25519-public") -> str:
+    """A public key's fingerprint, ``SHA256:`` and unpadded base64, as ``ssh-keygen -l``
+    prints it: for Ed25519 the SHA-256 of the OpenSSH public key blob (so an OpenSSH
+    export of the key shows the same fingerprint), for X25519 (which OpenSSH has not)
+    the SHA-256 of the 32 key bytes.
+
+    Args:
+        public: The 32 public key bytes.
+        kind: "ed25519-public" or "x25519-public".
+
+    Returns:
+        The fingerprint, e.g. ``SHA256:Yk8n...``.
+
+    Raises:
+        ValueError: A key that is not 32 bytes, or another kind.
+
+    Examples:
+        >>> from aprfast import crypto
+        >>> crypto.key_fingerprint(crypto.public_key_of(bytes(32)))
+        'SHA256:tAXFyTXI8xtDaujAEcwJslAYc9/6FKcUkd2Lw0xDhPo'
+    """
+    raw = bytes(_fixed_bytes(public, 32, f"{kind} key"))
+    if kind == "ed25519-public":
+        name = b"ssh-ed25519"
+        blob = len(name).to_bytes(4, "big") + name + len(raw).to_bytes(4, "big") + raw
+    elif kind == "x25519-public":
+        blob = raw
+    else:
+        raise ValueError(f"kind must be 'ed25519-public' or 'x25519-public'; got {kind!r}")
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode("ascii").rstrip("=")
+
+
 def save_key(path, key: BytesLike, *, kind: str, format: str = "raw") -> None:
     """Write a key file atomically (temporary file, fsync, rename); private keys get
-    mode 0600.  ``format``: "raw" (the 32 key bytes), "pem" (PKCS#8 / SubjectPublicKeyInfo)
-    or "openssh" (Ed25519 only); the last two need the ``cryptography`` package.
+    mode 0600.  ``format``: "raw" (the 32 key bytes, which do not say what they are),
+    "pem" (PKCS#8 / SubjectPublicKeyInfo: says its kind, needs no package) or
+    "openssh" (Ed25519 only; needs the ``cryptography`` package).
     docs/FORMAT.md §10 ("Key files").
 
     Args:
@@ -1436,7 +1481,7 @@ def save_key(path, key: BytesLike, *, kind: str, format: str = "raw") -> None:
     Raises:
         ValueError: An unknown kind or format, a format the kind has not ("openssh"
             for X25519), or a key that is not 32 bytes.
-        MissingDependencyError: "pem"/"openssh" without the ``cryptography`` package.
+        MissingDependencyError: "openssh" without the ``cryptography`` package.
         AprIOError: The file cannot be written.
 
     Examples:
@@ -1517,6 +1562,10 @@ def _cryptography_key_classes():
 
 
 def _encode_text_key(raw: bytes, kind: str, format: str) -> bytes:
+    if format == "pem":  # RFC 8410's fixed DER: no package needed
+        label = b"PRIVATE KEY" if kind.endswith("-private") else b"PUBLIC KEY"
+        body = base64.b64encode(_DER_PREFIXES[kind] + bytes(raw))
+        return b"-----BEGIN " + label + b"-----\n" + body + b"\n-----END " + label + b"-----\n"
     serialization, classes = _cryptography_key_classes()
     encoding, private_format = serialization.Encoding, serialization.PrivateFormat
     if format == "openssh" and kind.startswith("x25519"):
@@ -1531,7 +1580,30 @@ def _encode_text_key(raw: bytes, kind: str, format: str) -> bytes:
     return key.public_bytes(encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
+def _plain_pem_key(data: bytes):
+    """(kind, key) of a PEM file holding exactly one of RFC 8410's four plain DER
+    structures, else None (anything else goes to ``cryptography``)."""
+    lines = data.strip().splitlines()
+    if len(lines) < 3:
+        return None
+    for label in (b"PRIVATE KEY", b"PUBLIC KEY"):
+        begin, end = b"-----BEGIN " + label + b"-----", b"-----END " + label + b"-----"
+        if lines[0].strip() == begin and lines[-1].strip() == end:
+            try:
+                der = base64.b64decode(b"".join(line.strip() for line in lines[1:-1]), validate=True)
+            except ValueError:
+                return None
+            for kind, prefix in _DER_PREFIXES.items():
+                if kind.endswith("-private") == (label == b"PRIVATE KEY") and len(der) == len(prefix) + 32 \
+                        and der.startswith(prefix):
+                    return kind, der[len(prefix):]
+    return None
+
+
 def _decode_text_key(data: bytes, path) -> Tuple[str, bytes]:
+    plain = _plain_pem_key(data)
+    if plain is not None:
+        return plain
     serialization, classes = _cryptography_key_classes()
     try:
         if data.startswith(b"ssh-"):

@@ -12,7 +12,44 @@ from ..errors import FormatError, LayoutError
 from . import apr1, apr2, aprender, v1
 from ._common import MAX_RESERVE, align, check_reserve, find_aliases
 
-__all__ = ["LAYOUTS", "MAX_RESERVE", "align", "caller_metadata", "check_reserve", "detect", "is_v1", "plan"]
+__all__ = ["LAYOUTS", "MAX_RESERVE", "LayoutChangeWarning", "align", "caller_metadata", "check_reserve", "detect",
+           "is_v1", "plan", "warn_layout_change"]
+
+
+class LayoutChangeWarning(UserWarning):
+    """An operation wrote the APR2 (spec) layout from a file in aprender's layout
+    (``APR\\0``): signing, encrypting or compressing need the APR2 security block or
+    per-tensor codecs, which aprender's layout has not, and aprender reads only its own
+    layout, so the new file is one aprender will not read (issue 28 item 8).  ``apr``
+    prints it as a line on stderr.
+
+    Examples:
+        >>> import warnings, numpy as np, aprfast
+        >>> from aprfast.tools.protection import sign_file
+        >>> aprfast.save_file({"w": np.zeros(2, np.float32)}, "m.apr")  # aprender's layout
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     _ = sign_file("m.apr", bytes(32), output="signed.apr")
+        >>> [type(w.message).__name__ for w in caught]
+        ['LayoutChangeWarning']
+    """
+
+
+def warn_layout_change(source, output, why: str, stacklevel: int = 3) -> None:
+    """Warn (:class:`LayoutChangeWarning`) that ``output`` is APR2 where ``source`` was
+    in aprender's layout, saying ``why`` and what aprender will not read.
+
+    Args:
+        source: The input's path.
+        output: The path written.
+        why: What needs the APR2 layout ("a signature", "encryption", ...).
+        stacklevel: For :func:`warnings.warn`.
+    """
+    import warnings
+
+    warnings.warn(f"{source} is in aprender's layout (APR\\0); {why} needs the APR2 layout, so {output} is APR2, "
+                  "which aprender does not read (its readers take APR\\0 files only)", LayoutChangeWarning,
+                  stacklevel=stacklevel)
 
 #: The layouts aprfast writes (``layout=`` of save_file and plan).
 LAYOUTS = {aprender.NAME: aprender, apr2.NAME: apr2}

@@ -130,6 +130,37 @@ def encode_metadata(metadata: dict) -> bytes:
         raise LayoutError(f"metadata cannot be written as aprender JSON: {exc}") from None
 
 
+#: aprender's struct fields that describe the tensors written, not the model.
+COUNT_KEYS = ("param_count", "total_size")
+
+
+def tensor_counts(entries) -> dict:
+    """``{"param_count", "total_size"}`` of ``(element_count, nbytes)`` pairs: the
+    elements of every tensor and the bytes of their data (uncompressed, without the
+    padding between tensors), what a converter writes into aprender's two count
+    fields (issue 28 item 4).  aprender's own ``AprV2Writer`` writes what its caller
+    sets (0 when nothing), so :func:`aprfast.save_file` leaves them to its caller too
+    (byte identity); ``aprfast.convert``, ``apr quantize`` and ``apr merge``, which
+    know the tensors they write, fill them.
+
+    Args:
+        entries: ``(element_count, nbytes)`` per tensor.
+
+    Returns:
+        The two counts.
+
+    Examples:
+        >>> from aprfast.layouts.aprender import tensor_counts
+        >>> tensor_counts([(6, 24), (2, 4)])
+        {'param_count': 8, 'total_size': 28}
+    """
+    params = size = 0
+    for count, nbytes in entries:
+        params += int(count)
+        size += int(nbytes)
+    return {"param_count": params, "total_size": size}
+
+
 def caller_metadata(stored: dict) -> dict:
     """The metadata as the writer's caller gave it: ``stored`` without the fields
     aprender's struct makes every file carry (``model_type`` "", ``license``,

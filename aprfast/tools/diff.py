@@ -170,7 +170,7 @@ class _Side:
     through ``aprfast.open`` (keys for encrypted v1 files), anything else through the
     converters' source for its format."""
 
-    def __init__(self, path, keys):
+    def __init__(self, path, keys, verify=True):
         from ..convert import detect, open_source
 
         self.path = os.fspath(path)
@@ -178,7 +178,8 @@ class _Side:
         if detect(self.path) == "apr":
             from ..api import open as open_apr
 
-            self._file = open_apr(self.path, unknown_dtypes="raw", **(keys or {}))
+            # verify: a damaged file is an error, not a difference (CRC first: cheap next to the compare)
+            self._file = open_apr(self.path, unknown_dtypes="raw", verify=verify, **(keys or {}))
             self.names = list(self._file.keys())
             infos = {n: self._file.info(n) for n in self.names}
             self.shapes = {n: list(i.shape) for n, i in infos.items()}
@@ -334,7 +335,7 @@ def _pairs(names_a, names_b, mapping):
 
 
 def diff_models(a, b, *, tolerance: float = DEFAULT_TOLERANCE, mapping=None, keys_a=None, keys_b=None,
-                threads: int = 0, progress=None) -> DiffReport:
+                threads: int = 0, progress=None, verify: bool = True) -> DiffReport:
     """Compare model ``a`` with model ``b`` (paths) one tensor pair at a time.
 
     ``mapping``: ``{name in A: name in B}`` for tensors named differently on the two
@@ -352,6 +353,7 @@ def diff_models(a, b, *, tolerance: float = DEFAULT_TOLERANCE, mapping=None, key
         keys_b: ``aprfast.open`` keyword arguments for ``b``.
         threads: Threads for the statistics engine (0: every core).
         progress: ``progress(done, total)``, called after each pair.
+        verify: Check each ``.apr`` side's CRC32 (and signature) before comparing.
 
     Returns:
         A :class:`DiffReport`.
@@ -361,6 +363,7 @@ def diff_models(a, b, *, tolerance: float = DEFAULT_TOLERANCE, mapping=None, key
         FormatError: A file of a format no converter reads.
         AprIOError: A file cannot be opened (AprFileNotFoundError when missing).
         DecryptError: An encrypted ``.apr`` without the right key in ``keys_a``/``keys_b``.
+        ChecksumError: With ``verify``, an ``.apr`` side's bytes do not match its CRC32.
 
     Examples:
         >>> import numpy as np, aprfast
@@ -379,9 +382,9 @@ def diff_models(a, b, *, tolerance: float = DEFAULT_TOLERANCE, mapping=None, key
     """
     if not (isinstance(tolerance, (int, float)) and tolerance >= 0 and math.isfinite(tolerance)):
         raise ValueError(f"tolerance={tolerance!r}: a finite number >= 0")
-    side_a = _Side(a, keys_a)
+    side_a = _Side(a, keys_a, verify)
     try:
-        side_b = _Side(b, keys_b)
+        side_b = _Side(b, keys_b, verify)
     except BaseException:
         side_a.close()
         raise

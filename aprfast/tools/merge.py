@@ -41,8 +41,9 @@ import os
 
 import numpy as np
 
-from ..dtypes import by_name
+from ..dtypes import by_name, element_count
 from ..errors import LayoutError
+from ..layouts.aprender import tensor_counts
 from ..numerics.drift import numeric_values
 from ..tensors import RawTensor
 
@@ -281,13 +282,13 @@ def _check_options(method, n_models, base, weights, density, t, lam, seed):
 
 
 # --- files -------------------------------------------------------------------------
-def _open_all(paths, keys):
+def _open_all(paths, keys, verify=True):
     from ..api import open as open_apr
 
     files = []
     try:
         for path in paths:
-            files.append(open_apr(path, **(keys or {})))
+            files.append(open_apr(path, verify=verify, **(keys or {})))
     except BaseException:
         for f in files:
             f.close()
@@ -346,7 +347,7 @@ def _copy_equal(name, files, paths):
 
 def merge_models(paths, output, *, method: str = "average", base=None, weights=None, density=None,
                  t: float | None = None, lam: float | None = None, seed: int | None = None, keys=None,
-                 force: bool = False, progress=None) -> dict:
+                 force: bool = False, progress=None, verify: bool = True) -> dict:
     """Merge the ``.apr`` models at ``paths`` into ``output`` (see the module docstring
     for the methods).  ``base``: the base model's path for ties/dare.  ``weights``: one
     per model.  ``density``: fraction kept by ties/dare.  ``t``: slerp's position (0.5).
@@ -368,6 +369,7 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
         keys: ``aprfast.open`` keyword arguments for encrypted inputs.
         force: Replace an existing ``output``.
         progress: ``progress(done, total)``, called after each tensor.
+        verify: Check every input's CRC32 (and signature) before anything is written.
 
     Returns:
         A dict: ``output``, ``method``, ``models``, ``base``, ``tensors``, ``merged``
@@ -381,6 +383,7 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
         LayoutError: The models hold other tensor names or shapes, or a non-float
             tensor differs between them.
         DestinationExistsError: ``output`` exists and ``force`` is not set.
+        ChecksumError: With ``verify``, an input's bytes do not match its CRC32.
         AprIOError: An input cannot be read or the output written.
 
     Examples:
@@ -406,12 +409,14 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
     if os.path.lexists(output) and not force:
         raise DestinationExistsError("output exists; pass force=True to replace it", path=output)
     all_paths = paths + ([os.fspath(base)] if base is not None else [])
-    files = _open_all(all_paths, keys)
+    files = _open_all(all_paths, keys, verify)
     try:
         names = _check_same_tensors(files, all_paths)
         models, base_file = (files[:-1], files[-1]) if base is not None else (files, None)
         plan = [(n, _out_dtype(files[0].info(n)), tuple(files[0].info(n).shape)) for n in names]
         metadata = dict(files[0].metadata or {})
+        # aprender's count fields describe the tensors written (issue 28 item 4)
+        metadata.update(tensor_counts((element_count(s), by_name(d).nbytes(s)) for _, d, s in plan))
         metadata["merge"] = {"method": method, "models": [os.path.basename(p) for p in paths],
                              "base": os.path.basename(base) if base is not None else None, "weights": weights,
                              "density": density, "t": t if method == "slerp" else None,

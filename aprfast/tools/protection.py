@@ -206,14 +206,16 @@ def verify_file(path, *, trusted_keys=None, require_signature: bool = True, pass
 
 
 def sign_file(path, signing_key, *, output=None, replace_signature: bool = False, force: bool = False,
-              password=None, private_key=None) -> dict:
+              password=None, private_key=None, verify: bool = True) -> dict:
     """Sign a v1 file with an Ed25519 seed (32 bytes), writing ``output`` (default:
     ``path`` itself, replaced atomically).  A file signed already keeps its signature
     unless ``replace_signature``.  STREAMING files are refused: their chunk index
     carries a second signature that only a re-save can make.
 
     A v2 file is saved again in the apr2 layout with ``signing_key`` (its metadata,
-    compression, digest and encryption kept): the signature covers every chunk's tag,
+    compression, digest and encryption kept; a file in aprender's layout gets a
+    :class:`aprfast.LayoutChangeWarning`: aprender does not read the result): the
+    signature covers every chunk's tag,
     which binds the security block, so an encrypted v2 file needs ``password`` or
     ``private_key`` (single-recipient files only: the other recipients' public keys are
     not in a multi-recipient file).
@@ -226,6 +228,8 @@ def sign_file(path, signing_key, *, output=None, replace_signature: bool = False
         force: Replace an existing ``output``.
         password: (v2) The password of an encrypted file.
         private_key: (v2) The X25519 private key of an encrypted file.
+        verify: Check the file's CRC32 (and a v2 file's chunks) before signing; a v1
+            file's CRC is always checked (its signature covers the stored bytes).
 
     Returns:
         A dict: ``file`` (the path written) and ``signer`` (the public key, hex); v2
@@ -246,14 +250,14 @@ def sign_file(path, signing_key, *, output=None, replace_signature: bool = False
         >>> from aprfast import v1
         >>> from aprfast.tools.protection import sign_file
         >>> seed, public = v1.generate_signing_key()
-        >>> aprfast.save_file({"w": np.zeros(2, np.float32)}, "m.apr")
+        >>> aprfast.save_file({"w": np.zeros(2, np.float32)}, "m.apr", layout="apr2")  # aprender's: a warning
         >>> sign_file("m.apr", seed, output="signed.apr")["signer"] == public.hex()
         True
         >>> aprfast.open("signed.apr", trusted_keys=[public]).close()
     """
     if container_of(path) == "v2":
         return _sign_v2(path, signing_key, output=output, replace_signature=replace_signature, force=force,
-                        password=password, private_key=private_key)
+                        password=password, private_key=private_key, verify=verify)
     if password is not None or private_key is not None:
         raise ValueError("a v1 file is signed as stored, without its key; give no password or private key")
     from ..crypto import core as crypto
@@ -333,11 +337,13 @@ def _is_encrypted(path) -> bool:
 
 
 def encrypt_file(path, output, *, password=None, recipients=None, signing_key=None, encrypt_names: bool = False,
-                 force: bool = False) -> dict:
+                 force: bool = False, verify: bool = True) -> dict:
     """Encrypt a v1 file's payload with a password (Argon2id) or to X25519 recipients'
     public keys, writing ``output``.  An encrypted file is refused (decrypt it first).
     A v2 file is saved again in the apr2 layout with its tensors sealed (FORMAT §3.2;
-    ``encrypt_names`` seals metadata and index too), its metadata and compression kept.
+    ``encrypt_names`` seals metadata and index too), its metadata and compression kept
+    (from aprender's layout with a :class:`aprfast.LayoutChangeWarning`: aprender does
+    not read APR2).
 
     Args:
         path: The ``.apr`` file (v1 or v2).
@@ -347,6 +353,8 @@ def encrypt_file(path, output, *, password=None, recipients=None, signing_key=No
         signing_key: Sign the result with this Ed25519 seed.
         encrypt_names: (v2) Encrypt the metadata and tensor index too.
         force: Replace an existing ``output``.
+        verify: Check a v2 file's CRC32 (and signature) before it is sealed again; a
+            v1 file's CRC is always checked.
 
     Returns:
         A dict: ``file``, ``encryption`` ("password", "recipient" or
@@ -362,7 +370,7 @@ def encrypt_file(path, output, *, password=None, recipients=None, signing_key=No
     Examples:
         >>> import numpy as np, aprfast
         >>> from aprfast.tools.protection import encrypt_file
-        >>> aprfast.save_file({"w": np.float32([1, 2])}, "m.apr")
+        >>> aprfast.save_file({"w": np.float32([1, 2])}, "m.apr", layout="apr2")  # aprender's: a warning
         >>> encrypt_file("m.apr", "sealed.apr", password="pw")["encryption"]
         'password'
         >>> aprfast.load_file("sealed.apr", password="pw")["w"].tolist()
@@ -374,7 +382,7 @@ def encrypt_file(path, output, *, password=None, recipients=None, signing_key=No
         raise ValueError("give a password or recipients (public keys), one of the two")
     if container_of(path) == "v2":
         return _encrypt_v2(path, output, password=password, recipients=recipients, signing_key=signing_key,
-                           encrypt_names=encrypt_names, force=force)
+                           encrypt_names=encrypt_names, force=force, verify=verify)
     if encrypt_names:
         raise ValueError("encrypt_names is for v2 files: a v1 file's metadata is never encrypted")
     _refuse_existing(output, force)
@@ -503,7 +511,7 @@ def _encrypted_needs_key(exc, path, what: str):
                         "the security block, FORMAT §3.2), so it needs the key", path=path)
 
 
-def _sign_v2(path, signing_key, *, output, replace_signature, force, password, private_key) -> dict:
+def _sign_v2(path, signing_key, *, output, replace_signature, force, password, private_key, verify=True) -> dict:
     from ..crypto import core as crypto
     from ..errors import DecryptError
 
@@ -512,7 +520,7 @@ def _sign_v2(path, signing_key, *, output, replace_signature, force, password, p
         _refuse_existing(target, force)
     public = bytes(crypto.public_key_of(signing_key))
     try:
-        f = _open_v2(path, password=password, private_key=private_key)
+        f = _open_v2(path, password=password, private_key=private_key, verify=verify or None)
     except DecryptError as exc:
         if password is None and private_key is None:
             raise _encrypted_needs_key(exc, path, "signing") from None
@@ -526,6 +534,10 @@ def _sign_v2(path, signing_key, *, output, replace_signature, force, password, p
         if state["encrypted"]:
             security.update(_same_encryption(state, password, private_key, path),
                             encrypt_names=state["names_encrypted"])
+        if f.layout == "aprender":
+            from ..layouts import warn_layout_change
+
+            warn_layout_change(path, target, "a signature", stacklevel=4)
         _resave_v2(f, target, layout="apr2", security=security)
     return {"file": target, "signer": public.hex(), "container": "v2", "encrypted": state["encrypted"]}
 
@@ -541,16 +553,20 @@ def _v2_is_encrypted(path) -> bool:
         return True
 
 
-def _encrypt_v2(path, output, *, password, recipients, signing_key, encrypt_names, force) -> dict:
+def _encrypt_v2(path, output, *, password, recipients, signing_key, encrypt_names, force, verify=True) -> dict:
     _refuse_existing(output, force)
     recipients = list(recipients or [])
     if _v2_is_encrypted(path):
         raise ValueError(f"{path} is encrypted already; decrypt it first")
-    with _open_v2(path) as f:
+    with _open_v2(path, verify=verify or None) as f:
         state = f.security or {"signed": False, "encrypted": False, "digest": "none"}
         security = {"password": password, "recipients": recipients or None, "signing_key": signing_key,
                     "encrypt_names": encrypt_names,
                     "digest": None if state["digest"] == "none" else state["digest"]}
+        if f.layout == "aprender":
+            from ..layouts import warn_layout_change
+
+            warn_layout_change(path, output, "encryption", stacklevel=4)
         _resave_v2(f, output, layout="apr2", security=security)
     return {"file": os.fspath(output), "container": "v2",
             "encryption": "password" if password is not None else
@@ -668,20 +684,23 @@ def generate_keypair(path, kind: str = "ed25519", *, format: str | None = None, 
         kind: "ed25519" (signs .apr files), "x25519" (receives encrypted models) or
             "ecdsa-p256" / "ecdsa-p384" / "ecdsa-p521" (signs OpenSSF model-signing
             bundles: :func:`aprfast.tools.model_signing.sign_model`).
-        format: "raw" (the default for Ed25519/X25519), "pem" or "openssh"; ECDSA keys
-            are PEM only.
+        format: "pem" (the default: PKCS#8 / SubjectPublicKeyInfo, which say what
+            they hold and need no package), "openssh" (Ed25519) or "raw" (32 bytes
+            that do not say whether they are the private or the public key); ECDSA
+            keys are PEM only.
         force: replace existing key files.
         password: ECDSA only: encrypt the private key PEM with it.
 
     Returns:
         ``{"private", "public", "kind", "format", "public_key"}``; ``public_key`` is the raw
-        public key in hex for Ed25519/X25519 and, for ECDSA, the key's hint (SHA-256 of its
-        public PEM, the identifier a bundle carries).
+        public key in hex for Ed25519/X25519 (which add ``fingerprint``:
+        :func:`aprfast.crypto.key_fingerprint`) and, for ECDSA, the key's hint (SHA-256
+        of its public PEM, the identifier a bundle carries).
 
     Raises:
         ValueError: an unknown kind, or a format the kind has no encoding in.
         DestinationExistsError: a key file exists and ``force`` is false.
-        MissingDependencyError: "pem"/"openssh" or an ECDSA key without the
+        MissingDependencyError: "openssh" or an ECDSA key without the
             ``cryptography`` package.
         AprIOError: a file cannot be written.
 
@@ -710,7 +729,7 @@ def generate_keypair(path, kind: str = "ed25519", *, format: str | None = None, 
                 "public_key": written["key_hint"]}
     if password is not None:
         raise ValueError("password= encrypts ECDSA private keys only")
-    format = format or "raw"  # noqa: A001
+    format = format or "pem"  # noqa: A001 - self-describing: a public key cannot pass for a private one
     from ..crypto import core as crypto
 
     for p in (path, public_path):
@@ -718,4 +737,5 @@ def generate_keypair(path, kind: str = "ed25519", *, format: str | None = None, 
     secret, public = crypto.generate_signing_key() if kind == "ed25519" else crypto.generate_x25519_key()
     crypto.save_key(path, secret, kind=f"{kind}-private", format=format)
     crypto.save_key(public_path, public, kind=f"{kind}-public", format=format)
-    return {"private": path, "public": public_path, "kind": kind, "format": format, "public_key": bytes(public).hex()}
+    return {"private": path, "public": public_path, "kind": kind, "format": format, "public_key": bytes(public).hex(),
+            "fingerprint": crypto.key_fingerprint(public, f"{kind}-public")}
