@@ -57,6 +57,7 @@ MODULES = {
     "aprfast.layouts.v1": None,
     "aprfast.codecs.payload": None,
     "aprfast.crypto.core": None,
+    "aprfast.crypto.keyfiles": None,
     "aprfast.numerics.stats": None,
     "aprfast.numerics.drift": None,
     "aprfast.numerics.expectations": None,

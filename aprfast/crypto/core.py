@@ -58,7 +58,8 @@ import os
 from typing import Iterable, Optional, Tuple, Union
 
 from .. import limits
-from ..errors import AprIOError, DecryptError, FormatError, LimitError, SignatureError
+from ..errors import DecryptError, FormatError, LimitError, SignatureError
+from .keyfiles import read_key_file, write_key_file
 
 try:
     import nacl.bindings as _nb
@@ -1417,7 +1418,6 @@ def _small_multiple(count: int, point: bytes) -> bytes:
 
 # --- key files -------------------------------------------------------------------
 
-_MAX_KEY_FILE_SIZE = 64 * 1024  # a key file is tiny; anything bigger is the wrong file
 
 
 #: RFC 8410's DER of each kind, less the 32 key bytes that end it: a PKCS#8 v1
@@ -1497,7 +1497,7 @@ def save_key(path, key: BytesLike, *, kind: str, format: str = "raw") -> None:
         raise ValueError(f"format must be one of {', '.join(KEY_FORMATS)}; got {format!r}")
     raw = _fixed_bytes(key, 32, f"{kind} key")
     data = raw if format == "raw" else _encode_text_key(raw, kind, format)
-    _write_key_file(path, data, private=kind.endswith("-private"))
+    write_key_file(path, data, private=kind.endswith("-private"))
 
 
 def load_key(path, *, kind: Optional[str] = None) -> Tuple[str, bytes]:
@@ -1531,7 +1531,7 @@ def load_key(path, *, kind: Optional[str] = None) -> Tuple[str, bytes]:
     """
     if kind is not None and kind not in KEY_KINDS:
         raise ValueError(f"kind must be one of {', '.join(KEY_KINDS)}; got {kind!r}")
-    data = _read_key_file(path)
+    data = read_key_file(path)
     if len(data) == 32:
         if kind is None:
             raise FormatError("a raw key file is 32 bytes that do not say which kind of key "
@@ -1630,37 +1630,6 @@ def _raw_key_bytes(key, kind: str, serialization) -> bytes:
     if kind.endswith("-private"):
         return key.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
     return key.public_bytes(raw, serialization.PublicFormat.Raw)
-
-
-def _read_key_file(path) -> bytes:
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(_MAX_KEY_FILE_SIZE + 1)
-    except OSError as error:
-        raise AprIOError(f"cannot read the key file: {error.strerror or error}", path=path) from error
-    if len(data) > _MAX_KEY_FILE_SIZE:
-        raise FormatError(f"a key file is at most {_MAX_KEY_FILE_SIZE} bytes; this is larger",
-                          path=path)
-    return data
-
-
-def _write_key_file(path, data: bytes, *, private: bool) -> None:
-    from ..io.atomic import AtomicFile  # the same temp-file, fsync, rename as model files
-
-    target = AtomicFile(path, mode=0o600 if private else 0o666)  # a private key is never readable by others
-    try:
-        if private and hasattr(os, "fchmod"):
-            os.fchmod(target.fd, 0o600)  # before the first secret byte is written
-        view = memoryview(data)
-        while view:
-            view = view[os.write(target.fd, view):]
-    except OSError as error:
-        target.abort()
-        raise AprIOError(f"cannot write the key file: {error.strerror or error}", path=path) from error
-    except BaseException:
-        target.abort()
-        raise
-    target.commit()
 
 
 # --- private inference (seed 000 §4.1.4) ------------------------------------------

@@ -17,7 +17,8 @@ import os
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from .._optional import require
-from ..errors import AprIOError, FormatError
+from ..errors import FormatError
+from .keyfiles import read_key_file, write_key_file
 
 if TYPE_CHECKING:  # cryptography is imported on use; the annotations only name its classes
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -29,7 +30,6 @@ __all__ = ["CURVES", "generate_ecdsa_key", "save_ecdsa_keypair", "load_ecdsa_pri
 
 #: aprfast's name of each curve -> the name ``cryptography`` and OpenSSL give it
 CURVES = {"p256": "secp256r1", "p384": "secp384r1", "p521": "secp521r1"}
-_MAX_KEY_FILE_SIZE = 64 * 1024  # a PEM key is at most a few hundred bytes; more is the wrong file
 
 
 def _ec():
@@ -124,8 +124,8 @@ def save_ecdsa_keypair(path: PathLike, curve: str = "p256", *, password: Optiona
     name = _curve_name(curve)
     private_pem, public_pem = generate_ecdsa_key(name, password=password)
     path = os.fspath(path)
-    _write_key_file(path, private_pem, private=True)
-    _write_key_file(path + ".pub", public_pem, private=False)
+    write_key_file(path, private_pem, private=True)
+    write_key_file(path + ".pub", public_pem, private=False)
     return {"private": path, "public": path + ".pub", "curve": name,
             "key_hint": hashlib.sha256(public_pem).hexdigest()}
 
@@ -204,34 +204,7 @@ def _password_bytes(password) -> bytes:
 
 
 def _read_key_file(path) -> bytes:
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(_MAX_KEY_FILE_SIZE + 1)
-    except OSError as error:
-        from ..errors import os_error
-
-        raise os_error(error, f"cannot read the key file: {error.strerror or error}", path=path) from error
-    if len(data) > _MAX_KEY_FILE_SIZE:
-        raise FormatError(f"a key file is at most {_MAX_KEY_FILE_SIZE} bytes; this is larger", path=path)
+    data = read_key_file(path)
     if not data.lstrip().startswith(b"-----BEGIN "):
         raise FormatError("not a PEM key file (ECDSA keys for model signing are PEM)", path=path)
     return data
-
-
-def _write_key_file(path, data: bytes, *, private: bool) -> None:
-    from ..io.atomic import AtomicFile  # the same temp-file, fsync, rename as model files
-
-    target = AtomicFile(path, mode=0o600 if private else 0o666)  # a private key is never readable by others
-    try:
-        if private and hasattr(os, "fchmod"):
-            os.fchmod(target.fd, 0o600)  # before the first secret byte is written
-        view = memoryview(data)
-        while view:
-            view = view[os.write(target.fd, view):]
-    except OSError as error:
-        target.abort()
-        raise AprIOError(f"cannot write the key file: {error.strerror or error}", path=path) from error
-    except BaseException:
-        target.abort()
-        raise
-    target.commit()
