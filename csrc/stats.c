@@ -516,12 +516,22 @@ static int plain_part(const job *j, size_t part, apr_stats *s, uint64_t *counts)
 {
     size_t start = part * PART, end = start + PART < j->n ? start + PART : j->n;
     size_t item = ITEM_SIZE[j->kind];
+    /* A view at an odd offset of a file (a fuzzed or foreign GGUF tensor): the kernels load
+     * whole elements, which C allows only at their alignment (UBSan: misaligned load), so
+     * such blocks are copied into aligned scratch first.  Aligned data, the normal case,
+     * is read in place. */
+    int misaligned = item > 1 && ((uintptr_t)(const void *)j->data % item) != 0;
+    uint64_t scratch[BLOCK]; /* BLOCK elements of at most 8 bytes */
     if (j->kind == APR_SK_F16 || j->kind == APR_SK_BF16) {
         /* memcpy-free widening into a float block; the half kernels are exact. */
         float buf[BLOCK];
         for (size_t i = start; i < end; i += BLOCK) {
             size_t k = end - i < BLOCK ? end - i : BLOCK;
             const uint16_t *src = (const uint16_t *)(const void *)(j->data + i * item);
+            if (misaligned) {
+                memcpy(scratch, j->data + i * item, k * item);
+                src = (const uint16_t *)(const void *)scratch;
+            }
             if (j->kind == APR_SK_F16)
                 apr_f16_to_f32(APR_HALF_AUTO, src, buf, k, 1);
             else
@@ -533,7 +543,12 @@ static int plain_part(const job *j, size_t part, apr_stats *s, uint64_t *counts)
     block_fn block = block_for(j->kind);
     for (size_t i = start; i < end; i += BLOCK) {
         size_t k = end - i < BLOCK ? end - i : BLOCK;
-        block(j->data + i * item, k, j->want, j->hist, counts, s);
+        if (misaligned) {
+            memcpy(scratch, j->data + i * item, k * item);
+            block((const uint8_t *)scratch, k, j->want, j->hist, counts, s);
+        } else {
+            block(j->data + i * item, k, j->want, j->hist, counts, s);
+        }
     }
     return 0;
 }

@@ -181,7 +181,7 @@ def target_v2_security(data: bytes) -> None:
     keys = _keys(control)
     got = {}
     with aprfast.open(body, **keys) as f:
-        _ = (f.security, f.header, f.metadata, f.keys(), repr(f))
+        _ = (getattr(f, "security", None), getattr(f, "header", None), f.metadata, f.keys(), repr(f))
         for name in f.keys():
             info = f.info(name)
             value = f.get_tensor(name)
