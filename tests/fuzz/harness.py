@@ -914,8 +914,10 @@ def take_stats(value) -> None:
     convert's validation run it; its histogram too (a second pass)."""
     from aprfast.numerics.stats import tensor_stats
 
-    # what tensor_stats documents as TypeError: unknown dtypes (strict_dtypes=False) and complex
-    if getattr(value, "dtype", 0) is None or (isinstance(value, np.ndarray) and value.dtype.kind == "c"):
+    # what tensor_stats documents as TypeError: unknown dtypes (strict_dtypes=False, or a
+    # dtype known only by name, carried as raw bytes: DType.opaque) and complex
+    dtype = getattr(value, "dtype", 0)
+    if dtype is None or getattr(dtype, "opaque", False) or (isinstance(value, np.ndarray) and dtype.kind == "c"):
         return
     try:
         result = tensor_stats(value, bins=5)
