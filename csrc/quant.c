@@ -40,28 +40,9 @@
 #include <math.h>
 #include <string.h>
 
-#if defined(__clang__)
-/* clang contracts a*b+c into an FMA by default (GCC in ISO C mode does not);
- * the oracles round the product first. */
-#pragma STDC FP_CONTRACT OFF
-#endif
-
-#if defined(__GNUC__) || defined(__clang__)
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-#else
-#define ALWAYS_INLINE inline
-#endif
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define HAVE_X86_KERNELS 1
+#include "kernel_targets.h"
+#ifdef HAVE_X86_KERNELS
 #include <immintrin.h>
-#define TARGET_AVX2 __attribute__((target("avx2")))
-#if defined(__clang__)
-#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-#else
-/* GCC's generic tuning would auto-vectorize the dequantize bodies 256 bits wide. */
-#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")))
-#endif
 #endif
 
 #define QK 32     /* elements in a GGML / APR block */

@@ -24,25 +24,7 @@
 
 #include <string.h>
 
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#endif
-
-#if defined(__GNUC__) || defined(__clang__)
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-#else
-#define ALWAYS_INLINE inline
-#endif
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define HAVE_X86_KERNELS 1
-#define TARGET_AVX2 __attribute__((target("avx2")))
-#if defined(__clang__)
-#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-#else
-#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")))
-#endif
-#endif
+#include "kernel_targets.h"
 
 #define QK 32
 #define QK_K 256
