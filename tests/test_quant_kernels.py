@@ -361,7 +361,18 @@ def test_ggml_dequantize_matches_gguf_with_special_scales(type_name, path):
     raw = blocks.ravel()
     want = gguf_dequantize(raw, type_name)
     got = ours_dequantize(type_name, raw, want.size, path=path)
-    assert_same_bits(got, want, type_name)
+    # Where a block's scale and minimum are both Inf/NaN, d*q + m may add two NaNs, and
+    # IEEE 754 (6.2.3) leaves which one comes out to the implementation: x86's scalar
+    # add keeps the first (csrc/quant_ggml.c, the pure twins and NumPy 2 on CI's machines),
+    # while NumPy 1.23's vector loops return the second on some CPUs (CI's lower-bounds pass
+    # on an AVX-512 machine).  There only NaN-ness is compared; every other bit is exact.
+    special = np.zeros(blocks.shape[0], np.int64)
+    for off in fields:
+        h = blocks[:, off:off + 2].copy().view("<u2")[:, 0]
+        special += (h & 0x7C00) == 0x7C00
+    free = np.repeat(special >= 2, want.size // blocks.shape[0]) & np.isnan(got) & np.isnan(want)
+    assert (np.isnan(got) == np.isnan(want)).all(), type_name
+    assert_same_bits(np.where(free, F32(0), got), np.where(free, F32(0), want), type_name)
 
 
 # --------------------------------------------------------------------------
