@@ -13,8 +13,8 @@ import numpy as np
 from .. import _memory, layouts
 from .._crc import crc32
 from ..codecs import blocks as tensor_codecs
-from ..dtypes import IdTable, numpy_dtype
-from ..errors import ChecksumError, LayoutError
+from ..dtypes import OPAQUE_APR2_ID, OPAQUE_NAMES_KEY, IdTable, numpy_dtype
+from ..errors import AprError, ChecksumError, LayoutError, UnknownDTypeError
 from ..io.sources import open_source
 from ..limits import Limits
 from ..numerics import quantization
@@ -125,8 +125,11 @@ class AprFile(TensorMapping):
         try:
             layout = layouts.detect(self._source)
             if layout is layouts.apr2:
-                self._file = layout.parse(self._source, limits or Limits(), strict_dtypes=unknown_dtypes == "error",
-                                          keys=keys)
+                try:
+                    self._file = layout.parse(self._source, limits or Limits(),
+                                              strict_dtypes=unknown_dtypes == "error", keys=keys)
+                except UnknownDTypeError as exc:
+                    raise _named_unknown(exc, layout, self._source, limits, keys) from None
             else:
                 refuse_keys(keys or {}, self._source.path)
                 self._file = layout.parse(self._source, limits or Limits(), strict_dtypes=unknown_dtypes == "error")
@@ -1130,3 +1133,25 @@ class QuantizedSlice:
 
 def _whole_axis(key, dim) -> bool:
     return isinstance(key, slice) and key.indices(dim) == (0, dim, 1)
+
+
+def _named_unknown(exc: UnknownDTypeError, layout, source, limits, keys) -> UnknownDTypeError:
+    """The error a default open gives for a tensor of a dtype aprfast has no values for,
+    naming the dtype where the file recorded its name (a safetensors dtype kept as bytes,
+    OPAQUE_NAMES_KEY) and saying how to read the bytes.  The strict index parser stops at
+    the first such entry knowing only its id, so the file is parsed again leniently here:
+    a cold path, taken once, before the open fails."""
+    try:
+        parsed = layout.parse(source, limits or Limits(), strict_dtypes=False, keys=keys)
+        names = parsed.metadata.get(OPAQUE_NAMES_KEY)
+        for name, (type_id, *_) in zip(parsed.names, parsed.rows):
+            if parsed.ids.knows(type_id):
+                continue
+            what = f"unknown dtype id {type_id}"
+            if type_id == OPAQUE_APR2_ID and isinstance(names, dict) and isinstance(names.get(name), str):
+                what = f"dtype {names[name]} (kept as bytes under id {type_id}; aprfast has no values for it)"
+            return UnknownDTypeError(f"tensor {name!r}: {what}; aprfast.open(..., unknown_dtypes=\"raw\") "
+                                     "reads its bytes, and convert() carries it", path=source.path)
+    except AprError:
+        pass
+    return exc
