@@ -18,7 +18,13 @@ Like with like, for Q8_0, Q4_0 and Q4_1, quantize and dequantize:
 
 And for the dequantize-only types (issue 27), ``aprfast.dequantize`` of 64 MiB of random
 blocks (``--dequantize``: Q3_K and Q5_K by default, ``all`` for every type gguf-py can
-dequantize) against ``gguf.quants.dequantize``.
+dequantize) against ``gguf.quants.dequantize``.  Where ``llama-cpp-python`` is installed
+(``pip install llama-cpp-python`` builds llama.cpp's ``ggml`` libraries from source), a
+second row per type times aprfast's kernel into a preallocated output, one thread,
+against llama.cpp's own C dequantizer for that type, ``ggml_get_type_traits(type)->to_float``
+from ``libggml-base``, called through ctypes (which drops the GIL) into a preallocated
+output, one thread: the like-for-like kernel comparison.  Its floats are checked equal
+to aprfast's first.
 
 Bytes and floats are checked identical to gguf-py's before anything is timed.
 """
@@ -48,11 +54,44 @@ except ImportError as exc:  # pragma: no cover
     GGUF_WHY = f"not installed ({exc.name}): aprfast's rows run without a peer; pip install .[bench]"
 
 MiB = 1 << 20
+
+
+def ggml_to_float():
+    """``(type id, name) -> to_float`` from llama.cpp's libggml-base (the llama-cpp-python
+    package's build), or None and the reason it is absent."""
+    import ctypes
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        return None, "llama-cpp-python is not installed (pip install llama-cpp-python builds it)"
+    libs = sorted(pathlib.Path(spec.origin).parent.glob("lib/libggml-base.*"))
+    if not libs:
+        return None, "llama-cpp-python has no lib/libggml-base.*"
+    base = ctypes.CDLL(str(libs[0]))
+    to_float_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+
+    class Traits(ctypes.Structure):  # struct ggml_type_traits in ggml.h (ggml 0.25)
+        _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                    ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                    ("is_quantized", ctypes.c_bool), ("to_float", to_float_t), ("from_float_ref", ctypes.c_void_p)]
+
+    base.ggml_get_type_traits.restype = ctypes.POINTER(Traits)
+    base.ggml_get_type_traits.argtypes = [ctypes.c_int]
+
+    def lookup(type_id: int, name: str):
+        traits = base.ggml_get_type_traits(type_id).contents
+        if (traits.type_name or b"").decode().upper() != name or not traits.to_float:
+            return None
+        return traits.to_float
+    return lookup, None
 TYPES = ("Q8_0", "Q4_0", "Q4_1")
 DEQUANTIZE = ("Q3_K", "Q5_K")
 #: Every dequantize-only type gguf-py 0.19 can dequantize too (Q8_1, Q8_K, Q1_0: it cannot).
 DEQUANTIZE_ALL = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
                   "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
+LLAMA_TO_FLOAT = ggml_to_float()
 QUANTIZE = {"Q8_0": _quant.quantize_q8_0, "Q4_0": _quant.quantize_q4_0, "Q4_1": _quant.quantize_q4_1}
 
 
@@ -140,6 +179,36 @@ def bench_dequantize(table, name, nbytes, rounds):
     for label, samples in r.items():
         table.add(Row(f"{name} dequantize, allocating, aprfast {label}", f"{qt.nbytes / MiB:.0f} MiB blocks",
                       samples, peer))
+    bench_to_float(table, name, qt, rounds)
+
+
+def bench_to_float(table, name, qt, rounds):
+    """aprfast's kernel against llama.cpp's to_float for ``name``, both one thread into a
+    preallocated output, floats checked equal first."""
+    lookup, why = LLAMA_TO_FLOAT
+    if lookup is None or gguf is None:
+        table.skip("llama.cpp to_float rows", why or GGUF_WHY)
+        return
+    to_float = lookup(int(getattr(GGMLQuantizationType, name)), name)
+    if to_float is None:
+        table.skip(f"{name} llama.cpp to_float", "this ggml build has no to_float for it")
+        return
+    raw = np.ascontiguousarray(qt.data)
+    n = int(np.prod(qt.shape))
+    ours, theirs = np.empty(n, np.float32), np.empty(n, np.float32)
+    _quant.dequantize(name, raw, ours, threads=1)
+    to_float(raw.ctypes.data, theirs.ctypes.data, n)
+    differ = ours.view(np.uint32) != theirs.view(np.uint32)
+    if (differ & ~(np.isnan(ours) & np.isnan(theirs))).any():
+        table.skip(f"{name} llama.cpp to_float", "its floats differ from aprfast's (FORMAT.md: which we follow)")
+        return
+    if differ.any():  # random blocks hold NaN scales; ggml negates them and quiets signalling ones
+        table.notes.append(f"{name}: llama.cpp's to_float gives the same floats except the sign or quiet bit of "
+                           f"{int(differ.sum())} NaNs (docs/FORMAT.md, NaN and infinity)")
+    r = interleaved({"aprfast": lambda: _quant.dequantize(name, raw, ours, threads=1),
+                     "llama.cpp": lambda: to_float(raw.ctypes.data, theirs.ctypes.data, n)}, rounds)
+    table.add(Row(f"{name} dequantize into out=, 1 thread, aprfast kernel", f"{qt.nbytes / MiB:.0f} MiB blocks",
+                  r["aprfast"], others={"llama.cpp ggml to_float (1 thread)": r["llama.cpp"]}))
 
 
 def core_check(seconds=0.3):
