@@ -48,6 +48,7 @@ MODULES = {
     "aprfast.distributed": None,
     "aprfast.io.pickling": None,
     "aprfast.io.direct": None,
+    "aprfast.io.progress": None,
     "aprfast.v1": None,
     "aprfast.v1.writer": None,
     "aprfast.v1.load": None,
