@@ -40,6 +40,7 @@ from .errors import (
     SignatureError,
     TensorNotFoundError,
     UnknownDTypeError,
+    ValidationError,
     VersionError,
 )
 from .files.reader import AprFile, QuantizedSlice, TensorSlice, aligned_empty
@@ -65,7 +66,7 @@ __all__ = [
     "SignatureError", "AprIOError", "AprFileNotFoundError", "AprPermissionError", "AprFileInUseError",
     "LimitError",
     "TensorNotFoundError", "UnknownDTypeError",
-    "LayoutError", "ModelTypeMismatchError", "LicenseError", "LayoutChangeWarning",
+    "LayoutError", "ModelTypeMismatchError", "LicenseError", "ValidationError", "LayoutChangeWarning",
     "sign_model", "verify_model",
 ]
 

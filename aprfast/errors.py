@@ -1,9 +1,11 @@
 """Typed errors with the seed's codes (APR spec 2.0 §7).
 
 Every error aprfast raises on bad input is an :class:`AprError` carrying one of the
-codes E001-E008.  Each subclass also inherits the builtin a caller would already
-catch (``ValueError`` for malformed files, ``KeyError`` for a missing tensor,
-``OSError`` for I/O), so code written for safetensors or numpy keeps working.
+codes E001-E008 of the spec, or E009 (:class:`ValidationError`: an intact file whose
+contents break a validation rule, which the spec's table has no code for).  Each
+subclass also inherits the builtin a caller would already catch (``ValueError`` for
+malformed files, ``KeyError`` for a missing tensor, ``OSError`` for I/O), so code
+written for safetensors or numpy keeps working.
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ __all__ = [
     "LayoutError",
     "ModelTypeMismatchError",
     "LicenseError",
+    "ValidationError",
     "CODES",
 ]
 
-#: code -> category, exactly the table of APR spec 2.0 §7.
+#: code -> category: the table of APR spec 2.0 §7 (E001-E008), then aprfast's E009.
+#: The spec's table has no code for "the bytes are intact but the values break a rule"
+#: (NaN weights, a drift past the quality gate): filed under E002 they read as
+#: "Corrupted data" (issue 28 item 4), so they get their own code; the spec's exit code
+#: for them, 5 "Validation failed", was always separate from corruption's 4.
 CODES = {
     "E001": "FORMAT",
     "E002": "CORRUPT",
@@ -37,11 +44,12 @@ CODES = {
     "E006": "SIGNATURE",
     "E007": "IO",
     "E008": "MEMORY",
+    "E009": "VALIDATION",
 }
 
 
 class AprError(Exception):
-    """Base of every aprfast error; ``code`` is one of E001-E008."""
+    """Base of every aprfast error; ``code`` is one of E001-E009."""
 
     code = "E001"
 
@@ -89,6 +97,32 @@ class ChecksumError(CorruptError):
     """E004: a stored CRC32 does not match the bytes it covers."""
 
     code = "E004"
+
+
+class ValidationError(AprError, ValueError):
+    """E009: the file is intact (it parses, its checksums match) but its contents break
+    a validation rule: a tensor with NaN/Inf or statistics its role rules out, a lossy
+    conversion drifting past its quality gate (seed 001 §10.9, §4.8.4).
+
+    Not a :class:`CorruptError`: corruption means the bytes were damaged (fetch the file
+    again), a validation failure means the values are what the writer wrote and a rule
+    refuses them (fix the model, relax the rule, or ``force=True``).  ``except
+    ValueError`` catches both.  ``apr`` prints ``validation failed: [E009] ...`` and
+    exits 5; corruption is exit 4 (exit 5 when a whole-file CRC check finds it, E004).
+    Subclasses: :class:`aprfast.convert.TensorValidationError` (``convert(...,
+    validate="strict")``) and :class:`aprfast.convert.gate.QualityGateError`.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> aprfast.save_file({"encoder.layer_norm.weight": np.float32([1, np.nan])}, "nan.apr")
+        >>> try:
+        ...     aprfast.convert("nan.apr", "nan.safetensors")
+        ... except aprfast.ValidationError as exc:
+        ...     print(exc.code, exc.category, isinstance(exc, aprfast.CorruptError))
+        E009 VALIDATION False
+    """
+
+    code = "E009"
 
 
 class DecryptError(AprError, ValueError):

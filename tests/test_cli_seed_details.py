@@ -29,7 +29,7 @@ def test_validate_catches_n_vocab_against_the_embedding_rows_by_default(tmp_path
                       metadata={"n_vocab": 500})
     assert main(["validate", str(path)]) == 5
     out, err = capsys.readouterr()
-    assert "[FAIL] shapes: n_vocab=500 but decoder.token_embedding dim 0 is 512" in out
+    assert "[FAIL] shapes [E009]: n_vocab=500 but decoder.token_embedding dim 0 is 512" in out
     assert "shapes failed" in err
 
 

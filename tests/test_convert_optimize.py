@@ -187,7 +187,7 @@ def test_the_gate_fails_naming_the_tensor_and_numbers_and_leaves_nothing(src, tm
     with pytest.raises(QualityGateError) as info:
         aprfast.convert(path, tmp_path / "p.apr", prune=0.5)  # ~0.27 relative L2 > 0.1
     err = info.value
-    assert isinstance(err, TensorValidationError) and err.code == "E002"
+    assert isinstance(err, TensorValidationError) and err.code == "E009"
     assert err.tensor in (FC1, Q) and err.drift > 0.1 and err.max_drift == 0.1
     assert err.tensor in str(err) and f"{err.drift:.4g}" in str(err) and "max 0.1" in str(err)
     assert sorted(os.listdir(tmp_path)) == ["m.safetensors"]

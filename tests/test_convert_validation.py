@@ -58,7 +58,7 @@ def test_layernorm_mean_11_aborts_naming_the_tensor_and_leaves_nothing(tmp_path,
     with pytest.raises(TensorValidationError) as info:
         aprfast.convert(src, tmp_path / "m.apr", progress=lambda d, t: done.append(d))
     err = info.value
-    assert err.code == "E002" and isinstance(err, aprfast.AprError) and isinstance(err, ValueError)
+    assert err.code == "E009" and isinstance(err, aprfast.ValidationError) and isinstance(err, ValueError)
     assert err.tensor == "encoder.layer_norm.weight" and err.role == "layernorm weight"
     mean = float(tensors["encoder.layer_norm.weight"].astype(np.float64).mean())
     assert err.stats["mean"] == pytest.approx(mean, rel=1e-6)
@@ -214,7 +214,7 @@ def test_cli_exit_5_on_validation_failure_with_nothing_written(tmp_path, rng, ca
     out = tmp_path / "m.apr"
     assert main(["import", str(src), str(out)]) == 5
     err = capsys.readouterr().err
-    assert "apr import: validation failed: [E002]" in err and "'encoder.layer_norm.weight'" in err
+    assert "apr import: validation failed: [E009]" in err and "'encoder.layer_norm.weight'" in err
     assert "outside [0.5, 3.0]" in err
     only_sources(tmp_path, "m.safetensors")
     assert main(["convert", str(src), str(out), "--validate", "relaxed"]) == 0

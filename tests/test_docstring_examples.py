@@ -28,6 +28,7 @@ FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 #: Modules whose docstrings are the public API reference, with the optional package
 #: their examples need (skipped, with the reason, when it is not installed).
 MODULES = {
+    "aprfast.errors": None,
     "aprfast.api": None,
     "aprfast.files.writer": None,
     "aprfast.files.reader": None,
@@ -47,6 +48,7 @@ MODULES = {
     "aprfast.distributed": None,
     "aprfast.io.pickling": None,
     "aprfast.io.direct": None,
+    "aprfast.io.progress": None,
     "aprfast.v1": None,
     "aprfast.v1.writer": None,
     "aprfast.v1.load": None,

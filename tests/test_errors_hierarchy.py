@@ -1,5 +1,5 @@
-"""Every error has its spec code (E001-E008), is an AprError and the builtin it claims,
-and survives pickling with code, message and path."""
+"""Every error has its spec code (E001-E008, or aprfast's E009 for validation failures), is
+an AprError and the builtin it claims, and survives pickling with code, message and path."""
 
 import pickle
 
@@ -24,6 +24,7 @@ from aprfast.errors import (
     SignatureError,
     TensorNotFoundError,
     UnknownDTypeError,
+    ValidationError,
     VersionError,
 )
 
@@ -43,12 +44,25 @@ DOCUMENTED = {
     LayoutError: ("E001", (ValueError,)),
     ModelTypeMismatchError: ("E001", (ValueError, FormatError)),
     LicenseError: ("E006", (PermissionError,)),
+    ValidationError: ("E009", (ValueError,)),
 }
 
 
-def test_the_code_table_is_the_specs():
+def test_the_code_table_is_the_specs_then_validation():
     assert CODES == {"E001": "FORMAT", "E002": "CORRUPT", "E003": "VERSION", "E004": "CHECKSUM",
-                     "E005": "DECRYPT", "E006": "SIGNATURE", "E007": "IO", "E008": "MEMORY"}
+                     "E005": "DECRYPT", "E006": "SIGNATURE", "E007": "IO", "E008": "MEMORY",
+                     "E009": "VALIDATION"}
+
+
+def test_validation_is_not_corruption():
+    """Issue 28 item 4: a rule refusing intact values is told apart from damaged bytes."""
+    from aprfast.convert import TensorValidationError
+    from aprfast.convert.gate import QualityGateError
+
+    assert not issubclass(ValidationError, CorruptError) and not issubclass(CorruptError, ValidationError)
+    for cls in (TensorValidationError, QualityGateError):  # the old classes: still caught as before
+        assert issubclass(cls, ValidationError) and issubclass(cls, ValueError) and cls.code == "E009"
+        assert not issubclass(cls, CorruptError)
 
 
 def test_every_exported_error_is_documented_here():

@@ -3,7 +3,8 @@ function a program can call directly.
 
 Exit codes (seed 001 Appendix A): 0 success, 1 general error, 2 invalid arguments,
 3 file not found, 4 format error (any AprError while reading), 5 validation failed
-(the CRC32 check, E004, of every command that reads a whole file, unless ``--no-verify``).
+(a ValidationError, E009: the file is intact but its values break a rule; and the CRC32
+check, E004, of every command that reads a whole file, unless ``--no-verify``).
 Results go to stdout (``--json`` for machines), diagnostics to stderr.
 
 Every command reads the configuration file and environment of :mod:`aprfast.config`
@@ -23,7 +24,7 @@ import time
 from .. import __version__
 from .. import config as apr_config
 from ..convert import DestinationExistsError
-from ..errors import AprError, AprFileNotFoundError, AprIOError, ChecksumError
+from ..errors import AprError, AprFileNotFoundError, AprIOError, ChecksumError, ValidationError
 from . import (
     cache,
     convert,
@@ -137,6 +138,9 @@ def _run(args, settings) -> int:
     except AprIOError as exc:  # permission, EIO: not the file's format
         print(cli_text(f"apr: {exc}"), file=sys.stderr)
         return EXIT_ERROR
+    except ValidationError as exc:  # an intact file whose values break a rule: not a format error
+        print(cli_text(f"apr {args.command}: validation failed: {exc}"), file=sys.stderr)
+        return EXIT_VALIDATION
     except AprError as exc:
         print(cli_text(f"apr: {exc}"), file=sys.stderr)
         if isinstance(exc, ChecksumError) and getattr(args, "verify", None) is True:

@@ -8,6 +8,7 @@ import math
 import os
 import sys
 
+from ..io.progress import PlainProgress
 from ..tools.text import fmt, shape_text  # noqa: F401  (the cli modules take them from here)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_FORMAT, EXIT_VALIDATION = 0, 1, 2, 3, 4, 5
@@ -313,68 +314,25 @@ def progress_for(args, description: str):
     bar on stderr when stderr is a terminal; without rich a plain one-line progress
     there once the command has run a second (issue 28 item 5: a 12 s convert printed
     nothing), with a hint, once, that ``aprfast[cli]`` draws the bar; else
-    (``--json``, ``--quiet``, a pipe) a callback that does nothing."""
+    (``--json``, ``--quiet``, a pipe) False, which the library calls take as "show
+    nothing" (their default, None, would draw their own line on a terminal)."""
     if getattr(args, "json", False) or getattr(args, "quiet", False) or not sys.stderr.isatty():
         return _NoProgress()
     from importlib.util import find_spec
 
     if find_spec("rich") is None:  # optional: the bar is a nicety, never a requirement
-        return PlainProgress(description)
+        return PlainProgress(description, hint=PROGRESS_HINT)
     return _RichProgress(description)
 
 
-class PlainProgress:
-    """``description: 42% (3 s)`` rewritten in place on stderr (``\\r``), only once
-    :attr:`DELAY` seconds have passed (quick commands print nothing) and at most every
-    :attr:`INTERVAL` seconds; cleared at the end.  The first time one is shown in a
-    process, a line above it says that ``pip install 'aprfast[cli]'`` draws a full bar.
-
-    Example::
-
-        with PlainProgress("convert model.apr") as progress:
-            progress(done_bytes, total_bytes)
-    """
-
-    DELAY = 1.0
-    INTERVAL = 0.1
-    HINT = "apr: pip install 'aprfast[cli]' for a full progress bar (rich)"
-    hinted = False  # once per process
-
-    def __init__(self, description: str):
-        self.description = description
-
-    def __enter__(self):
-        import time
-
-        self._clock = time.monotonic
-        self._start = self._clock()
-        self._last = None
-        return self.update
-
-    def update(self, done, total) -> None:
-        now = self._clock()
-        finished = bool(total) and done >= total  # the last step is always shown
-        if now - self._start < self.DELAY or (self._last is not None and now - self._last < self.INTERVAL
-                                               and not finished):
-            return
-        if not PlainProgress.hinted:
-            PlainProgress.hinted = True
-            sys.stderr.write(self.HINT + "\n")
-        self._last = now
-        share = f"{100 * done / total:.0f}%" if total else f"{done}"
-        sys.stderr.write(f"\r{self.description}: {share} ({now - self._start:.0f} s)\x1b[K")
-        sys.stderr.flush()
-
-    def __exit__(self, *exc_info):
-        if self._last is not None:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-        return False
+#: Printed once per process above the first plain progress line (apr only: a library
+#: call does not advertise the CLI's extra).
+PROGRESS_HINT = "apr: pip install 'aprfast[cli]' for a full progress bar (rich)"
 
 
 class _NoProgress:
     def __enter__(self):
-        return None
+        return False
 
     def __exit__(self, *exc_info):
         return False

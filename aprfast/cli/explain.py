@@ -1,7 +1,7 @@
-"""``apr explain``: an error code (``apr explain E002``; an unknown code says "Unknown
-Error Code" and exits 1, never crashes), one tensor (``apr explain --tensor NAME FILE``,
-with fuzzy suggestions for a name the file lacks) or a file's architecture
-(``apr explain FILE``, from its tensor names)."""
+"""``apr explain``: an error code or error class (``apr explain E002``, ``apr explain
+ValidationError``; an unknown one says "Unknown Error Code" and exits 1, never crashes),
+one tensor (``apr explain --tensor NAME FILE``, with fuzzy suggestions for a name the file
+lacks) or a file's architecture (``apr explain FILE``, from its tensor names)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import os
 import re
 import sys
 
+from .. import errors as _errors
+from ..convert import TensorValidationError
 from ..convert import names as _names
+from ..convert.gate import QualityGateError
 from ..errors import CODES
 from ..numerics.expectations import check_expected, expectation_for
 from ..numerics.stats import tensor_stats
@@ -23,12 +26,15 @@ ERRORS = {
              "dtype id, a tensor name the file lacks).",
              ["Not an .apr file, or a newer format", "The file was cut off before the header"],
              ["Run `apr inspect FILE` to see what the header says", "Check the file came from an .apr writer"]),
-    "E002": ("Corrupted data", "Sizes, offsets or contents of a known layout contradict each other.",
+    "E002": ("Corrupted data", "Sizes, offsets or contents of a known layout contradict each other: the bytes "
+             "were damaged or written wrongly. (A file that reads intact but whose values break a rule, such as "
+             "NaN weights, is E009, not E002.) `apr` exits 4 (5 when a whole-file CRC32 check finds the damage: E004).",
              ["Interrupted download", "Bit rot", "Disk error", "A writer bug"],
              ["Run `apr validate --checksum FILE` to verify", "Check the source's MD5/SHA256 and download again"]),
     "E003": ("Unsupported version", "A layout version or feature this build does not read.",
              ["File written by a newer aprender/aprfast"], ["Upgrade aprfast", "Re-export with an older format"]),
-    "E004": ("Checksum mismatch", "A stored CRC32 does not match the bytes it covers.",
+    "E004": ("Checksum mismatch", "A stored CRC32 does not match the bytes it covers: the bytes were damaged "
+             "after writing (corruption, like E002). `apr` exits 5 when its whole-file check finds it.",
              ["Interrupted download or copy", "Bit rot", "Bytes edited after writing"],
              ["Run `apr validate --checksum FILE`", "Fetch the file again"]),
     "E005": ("Decryption failed", "Wrong key or password, or the ciphertext was tampered with.",
@@ -43,6 +49,16 @@ ERRORS = {
     "E008": ("Out of memory", "Honouring the file would exceed a parser limit or the memory available.",
              ["A hostile or corrupt file declaring huge sizes", "A model larger than this machine"],
              ["Validate the file's origin", "Raise aprfast.Limits if the file is trusted"]),
+    "E009": ("Validation failed", "The file is intact (it parses and its checksums match), but its contents "
+             "break a validation rule: NaN/Inf values, statistics the tensor's role rules out, metadata sizes that "
+             "disagree with the tensors, a lossy conversion drifting past its quality gate. Corruption (E002, "
+             "E004) means the bytes were damaged and fetching the file again fixes it; a validation failure "
+             "means the values are what the writer wrote, so fetching it again does not. `apr` exits 5.",
+             ["A training run that diverged (NaN/Inf)", "A wrong export (metadata from another model)",
+              "Quantization or pruning too aggressive for a tensor"],
+             ["Run `apr validate FILE` (add --stats) to see every rule that fails and on which tensor",
+              "Fix the model at its source, or relax the rule: `--validate relaxed`, `--max-drift X` or "
+              "`--force` (aprfast.convert: validate='relaxed', max_drift=, force=True)"]),
 }
 
 #: Architectures recognised (id -> display name, purpose): the converter's detector's.
@@ -51,7 +67,8 @@ ARCHITECTURES = _names.ARCHITECTURES
 
 def add_parser(commands) -> None:
     p = commands.add_parser("explain", help="explain an error code, a tensor, or a file's architecture")
-    p.add_argument("target", nargs="?", help="an error code (E001-E008) or a .apr file")
+    p.add_argument("target", nargs="?", help="an error code (E001-E009), an error class name "
+                                             "(ValidationError) or a .apr file")
     p.add_argument("file", nargs="?", help="the file, when --tensor is given before it")
     p.add_argument("--tensor", metavar="NAME", help="explain one tensor of FILE")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -78,14 +95,30 @@ def _looks_like_file(target) -> bool:
 
 
 def explain_code(code: str) -> dict:
-    """{"code", "known", "category", "title", "description", "causes", "troubleshooting"}."""
-    code = code.strip().upper()
+    """{"code", "known", "category", "title", "description", "causes", "troubleshooting"}; for an
+    error class name (``ValidationError``, ``CorruptError``...) also "class" and "is_a" (its
+    aprfast error bases, so ``TensorValidationError`` says it is a ``ValidationError``)."""
+    text = code.strip()
+    cls = error_class(text)
+    if cls is not None:
+        explained = explain_code(cls.code)
+        bases = [b.__name__ for b in cls.__mro__[1:] if issubclass(b, _errors.AprError) and b is not _errors.AprError]
+        return {**explained, "class": cls.__name__, "is_a": bases}
+    code = text.upper()
     if code not in ERRORS or code not in CODES:
         return {"code": code, "known": False, "title": "Unknown Error Code",
-                "description": f"{code} is not an aprfast error code; known: {', '.join(CODES)}"}
+                "description": f"{code} is not an aprfast error code or class; known: {', '.join(CODES)}"}
     title, description, causes, steps = ERRORS[code]
     return {"code": code, "known": True, "category": CODES[code], "title": title, "description": description,
             "causes": causes, "troubleshooting": steps}
+
+
+def error_class(name: str):
+    """The aprfast error class called ``name`` (``aprfast.errors``' and the converter's), or None."""
+    found = getattr(_errors, name, None) if name.isidentifier() else None
+    if found is None:
+        found = {c.__name__: c for c in (TensorValidationError, QualityGateError)}.get(name)
+    return found if isinstance(found, type) and issubclass(found, _errors.AprError) else None
 
 
 def _code(code, args) -> int:
@@ -95,7 +128,9 @@ def _code(code, args) -> int:
     elif not e["known"]:
         print(f"{e['code']}: Unknown Error Code\n{e['description']}")
     else:
-        lines = [f"{e['code']}: {e['title']} ({e['category']})", e["description"],
+        lines = [f"{e['class']} is {e['code']}" + (f" (a {', a '.join(e['is_a'])})" if e["is_a"] else "")] \
+            if "class" in e else []
+        lines += [f"{e['code']}: {e['title']} ({e['category']})", e["description"],
                  f"- Common causes: {', '.join(e['causes'])}.", "- Troubleshooting:"]
         lines += [f"  {i}. {step}" for i, step in enumerate(e["troubleshooting"], 1)]
         print("\n".join(lines))

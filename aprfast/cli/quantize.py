@@ -136,15 +136,18 @@ def quantize_file(source, destination, default, rules, args) -> dict:
 
     with open_model(source, args, verify=verify_from(args)) as f, progress_for(args, "quantizing") as progress:
         names = list(f.keys())
+        steps = 2 * len(names)  # reading, then quantizing: one step per tensor each
         tensors = {}
         for done, name in enumerate(names, 1):
             tensors[name] = f.get_tensor(name)
             if progress:
-                progress(done, len(names))
+                progress(done, steps)
         # the source's counts described its tensors: the new file's are filled below
         metadata = {k: v for k, v in (f.metadata or {}).items() if k not in ("quantization", *COUNT_KEYS)}
         quantized, report = quantize_tensors(tensors, default, selector(default, rules, args.quantize_1d),
-                                             threads=args.threads)
+                                             threads=args.threads,
+                                             progress=(lambda done, _: progress(len(names) + done, steps))
+                                             if progress else False)
     report = _explain_kept(report, rules, args.quantize_1d)
     quant_meta = report.metadata(args.layout if args.layout != "auto" else "auto")
     if quant_meta is not None:

@@ -21,7 +21,7 @@ import sys
 
 from ..convert.mle import format_validate as format_mle
 from ..convert.mle import is_mle, validate_mle
-from ..errors import ChecksumError, DecryptError, SignatureError
+from ..errors import ChecksumError, DecryptError, SignatureError, ValidationError
 from ..numerics.expectations import check_expected, count_by_rule
 from ..numerics.stats import tensor_stats
 from ._common import (
@@ -40,6 +40,9 @@ from ._common import (
 )
 
 CHECKS = ("checksum", "nan-check", "zero-check", "shapes", "stats")
+#: The code of a failed value or shape check: the file is intact, a rule refuses its values
+#: (:class:`aprfast.errors.ValidationError`); a failed checksum keeps E004 (damaged bytes).
+RULE_CODE = ValidationError.code
 #: What `apr validate FILE` runs with no check named (--stats is asked for explicitly).
 DEFAULT_CHECKS = ("checksum", "nan-check", "zero-check", "shapes")
 
@@ -86,11 +89,29 @@ def run(args) -> int:
         print_json(report)
     else:
         print(format_report(report, color=getattr(args, "color", False)))
-    for check in report["checks"]:
-        if check["status"] == "FAIL":
-            code = f"[{check['code']}] " if check.get("code") else ""
-            print(f"apr validate: {check['name']} failed: {code}{check['detail']}", file=sys.stderr)
+    failed = [check for check in report["checks"] if check["status"] == "FAIL"]
+    for check in failed:
+        code = f"[{check['code']}] " if check.get("code") else ""
+        print(f"apr validate: {check['name']} failed: {code}{check['detail']}", file=sys.stderr)
+    for line in _kind_of_failure(report["checks"]):
+        print(f"apr validate: {line}", file=sys.stderr)
     return EXIT_OK if report["passed"] else EXIT_VALIDATION
+
+
+def _kind_of_failure(checks) -> list:
+    """What the failures mean (issue 28 item 4): damaged bytes (E004) or an intact file whose
+    values break a rule (E009).  Both exit 5 here, so the line says which."""
+    codes = {c.get("code") for c in checks if c["status"] == "FAIL"}
+    crc_passed = any(c["name"] == "checksum" and c["status"] == "PASS" for c in checks)
+    if "E004" in codes and RULE_CODE in codes:
+        return ["the file's bytes are damaged (apr explain E004), and the values read from them break a rule "
+                f"(apr explain {RULE_CODE})"]
+    if "E004" in codes:
+        return ["the file's bytes are damaged (apr explain E004): fetch or copy it again"]
+    if RULE_CODE in codes:
+        intact = "the file is intact (its CRC32 matches)" if crc_passed else "the file reads"
+        return [f"{intact}, but its values break a rule (apr explain {RULE_CODE})"]
+    return []
 
 
 def run_quality(args) -> int:
@@ -141,7 +162,8 @@ def validate_file(f, *, checks=DEFAULT_CHECKS, threads: int = 0) -> dict:
         if "nan-check" in checks:
             detail = ", ".join(f"{n} ({s.nan_count} NaN, {s.inf_count} Inf)" for n, s in bad_values)
             results.append({"name": "nan-check", "status": "FAIL" if bad_values else "PASS",
-                            "code": None, "tensors": [n for n, _ in bad_values], "skipped": skipped,
+                            "code": RULE_CODE if bad_values else None, "tensors": [n for n, _ in bad_values],
+                            "skipped": skipped,
                             "detail": f"{len(bad_values)} tensor(s) with NaN/Inf: {detail}" if bad_values
                             else "no NaN or Inf in any tensor"})
         if "zero-check" in checks:
@@ -164,8 +186,8 @@ def _zero_result(all_zero, skipped) -> dict:
         status, detail = "WARN", f"{len(soft)} all-zero bias tensor(s) (allowed): {', '.join(soft)}"
     else:
         status, detail = "PASS", "no tensor is entirely zero"
-    return {"name": "zero-check", "status": status, "code": None, "tensors": all_zero, "skipped": skipped,
-            "detail": detail}
+    return {"name": "zero-check", "status": status, "code": RULE_CODE if hard else None, "tensors": all_zero,
+            "skipped": skipped, "detail": detail}
 
 
 def _shapes_result(f) -> dict:
@@ -179,7 +201,8 @@ def _shapes_result(f) -> dict:
         detail = f"{len(rows)} metadata size(s) match the tensors: " + ", ".join(sorted({r["key"] for r in rows}))
     else:
         detail = "no metadata size names a tensor dimension (nothing to compare)"
-    return {"name": "shapes", "status": "FAIL" if bad else "PASS", "code": None, "detail": detail,
+    return {"name": "shapes", "status": "FAIL" if bad else "PASS", "code": RULE_CODE if bad else None,
+            "detail": detail,
             "comparisons": rows}
 
 
@@ -198,7 +221,8 @@ def _stats_result(verdicts, skipped) -> dict:
                       for rule, names in count_by_rule(warned))
     else:
         status, detail = "PASS", f"{checked} tensor(s) with an expectation, all within it"
-    return {"name": "stats", "status": status, "code": None, "skipped": skipped, "detail": detail,
+    return {"name": "stats", "status": status, "code": RULE_CODE if failed else None, "skipped": skipped,
+            "detail": detail,
             "tensors": {n: {"status": v.status, "role": v.role, "reasons": list(v.reasons)} for n, v in verdicts
                         if v.status in ("FAIL", "WARN")}}
 

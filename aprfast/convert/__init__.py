@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import dtypes as _dtypes
 from ..errors import AprError, ChecksumError, FormatError, LayoutError, os_error
+from ..io.progress import progress_to
 from ..numerics.drift import numeric_values
 from ..numerics.precision import to_bfloat16, to_float16, to_float32
 from ..numerics.quantization import dequantize as _dequantize
@@ -479,7 +480,10 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     tensor written against its expected statistics and aborts at the first failure
     (TensorValidationError, nothing written) unless ``force=True``; "relaxed" warns
     (ValidationWarning) and writes; "off" computes nothing.
-    ``progress(done_bytes, total_bytes)`` is called after each tensor (source bytes).
+    ``progress``: by default (None) a plain line on stderr when it is a terminal and the
+    conversion has run a second (``aprfast.convert model.apr: 42% (3 s)``), else nothing;
+    False shows nothing; a callable gets ``progress(done_bytes, total_bytes)`` after each
+    tensor (source bytes) and nothing is printed (:mod:`aprfast.io.progress`).
     ``tokenizer``: embed a sibling ``tokenizer.json`` of a safetensors source.
     ``prune`` (a sparsity, or ``{"sparsity", "structure": "unstructured" | "row",
     "method": "magnitude", "select"}``) zeroes the smallest-magnitude elements or rows;
@@ -489,7 +493,7 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     The quality gate (``convert.gate``) measures every tensor a lossy
     option changes (relative L2 ``||W - W'|| / ||W||``, max ``|W - W'|``) and stops at
     the first above ``max_drift`` (default 0.1; None: no limit) with QualityGateError
-    (E002, nothing written) unless ``force=True`` (QualityGateWarning).
+    (E009, nothing written) unless ``force=True`` (QualityGateWarning).
 
     Returns ``{"source_format", "format", "tensors", "bytes", "arch", "names",
     "validation", "optimize", "quality"}``: ``names`` the mapping (None without
@@ -511,7 +515,9 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
         strip_prefix: A prefix (or tuple of them) removed from names.
         validate: "strict", "relaxed" or "off".
         force: Replace an existing destination; write despite failed checks.
-        progress: ``progress(done_bytes, total_bytes)``, called after each tensor.
+        progress: None (a plain progress line on a terminal's stderr after a second),
+            False (none), or a callable ``progress(done_bytes, total_bytes)`` called
+            after each tensor.
         max_shard_size: Write a sharded safetensors checkpoint of shards this large.
         tokenizer: Embed a safetensors source's sibling ``tokenizer.json``.
         durable: fsync the output before returning.
@@ -533,9 +539,9 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
         LayoutError: The destination cannot hold a tensor, two tensors end with one
             name, or an option is invalid.
         TensorValidationError: With ``validate="strict"``, a tensor failed its checks
-            (E002; nothing written).
-        QualityGateError: A lossy option drifted a tensor past ``max_drift`` (E002;
-            nothing written).
+            (a ValidationError, E009; nothing written).
+        QualityGateError: A lossy option drifted a tensor past ``max_drift`` (a
+            ValidationError, E009; nothing written).
         ChecksumError: With ``verify``, an ``.apr`` source's bytes do not match its
             CRC32 (E004; nothing written).
         AprFileNotFoundError: ``source`` does not exist.
@@ -551,6 +557,8 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
         (QuantizedTensor(Q8_0, shape=[2, 32], nbytes=68), [])
     """
     precision, quantize = _check_options(validate, precision, quantize)
+    label = os.path.basename(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else type(source).__name__
+    reporter = progress_to(progress, f"aprfast.convert {label}")  # a bad progress= fails before any work
     if names not in ("auto", "keep"):
         raise ValueError(f"names={names!r}: 'auto' (the destination's engine names) or 'keep'")
     kind = _destination_format(destination, to, max_shard_size)
@@ -573,8 +581,10 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
                                  tokenizer=tokenizer)
             source = local.path
     try:
-        return _convert(source, destination, kind, precision, quantize, prefixes, validator, optimizer, gate, arch,
-                        rename, compression, max_shard_size, force, durable, progress, tokenizer, names, verify)
+        with reporter as update:
+            return _convert(source, destination, kind, precision, quantize, prefixes, validator, optimizer, gate,
+                            arch, rename, compression, max_shard_size, force, durable, update, tokenizer, names,
+                            verify)
     finally:
         if local is not None:
             local.close()

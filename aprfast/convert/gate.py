@@ -36,7 +36,7 @@ _LOSSLESS = {("F16", "F32"), ("F16", "F64"), ("BF16", "F32"), ("BF16", "F64"), (
 
 
 class QualityGateError(TensorValidationError):
-    """E002 (a :class:`TensorValidationError`, so ``apr convert`` exits 5): a tensor's
+    """E009 (a :class:`TensorValidationError`, so ``apr convert`` exits 5): a tensor's
     drift from its source exceeds ``max_drift``.  ``tensor``, ``drift`` (relative L2),
     ``max_abs_delta`` and ``max_drift`` say which and by how much."""
 

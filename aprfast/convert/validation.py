@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..errors import AprError
+from ..errors import ValidationError
 from ..numerics.expectations import check_value
 
 __all__ = ["MODES", "TensorValidationError", "ValidationWarning", "InlineValidator"]
@@ -30,11 +30,16 @@ __all__ = ["MODES", "TensorValidationError", "ValidationWarning", "InlineValidat
 MODES = ("strict", "relaxed", "off")
 
 
-class TensorValidationError(AprError, ValueError):
-    """E002: a tensor's values contradict what its name says it is (seed 001 §10.9):
+class TensorValidationError(ValidationError):
+    """E009: a tensor's values contradict what its name says it is (seed 001 §10.9):
     NaN/Inf, or a LayerNorm mean outside its acceptable range.  ``tensor``, ``role``,
     ``reasons`` and ``stats`` (a dict of the numbers) say which and why.  ``apr
     convert``/``import``/``export`` exit 5 on it.
+
+    A :class:`~aprfast.errors.ValidationError` (E009, a ``ValueError``), not a
+    :class:`~aprfast.errors.CorruptError`: the file read was intact.  Before issue 28 it
+    carried E002, the code of corrupted data; ``except TensorValidationError`` (and
+    ``except ValueError``) catch it as before.
 
     Raised by :func:`aprfast.convert.convert` with ``validate="strict"`` (the default)
     before anything is written; ``validate="relaxed"`` or ``force=True`` write the tensor
@@ -54,10 +59,8 @@ class TensorValidationError(AprError, ValueError):
         ...     convert("m.apr", "m.safetensors")
         ... except TensorValidationError as exc:
         ...     print(exc.code, exc.tensor, exc.role, exc.reasons)
-        E002 encoder.layer_norm.weight layernorm weight ('1 NaN, 0 Inf in 2 values',)
+        E009 encoder.layer_norm.weight layernorm weight ('1 NaN, 0 Inf in 2 values',)
     """
-
-    code = "E002"
 
     def __init__(self, message: str, *, path=None, tensor=None, role=None, reasons=(), stats=None):
         super().__init__(message, path=path)

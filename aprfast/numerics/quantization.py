@@ -29,6 +29,7 @@ from .. import _quant
 from .. import dtypes as _dtypes
 from ..dtypes import APR2_IDS, APRENDER_IDS, DType, bfloat16, element_count
 from ..errors import CorruptError, LayoutError, UnknownDTypeError
+from ..io.progress import progress_to
 from ..tensors import QuantizedTensor, RawTensor
 from .precision import empty_output, to_float32
 
@@ -797,7 +798,7 @@ class QuantizationReport:
 
 
 def quantize_tensors(tensors, default="q4_0", rules=None, *, threads: int = 0, strict: bool = False,
-                     measure: bool = True):
+                     measure: bool = True, progress=None):
     """Quantize a model's float tensors; return ``(tensors, report)``.
 
     Each tensor's type comes from ``rules``, else ``default``; None keeps it as it is.
@@ -822,6 +823,10 @@ def quantize_tensors(tensors, default="q4_0", rules=None, *, threads: int = 0, s
         threads: Most threads to use (0: the cores idle at the call).
         strict: Refuse tensors whose rows are not whole blocks instead of keeping them.
         measure: Compute the error figures of the report.
+        progress: None (the default: one plain line on stderr when it is a terminal
+            and the call has run a second, else nothing), False (nothing), or a
+            callable ``progress(done, total)`` called after each tensor (counts of
+            tensors); see :mod:`aprfast.io.progress`.
 
     Returns:
         ``(tensors, report)``: a new dict of name to QuantizedTensor or kept value, and
@@ -831,7 +836,8 @@ def quantize_tensors(tensors, default="q4_0", rules=None, *, threads: int = 0, s
         UnknownDTypeError: A type named by ``default`` or ``rules`` is not registered.
         LayoutError: A type without a quantizer, or (``strict``) rows that are not
             whole blocks.
-        TypeError: ``tensors`` is not a mapping, or ``rules`` is malformed.
+        TypeError: ``tensors`` is not a mapping, ``rules`` is malformed, or
+            ``progress`` is not None, a bool or a callable.
 
     Examples:
         >>> import numpy as np, aprfast
@@ -840,34 +846,45 @@ def quantize_tensors(tensors, default="q4_0", rules=None, *, threads: int = 0, s
         >>> quantized["layer.w"], quantized["layer.norm"] is tensors["layer.norm"]
         (QuantizedTensor(Q4_0, shape=[4, 64], nbytes=144), True)
         >>> aprfast.save_file(quantized, "model-q4.apr", metadata={"quantization": report.metadata()})
+        >>> seen = []
+        >>> _ = aprfast.quantize_tensors(tensors, "q4_0", progress=lambda done, total: seen.append((done, total)))
+        >>> seen
+        [(1, 2), (2, 2)]
     """
     if not hasattr(tensors, "items"):
         raise TypeError(f"tensors must be a mapping of name to array, not {type(tensors).__name__}")
     select = type_selector(default, rules)
     out, entries = {}, []
-    for name, value in tensors.items():
-        shape, original, values = _describe(value)
-        kind, why = select(name, shape)
-        reason = why if kind is None else _keep_reason(kind, shape, original, values)
-        if reason is None and kind is not None:
-            problem = _row_problem(kind, shape)
-            if problem:
-                if strict:
-                    raise LayoutError(f"{_tensor(name)}shape {list(shape)}: {problem}")
-                reason = problem
-        if reason is not None:
-            out[name] = value
-            entries.append(TensorReport(name, shape, original, None, _stored_bits(value, shape), reason=reason))
-            continue
-        values = _float32(values, name, threads)
-        qt = kind.quantize(values, threads=threads, name=name)
-        out[name] = qt
-        entries.append(_measure(name, original, values, qt, kind, threads) if measure else
-                       TensorReport(name, qt.shape, original, kind.name, qt.nbytes * 8 / element_count(qt.shape)))
+    total = len(tensors) if hasattr(tensors, "__len__") else 0
+    with progress_to(progress, "aprfast.quantize_tensors") as update:
+        for done, (name, value) in enumerate(tensors.items(), 1):
+            out[name], entry = _quantize_entry(name, value, select, strict, threads, measure)
+            entries.append(entry)
+            if update is not None:
+                update(done, total)
     report = QuantizationReport(entries)
     for warning in report.warnings:
         log.warning("quantization degraded %s (limit %.0f%%)", warning, DEGRADATION_LIMIT * 100)
     return out, report
+
+
+def _quantize_entry(name, value, select, strict, threads, measure):
+    """(the value to store, its TensorReport): one tensor of :func:`quantize_tensors`."""
+    shape, original, values = _describe(value)
+    kind, why = select(name, shape)
+    reason = why if kind is None else _keep_reason(kind, shape, original, values)
+    if reason is None and kind is not None:
+        problem = _row_problem(kind, shape)
+        if problem:
+            if strict:
+                raise LayoutError(f"{_tensor(name)}shape {list(shape)}: {problem}")
+            reason = problem
+    if reason is not None:
+        return value, TensorReport(name, shape, original, None, _stored_bits(value, shape), reason=reason)
+    values = _float32(values, name, threads)
+    qt = kind.quantize(values, threads=threads, name=name)
+    return qt, (_measure(name, original, values, qt, kind, threads) if measure else
+                TensorReport(name, qt.shape, original, kind.name, qt.nbytes * 8 / element_count(qt.shape)))
 
 
 def type_selector(default, rules):

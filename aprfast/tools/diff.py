@@ -28,6 +28,7 @@ import numpy as np
 
 from ..dtypes import element_count
 from ..errors import FormatError, LayoutError
+from ..io.progress import progress_to
 from ..numerics.drift import compare_values, numeric_values
 from ..tensors import RawTensor
 
@@ -341,7 +342,8 @@ def diff_models(a, b, *, tolerance: float = DEFAULT_TOLERANCE, mapping=None, key
     ``mapping``: ``{name in A: name in B}`` for tensors named differently on the two
     sides (others pair by equal names).  ``keys_a``/``keys_b``: ``aprfast.open`` key
     arguments (``password``, ``private_key``, ``trusted_keys``) for encrypted or signed
-    ``.apr`` files.  ``progress(done, total)`` is called after each pair.
+    ``.apr`` files.  ``progress(done, total)`` is called after each pair; by default a
+    terminal's stderr shows a plain progress line once the call has run a second.
 
     Args:
         a: The first model: a path to an ``.apr``, ``.safetensors`` or ``.gguf`` file
@@ -352,7 +354,9 @@ def diff_models(a, b, *, tolerance: float = DEFAULT_TOLERANCE, mapping=None, key
         keys_a: ``aprfast.open`` keyword arguments for ``a``.
         keys_b: ``aprfast.open`` keyword arguments for ``b``.
         threads: Threads for the statistics engine (0: every core).
-        progress: ``progress(done, total)``, called after each pair.
+        progress: None (the default: a plain line on stderr when it is a terminal and the
+            call has run a second, else nothing), False (nothing), or a callable
+            ``progress(done, total)`` called after each pair; see :mod:`aprfast.io.progress`.
         verify: Check each ``.apr`` side's CRC32 (and signature) before comparing.
 
     Returns:
@@ -393,10 +397,11 @@ def diff_models(a, b, *, tolerance: float = DEFAULT_TOLERANCE, mapping=None, key
         pairs, left_a, left_b = _pairs(side_a.names, side_b.names, mapping or {})
         report.only_in_a = [(n, element_count(side_a.shapes[n])) for n in left_a]
         report.only_in_b = [(n, element_count(side_b.shapes[n])) for n in left_b]
-        for i, (name, other) in enumerate(pairs):
-            report.tensors.append(_diff_pair(name, other, side_a, side_b, tolerance, threads))
-            if progress is not None:
-                progress(i + 1, len(pairs))
+        with progress_to(progress, f"aprfast diff {os.path.basename(str(side_a.path))}") as update:
+            for i, (name, other) in enumerate(pairs):
+                report.tensors.append(_diff_pair(name, other, side_a, side_b, tolerance, threads))
+                if update is not None:
+                    update(i + 1, len(pairs))
         _metadata_changes(report, side_a.metadata, side_b.metadata)
     finally:
         side_a.close()

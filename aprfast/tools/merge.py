@@ -43,6 +43,7 @@ import numpy as np
 
 from ..dtypes import by_name, element_count
 from ..errors import LayoutError
+from ..io.progress import progress_to
 from ..layouts.aprender import tensor_counts
 from ..numerics.drift import numeric_values
 from ..tensors import RawTensor
@@ -368,7 +369,9 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
         seed: DARE's seed (default 0).
         keys: ``aprfast.open`` keyword arguments for encrypted inputs.
         force: Replace an existing ``output``.
-        progress: ``progress(done, total)``, called after each tensor.
+        progress: None (the default: a plain line on stderr when it is a terminal and the
+            call has run a second, else nothing), False (nothing), or a callable
+            ``progress(done, total)`` called after each tensor; see :mod:`aprfast.io.progress`.
         verify: Check every input's CRC32 (and signature) before anything is written.
 
     Returns:
@@ -422,7 +425,8 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
                              "density": density, "t": t if method == "slerp" else None,
                              "lambda": lam if method == "ties" else None, "seed": seed if method == "dare" else None}
         merged = copied = 0
-        with Writer(output, metadata, plan=plan) as writer:
+        with Writer(output, metadata, plan=plan) as writer, \
+                progress_to(progress, f"aprfast merge ({method})") as update:
             for i, (name, dtype_name, shape) in enumerate(plan):
                 info = files[0].info(name)
                 if info.dtype_name not in _FLOAT_DTYPES and not info.dtype.packed:
@@ -437,8 +441,8 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
                     del values, base_values
                     writer.add(name, _cast(result, dtype_name, shape))
                     merged += 1
-                if progress is not None:
-                    progress(i + 1, len(plan))
+                if update is not None:
+                    update(i + 1, len(plan))
     finally:
         for f in files:
             f.close()

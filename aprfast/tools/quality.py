@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from ..errors import AprError, AprIOError, ChecksumError, DecryptError, SignatureError
+from ..io.progress import progress_to
 from ..numerics.expectations import check_expected, expectation_for
 from ..numerics.stats import tensor_stats
 
@@ -151,14 +152,15 @@ class _Facts:
         stats, unscored = {}, []
         total = sum(i.nbytes for i in self.infos)
         done = 0
-        for name, info in zip(self.names, self.infos):
-            try:
-                stats[name] = tensor_stats(self.f.get_tensor(name), threads=threads)
-            except TypeError:  # complex or unknown dtype: no statistics
-                unscored.append(name)
-            done += info.nbytes
-            if progress is not None:
-                progress(done, total)
+        with progress_to(progress, f"aprfast quality {os.path.basename(self.path)}") as update:
+            for name, info in zip(self.names, self.infos):
+                try:
+                    stats[name] = tensor_stats(self.f.get_tensor(name), threads=threads)
+                except TypeError:  # complex or unknown dtype: no statistics
+                    unscored.append(name)
+                done += info.nbytes
+                if update is not None:
+                    update(done, total)
         return stats, unscored
 
     @property
@@ -541,7 +543,8 @@ def _score_item(number, x) -> dict:
 def quality_report(path, *, threads: int = 0, progress=None, **keys) -> dict:
     """Score ``path`` against the §11 checklist.  ``keys``: ``password``,
     ``private_key``, ``trusted_keys``, as for :func:`aprfast.open`; ``progress(done,
-    total)`` is called with tensor bytes as the statistics pass goes.
+    total)`` is called with tensor bytes as the statistics pass goes (by default a
+    terminal's stderr shows a plain line once the call has run a second).
 
     Returns ``{"file", "score", "grade", "passed", "failed", "applicable",
     "categories": {A-D: {"name", "passed", "applicable"}}, "items": [{"item",
@@ -551,7 +554,9 @@ def quality_report(path, *, threads: int = 0, progress=None, **keys) -> dict:
     Args:
         path: The model file (anything :func:`aprfast.open` reads).
         threads: Threads for the statistics engine (0: every core).
-        progress: ``progress(done, total)`` in tensor bytes.
+        progress: None (the default: a plain line on stderr when it is a terminal and the
+            call has run a second, else nothing), False (nothing), or a callable
+            ``progress(done, total)`` in tensor bytes; see :mod:`aprfast.io.progress`.
         **keys: ``password``, ``private_key``, ``trusted_keys`` for :func:`aprfast.open`.
 
     Returns:
