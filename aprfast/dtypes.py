@@ -31,6 +31,10 @@ __all__ = [
     "unknown_id_dtype",
     "OPAQUE_APR2_ID",
     "OPAQUE_NAMES_KEY",
+    "SUBBYTE_FLOATS",
+    "pack_subbyte",
+    "unpack_subbyte",
+    "subbyte_values",
 ]
 
 try:  # bf16 and float8 arrays need ml_dtypes; without it they come back as unsigned ints.
@@ -48,6 +52,14 @@ ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_
              "F8_E8M0": "float8_e8m0fnu"}
 _ML_NUMPY = {name: np.dtype(getattr(ml_dtypes, attr)) for name, attr in ML_DTYPES.items()
              if ml_dtypes is not None and hasattr(ml_dtypes, attr)}
+#: Sub-byte floats: aprfast name -> (bits per value, ml_dtypes' name).  ml_dtypes keeps
+#: one value per byte (the code in the low bits); files keep them packed
+#: (:func:`pack_subbyte`), so their arrays are packed on the way in and unpacked on the
+#: way out.
+SUBBYTE_FLOATS = {"F4_E2M1": (4, "float4_e2m1fn"), "F6_E2M3": (6, "float6_e2m3fn"),
+                  "F6_E3M2": (6, "float6_e3m2fn")}
+_SUBBYTE_NUMPY = {name: np.dtype(getattr(ml_dtypes, attr)) for name, (_, attr) in SUBBYTE_FLOATS.items()
+                  if ml_dtypes is not None and hasattr(ml_dtypes, attr)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,6 +207,11 @@ DTYPES: dict[str, DType] = {
         # FP4 e2m1 (OCP MX), two values per byte, low nibble first, packed across the
         # flat tensor like torch's float4_e2m1fn_x2; an odd count pads the last nibble.
         _blocks("F4_E2M1", 2, 1, per_row=False),
+        # FP6 (OCP MX e2m3 / e3m2, safetensors' F6_E2M3 / F6_E3M2): a little-endian bit
+        # stream, value i in bits [6i, 6i + 6), so four values fill three bytes; a count
+        # that is not a multiple of 4 pads the last group with zero bits (docs/FORMAT.md).
+        _blocks("F6_E2M3", 4, 3, per_row=False),
+        _blocks("F6_E3M2", 4, 3, per_row=False),
         # GGML blocks (llama.cpp ggml-common.h sizes).
         _blocks("Q8_0", 32, 34),
         _blocks("Q4_0", 32, 18),
@@ -249,6 +266,7 @@ _ALIASES = {
     "FLOAT8_E4M3FNUZ": "F8_E4M3FNUZ", "FLOAT8_E5M2FNUZ": "F8_E5M2FNUZ",
     "FLOAT8_E8M0FNU": "F8_E8M0", "F8_E8M0FNU": "F8_E8M0", "F4": "F4_E2M1",
     "FLOAT4_E2M1FN": "F4_E2M1", "FLOAT4_E2M1FN_X2": "F4_E2M1",
+    "FLOAT6_E2M3FN": "F6_E2M3", "FLOAT6_E3M2FN": "F6_E3M2",
 }
 
 
@@ -329,12 +347,129 @@ def from_numpy(dtype) -> DType:
     for name, ml_dtype in _ML_NUMPY.items():
         if dtype == ml_dtype:
             return DTYPES[name]
+    for name, ml_dtype in _SUBBYTE_NUMPY.items():  # packed by the writer (pack_subbyte)
+        if dtype == ml_dtype:
+            return DTYPES[name]
     found = _FROM_NUMPY.get(dtype.newbyteorder("<"))
     if found is None:
         raise LayoutError(f"arrays of dtype {dtype} cannot be stored; supported: "
                           + ", ".join(sorted(str(np.dtype(d.numpy)) for d in DTYPES.values() if d.numpy))
-                          + "".join(f", {t}" for t in _ML_NUMPY.values()))
+                          + "".join(f", {t}" for t in (*_ML_NUMPY.values(), *_SUBBYTE_NUMPY.values())))
     return found
+
+
+def pack_subbyte(codes, bits: int) -> np.ndarray:
+    """Pack sub-byte codes (one per byte, in the low ``bits`` bits) the way files keep
+    them: a little-endian bit stream, value ``i`` in bits ``[bits*i, bits*(i+1))``.  FP4:
+    two a byte, the first in the low nibble; FP6: four in three bytes.  The last group is
+    padded with zero bits.
+
+    Args:
+        codes: uint8 codes (any shape; read flat), or an ml_dtypes float4/float6 array.
+        bits: 4 or 6.
+
+    Returns:
+        The packed bytes as a flat uint8 array (``ceil(n*4/8)`` bytes for FP4, ``ceil(n/4)*3`` for FP6).
+
+    Example:
+        >>> pack_subbyte(np.array([1, 2, 3], np.uint8), 4)
+        array([33,  3], dtype=uint8)
+    """
+    c = np.ascontiguousarray(codes).reshape(-1).view(np.uint8) & ((1 << bits) - 1)
+    if bits == 4:
+        if c.size % 2:
+            c = np.concatenate([c, np.zeros(1, np.uint8)])
+        return (c[0::2] | (c[1::2] << 4)).astype(np.uint8)
+    if bits != 6:
+        raise LayoutError(f"sub-byte packing takes 4 or 6 bits, not {bits}")
+    if c.size % 4:
+        c = np.concatenate([c, np.zeros(4 - c.size % 4, np.uint8)])
+    g = c.reshape(-1, 4).astype(np.uint32)
+    word = g[:, 0] | (g[:, 1] << 6) | (g[:, 2] << 12) | (g[:, 3] << 18)
+    return word.astype("<u4").view(np.uint8).reshape(-1, 4)[:, :3].reshape(-1).copy()
+
+
+def unpack_subbyte(data, bits: int, count: int) -> np.ndarray:
+    """The ``count`` codes (uint8, one a byte) of bytes packed by :func:`pack_subbyte`.
+
+    Args:
+        data: The packed bytes (any uint8 array or bytes-like).
+        bits: 4 or 6.
+        count: How many values to unpack.
+
+    Returns:
+        A flat uint8 array of ``count`` codes.
+
+    Raises:
+        LayoutError: ``data`` holds fewer than ``count`` values.
+
+    Example:
+        >>> unpack_subbyte(np.array([33, 3], np.uint8), 4, 3)
+        array([1, 2, 3], dtype=uint8)
+    """
+    raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+    if raw.size * 8 // bits < count:
+        raise LayoutError(f"{raw.size} bytes hold fewer than {count} {bits}-bit values")
+    if bits == 4:
+        out = np.empty(raw.size * 2, np.uint8)
+        out[0::2] = raw & 0x0F
+        out[1::2] = raw >> 4
+        return out[:count]
+    if bits != 6:
+        raise LayoutError(f"sub-byte packing takes 4 or 6 bits, not {bits}")
+    groups = raw[: raw.size // 3 * 3].reshape(-1, 3).astype(np.uint32)
+    word = groups[:, 0] | (groups[:, 1] << 8) | (groups[:, 2] << 16)
+    out = np.empty((groups.shape[0], 4), np.uint8)
+    for k in range(4):
+        out[:, k] = (word >> (6 * k)) & 0x3F
+    return out.reshape(-1)[:count]
+
+
+def _minifloat_table(exp_bits: int, man_bits: int) -> np.ndarray:
+    """float32 value of every code of an OCP MX minifloat without Inf/NaN (E2M1,
+    E2M3, E3M2): sign, exponent (bias ``2**(e-1) - 1``), mantissa; exponent 0 subnormal."""
+    bias = (1 << (exp_bits - 1)) - 1
+    codes = np.arange(1 << (1 + exp_bits + man_bits))
+    sign = np.where(codes >> (exp_bits + man_bits) & 1, -1.0, 1.0)
+    e = (codes >> man_bits) & ((1 << exp_bits) - 1)
+    m = codes & ((1 << man_bits) - 1)
+    mag = np.where(e == 0, m / (1 << man_bits) * 2.0 ** (1 - bias),
+                   (1 + m / (1 << man_bits)) * 2.0 ** (e - bias))
+    return (sign * mag).astype(np.float32)
+
+
+_SUBBYTE_TABLES = {"F4_E2M1": _minifloat_table(2, 1), "F6_E2M3": _minifloat_table(2, 3),
+                   "F6_E3M2": _minifloat_table(3, 2)}
+
+
+def subbyte_values(dtype, data, shape) -> np.ndarray:
+    """float32 values of a packed FP4/FP6 tensor (exact: every code is a float32).
+
+    Args:
+        dtype: F4_E2M1, F6_E2M3 or F6_E3M2 (a DType or its name).
+        data: The packed bytes.
+        shape: The tensor's logical shape.
+
+    Returns:
+        A float32 array of ``shape``.
+
+    Example:
+        >>> subbyte_values("F4_E2M1", np.array([0x21], np.uint8), (2,))
+        array([0.5, 1. ], dtype=float32)
+    """
+    d = by_name(dtype)
+    bits = SUBBYTE_FLOATS[d.name][0]
+    return _SUBBYTE_TABLES[d.name][unpack_subbyte(data, bits, element_count(shape))].reshape(shape)
+
+
+def subbyte_array(dtype, data, shape):
+    """A packed FP4/FP6 tensor as ml_dtypes' one-value-a-byte array of ``shape``, or
+    None without ml_dtypes (or a type ml_dtypes lacks)."""
+    d = by_name(dtype)
+    kind = _SUBBYTE_NUMPY.get(d.name)
+    if kind is None:
+        return None
+    return unpack_subbyte(data, SUBBYTE_FLOATS[d.name][0], element_count(shape)).view(kind).reshape(shape)
 
 
 def numpy_dtype(dtype: DType) -> np.dtype:
@@ -429,5 +564,7 @@ APR2_IDS = IdTable(
            50: "Q8_1", 51: "Q2_K", 52: "Q3_K", 53: "Q5_K", 54: "Q8_K", 55: "IQ2_XXS", 56: "IQ2_XS",
            57: "IQ3_XXS", 58: "IQ1_S", 59: "IQ4_NL", 60: "IQ3_S", 61: "IQ2_S", 62: "IQ4_XS", 63: "IQ1_M",
            64: "TQ1_0", 65: "TQ2_0", 66: "MXFP4", 67: "NVFP4", 68: "Q1_0",
+           # safetensors' 6-bit floats (docs/FORMAT.md)
+           69: "F6_E2M3", 70: "F6_E3M2",
            128: "APR_Q4", 129: "APR_Q8"},
 )

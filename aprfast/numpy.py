@@ -3,12 +3,17 @@
 ``load_file`` maps the file privately (copy-on-write): the arrays are writable, cost
 no copy and no memory for pages never written, and writes never reach the file.
 ``load`` reads an in-memory file into owned arrays.  See docs/guide/safetensors.md.
+
+FP4 and FP6 tensors (F4_E2M1, F6_E2M3, F6_E3M2), stored packed, come back as ml_dtypes'
+``float4_e2m1fn`` / ``float6_e2m3fn`` / ``float6_e3m2fn`` arrays (one value a byte, an
+owned copy), and arrays of those dtypes are packed on the way in.  Without ml_dtypes
+they come back as :class:`aprfast.QuantizedTensor` of the packed bytes.
 """
 
 from __future__ import annotations
 
 from . import api
-from .files.frameworks import UsageError, check_metadata, check_names
+from .files.frameworks import UsageError, check_metadata, check_names, subbyte_arrays
 from .files.reader import AprFile
 
 __all__ = ["save_file", "save", "load_file", "load"]
@@ -103,9 +108,9 @@ def load_file(filename, *, backend: str = "mmap") -> dict:
     """
     if backend == "mmap":
         with AprFile(filename, mode="private") as f:
-            return f.tensors()
+            return subbyte_arrays(f.tensors())
     if backend in ("pread", "direct"):
-        return api.load_file(filename, backend=backend)
+        return subbyte_arrays(api.load_file(filename, backend=backend))
     raise UsageError(f"backend must be 'mmap', 'pread' or 'direct', not {backend!r}")
 
 
@@ -131,4 +136,4 @@ def load(data) -> dict:
     """
     if isinstance(data, str):  # aprfast.load would take it for a path
         raise TypeError("load takes the file's bytes, not a str (load_file reads a path)")
-    return api.load(data)
+    return subbyte_arrays(api.load(data))

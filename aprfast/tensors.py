@@ -181,6 +181,9 @@ def as_input(name, value) -> TensorInput:
         dtype = _dtypes.from_numpy(array.dtype)
     except LayoutError as exc:  # name the entry of the caller's dict (issue 28 item 9)
         raise LayoutError(f"tensor {name!r}: {exc.message}", path=exc.path) from None
+    if dtype.name in _dtypes.SUBBYTE_FLOATS:  # ml_dtypes' float4/float6: one value a byte, stored packed
+        packed = _dtypes.pack_subbyte(array, _dtypes.SUBBYTE_FLOATS[dtype.name][0])
+        return TensorInput(name, dtype, tuple(int(d) for d in array.shape), packed, packed.nbytes)
     if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not _LITTLE):
         array = array.astype(array.dtype.newbyteorder("<"))
     array = _c_order(array)

@@ -67,7 +67,10 @@ def list_tensors(f, *, pattern=None, stats=False, threads=0) -> list:
         info = f.info(name)
         row = {"name": name, "dtype": info.dtype_name, "shape": list(info.shape), "nbytes": info.nbytes}
         if stats:
-            row.update(_stats_row(name, f.get_tensor(name), threads))
+            # a compressed-tensors weight: the statistics of its values, not of its packed bytes
+            real = name in getattr(f, "compressed_weights", {})
+            row.update(_stats_row(name, f.get_tensor(name, dequantize=real) if real else f.get_tensor(name),
+                                  threads))
         rows.append(row)
     return rows
 

@@ -600,6 +600,10 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
             model = _hf.plan_model(src, kind, destination)
             if kind == "apr":  # what a later .apr -> GGUF needs (a GGUF's keys are all kept already)
                 src.metadata = dict(src.metadata, **_hf.apr_record(src))
+        if kind == "apr":  # compressed-tensors weights keep their scales' names (docs/FORMAT.md)
+            from .compressed_tensors import source_records
+
+            src.metadata = dict(src.metadata, **source_records(src))
         mapping = _map_names(src, arch, prefixes)
         pairs = _plan(src, rename, precision, quantize, prefixes, mapping, optimizer, model)
         if model is not None:

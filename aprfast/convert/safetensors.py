@@ -54,13 +54,14 @@ __all__ = ["SafetensorsSource", "ShardedSource", "SafetensorsWriter", "ShardedWr
            "metadata_from_strings", "parse_index", "read_index", "read_index_with_checks", "check_shard_name",
            "shard_file", "SHARD_CHECKS", "crc32_of_fd"]
 
-#: safetensors dtype name -> aprfast dtype name.  Every type the installed safetensors
-#: (0.8) knows except F6_E2M3/F6_E3M2, which aprfast has no dtype for: those, and any
-#: other name, are carried as opaque bytes under their name (dtypes.opaque_dtype).
+#: safetensors dtype name -> aprfast dtype name: every type the installed safetensors
+#: (0.8) knows.  Any other name is carried as opaque bytes under its name
+#: (dtypes.opaque_dtype).
 ST_DTYPES = {"F64": "F64", "F32": "F32", "F16": "F16", "BF16": "BF16", "I64": "I64", "I32": "I32",
              "I16": "I16", "I8": "I8", "U64": "U64", "U32": "U32", "U16": "U16", "U8": "U8", "BOOL": "BOOL",
              "F8_E4M3": "F8_E4M3", "F8_E5M2": "F8_E5M2", "F8_E4M3FNUZ": "F8_E4M3FNUZ",
-             "F8_E5M2FNUZ": "F8_E5M2FNUZ", "F8_E8M0": "F8_E8M0", "C64": "C64", "F4": "F4_E2M1"}
+             "F8_E5M2FNUZ": "F8_E5M2FNUZ", "F8_E8M0": "F8_E8M0", "C64": "C64", "F4": "F4_E2M1",
+             "F6_E2M3": "F6_E2M3", "F6_E3M2": "F6_E3M2"}
 _TO_ST = {apr: st for st, apr in ST_DTYPES.items()}
 #: safetensors refuses headers above 100 MB; so do we, before reading one.
 MAX_HEADER = 100_000_000
@@ -166,6 +167,10 @@ class SafetensorsSource(TensorFileSource):
                 raise LimitError(exc.message, path=self.path) from None
             return Spec(name, dtype, tuple(shape), offsets[1] - offsets[0]), offsets[0]
         dtype = _dtypes.by_name(ST_DTYPES[st_dtype])
+        if dtype.name in ("F6_E2M3", "F6_E3M2") and _dtypes.element_count(shape) % 4:
+            # safetensors' rule (numel x 6 bits must be whole bytes): its parser refuses these
+            raise CorruptError(f"{where}: {st_dtype} of shape {shape} holds {_dtypes.element_count(shape)} "
+                               "values, not a multiple of 4, so they do not end on a byte boundary", path=self.path)
         nbytes = check_shape_bytes(name, dtype, shape, self.path)
         if offsets[1] - offsets[0] != nbytes:
             raise CorruptError(f"{where}: {st_dtype} of shape {shape} needs {nbytes} bytes, but data_offsets "
@@ -454,6 +459,9 @@ def st_dtype(spec: Spec) -> str:
     if name == "F4" and spec.nbytes * 2 != _dtypes.element_count(spec.shape):
         raise LayoutError(f"tensor {spec.name!r}: safetensors F4 needs an even element count, "
                           f"shape {list(spec.shape)} has an odd one")
+    if name in ("F6_E2M3", "F6_E3M2") and _dtypes.element_count(spec.shape) % 4:
+        raise LayoutError(f"tensor {spec.name!r}: safetensors {name} needs an element count that is a multiple "
+                          f"of 4 (whole bytes), shape {list(spec.shape)} holds {_dtypes.element_count(spec.shape)}")
     return name
 
 

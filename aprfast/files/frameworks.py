@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dtypes import DTYPES
+from ..dtypes import DTYPES, SUBBYTE_FLOATS, subbyte_array
 from ..errors import AprError, LayoutError
 from ..tensors import QuantizedTensor, RawTensor
 
 __all__ = ["FRAMEWORKS", "TORCH_VIEWS", "framework_name", "to_framework",
            "torch_dtype", "torch_meta", "from_torch", "check_metadata", "check_names", "UsageError",
-           "SliceIndexError"]
+           "SliceIndexError", "subbyte_arrays"]
 
 
 class UsageError(AprError, ValueError):
@@ -77,7 +77,7 @@ def to_framework(name: str, array, dtype, framework: str, device: str = "cpu"):
     if framework == "numpy":
         if device not in ("cpu", None):
             raise UsageError(f"NumPy arrays live on the CPU, not on device {device!r}")
-        return array
+        return _subbyte_array(array)
     if framework == "torch" and isinstance(array, QuantizedTensor) and array.dtype.name == "F4_E2M1":
         return _fp4_to_torch(name, array, device)
     if isinstance(array, (QuantizedTensor, RawTensor)):
@@ -86,6 +86,22 @@ def to_framework(name: str, array, dtype, framework: str, device: str = "cpu"):
     if framework == "torch":
         return _to_torch(array, dtype, device)
     return _to_jax(array, dtype, device)
+
+
+def _subbyte_array(value):
+    """FP4/FP6 packed tensors as ml_dtypes' one-value-a-byte arrays (when ml_dtypes has
+    the type); anything else as it is."""
+    if isinstance(value, QuantizedTensor) and value.dtype.name in SUBBYTE_FLOATS:
+        unpacked = subbyte_array(value.dtype, value.data, value.shape)
+        if unpacked is not None:
+            return unpacked
+    return value
+
+
+def subbyte_arrays(tensors: dict) -> dict:
+    """``tensors`` with each FP4/FP6 QuantizedTensor as ml_dtypes' array of its values
+    (``aprfast.numpy``'s loads; without ml_dtypes they stay QuantizedTensors)."""
+    return {name: _subbyte_array(value) for name, value in tensors.items()}
 
 
 def _to_torch(array, dtype, device):

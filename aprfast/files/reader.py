@@ -17,7 +17,7 @@ from ..dtypes import OPAQUE_APR2_ID, OPAQUE_NAMES_KEY, IdTable, numpy_dtype
 from ..errors import AprError, ChecksumError, LayoutError, UnknownDTypeError
 from ..io.sources import open_source
 from ..limits import Limits
-from ..numerics import quantization
+from ..numerics import compressed, quantization
 from ..security import refuse_keys
 from ..tensors import QuantizedTensor, RawTensor, TensorInfo
 from .handle import TensorMapping
@@ -305,6 +305,8 @@ class AprFile(TensorMapping):
             >>> view.flags.writeable, owned.flags.writeable, owned
             (False, True, array([1., 2., 3.], dtype=float32))
         """
+        if dequantize and name in self.compressed_weights:
+            return self._compressed_values(name)
         if not copy:
             seen = self._views.get(name)
             if seen is not None and not self._source.closed:
@@ -343,6 +345,37 @@ class AprFile(TensorMapping):
         if dequantize and isinstance(tensor, QuantizedTensor):
             return quantization.dequantize(tensor)
         return tensor
+
+    @property
+    def compressed_weights(self) -> dict:
+        """The weights of a compressed-tensors checkpoint this file was imported from:
+        ``{weight name: record}`` (format, scheme, the names of its scale tensors;
+        docs/FORMAT.md "compressed-tensors"), {} for other files.  ``get_tensor(name,
+        dequantize=True)`` of such a weight gives the values compressed-tensors'
+        decompression gives.
+
+        Example:
+            >>> import numpy as np, aprfast
+            >>> aprfast.save_file({"w": np.zeros(2, np.float32)}, "m.apr")
+            >>> with aprfast.open("m.apr") as f:
+            ...     f.compressed_weights
+            {}
+        """
+        found = getattr(self, "_ct_weights", None)
+        if found is None:
+            block = self.metadata.get(compressed.METADATA_KEY)
+            weights = block.get("weights") if isinstance(block, dict) else None
+            found = self._ct_weights = weights if isinstance(weights, dict) else {}
+        return found
+
+    def _compressed_values(self, name: str):
+        def info(tensor):
+            if not isinstance(tensor, str) or tensor not in self:
+                return None
+            i = self.info(tensor)
+            return (i.dtype_name, i.shape)
+
+        return compressed.weight_values(name, self.compressed_weights[name], self.get_tensor, info)
 
     def get_tensors(self, names, copy: bool = False) -> dict:
         """Several tensors at once, as :meth:`get_tensor` gives them one by one, with the

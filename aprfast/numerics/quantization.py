@@ -471,7 +471,20 @@ def dequantize(qt, out=None, *, threads: int = 0) -> np.ndarray:
     if not isinstance(qt, RawTensor) or qt.dtype is None or not qt.dtype.packed:
         raise LayoutError(f"dequantize takes a QuantizedTensor, not {type(qt).__name__}"
                           + (f" {qt!r}" if isinstance(qt, RawTensor) else ""))
+    if qt.dtype.name in _dtypes.SUBBYTE_FLOATS:  # FP4/FP6: every code is a float32 (a table)
+        return _subbyte(qt, out)
     return quant_type(qt.dtype.name).dequantize(qt, out, threads=threads)
+
+
+def _subbyte(qt, out) -> np.ndarray:
+    expected = qt.dtype.nbytes(qt.shape)
+    if qt.data.nbytes != expected:
+        raise CorruptError(f"{qt.dtype.name} tensor of shape {list(qt.shape)} needs {expected} bytes, "
+                           f"found {qt.data.nbytes}")
+    _dtypes.check_shape(qt.shape, 4, f"{qt.dtype.name} tensor")
+    result = _output(out, qt.shape)
+    result.reshape(-1)[:] = _dtypes.subbyte_values(qt.dtype, qt.data, qt.shape).reshape(-1)
+    return result
 
 
 def _float32(array, name, threads: int = 0) -> np.ndarray:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _stats
-from ..dtypes import DType, bfloat16, element_count
+from ..dtypes import SUBBYTE_FLOATS, DType, bfloat16, element_count, subbyte_values
 from ..tensors import RawTensor
 
 __all__ = ["TensorStats", "tensor_stats", "tensor_stats_numpy", "histogram_spec"]
@@ -386,9 +386,9 @@ def _quant_rows(dtype: DType, shape) -> tuple:
 
 def _decoded_source(tensor: RawTensor, threads) -> _Source:
     """Types without a C decoder: a registered custom quantizer (its decoder is a
-    whole-tensor Python function, so the tensor is decoded once) or float4."""
-    if tensor.dtype.name == "F4_E2M1":
-        values = _decode_f4(tensor.data, element_count(tensor.shape))
+    whole-tensor Python function, so the tensor is decoded once) or float4/float6."""
+    if tensor.dtype.name in SUBBYTE_FLOATS:
+        values = subbyte_values(tensor.dtype, tensor.data, tensor.shape)
     else:
         from .quantization import dequantize
         values = dequantize(tensor, threads=threads)
@@ -442,18 +442,6 @@ def _float8_source(name: str, data: np.ndarray, threads) -> _Source:
             total = acc if total is None else _merge(total, acc)
         return total or _stats.compute("F32", np.zeros(0, np.uint8), want)
     return _Source(run, "F32")
-
-
-_F4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
-                      np.float32)
-
-
-def _decode_f4(data: np.ndarray, n: int) -> np.ndarray:
-    """FP4 e2m1, two values a byte, low nibble first (dtypes.py)."""
-    nibbles = np.empty(data.size * 2, np.uint8)
-    nibbles[0::2] = data & 0x0F
-    nibbles[1::2] = data >> 4
-    return _F4_VALUES[nibbles[:n]]
 
 
 # --- the NumPy twin ----------------------------------------------------------------------
@@ -538,8 +526,8 @@ def _numpy_values(value):
         if dtype is None:
             raise TypeError(f"no statistics for a tensor of unknown dtype id {value.dtype_id}")
         if dtype.packed:
-            if dtype.name == "F4_E2M1":
-                return _decode_f4(value.data, element_count(value.shape)), "F32"
+            if dtype.name in SUBBYTE_FLOATS:
+                return subbyte_values(dtype, value.data, value.shape).reshape(-1), "F32"
             from .quantization import dequantize
             return dequantize(value), "F32"
         if dtype.name == "BF16":
