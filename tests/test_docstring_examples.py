@@ -72,6 +72,7 @@ MODULES = {
     "aprfast.files.shards": None,
     "aprfast.convert._common": None,
     "aprfast.convert.validation": None,
+    "aprfast.convert.patterns": None,
 }
 
 #: Stubs of compiled modules: module name -> stub file beside it.

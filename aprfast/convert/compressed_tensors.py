@@ -8,16 +8,21 @@ tensors themselves are kept as they are.
 
 from __future__ import annotations
 
-import re
+import functools
 
 from ..errors import CorruptError
 from ..numerics.compressed import FORMATS, METADATA_KEY, check_record
+from .patterns import compile_pattern
 
 __all__ = ["records_for", "source_records", "METADATA_KEY"]
 
 #: Most characters of one target / ignore pattern (a regex from the file: bounded).
 MAX_PATTERN = 1000
 _WEIGHT_DTYPES = {"F8_E4M3", "F8_E5M2", "I8"}
+
+
+#: Compiled target patterns: a checkpoint names a few, each matched against every module.
+_compiled = functools.lru_cache(maxsize=256)(compile_pattern)
 
 
 def _matches(target: str, module: str) -> bool | None:
@@ -27,11 +32,7 @@ def _matches(target: str, module: str) -> bool | None:
         raise CorruptError(f"quantization_config target {target!r:.80} is not a string of at most "
                            f"{MAX_PATTERN} characters")
     if target.startswith("re:"):
-        try:
-            return re.match(target[3:], module) is not None
-        except re.error as exc:
-            raise CorruptError(f"quantization_config target {target!r:.80} is not a regular expression: {exc}") \
-                from None
+        return _compiled(target[3:]).match(module)
     if target == module:
         return True
     return None if target[:1].isupper() and "." not in target else False
