@@ -1,9 +1,10 @@
 """Quantize and dequantize tensors block by block, the pure twin of ``aprfast._quant``:
 the portable kernels of csrc/quant.c as NumPy operations on whole arrays of blocks.
 
-GGML types (Q8_0, Q4_0, Q4_1 both ways; the others, Q5_0 to the K, IQ, TQ and FP4
-types, dequantize only) give the same bytes and floats as llama.cpp's gguf-py (ggml's
-C for Q8_1, Q8_K and Q1_0, which gguf-py cannot dequantize); the APR types (APR_Q8, APR_Q4,
+GGML types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0 and MXFP4 both ways; the
+others, the K, IQ and NVFP4 types among them, dequantize only) give the same bytes and
+floats as llama.cpp's gguf-py (ggml's C for Q8_1, Q8_K and Q1_0, which gguf-py cannot
+dequantize); the APR types (APR_Q8, APR_Q4,
 APR_FQ8_0, APR_FQ4_0) the same as aprender's Rust code; Q8_TENSOR is aprfast's
 per-tensor int8 with a zero point.  The byte layouts are in csrc/quant.h, the rounding
 rules (and why they look odd) at the top of csrc/quant.c.  Every float operation is
@@ -28,8 +29,8 @@ _TABLE = {
     "Q8_0": (QK, 34, 0, False, True),
     "Q4_0": (QK, 18, 0, False, True),
     "Q4_1": (QK, 20, 0, False, True),
-    "Q5_0": (QK, 22, 0, False, False),
-    "Q5_1": (QK, 24, 0, False, False),
+    "Q5_0": (QK, 22, 0, False, True),
+    "Q5_1": (QK, 24, 0, False, True),
     "Q4_K": (QK_K, 144, 0, False, False),
     "Q6_K": (QK_K, 210, 0, False, False),
     "APR_Q8": (1, 1, 4, False, True),
@@ -52,9 +53,9 @@ _TABLE = {
     "IQ2_S": (QK_K, 82, 0, False, False),
     "IQ4_XS": (QK_K, 136, 0, False, False),
     "IQ1_M": (QK_K, 56, 0, False, False),
-    "TQ1_0": (QK_K, 54, 0, False, False),
-    "TQ2_0": (QK_K, 66, 0, False, False),
-    "MXFP4": (QK, 17, 0, False, False),
+    "TQ1_0": (QK_K, 54, 0, False, True),
+    "TQ2_0": (QK_K, 66, 0, False, True),
+    "MXFP4": (QK, 17, 0, False, True),
     "NVFP4": (64, 36, 0, False, False),
     "Q1_0": (128, 18, 0, False, False),
 }
@@ -199,6 +200,82 @@ def _q4_1_blocks(x):
     return np.concatenate([_u16_bytes(dh), _u16_bytes(mh), _pack_split(q)], axis=1)
 
 
+def _numpy_q5(t):
+    """min(31, NumPy's uint8 cast of t): gguf-py's Q5_0 / Q5_1 quant."""
+    return np.minimum(_trunc_or_zero(t) & 0xFF, 31).astype(np.uint8)
+
+
+def _pack_q5(q):
+    """Five-bit quants as a Q5 block stores them: u32 of fifth bits (bit j: element j), then nibbles."""
+    qh = (((q >> 4) & 1).astype(np.uint32) << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+    return np.concatenate([qh.astype("<u4").view(np.uint8).reshape(-1, 4), _pack_split(q & 0x0F)], axis=1)
+
+
+def _q5_0_blocks(x):
+    rows = np.arange(x.shape[0])
+    d = x[rows, _argmax_abs(x)] / F32(-16)
+    q = _numpy_q5(x * _inv(d)[:, None] + F32(16.5))
+    return np.concatenate([_u16_bytes(_f16(d)), _pack_q5(q)], axis=1)
+
+
+def _q5_1_blocks(x):
+    nan = _abs_bits(x).max(axis=1) > INF_BITS
+    clean = np.where(nan[:, None], F32(0), x)
+    rows = np.arange(x.shape[0])
+    lo = clean[rows, (clean == clean.min(axis=1)[:, None]).argmax(axis=1)]
+    hi = clean[rows, (clean == clean.max(axis=1)[:, None]).argmax(axis=1)]
+    d = (hi - lo) / F32(31)
+    q = _numpy_q5((clean - lo[:, None]) * _inv(d)[:, None] + F32(0.5))
+    q[nan] = 0
+    dh = np.where(nan, F16_DEFAULT_NAN, _f16(d))
+    mh = np.where(nan, F16_DEFAULT_NAN, _f16(lo))
+    return np.concatenate([_u16_bytes(dh), _u16_bytes(mh), _pack_q5(q)], axis=1)
+
+
+def _ternary(x):
+    """TQ1_0 / TQ2_0: f16 d = max|x| (the default NaN for a NaN block) and trits round(x/d) + 1."""
+    amax = _abs_bits(x).max(axis=1)
+    nan = amax > INF_BITS
+    d = amax.view(F32)
+    t = ((_round_half_away_or_zero(x * _inv(d)[:, None]) + 1) & 0xFF).astype(np.uint8)
+    t[nan] = 1
+    return np.where(nan, F16_DEFAULT_NAN, _f16(d)), t
+
+
+def _trit_bytes(t, weights):
+    """Ceiling of (sum of trits times weights, in uint8 products) * 256 / 243 per byte (axis 1)."""
+    v = (t * np.asarray(weights, np.uint8)[None, :, None]).astype(np.uint8).sum(axis=1, dtype=np.uint32)
+    return ((v * 256 + 242) // 243).astype(np.uint8)
+
+
+def _tq1_0_blocks(x):
+    dh, t = _ternary(x)
+    parts = [_trit_bytes(t[:, 0:160].reshape(-1, 5, 32), [81, 27, 9, 3, 1]),
+             _trit_bytes(t[:, 160:240].reshape(-1, 5, 16), [81, 27, 9, 3, 1]),
+             _trit_bytes(t[:, 240:256].reshape(-1, 4, 4), [81, 27, 9, 3])]
+    return np.concatenate([*parts, _u16_bytes(dh)], axis=1)
+
+
+def _tq2_0_blocks(x):
+    dh, t = _ternary(x)
+    q = t.reshape(-1, 2, 4, 32) << np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]
+    q = np.bitwise_or.reduce(q, axis=2).astype(np.uint8).reshape(-1, 64)
+    return np.concatenate([q, _u16_bytes(dh)], axis=1)
+
+
+def _mxfp4_blocks(x):
+    """e = uint8(floor(log2(max|x|)) - 2 + 127) (0 unless max|x| > 0), d = 2**(e - 128), and
+    each nibble the first k of least |d * FP4_VALUES[k] - x| (a NaN difference wins, as argmin)."""
+    amax = _abs_bits(x).max(axis=1)
+    ok = (amax != 0) & (amax <= INF_BITS)
+    # log2 in double rounded to float32 is NumPy's float32 log2 as far as its floor goes (csrc).
+    lg = np.floor(np.log2(np.where(ok, amax, np.uint32(0x3F800000)).view(F32).astype(np.float64)).astype(F32))
+    e = np.where(ok, _trunc_or_zero((lg - F32(2)) + F32(127)) & 0xFF, 0).astype(np.uint8)
+    dk = _e8m0_half(e)[:, None] * FP4_VALUES[None, :]
+    q = np.argmin(np.abs(dk[:, None, :] - x[:, :, None]), axis=2).astype(np.uint8)
+    return np.concatenate([e[:, None], _pack_split(q)], axis=1)
+
+
 def _apr_q4_blocks(x, count):
     """APR_Q4: scale = max|x| / 7 (1.0 if 0) in f32, stored as f16; q from the f32 scale;
     nibbles past ``count`` stay 0."""
@@ -290,7 +367,8 @@ def _q8_tensor(x):
     return np.concatenate([*header, *(_q8_tensor_values(part, scale, zero_point) for part in _steps(x))])
 
 
-_BLOCK_QUANTIZERS = {"Q8_0": _q8_0_blocks, "Q4_0": _q4_0_blocks, "Q4_1": _q4_1_blocks}
+_BLOCK_QUANTIZERS = {"Q8_0": _q8_0_blocks, "Q4_0": _q4_0_blocks, "Q4_1": _q4_1_blocks, "Q5_0": _q5_0_blocks,
+                     "Q5_1": _q5_1_blocks, "TQ1_0": _tq1_0_blocks, "TQ2_0": _tq2_0_blocks, "MXFP4": _mxfp4_blocks}
 _PARTIAL_QUANTIZERS = {"APR_Q4": _apr_q4_blocks, "APR_FQ8_0": _apr_fq8_0_blocks, "APR_FQ4_0": _apr_fq4_0_blocks}
 
 
@@ -779,6 +857,31 @@ def quantize_q4_1(src, out, *, threads=0, path=None):
     _quantize("Q4_1", src, out, threads, path)
 
 
+def quantize_q5_0(src, out, *, threads=0, path=None):
+    """GGML Q5_0, bit-identical to gguf-py (len(src) a multiple of 32; 22 bytes a block)."""
+    _quantize("Q5_0", src, out, threads, path)
+
+
+def quantize_q5_1(src, out, *, threads=0, path=None):
+    """GGML Q5_1, bit-identical to gguf-py (len(src) a multiple of 32; 24 bytes a block)."""
+    _quantize("Q5_1", src, out, threads, path)
+
+
+def quantize_tq1_0(src, out, *, threads=0, path=None):
+    """GGML TQ1_0 (ternary), bit-identical to gguf-py (len(src) a multiple of 256; 54 bytes a block)."""
+    _quantize("TQ1_0", src, out, threads, path)
+
+
+def quantize_tq2_0(src, out, *, threads=0, path=None):
+    """GGML TQ2_0 (ternary), bit-identical to gguf-py (len(src) a multiple of 256; 66 bytes a block)."""
+    _quantize("TQ2_0", src, out, threads, path)
+
+
+def quantize_mxfp4(src, out, *, threads=0, path=None):
+    """GGML MXFP4, bit-identical to gguf-py (len(src) a multiple of 32; 17 bytes a block)."""
+    _quantize("MXFP4", src, out, threads, path)
+
+
 def quantize_apr_q8(src, out, *, threads=0, path=None):
     """apr-format's AprQ8: f32 scale then one int8 per element (no bytes if empty)."""
     _quantize("APR_Q8", src, out, threads, path)
@@ -846,8 +949,8 @@ def quantized_nbytes(type_name, n):
 
 
 def can_quantize(type_name):
-    """True if ``quantize`` supports the type (Q8_0, Q4_0, Q4_1 and the APR types; not the
-    other GGML types)."""
+    """True if ``quantize`` supports the type (the APR types and the GGML types with a
+    quantizer: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4)."""
     return _TABLE[list(TYPES)[_type_id(type_name)]][4]
 
 
