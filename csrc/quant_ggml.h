@@ -1,6 +1,6 @@
 /* Dequantizers of the GGML block types beyond quant.c's own: Q8_1, the K-quants
  * Q2_K, Q3_K, Q5_K and Q8_K, the IQ codebook types, the ternary TQ1_0/TQ2_0, the
- * FP4 types MXFP4/NVFP4 and Q1_0 (dequantize only).  They give gguf-py's floats
+ * FP4 types MXFP4/NVFP4 and Q1_0.  They give gguf-py's floats
  * bit for bit (gguf.quants, NumPy), and for the three gguf-py cannot dequantize
  * (Q8_1, Q8_K, Q1_0) those of ggml's dequantize_row_*.
  *

@@ -317,6 +317,289 @@ static void mxfp4_quantize_block(const float *x, uint8_t *y)
         y[1 + j] = (uint8_t)(q[j] | q[j + QK / 2] << 4);
 }
 
+
+/* ------------------------------------------------------------------------ */
+/* K-quants (ggml's quantize_row_q4_K_ref, _q5_K_ref, _q6_K_ref).            */
+/* ggml's reference is float C compiled without FMA; the code below is our  */
+/* own, doing the same float32 operations in the same order.                */
+
+/* float32 -> float16 as ggml's GGML_FP32_TO_FP16 without F16C: NumPy's rounding
+ * for numbers, 0x7e00 with the sign for every NaN. */
+static inline uint16_t ggml_f32_to_f16(float f)
+{
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > INF_BITS)
+        return (uint16_t)((x >> 16 & 0x8000u) | F16_DEFAULT_NAN);
+    return numpy_f32_to_f16(f);
+}
+
+static inline float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (exp == 0x1fu)
+        return bits_f32(sign | INF_BITS | mant << 13);
+    if (exp != 0)
+        return bits_f32(sign | (exp + 112u) << 23 | mant << 13);
+    float v = (float)mant * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+}
+
+/* Round to nearest even by adding 1.5 * 2^23 and reading the low mantissa bits
+ * (ggml's nearest_int; for |v| >= 2^22 or NaN it gives what those bits give). */
+static inline int nearest_int(float v)
+{
+    float t = v + 12582912.0f;
+    return (int)(f32_bits(t) & 0x007fffffu) - 0x00400000;
+}
+
+static inline int clamp_int(int v, int lo, int hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* Asymmetric levels 0..nmax for n values with weights w: scale and offset by a
+ * weighted least-squares search over nstep + 1 trial inverse scales
+ * (ggml's make_qkx2_quants with use_mad false).  Returns the scale; *neg_min is
+ * minus the offset (>= 0 unless the search made it so). */
+static float fit_levels_with_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
+                                 float rmin, float rdelta, int nstep)
+{
+    uint8_t trial[32];
+    float lo = x[0], hi = x[0];
+    float sum_w = w[0];
+    float sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < lo)
+            lo = x[i];
+        if (x[i] > hi)
+            hi = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (lo > 0)
+        lo = 0;
+    if (hi == lo) {
+        memset(L, 0, (size_t)n);
+        *neg_min = -lo;
+        return 0.0f;
+    }
+    float iscale = (float)nmax / (hi - lo);
+    float scale = 1 / iscale;
+    float best = 0;
+    for (int i = 0; i < n; i++) {
+        int l = clamp_int(nearest_int(iscale * (x[i] - lo)), 0, nmax);
+        L[i] = (uint8_t)l;
+        float diff = scale * (float)L[i] + lo - x[i];
+        diff = diff * diff;
+        best += w[i] * diff;
+    }
+    for (int step = 0; step <= nstep; step++) {
+        iscale = (rmin + rdelta * (float)step + (float)nmax) / (hi - lo);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = clamp_int(nearest_int(iscale * (x[i] - lo)), 0, nmax);
+            trial[i] = (uint8_t)l;
+            float fl = (float)l;
+            sum_l += w[i] * fl;
+            sum_l2 += w[i] * fl * fl;
+            sum_xl += w[i] * fl * x[i];
+        }
+        float det = sum_w * sum_l2 - sum_l * sum_l;
+        if (det > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float err = 0;
+            for (int i = 0; i < n; i++) {
+                float diff = this_scale * (float)trial[i] + this_min - x[i];
+                diff = diff * diff;
+                err += w[i] * diff;
+            }
+            if (err < best) {
+                memcpy(L, trial, (size_t)n);
+                best = err;
+                scale = this_scale;
+                lo = this_min;
+            }
+        }
+    }
+    *neg_min = -lo;
+    return scale;
+}
+
+/* Symmetric levels -nmax..nmax-1 (stored + nmax) for n values, weighted by x^2:
+ * the scale of the best of 19 trial inverse scales around -nmax / max (ggml's
+ * make_qx_quants with rmse_type 1 and no importance weights). */
+static float fit_levels_symmetric(int n, int nmax, const float *x, int8_t *L)
+{
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[i];
+        }
+    }
+    if (amax < 1e-15f) {
+        memset(L, 0, (size_t)n);
+        return 0.0f;
+    }
+    float iscale = (float)-nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        L[i] = (int8_t)(l + nmax);
+        float w = x[i] * x[i];
+        float fl = (float)l;
+        sumlx += w * x[i] * fl;
+        suml2 += w * fl * fl;
+    }
+    float scale = suml2 != 0 ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int step = -9; step <= 9; step++) {
+        if (step == 0)
+            continue;
+        iscale = -((float)nmax + 0.1f * (float)step) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; i++) {
+            float fl = (float)clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+            float w = x[i] * x[i];
+            sumlx += w * x[i] * fl;
+            suml2 += w * fl * fl;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++)
+                L[i] = (int8_t)(nmax + clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1));
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+/* Q4_K / Q5_K: eight sub-blocks of 32 with 6-bit scales and mins packed in 12
+ * bytes (quant.c's q4_k_scales_mins reads them back), then levels 0..nmax. */
+static void k_scales_mins_quantize(const float *x, int nmax, float rmin, int nstep, uint8_t *dh, uint8_t *scales,
+                                   uint8_t L[QK_K])
+{
+    float sc[8], mn[8], w[32];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
+        const float *xs = x + 32 * j;
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++)
+            sum_x2 += xs[l] * xs[l];
+        float av_x = sqrtf(sum_x2 / 32.0f);
+        for (int l = 0; l < 32; l++)
+            w[l] = av_x + fabsf(xs[l]);
+        sc[j] = fit_levels_with_min(32, nmax, xs, w, L + 32 * j, &mn[j], rmin, 0.1f, nstep);
+        if (sc[j] > max_scale)
+            max_scale = sc[j];
+        if (mn[j] > max_min)
+            max_min = mn[j];
+    }
+    float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+    float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+    uint8_t ls[8], lm[8];
+    for (int j = 0; j < 8; j++) {
+        uint8_t a = (uint8_t)nearest_int(inv_scale * sc[j]);
+        uint8_t b = (uint8_t)nearest_int(inv_min * mn[j]);
+        ls[j] = a < 63 ? a : 63;
+        lm[j] = b < 63 ? b : 63;
+    }
+    for (int j = 0; j < 4; j++) {
+        scales[j] = (uint8_t)(ls[j] | (ls[j + 4] >> 4) << 6);
+        scales[j + 4] = (uint8_t)(lm[j] | (lm[j + 4] >> 4) << 6);
+        scales[j + 8] = (uint8_t)((ls[j + 4] & 0xf) | (lm[j + 4] & 0xf) << 4);
+    }
+    uint16_t d16 = ggml_f32_to_f16(max_scale / 63.0f);
+    uint16_t m16 = ggml_f32_to_f16(max_min / 63.0f);
+    store_u16le(dh, d16);
+    store_u16le(dh + 2, m16);
+    float d_all = f16_to_f32(d16), m_all = f16_to_f32(m16);
+    for (int j = 0; j < 8; j++) {
+        /* the 6-bit values as stored (ls and lm are already below 64) */
+        float d = d_all * (float)ls[j];
+        if (d == 0.0f)
+            continue;
+        float dm = m_all * (float)lm[j];
+        for (int i = 0; i < 32; i++)
+            L[32 * j + i] = (uint8_t)clamp_int(nearest_int((x[32 * j + i] + dm) / d), 0, nmax);
+    }
+}
+
+static void q4_k_quantize_block(const float *x, uint8_t *y)
+{
+    uint8_t L[QK_K];
+    k_scales_mins_quantize(x, 15, -1.0f, 20, y, y + 4, L);
+    uint8_t *qs = y + 16;
+    for (int g = 0; g < 4; g++)
+        for (int l = 0; l < 32; l++)
+            qs[32 * g + l] = (uint8_t)(L[64 * g + l] | L[64 * g + l + 32] << 4);
+}
+
+static void q5_k_quantize_block(const float *x, uint8_t *y)
+{
+    uint8_t L[QK_K];
+    k_scales_mins_quantize(x, 31, -0.5f, 15, y, y + 4, L);
+    uint8_t *qh = y + 16, *qs = y + 48;
+    memset(qh, 0, 32);
+    for (int g = 0; g < 4; g++)
+        for (int l = 0; l < 32; l++) {
+            uint8_t a = L[64 * g + l], b = L[64 * g + l + 32];
+            qh[l] |= (uint8_t)((a >> 4) << (2 * g) | (b >> 4) << (2 * g + 1));
+            qs[32 * g + l] = (uint8_t)((a & 0xf) | (b & 0xf) << 4);
+        }
+}
+
+static void q6_k_quantize_block(const float *x, uint8_t *y)
+{
+    int8_t L[QK_K];
+    float sc[16];
+    float max_scale = 0, max_abs_scale = 0;
+    for (int j = 0; j < 16; j++) {
+        sc[j] = fit_levels_symmetric(16, 32, x + 16 * j, L + 16 * j);
+        float a = fabsf(sc[j]);
+        if (a > max_abs_scale) {
+            max_abs_scale = a;
+            max_scale = sc[j];
+        }
+    }
+    if (max_abs_scale < 1e-15f) {
+        memset(y, 0, 210);
+        return;
+    }
+    float iscale = -128.0f / max_scale;
+    uint16_t d16 = ggml_f32_to_f16(1 / iscale);
+    int8_t *scales = (int8_t *)(y + 192);
+    for (int j = 0; j < 16; j++) {
+        int s = nearest_int(iscale * sc[j]);
+        scales[j] = (int8_t)(s < 127 ? s : 127);
+    }
+    float d_all = f16_to_f32(d16);
+    for (int j = 0; j < 16; j++) {
+        float d = d_all * (float)scales[j];
+        if (d == 0.0f)
+            continue;
+        for (int i = 0; i < 16; i++)
+            L[16 * j + i] = (int8_t)(clamp_int(nearest_int(x[16 * j + i] / d), -32, 31) + 32);
+    }
+    uint8_t *ql = y, *qh = y + 128;
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const int8_t *q = L + 128 * h + l;
+            ql[64 * h + l] = (uint8_t)((q[0] & 0xf) | (q[64] & 0xf) << 4);
+            ql[64 * h + l + 32] = (uint8_t)((q[32] & 0xf) | (q[96] & 0xf) << 4);
+            qh[32 * h + l] = (uint8_t)((q[0] >> 4) | (q[32] >> 4) << 2 | (q[64] >> 4) << 4 | (q[96] >> 4) << 6);
+        }
+    store_u16le(y + 208, d16);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Dispatch.                                                                */
 
@@ -332,6 +615,9 @@ BLOCKS_FN(q5_1, QK, 24)
 BLOCKS_FN(tq1_0, QK_K, 54)
 BLOCKS_FN(tq2_0, QK_K, 66)
 BLOCKS_FN(mxfp4, QK, 17)
+BLOCKS_FN(q4_k, QK_K, 144)
+BLOCKS_FN(q5_k, QK_K, 176)
+BLOCKS_FN(q6_k, QK_K, 210)
 
 apr_ggml_quantize_fn apr_ggml_quantizer(int type)
 {
@@ -346,6 +632,12 @@ apr_ggml_quantize_fn apr_ggml_quantizer(int type)
         return tq2_0_quantize_blocks;
     case APR_QT_MXFP4:
         return mxfp4_quantize_blocks;
+    case APR_QT_Q4_K:
+        return q4_k_quantize_blocks;
+    case APR_QT_Q5_K:
+        return q5_k_quantize_blocks;
+    case APR_QT_Q6_K:
+        return q6_k_quantize_blocks;
     default:
         return NULL;
     }

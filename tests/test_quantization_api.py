@@ -476,7 +476,7 @@ def test_nothing_is_quantized_with_no_default_and_no_rules():
     assert report.metadata("aprender") is None and report.dominant_type() is None
 
 
-@pytest.mark.parametrize("rules, error", [({"*": "q9_9"}, UnknownDTypeError), ({"*": "q4_k"}, LayoutError),
+@pytest.mark.parametrize("rules, error", [({"*": "q9_9"}, UnknownDTypeError), ({"*": "iq4_nl"}, LayoutError),
                                           ({5: "q8_0"}, TypeError), (["*"], TypeError)])
 def test_bad_rules_fail_before_any_work(rules, error):
     with pytest.raises(error):

@@ -1,10 +1,10 @@
 """Quantize and dequantize tensors block by block, the pure twin of ``aprfast._quant``:
 the portable kernels of csrc/quant.c as NumPy operations on whole arrays of blocks.
 
-GGML types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0 and MXFP4 both ways; the
-others, the K, IQ and NVFP4 types among them, dequantize only) give the same bytes and
-floats as llama.cpp's gguf-py (ggml's C for Q8_1, Q8_K and Q1_0, which gguf-py cannot
-dequantize); the APR types (APR_Q8, APR_Q4,
+GGML types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 and the K-quants Q4_K,
+Q5_K, Q6_K both ways; the others dequantize only) give the same bytes and floats as
+llama.cpp's gguf-py (ggml's reference C where gguf-py has none: the K-quant quantizers,
+Q8_1, Q8_K and Q1_0's dequantizers); the APR types (APR_Q8, APR_Q4,
 APR_FQ8_0, APR_FQ4_0) the same as aprender's Rust code; Q8_TENSOR is aprfast's
 per-tensor int8 with a zero point.  The byte layouts are in csrc/quant.h, the rounding
 rules (and why they look odd) at the top of csrc/quant.c.  Every float operation is
@@ -31,8 +31,8 @@ _TABLE = {
     "Q4_1": (QK, 20, 0, False, True),
     "Q5_0": (QK, 22, 0, False, True),
     "Q5_1": (QK, 24, 0, False, True),
-    "Q4_K": (QK_K, 144, 0, False, False),
-    "Q6_K": (QK_K, 210, 0, False, False),
+    "Q4_K": (QK_K, 144, 0, False, True),
+    "Q6_K": (QK_K, 210, 0, False, True),
     "APR_Q8": (1, 1, 4, False, True),
     "APR_Q4": (QK, 18, 0, True, True),
     "Q8_TENSOR": (1, 1, 8, False, True),
@@ -42,7 +42,7 @@ _TABLE = {
     "Q8_1": (QK, 36, 0, False, False),
     "Q2_K": (QK_K, 84, 0, False, False),
     "Q3_K": (QK_K, 110, 0, False, False),
-    "Q5_K": (QK_K, 176, 0, False, False),
+    "Q5_K": (QK_K, 176, 0, False, True),
     "Q8_K": (QK_K, 292, 0, False, False),
     "IQ2_XXS": (QK_K, 66, 0, False, False),
     "IQ2_XS": (QK_K, 74, 0, False, False),
@@ -276,6 +276,162 @@ def _mxfp4_blocks(x):
     return np.concatenate([e[:, None], _pack_split(q)], axis=1)
 
 
+# --- K-quants (ggml's quantize_row_q4_K_ref / _q5_K_ref / _q6_K_ref, csrc/quantize_ggml.c) --
+# The C works on one sub-block at a time; here each step runs on every sub-block at once,
+# with sums taken element by element in the C's order (NumPy's own sums pair terms up).
+def _nearest(v):
+    """ggml's nearest_int: v + 1.5 * 2**23 in float32, its low 23 bits less 2**22."""
+    t = (np.asarray(v, F32) + F32(12582912)).astype(F32)
+    return (t.view(np.uint32) & np.uint32(0x7FFFFF)).astype(np.int64) - 0x400000
+
+
+def _ggml_f16(x):
+    """GGML_FP32_TO_FP16 without F16C: NumPy's rounding, 0x7e00 with the sign for NaN."""
+    b = _bits(x)
+    nan = (b & np.uint32(0x7FFFFFFF)) > INF_BITS
+    return np.where(nan, ((b >> 16) & 0x8000) | F16_DEFAULT_NAN, _f16(x)).astype(np.uint16)
+
+
+def _wsum(w, v):
+    """sum of w[:, i] * v[:, i] in order i = 0, 1, ... (float32)."""
+    acc = np.zeros(w.shape[0], F32)
+    for i in range(w.shape[1]):
+        acc = acc + w[:, i] * v[:, i]
+    return acc
+
+
+def _fit_with_min(x, w, nmax, rmin, rdelta, nstep):
+    """make_qkx2_quants (squared error) on each row of x: (scale, -min, levels 0..nmax)."""
+    lo, hi = x[:, 0].copy(), x[:, 0].copy()
+    sum_w, sum_x = w[:, 0].copy(), w[:, 0] * x[:, 0]
+    for i in range(1, x.shape[1]):
+        lo = np.where(x[:, i] < lo, x[:, i], lo)
+        hi = np.where(x[:, i] > hi, x[:, i], hi)
+        sum_w = sum_w + w[:, i]
+        sum_x = sum_x + w[:, i] * x[:, i]
+    lo = np.where(lo > 0, F32(0), lo).astype(F32)
+    flat, lo0 = hi == lo, lo
+    iscale = F32(nmax) / (hi - lo)
+    scale = F32(1) / iscale
+    L = np.clip(_nearest(iscale[:, None] * (x - lo[:, None])), 0, nmax)
+    best = _wsum(w, np.square(scale[:, None] * L.astype(F32) + lo[:, None] - x))
+    for step in range(nstep + 1):
+        iscale = (F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)) / (hi - lo)
+        trial = np.clip(_nearest(iscale[:, None] * (x - lo[:, None])), 0, nmax)
+        fl = trial.astype(F32)
+        sum_l, sum_l2, sum_xl = _wsum(w, fl), _wsum(w * fl, fl), _wsum(w * fl, x)
+        det = sum_w * sum_l2 - sum_l * sum_l
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+        up = this_min > 0
+        this_min = np.where(up, F32(0), this_min).astype(F32)
+        this_scale = np.where(up, sum_xl / sum_l2, this_scale).astype(F32)
+        err = _wsum(w, np.square(this_scale[:, None] * fl + this_min[:, None] - x))
+        take = (det > 0) & (err < best)
+        L = np.where(take[:, None], trial, L)
+        best = np.where(take, err, best)
+        scale = np.where(take, this_scale, scale)
+        lo = np.where(take, this_min, lo)
+    L[flat] = 0
+    return np.where(flat, F32(0), scale).astype(F32), -np.where(flat, lo0, lo).astype(F32), L
+
+
+def _fit_symmetric(x, nmax):
+    """make_qx_quants with rmse_type 1 on each row of x: (scale, levels + nmax)."""
+    big, amax = np.zeros(x.shape[0], F32), np.zeros(x.shape[0], F32)
+    for i in range(x.shape[1]):
+        ax = np.abs(x[:, i])
+        up = ax > amax
+        amax, big = np.where(up, ax, amax), np.where(up, x[:, i], big)
+    tiny = amax < F32(1e-15)
+    w = x * x
+
+    def levels(iscale):
+        fl = np.clip(_nearest(iscale[:, None] * x), -nmax, nmax - 1)
+        return fl, _wsum(w * x, fl.astype(F32)), _wsum(w * fl.astype(F32), fl.astype(F32))
+
+    fl, sumlx, suml2 = levels(F32(-nmax) / big)
+    L = fl + nmax
+    scale = np.where(suml2 != 0, sumlx / suml2, F32(0)).astype(F32)
+    best = scale * sumlx
+    for step in (*range(-9, 0), *range(1, 10)):
+        fl, sumlx, suml2 = levels(-(F32(nmax) + F32(0.1) * F32(step)) / big)
+        take = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        L = np.where(take[:, None], fl + nmax, L)
+        scale = np.where(take, sumlx / suml2, scale).astype(F32)
+        best = np.where(take, scale * sumlx, best).astype(F32)
+    L[tiny] = 0
+    return np.where(tiny, F32(0), scale).astype(F32), L
+
+
+def _running_max(v, key=None):
+    """The C's `if (k(v[j]) > best) best = v[j]` from 0 over each row's values in order."""
+    best, kbest = np.zeros(v.shape[0], F32), np.zeros(v.shape[0], F32)
+    for j in range(v.shape[1]):
+        k = v[:, j] if key is None else key(v[:, j])
+        up = k > kbest
+        best, kbest = np.where(up, v[:, j], best), np.where(up, k, kbest)
+    return best
+
+
+def _k_scales_mins(x, nmax, rmin, nstep):
+    """Q4_K / Q5_K: d | dmin | 12 scale bytes, and the levels (blocks, 256)."""
+    blocks = x.shape[0]
+    xs = x.reshape(-1, 32)
+    av_x = np.sqrt(_wsum(xs, xs) / F32(32))
+    sc, mn, L = _fit_with_min(xs, av_x[:, None] + np.abs(xs), nmax, rmin, 0.1, nstep)
+    sc, mn = sc.reshape(blocks, 8), mn.reshape(blocks, 8)
+    max_scale, max_min = _running_max(sc), _running_max(mn)
+    inv_scale = np.where(max_scale > 0, F32(63) / np.where(max_scale > 0, max_scale, F32(1)), F32(0)).astype(F32)
+    inv_min = np.where(max_min > 0, F32(63) / np.where(max_min > 0, max_min, F32(1)), F32(0)).astype(F32)
+    ls = np.minimum(_nearest(inv_scale[:, None] * sc) & 0xFF, 63)
+    lm = np.minimum(_nearest(inv_min[:, None] * mn) & 0xFF, 63)
+    scales = np.concatenate([ls[:, :4] | (ls[:, 4:] >> 4) << 6, lm[:, :4] | (lm[:, 4:] >> 4) << 6,
+                             (ls[:, 4:] & 0xF) | (lm[:, 4:] & 0xF) << 4], axis=1).astype(np.uint8)
+    d16, m16 = _ggml_f16(max_scale / F32(63)), _ggml_f16(max_min / F32(63))
+    d = (_f32(d16)[:, None] * ls.astype(F32)).reshape(-1)
+    dm = (_f32(m16)[:, None] * lm.astype(F32)).reshape(-1)
+    again = np.clip(_nearest((xs + dm[:, None]) / d[:, None]), 0, nmax)
+    L = np.where((d != 0)[:, None], again, L).astype(np.uint8).reshape(blocks, 256)
+    return np.concatenate([_u16_bytes(d16), _u16_bytes(m16), scales], axis=1), L
+
+
+def _q4_k_blocks(x):
+    head, L = _k_scales_mins(x, 15, -1.0, 20)
+    L = L.reshape(-1, 4, 2, 32)
+    return np.concatenate([head, (L[:, :, 0] | L[:, :, 1] << 4).reshape(-1, 128)], axis=1)
+
+
+def _q5_k_blocks(x):
+    head, L = _k_scales_mins(x, 31, -0.5, 15)
+    L = L.reshape(-1, 4, 2, 32)
+    high = (L >> 4).astype(np.uint8) << (2 * np.arange(4, dtype=np.uint8)[None, :, None, None]
+                                         + np.arange(2, dtype=np.uint8)[None, None, :, None])
+    qh = np.bitwise_or.reduce(high.reshape(-1, 8, 32), axis=1).astype(np.uint8)
+    qs = ((L[:, :, 0] & 0xF) | (L[:, :, 1] & 0xF) << 4).reshape(-1, 128)
+    return np.concatenate([head, qh, qs], axis=1)
+
+
+def _q6_k_blocks(x):
+    blocks = x.shape[0]
+    sc, L = _fit_symmetric(x.reshape(-1, 16), 32)
+    sc, L = sc.reshape(blocks, 16), L.reshape(blocks, 256)
+    max_scale = _running_max(sc, np.abs)
+    tiny = np.abs(max_scale) < F32(1e-15)  # |max_scale| is the largest |scale|
+    iscale = F32(-128) / np.where(tiny, F32(1), max_scale)
+    d16 = _ggml_f16(F32(1) / iscale)
+    scales = np.minimum(_nearest(iscale[:, None] * sc), 127).astype(np.int8)
+    d = (_f32(d16)[:, None] * scales.astype(F32)).reshape(-1)
+    again = np.clip(_nearest(x.reshape(-1, 16) / d[:, None]), -32, 31) + 32
+    L = np.where((d != 0)[:, None], again, L.reshape(-1, 16)).astype(np.uint8).reshape(blocks, 2, 4, 32)
+    ql = np.concatenate([(L[:, :, 0] & 0xF) | (L[:, :, 2] & 0xF) << 4,
+                         (L[:, :, 1] & 0xF) | (L[:, :, 3] & 0xF) << 4], axis=2).reshape(-1, 128)
+    qh = (L[:, :, 0] >> 4 | (L[:, :, 1] >> 4) << 2 | (L[:, :, 2] >> 4) << 4 | (L[:, :, 3] >> 4) << 6).reshape(-1, 64)
+    out = np.concatenate([ql, qh, scales.view(np.uint8), _u16_bytes(d16)], axis=1).astype(np.uint8)
+    out[tiny] = 0
+    return out
+
+
 def _apr_q4_blocks(x, count):
     """APR_Q4: scale = max|x| / 7 (1.0 if 0) in f32, stored as f16; q from the f32 scale;
     nibbles past ``count`` stay 0."""
@@ -368,7 +524,8 @@ def _q8_tensor(x):
 
 
 _BLOCK_QUANTIZERS = {"Q8_0": _q8_0_blocks, "Q4_0": _q4_0_blocks, "Q4_1": _q4_1_blocks, "Q5_0": _q5_0_blocks,
-                     "Q5_1": _q5_1_blocks, "TQ1_0": _tq1_0_blocks, "TQ2_0": _tq2_0_blocks, "MXFP4": _mxfp4_blocks}
+                     "Q5_1": _q5_1_blocks, "TQ1_0": _tq1_0_blocks, "TQ2_0": _tq2_0_blocks, "MXFP4": _mxfp4_blocks,
+                     "Q4_K": _q4_k_blocks, "Q5_K": _q5_k_blocks, "Q6_K": _q6_k_blocks}
 _PARTIAL_QUANTIZERS = {"APR_Q4": _apr_q4_blocks, "APR_FQ8_0": _apr_fq8_0_blocks, "APR_FQ4_0": _apr_fq4_0_blocks}
 
 
@@ -882,6 +1039,21 @@ def quantize_mxfp4(src, out, *, threads=0, path=None):
     _quantize("MXFP4", src, out, threads, path)
 
 
+def quantize_q4_k(src, out, *, threads=0, path=None):
+    """GGML Q4_K (ggml's quantize_row_q4_K_ref, bit for bit; len(src) a multiple of 256; 144 bytes a block)."""
+    _quantize("Q4_K", src, out, threads, path)
+
+
+def quantize_q5_k(src, out, *, threads=0, path=None):
+    """GGML Q5_K (ggml's quantize_row_q5_K_ref, bit for bit; len(src) a multiple of 256; 176 bytes a block)."""
+    _quantize("Q5_K", src, out, threads, path)
+
+
+def quantize_q6_k(src, out, *, threads=0, path=None):
+    """GGML Q6_K (ggml's quantize_row_q6_K_ref, bit for bit; len(src) a multiple of 256; 210 bytes a block)."""
+    _quantize("Q6_K", src, out, threads, path)
+
+
 def quantize_apr_q8(src, out, *, threads=0, path=None):
     """apr-format's AprQ8: f32 scale then one int8 per element (no bytes if empty)."""
     _quantize("APR_Q8", src, out, threads, path)
@@ -950,7 +1122,7 @@ def quantized_nbytes(type_name, n):
 
 def can_quantize(type_name):
     """True if ``quantize`` supports the type (the APR types and the GGML types with a
-    quantizer: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4)."""
+    quantizer: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4, Q4_K, Q5_K, Q6_K)."""
     return _TABLE[list(TYPES)[_type_id(type_name)]][4]
 
 

@@ -189,15 +189,15 @@ class Q5_1(_Kernel):
 
 
 class Q4_K(_Kernel):
-    """GGML Q4_K super-blocks of 256 (dequantize only)."""
+    """GGML Q4_K super-blocks of 256: 6-bit scales and mins per 32 (ggml's reference quantizer)."""
 
-    name, bits, symmetric = "Q4_K", 4, False
+    name, bits, symmetric, _quantizer = "Q4_K", 4, False, "quantize_q4_k"
 
 
 class Q6_K(_Kernel):
-    """GGML Q6_K super-blocks of 256 (dequantize only)."""
+    """GGML Q6_K super-blocks of 256: an 8-bit scale per 16 (ggml's reference quantizer)."""
 
-    name, bits, symmetric = "Q6_K", 6, True
+    name, bits, symmetric, _quantizer = "Q6_K", 6, True, "quantize_q6_k"
 
 
 class Q8_1(_Kernel):
@@ -219,9 +219,9 @@ class Q3_K(_Kernel):
 
 
 class Q5_K(_Kernel):
-    """GGML Q5_K super-blocks of 256, 6-bit scales and mins per 32 (dequantize only)."""
+    """GGML Q5_K super-blocks of 256, 6-bit scales and mins per 32 (ggml's reference quantizer)."""
 
-    name, bits, symmetric = "Q5_K", 5, False
+    name, bits, symmetric, _quantizer = "Q5_K", 5, False, "quantize_q5_k"
 
 
 class Q8_K(_Kernel):
