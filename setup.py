@@ -74,11 +74,11 @@ EXTENSIONS = [
     extension("_memory", ["buffers.c", "pio.c", "fallbacks.c", "crc32.c", "lz4block.c"]),
     extension("_index", []),
     extension("_inputs", []),
-    extension("_quant", ["quant.c", "quant_ggml.c"]),
+    extension("_quant", ["quant.c", "quant_ggml.c", "quantize_ggml.c"]),
     extension("_half", ["half.c"]),
     extension("_metascan", ["metascan.c"]),
     extension("_blocks", ["blockdec.c", "lz4block.c"]),
-    extension("_stats", ["stats.c", "half.c", "quant.c", "quant_ggml.c"]),
+    extension("_stats", ["stats.c", "half.c", "quant.c", "quant_ggml.c", "quantize_ggml.c"]),
 ]
 # libzstd is loaded with dlopen (csrc/blockdec.c), which glibc before 2.34 keeps in libdl.
 if sys.platform.startswith("linux"):

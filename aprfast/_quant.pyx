@@ -1,10 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, freethreading_compatible=True
 """Quantize and dequantize tensors block by block, GIL released.
 
-GGML types (Q8_0, Q4_0, Q4_1 both ways; every other type gguf-py knows, from
-Q5_0 to the K, IQ, TQ and FP4 types, dequantize only) give the same bytes and
-floats as llama.cpp's gguf-py (Q8_1, Q8_K and Q1_0, which gguf-py cannot
-dequantize, those of ggml's C); the APR types (APR_Q8, APR_Q4, APR_FQ8_0,
+GGML types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 and the K-quants
+Q4_K, Q5_K, Q6_K both ways; the other types gguf-py knows, dequantize only) give
+the same bytes and floats as llama.cpp's gguf-py (ggml's reference C where
+gguf-py has none: the K-quant quantizers, and Q8_1, Q8_K and Q1_0's dequantizers);
+the APR types (APR_Q8, APR_Q4, APR_FQ8_0,
 APR_FQ4_0) the same as aprender's Rust code; Q8_TENSOR is aprfast's per-tensor
 int8 with a zero point.  The layouts are described in csrc/quant.h and
 csrc/quant_ggml.h.
@@ -135,6 +136,46 @@ def quantize_q4_1(const float[::1] src, uint8_t[::1] out, *, int threads=0, path
     _quantize(TYPES["Q4_1"], src, out, threads, path)
 
 
+def quantize_q5_0(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
+    """GGML Q5_0, bit-identical to gguf-py (len(src) a multiple of 32; 22 bytes a block)."""
+    _quantize(TYPES["Q5_0"], src, out, threads, path)
+
+
+def quantize_q5_1(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
+    """GGML Q5_1, bit-identical to gguf-py (len(src) a multiple of 32; 24 bytes a block)."""
+    _quantize(TYPES["Q5_1"], src, out, threads, path)
+
+
+def quantize_tq1_0(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
+    """GGML TQ1_0 (ternary), bit-identical to gguf-py (len(src) a multiple of 256; 54 bytes a block)."""
+    _quantize(TYPES["TQ1_0"], src, out, threads, path)
+
+
+def quantize_tq2_0(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
+    """GGML TQ2_0 (ternary), bit-identical to gguf-py (len(src) a multiple of 256; 66 bytes a block)."""
+    _quantize(TYPES["TQ2_0"], src, out, threads, path)
+
+
+def quantize_mxfp4(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
+    """GGML MXFP4, bit-identical to gguf-py (len(src) a multiple of 32; 17 bytes a block)."""
+    _quantize(TYPES["MXFP4"], src, out, threads, path)
+
+
+def quantize_q4_k(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
+    """GGML Q4_K (ggml's quantize_row_q4_K_ref, bit for bit; len(src) a multiple of 256; 144 bytes a block)."""
+    _quantize(TYPES["Q4_K"], src, out, threads, path)
+
+
+def quantize_q5_k(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
+    """GGML Q5_K (ggml's quantize_row_q5_K_ref, bit for bit; len(src) a multiple of 256; 176 bytes a block)."""
+    _quantize(TYPES["Q5_K"], src, out, threads, path)
+
+
+def quantize_q6_k(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
+    """GGML Q6_K (ggml's quantize_row_q6_K_ref, bit for bit; len(src) a multiple of 256; 210 bytes a block)."""
+    _quantize(TYPES["Q6_K"], src, out, threads, path)
+
+
 def quantize_apr_q8(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
     """apr-format's AprQ8: f32 scale then one int8 per element (no bytes if empty)."""
     _quantize(TYPES["APR_Q8"], src, out, threads, path)
@@ -214,8 +255,8 @@ def quantized_nbytes(str type_name, size_t n):
 
 
 def can_quantize(str type_name):
-    """True if ``quantize`` supports the type (Q8_0, Q4_0, Q4_1 and the APR types; not the
-    other GGML types)."""
+    """True if ``quantize`` supports the type (the APR types and the GGML types with a
+    quantizer: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4, Q4_K, Q5_K, Q6_K)."""
     return bool(apr_quant_can_quantize(_type_id(type_name)))
 
 

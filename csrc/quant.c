@@ -253,10 +253,10 @@ static const type_info TYPES[APR_QT_COUNT] = {
     [APR_QT_Q8_0] = {"Q8_0", QK, 34, 0, 0, 1},
     [APR_QT_Q4_0] = {"Q4_0", QK, 18, 0, 0, 1},
     [APR_QT_Q4_1] = {"Q4_1", QK, 20, 0, 0, 1},
-    [APR_QT_Q5_0] = {"Q5_0", QK, 22, 0, 0, 0},
-    [APR_QT_Q5_1] = {"Q5_1", QK, 24, 0, 0, 0},
-    [APR_QT_Q4_K] = {"Q4_K", QK_K, 144, 0, 0, 0},
-    [APR_QT_Q6_K] = {"Q6_K", QK_K, 210, 0, 0, 0},
+    [APR_QT_Q5_0] = {"Q5_0", QK, 22, 0, 0, 1},
+    [APR_QT_Q5_1] = {"Q5_1", QK, 24, 0, 0, 1},
+    [APR_QT_Q4_K] = {"Q4_K", QK_K, 144, 0, 0, 1},
+    [APR_QT_Q6_K] = {"Q6_K", QK_K, 210, 0, 0, 1},
     [APR_QT_APR_Q8] = {"APR_Q8", 1, 1, 4, 0, 1},
     [APR_QT_APR_Q4] = {"APR_Q4", QK, 18, 0, 1, 1},
     [APR_QT_Q8_TENSOR] = {"Q8_TENSOR", 1, 1, 8, 0, 1},
@@ -265,7 +265,7 @@ static const type_info TYPES[APR_QT_COUNT] = {
     [APR_QT_Q8_1] = {"Q8_1", QK, 36, 0, 0, 0},
     [APR_QT_Q2_K] = {"Q2_K", QK_K, 84, 0, 0, 0},
     [APR_QT_Q3_K] = {"Q3_K", QK_K, 110, 0, 0, 0},
-    [APR_QT_Q5_K] = {"Q5_K", QK_K, 176, 0, 0, 0},
+    [APR_QT_Q5_K] = {"Q5_K", QK_K, 176, 0, 0, 1},
     [APR_QT_Q8_K] = {"Q8_K", QK_K, 292, 0, 0, 0},
     [APR_QT_IQ2_XXS] = {"IQ2_XXS", QK_K, 66, 0, 0, 0},
     [APR_QT_IQ2_XS] = {"IQ2_XS", QK_K, 74, 0, 0, 0},
@@ -276,9 +276,9 @@ static const type_info TYPES[APR_QT_COUNT] = {
     [APR_QT_IQ2_S] = {"IQ2_S", QK_K, 82, 0, 0, 0},
     [APR_QT_IQ4_XS] = {"IQ4_XS", QK_K, 136, 0, 0, 0},
     [APR_QT_IQ1_M] = {"IQ1_M", QK_K, 56, 0, 0, 0},
-    [APR_QT_TQ1_0] = {"TQ1_0", QK_K, 54, 0, 0, 0},
-    [APR_QT_TQ2_0] = {"TQ2_0", QK_K, 66, 0, 0, 0},
-    [APR_QT_MXFP4] = {"MXFP4", QK, 17, 0, 0, 0},
+    [APR_QT_TQ1_0] = {"TQ1_0", QK_K, 54, 0, 0, 1},
+    [APR_QT_TQ2_0] = {"TQ2_0", QK_K, 66, 0, 0, 1},
+    [APR_QT_MXFP4] = {"MXFP4", QK, 17, 0, 0, 1},
     [APR_QT_NVFP4] = {"NVFP4", 64, 36, 0, 0, 0},
     [APR_QT_Q1_0] = {"Q1_0", 128, 18, 0, 0, 0},
 };
@@ -366,6 +366,7 @@ struct quant_job {
     int32_t zero_point;
     block_kernel kernel;
     apr_ggml_blocks_fn ggml_blocks; /* dequantize: the quant_ggml.c types */
+    apr_ggml_quantize_fn ggml_quantize; /* quantize: the quantize_ggml.c types */
     size_t block_bytes;
 };
 
@@ -1767,6 +1768,12 @@ const char *apr_quant_path_name(int path)
     }
 }
 
+/* The types of quantize_ggml.c, through their function there. */
+static void ggml_blocks_quantize(const quant_job *job, size_t first, size_t count)
+{
+    job->ggml_quantize(job->src + first * job->unit, job->dst + first * job->block_bytes, count);
+}
+
 /* Kernel of (type, path) for quantize; NULL if the type cannot be quantized.
  * Per-tensor types also get the fold that computes their parameters. */
 static block_kernel quantize_kernel(int type, int path, fold_kernel *fold)
@@ -1838,7 +1845,7 @@ static block_kernel quantize_kernel(int type, int path, fold_kernel *fold)
     case APR_QT_APR_FQ4_0:
         return apr_fq4_0_quantize_portable;
     default:
-        return NULL;
+        return apr_ggml_quantizer(type) ? ggml_blocks_quantize : NULL;
     }
 }
 
@@ -2051,6 +2058,8 @@ int apr_quantize(int type, const float *src, size_t n, uint8_t *dst, int nthread
     job.dst = dst + apr_quant_header_bytes(type, n);
     job.n = n;
     job.unit = TYPES[type].block_elems;
+    job.block_bytes = TYPES[type].block_bytes;
+    job.ggml_quantize = apr_ggml_quantizer(type);
     job.kernel = quantize_kernel(type, resolve_path(path), &fold);
     size_t whole = n / job.unit, rest = n % job.unit;
 

@@ -12,10 +12,10 @@
  *   Q8_0      blocks of 32: f16 d | 32 x i8                          34 B
  *   Q4_0      blocks of 32: f16 d | 16 B nibbles (j low, j+16 high)   18 B
  *   Q4_1      blocks of 32: f16 d | f16 m | 16 B nibbles              20 B
- *   Q5_0      blocks of 32: f16 d | u32 qh | 16 B nibbles             22 B  (dequantize only)
- *   Q5_1      blocks of 32: f16 d | f16 m | u32 qh | 16 B nibbles     24 B  (dequantize only)
- *   Q4_K      blocks of 256: f16 d | f16 dmin | 12 B scales | 128 B  144 B  (dequantize only)
- *   Q6_K      blocks of 256: 128 B ql | 64 B qh | 16 x i8 | f16 d   210 B  (dequantize only)
+ *   Q5_0      blocks of 32: f16 d | u32 qh | 16 B nibbles             22 B
+ *   Q5_1      blocks of 32: f16 d | f16 m | u32 qh | 16 B nibbles     24 B
+ *   Q4_K      blocks of 256: f16 d | f16 dmin | 12 B scales | 128 B  144 B
+ *   Q6_K      blocks of 256: 128 B ql | 64 B qh | 16 x i8 | f16 d   210 B
  *   APR_Q8    f32 scale | n x i8; n == 0 gives 0 bytes          4 + n B
  *   APR_Q4    blocks of 32, last one may be partial: f16 scale |
  *             16 B nibbles (element 2k low, 2k+1 high)     ceil(n/32)*18 B
@@ -27,7 +27,10 @@
  *             a partial block's missing elements are 8     ceil(n/32)*18 B
  *   Q8_1, Q2_K, Q3_K, Q5_K, Q8_K, IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL,
  *   IQ3_S, IQ2_S, IQ4_XS, IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0:
- *             GGML blocks, dequantize only (layouts in quant_ggml.h)
+ *             GGML blocks (layouts in quant_ggml.h)
+ *
+ * Quantize: Q8_0, Q4_0, Q4_1 here; Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 (gguf-py's) and
+ * Q4_K, Q5_K, Q6_K (ggml's reference) in quantize_ggml.c; the APR types here.
  *
  * The GGML types need n to be a multiple of their block size. */
 #ifndef APRFAST_QUANT_H
@@ -53,8 +56,7 @@ enum apr_quant_type {
     APR_QT_Q8_TENSOR = 9,
     APR_QT_APR_FQ8_0 = 10,
     APR_QT_APR_FQ4_0 = 11,
-    /* The other GGML types, dequantize only (csrc/quant_ggml.h has their layouts),
-     * in GGML id order. */
+    /* The other GGML types (csrc/quant_ggml.h has their layouts), in GGML id order. */
     APR_QT_Q8_1 = 12,
     APR_QT_Q2_K = 13,
     APR_QT_Q3_K = 14,

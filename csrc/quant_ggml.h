@@ -1,6 +1,6 @@
 /* Dequantizers of the GGML block types beyond quant.c's own: Q8_1, the K-quants
  * Q2_K, Q3_K, Q5_K and Q8_K, the IQ codebook types, the ternary TQ1_0/TQ2_0, the
- * FP4 types MXFP4/NVFP4 and Q1_0 (dequantize only).  They give gguf-py's floats
+ * FP4 types MXFP4/NVFP4 and Q1_0.  They give gguf-py's floats
  * bit for bit (gguf.quants, NumPy), and for the three gguf-py cannot dequantize
  * (Q8_1, Q8_K, Q1_0) those of ggml's dequantize_row_*.
  *
@@ -45,6 +45,14 @@ typedef void (*apr_ggml_blocks_fn)(const uint8_t *x, float *y, size_t nblocks);
  * this CPU can run (APR_QUANT_PORTABLE, _AVX2 or _AVX512; the caller resolves
  * AUTO); NULL for a type this file does not handle. */
 apr_ggml_blocks_fn apr_ggml_dequantizer(int type, int path);
+
+/* Quantize nblocks whole blocks of floats at x into nblocks blocks at y. */
+typedef void (*apr_ggml_quantize_fn)(const float *x, uint8_t *y, size_t nblocks);
+
+/* The quantizer of csrc/quantize_ggml.c for a quant.h type number (Q5_0, Q5_1,
+ * TQ1_0, TQ2_0, MXFP4 as gguf-py; the K-quants as ggml's reference); NULL for a
+ * type that file does not quantize.  Portable C, one path. */
+apr_ggml_quantize_fn apr_ggml_quantizer(int type);
 
 #ifdef __cplusplus
 }

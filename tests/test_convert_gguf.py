@@ -145,6 +145,20 @@ def test_apr_to_gguf_every_exportable_type(tmp_path, rng):
     assert got["q4k"] == (8, [256, 1], tensors["q4k"].data.tobytes())
 
 
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "TQ1_0", "TQ2_0", "MXFP4"])
+def test_quantize_on_the_way_to_gguf_gives_gguf_py_blocks(tmp_path, rng, type_name):
+    """convert(..., quantize=T) to GGUF writes T's blocks as gguf.quants.quantize makes them."""
+    weight = rng.standard_normal((3, 512)).astype(np.float32)
+    aprfast.save_file({"blk.0.ffn_up.weight": weight, "blk.0.ffn_norm.weight": np.ones(512, np.float32)},
+                      tmp_path / "m.safetensors")
+    # (ternary and FP4 values of normal noise drift past the default quality gate)
+    aprfast.convert(tmp_path / "m.safetensors", tmp_path / "m.gguf", quantize=type_name.lower(), max_drift=10)
+    _, got = reader_fields(tmp_path / "m.gguf")
+    want = gguf.quants.quantize(weight, getattr(Q, type_name)).tobytes()
+    assert got["blk.0.ffn_up.weight"] == (int(getattr(Q, type_name)), [512, 3], want)
+    assert got["blk.0.ffn_norm.weight"][0] == 0  # 1-D tensors stay F32
+
+
 @pytest.mark.parametrize("value", [np.arange(4, dtype=np.uint8), np.zeros(2, bool), np.zeros(2, np.complex64)])
 def test_types_gguf_cannot_hold_are_refused(tmp_path, value):
     aprfast.save_file({"x": value}, tmp_path / "m.apr", layout="apr2")

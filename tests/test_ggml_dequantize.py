@@ -42,6 +42,8 @@ GGMLType = gguf.GGMLQuantizationType
 #: The types added for issue 27 (quant.c's older GGML types are tested in test_quant_kernels.py).
 NEW_TYPES = ("Q8_1", "Q2_K", "Q3_K", "Q5_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S",
              "IQ2_S", "IQ4_XS", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0")
+#: Those of them aprfast can also quantize (tested in test_quant_kernels.py and test_kquant_quantize.py).
+WITH_QUANTIZER = ("Q5_K", "TQ1_0", "TQ2_0", "MXFP4")
 #: gguf-py 0.19 has no dequantizer for these: ggml's C is the reference.
 GGML_ONLY = ("Q8_1", "Q8_K", "Q1_0")
 GGUF_PY = tuple(t for t in NEW_TYPES if t not in GGML_ONLY)
@@ -182,13 +184,14 @@ def test_sizes_and_refusals():
     for type_name in NEW_TYPES:
         d = dtypes.by_name(type_name)
         assert q.block_info(type_name) == pure.block_info(type_name) == (d.block_elems, d.block_bytes)
-        assert not q.can_quantize(type_name) and not pure.can_quantize(type_name)
+        assert q.can_quantize(type_name) == pure.can_quantize(type_name) == (type_name in WITH_QUANTIZER)
         with pytest.raises(ValueError, match="not a multiple of the block size"):
             q.dequantize(type_name, np.zeros(d.block_bytes, np.uint8), np.zeros(d.block_elems + 1, F32))
         with pytest.raises(ValueError, match=f"{d.block_bytes + 1} bytes"):
             q.dequantize(type_name, np.zeros(d.block_bytes + 1, np.uint8), np.zeros(d.block_elems, F32))
-        with pytest.raises(ValueError, match=f"{type_name} can be dequantized but not quantized"):
-            q.quantize(type_name, np.zeros(d.block_elems, F32), np.zeros(d.block_bytes, np.uint8))
+        if type_name not in WITH_QUANTIZER:
+            with pytest.raises(ValueError, match=f"{type_name} can be dequantized but not quantized"):
+                q.quantize(type_name, np.zeros(d.block_elems, F32), np.zeros(d.block_bytes, np.uint8))
     assert list(q.TYPES) == list(pure.TYPES)
 
 
@@ -258,9 +261,10 @@ def test_aprfast_dequantize_and_get_tensor(tmp_path, type_name):
     with aprfast.open(tmp_path / "m.apr") as f:
         assert_same_bits(f.get_tensor("w", dequantize=True), want, type_name)
     kind = quant_type(type_name)
-    assert kind.name == type_name and not kind.can_quantize
-    with pytest.raises(aprfast.LayoutError, match=f"no {type_name} quantizer"):
-        aprfast.quantize(np.zeros(qt.shape, F32), type_name)
+    assert kind.name == type_name and kind.can_quantize == (type_name in WITH_QUANTIZER)
+    if type_name not in WITH_QUANTIZER:
+        with pytest.raises(aprfast.LayoutError, match=f"no {type_name} quantizer"):
+            aprfast.quantize(np.zeros(qt.shape, F32), type_name)
 
 
 def test_gguf_to_apr_with_precision_f32_gives_gguf_py_s_floats(tmp_path):

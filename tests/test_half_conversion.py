@@ -529,7 +529,7 @@ def test_small_work_starts_no_thread_and_idle_cores_are_counted(tmp_path):
     exe = tmp_path / "threads"
     build = subprocess.run(["gcc", "-std=c99", "-D_GNU_SOURCE", "-O1", "-pthread", "-Wl,--wrap=pthread_create",
                             f"-I{CSRC}", str(driver), str(CSRC / "half.c"), str(CSRC / "quant.c"),
-                            str(CSRC / "quant_ggml.c"), "-lm",
+                            str(CSRC / "quant_ggml.c"), str(CSRC / "quantize_ggml.c"), "-lm",
                             "-o", str(exe)], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     run_it = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)

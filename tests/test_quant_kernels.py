@@ -1,7 +1,8 @@
 """Quantization kernels give the oracles' bits on every path and thread count.
 
-* GGML Q8_0 / Q4_0 / Q4_1 quantize and every GGML dequantize: bit-identical to
-  llama.cpp's gguf-py (``gguf.quants``), on random data and adversarial blocks.
+* GGML Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / TQ1_0 / TQ2_0 / MXFP4 quantize (every type
+  gguf-py can quantize) and every GGML dequantize: bit-identical to llama.cpp's gguf-py
+  (``gguf.quants``), on random data and adversarial blocks.
 * APR_Q8 / APR_Q4 (apr-format's ``add_q8_tensor`` / ``add_q4_tensor`` and
   aprender-core's dequantizers), APR_FQ8_0 / APR_FQ4_0 (aprender's
   ``format::quantize``) and Q8_TENSOR: bit-identical to the NumPy references
@@ -34,13 +35,18 @@ QUANTIZERS = {
     "Q8_0": q.quantize_q8_0,
     "Q4_0": q.quantize_q4_0,
     "Q4_1": q.quantize_q4_1,
+    "Q5_0": q.quantize_q5_0,
+    "Q5_1": q.quantize_q5_1,
+    "TQ1_0": q.quantize_tq1_0,
+    "TQ2_0": q.quantize_tq2_0,
+    "MXFP4": q.quantize_mxfp4,
     "APR_Q8": q.quantize_apr_q8,
     "APR_Q4": q.quantize_apr_q4,
     "Q8_TENSOR": q.quantize_q8_tensor,
     "APR_FQ8_0": q.quantize_apr_fq8_0,
     "APR_FQ4_0": q.quantize_apr_fq4_0,
 }
-GGML_QUANTIZE = ("Q8_0", "Q4_0", "Q4_1")
+GGML_QUANTIZE = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "TQ1_0", "TQ2_0", "MXFP4")
 GGML_DEQUANTIZE = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
 APR_TYPES = ("APR_Q8", "APR_Q4", "Q8_TENSOR", "APR_FQ8_0", "APR_FQ4_0")
 # Threads only split inputs of at least 2 x 256K elements; this one splits unevenly.
@@ -74,12 +80,14 @@ def gguf_dequantize(raw, type_name) -> np.ndarray:
     return gguf.quants.dequantize(np.asarray(raw, np.uint8), getattr(GGMLType, type_name)).ravel()
 
 
-# Byte offsets of the float16 fields that hold a NaN when a Q8_0 / Q4_1 block holds one.
-NAN_SCALE_FIELDS = {"Q8_0": (34, (0,)), "Q4_1": (20, (0, 2))}
+# Byte offsets of the float16 fields that hold a NaN when a block holds one, where gguf-py
+# takes them from NumPy's max / min.
+NAN_SCALE_FIELDS = {"Q8_0": (34, (0,)), "Q4_1": (20, (0, 2)), "Q5_1": (24, (0, 2)), "TQ1_0": (54, (52,)),
+                    "TQ2_0": (66, (64,))}
 
 
 def gguf_quantize_default_nan(x, type_name) -> np.ndarray:
-    """gguf-py's bytes, except that a NaN scale of a Q8_0 / Q4_1 block is the default NaN 0x7e00.
+    """gguf-py's bytes, except that a NaN scale of a Q8_0 / Q4_1 / Q5_1 / TQ block is the default NaN 0x7e00.
 
     gguf-py takes those scales from NumPy's max/min, which return the default NaN when
     the NaN passed through NumPy's vector loop and the NaN's own bits when it fell in the
@@ -89,7 +97,7 @@ def gguf_quantize_default_nan(x, type_name) -> np.ndarray:
     if type_name in NAN_SCALE_FIELDS:
         block_bytes, offsets = NAN_SCALE_FIELDS[type_name]
         blocks = raw.reshape(-1, block_bytes)
-        nan_blocks = np.isnan(np.asarray(x, F32).reshape(-1, 32)).any(axis=1)
+        nan_blocks = np.isnan(np.asarray(x, F32).reshape(-1, q.block_info(type_name)[0])).any(axis=1)
         for off in offsets:
             h = blocks[:, off:off + 2].copy().view("<u2")[:, 0]
             assert (((h & 0x7C00) == 0x7C00) & ((h & 0x03FF) != 0))[nan_blocks].all()
@@ -119,6 +127,12 @@ def assert_same_bits(got, want, what=""):
     diff = np.flatnonzero(got != want)
     assert diff.size == 0, (f"{what}: {diff.size} of {got.size} differ, first at {diff[0]}: "
                             f"{got[diff[0]]:#x} != {want[diff[0]]:#x}")
+
+
+def whole_blocks(x, type_name) -> np.ndarray:
+    """x (a multiple of 32 floats) repeated to whole blocks of a 256-element type."""
+    x = np.asarray(x, F32)
+    return np.tile(x, q.block_info(type_name)[0] // 32) if q.block_info(type_name)[0] > 32 else x
 
 
 def random_floats(rng, n) -> np.ndarray:
@@ -225,11 +239,11 @@ def test_ggml_quantize_two_threads_match_gguf_on_large_input(type_name, path, la
 @path_param
 def test_ggml_quantize_matches_gguf_on_adversarial_block(type_name, block_name, path):
     block = ADVERSARIAL[block_name]
-    if type_name == "Q4_1":
+    if type_name in ("Q4_1", "Q5_1"):
         assert not q4_1_zero_sign_ambiguous(block)
     # Alone, and in the middle of ordinary blocks (SIMD kernels see it among others).
     padded = np.concatenate([ADVERSARIAL["q8 ties"], block, np.linspace(-3, 2, 32, dtype=F32)])
-    for x in (block, padded):
+    for x in (whole_blocks(block, type_name), whole_blocks(padded, type_name)):
         assert_same_bits(ours_quantize(type_name, x, path=path), gguf_quantize_default_nan(x, type_name),
                          f"{type_name} {block_name}")
 
@@ -238,13 +252,13 @@ def test_ggml_quantize_matches_gguf_on_adversarial_block(type_name, block_name, 
 @pytest.mark.parametrize("type_name", GGML_QUANTIZE)
 def test_ggml_quantize_adversarial_block_round_trips_like_gguf(type_name, block_name):
     """Our bytes dequantize (with our kernel) to gguf-py's dequantization of gguf-py's bytes."""
-    block = ADVERSARIAL[block_name]
+    block = whole_blocks(ADVERSARIAL[block_name], type_name)
     raw = ours_quantize(type_name, block)
     want = gguf_dequantize(gguf_quantize_default_nan(block, type_name), type_name)
-    assert_same_bits(ours_dequantize(type_name, raw, 32), want)
+    assert_same_bits(ours_dequantize(type_name, raw, block.size), want)
 
 
-@pytest.mark.parametrize("type_name", ("Q8_0", "Q4_1"))
+@pytest.mark.parametrize("type_name", ("Q8_0", "Q4_1", "Q5_1"))
 @pytest.mark.parametrize("position", (0, 5, 16, 17, 24, 25, 31))
 @path_param
 def test_default_nan_gives_gguf_bytes_exactly_wherever_it_is(type_name, position, path):
@@ -294,9 +308,46 @@ def test_q4_1_keeps_the_first_zero_when_the_minimum_is_a_signed_zero(path):
 def test_ggml_quantize_matches_gguf_on_any_floats(x):
     assume(not q4_1_zero_sign_ambiguous(x))
     for type_name in GGML_QUANTIZE:
-        want = gguf_quantize_default_nan(x, type_name)
+        xt = whole_blocks(x, type_name)
+        want = gguf_quantize_default_nan(xt, type_name)
         for path in PATHS:
-            assert_same_bits(ours_quantize(type_name, x, path=path), want, f"{type_name} {path}")
+            assert_same_bits(ours_quantize(type_name, xt, path=path), want, f"{type_name} {path}")
+
+
+@path_param
+def test_mxfp4_scale_of_maxima_at_and_near_powers_of_two_matches_gguf(path):
+    """MXFP4's shared exponent is floor(log2(max|x|)) in float32: a maximum just below 2^k
+    whose log2 rounds up to k must give k, as NumPy's float32 log2 does (csrc/quantize_ggml.c)."""
+    k = np.arange(1, 255, dtype=np.uint32) << 23
+    words = np.concatenate([k - 1, k, k + 1, k - 3, k + 0x400000 - 1, np.arange(1, 40, dtype=np.uint32)])
+    top = words.view(F32)
+    x = (top[:, None] * np.linspace(-0.9, 0.9, 32, dtype=F32)[None, :]).astype(F32)
+    x[:, 7] = top
+    x[:, 20] = -top * F32(0.75)
+    x = x.ravel()
+    assert_same_bits(ours_quantize("MXFP4", x, path=path), gguf_quantize(x, "MXFP4"), "MXFP4")
+
+
+@pytest.mark.parametrize("type_name", ("TQ1_0", "TQ2_0"))
+@path_param
+def test_ternary_nan_blocks_store_the_default_nan_and_trit_one(type_name, path):
+    block = np.linspace(-1, 1, 256, dtype=F32)
+    block[100] = f32_from_bits(0xFFC01234)[0]
+    raw = ours_quantize(type_name, block, path=path)
+    d_at = NAN_SCALE_FIELDS[type_name][1][0]
+    assert raw[d_at:d_at + 2].tobytes() == b"\x00\x7e"
+    assert_same_bits(raw, gguf_quantize_default_nan(block, type_name), type_name)
+    assert np.isnan(ours_dequantize(type_name, raw, 256)).all()
+
+
+@pytest.mark.parametrize("type_name", GGML_QUANTIZE)
+def test_ggml_quantizers_refuse_a_ragged_tail(type_name):
+    elems, nbytes = q.block_info(type_name)
+    out = np.zeros(2 * nbytes, np.uint8)
+    for n in (elems + 1, 2 * elems - 1, 31):
+        with pytest.raises(ValueError, match=rf"{type_name}.*{n} elements.*block size {elems}"):
+            QUANTIZERS[type_name](np.zeros(n, F32), out)
+    assert not out.any()
 
 
 # --------------------------------------------------------------------------
@@ -673,11 +724,12 @@ def test_quantize_rejects_a_partial_ggml_block():
 
 @pytest.mark.parametrize("type_name", list(QUANTIZERS))
 def test_quantize_rejects_a_wrong_output_size(type_name):
-    x = np.ones(64, F32)
-    want = q.quantized_nbytes(type_name, 64)
+    n = 2 * max(q.block_info(type_name)[0], 32)
+    x = np.ones(n, F32)
+    want = q.quantized_nbytes(type_name, n)
     for size in (want - 1, want + 1, 0):
         out = np.zeros(size, np.uint8)
-        with pytest.raises(ValueError, match=rf"{type_name}: out holds {size} bytes, 64 elements need {want}"):
+        with pytest.raises(ValueError, match=rf"{type_name}: out holds {size} bytes, {n} elements need {want}"):
             QUANTIZERS[type_name](x, out)
         assert not out.any()
 
@@ -703,7 +755,7 @@ def test_dequantize_rejects_a_partial_ggml_block(type_name):
 
 
 def test_dequantize_only_types_cannot_be_quantized():
-    for type_name in ("Q5_0", "Q5_1", "Q4_K", "Q6_K"):
+    for type_name in ("IQ4_NL", "IQ2_XS", "NVFP4", "Q8_1", "Q1_0"):
         assert not q.can_quantize(type_name)
         with pytest.raises(ValueError, match=f"{type_name} can be dequantized but not quantized"):
             q.quantize(type_name, np.zeros(256, F32), np.zeros(1024, np.uint8))
@@ -725,9 +777,9 @@ def test_unknown_names_and_bad_arguments():
 
 
 def test_generic_quantize_equals_the_named_functions():
-    x = random_floats(np.random.default_rng(1), 96)
+    x = random_floats(np.random.default_rng(1), 768)
     for type_name, fn in QUANTIZERS.items():
-        a = np.zeros(q.quantized_nbytes(type_name, 96), np.uint8)
+        a = np.zeros(q.quantized_nbytes(type_name, 768), np.uint8)
         b = a.copy()
         fn(x, a)
         q.quantize(type_name, x, b)

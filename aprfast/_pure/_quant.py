@@ -1,9 +1,10 @@
 """Quantize and dequantize tensors block by block, the pure twin of ``aprfast._quant``:
 the portable kernels of csrc/quant.c as NumPy operations on whole arrays of blocks.
 
-GGML types (Q8_0, Q4_0, Q4_1 both ways; the others, Q5_0 to the K, IQ, TQ and FP4
-types, dequantize only) give the same bytes and floats as llama.cpp's gguf-py (ggml's
-C for Q8_1, Q8_K and Q1_0, which gguf-py cannot dequantize); the APR types (APR_Q8, APR_Q4,
+GGML types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 and the K-quants Q4_K,
+Q5_K, Q6_K both ways; the others dequantize only) give the same bytes and floats as
+llama.cpp's gguf-py (ggml's reference C where gguf-py has none: the K-quant quantizers,
+Q8_1, Q8_K and Q1_0's dequantizers); the APR types (APR_Q8, APR_Q4,
 APR_FQ8_0, APR_FQ4_0) the same as aprender's Rust code; Q8_TENSOR is aprfast's
 per-tensor int8 with a zero point.  The byte layouts are in csrc/quant.h, the rounding
 rules (and why they look odd) at the top of csrc/quant.c.  Every float operation is
@@ -28,10 +29,10 @@ _TABLE = {
     "Q8_0": (QK, 34, 0, False, True),
     "Q4_0": (QK, 18, 0, False, True),
     "Q4_1": (QK, 20, 0, False, True),
-    "Q5_0": (QK, 22, 0, False, False),
-    "Q5_1": (QK, 24, 0, False, False),
-    "Q4_K": (QK_K, 144, 0, False, False),
-    "Q6_K": (QK_K, 210, 0, False, False),
+    "Q5_0": (QK, 22, 0, False, True),
+    "Q5_1": (QK, 24, 0, False, True),
+    "Q4_K": (QK_K, 144, 0, False, True),
+    "Q6_K": (QK_K, 210, 0, False, True),
     "APR_Q8": (1, 1, 4, False, True),
     "APR_Q4": (QK, 18, 0, True, True),
     "Q8_TENSOR": (1, 1, 8, False, True),
@@ -41,7 +42,7 @@ _TABLE = {
     "Q8_1": (QK, 36, 0, False, False),
     "Q2_K": (QK_K, 84, 0, False, False),
     "Q3_K": (QK_K, 110, 0, False, False),
-    "Q5_K": (QK_K, 176, 0, False, False),
+    "Q5_K": (QK_K, 176, 0, False, True),
     "Q8_K": (QK_K, 292, 0, False, False),
     "IQ2_XXS": (QK_K, 66, 0, False, False),
     "IQ2_XS": (QK_K, 74, 0, False, False),
@@ -52,9 +53,9 @@ _TABLE = {
     "IQ2_S": (QK_K, 82, 0, False, False),
     "IQ4_XS": (QK_K, 136, 0, False, False),
     "IQ1_M": (QK_K, 56, 0, False, False),
-    "TQ1_0": (QK_K, 54, 0, False, False),
-    "TQ2_0": (QK_K, 66, 0, False, False),
-    "MXFP4": (QK, 17, 0, False, False),
+    "TQ1_0": (QK_K, 54, 0, False, True),
+    "TQ2_0": (QK_K, 66, 0, False, True),
+    "MXFP4": (QK, 17, 0, False, True),
     "NVFP4": (64, 36, 0, False, False),
     "Q1_0": (128, 18, 0, False, False),
 }
@@ -199,6 +200,238 @@ def _q4_1_blocks(x):
     return np.concatenate([_u16_bytes(dh), _u16_bytes(mh), _pack_split(q)], axis=1)
 
 
+def _numpy_q5(t):
+    """min(31, NumPy's uint8 cast of t): gguf-py's Q5_0 / Q5_1 quant."""
+    return np.minimum(_trunc_or_zero(t) & 0xFF, 31).astype(np.uint8)
+
+
+def _pack_q5(q):
+    """Five-bit quants as a Q5 block stores them: u32 of fifth bits (bit j: element j), then nibbles."""
+    qh = (((q >> 4) & 1).astype(np.uint32) << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+    return np.concatenate([qh.astype("<u4").view(np.uint8).reshape(-1, 4), _pack_split(q & 0x0F)], axis=1)
+
+
+def _q5_0_blocks(x):
+    rows = np.arange(x.shape[0])
+    d = x[rows, _argmax_abs(x)] / F32(-16)
+    q = _numpy_q5(x * _inv(d)[:, None] + F32(16.5))
+    return np.concatenate([_u16_bytes(_f16(d)), _pack_q5(q)], axis=1)
+
+
+def _q5_1_blocks(x):
+    nan = _abs_bits(x).max(axis=1) > INF_BITS
+    clean = np.where(nan[:, None], F32(0), x)
+    rows = np.arange(x.shape[0])
+    lo = clean[rows, (clean == clean.min(axis=1)[:, None]).argmax(axis=1)]
+    hi = clean[rows, (clean == clean.max(axis=1)[:, None]).argmax(axis=1)]
+    d = (hi - lo) / F32(31)
+    q = _numpy_q5((clean - lo[:, None]) * _inv(d)[:, None] + F32(0.5))
+    q[nan] = 0
+    dh = np.where(nan, F16_DEFAULT_NAN, _f16(d))
+    mh = np.where(nan, F16_DEFAULT_NAN, _f16(lo))
+    return np.concatenate([_u16_bytes(dh), _u16_bytes(mh), _pack_q5(q)], axis=1)
+
+
+def _ternary(x):
+    """TQ1_0 / TQ2_0: f16 d = max|x| (the default NaN for a NaN block) and trits round(x/d) + 1."""
+    amax = _abs_bits(x).max(axis=1)
+    nan = amax > INF_BITS
+    d = amax.view(F32)
+    t = ((_round_half_away_or_zero(x * _inv(d)[:, None]) + 1) & 0xFF).astype(np.uint8)
+    t[nan] = 1
+    return np.where(nan, F16_DEFAULT_NAN, _f16(d)), t
+
+
+def _trit_bytes(t, weights):
+    """Ceiling of (sum of trits times weights, in uint8 products) * 256 / 243 per byte (axis 1)."""
+    v = (t * np.asarray(weights, np.uint8)[None, :, None]).astype(np.uint8).sum(axis=1, dtype=np.uint32)
+    return ((v * 256 + 242) // 243).astype(np.uint8)
+
+
+def _tq1_0_blocks(x):
+    dh, t = _ternary(x)
+    parts = [_trit_bytes(t[:, 0:160].reshape(-1, 5, 32), [81, 27, 9, 3, 1]),
+             _trit_bytes(t[:, 160:240].reshape(-1, 5, 16), [81, 27, 9, 3, 1]),
+             _trit_bytes(t[:, 240:256].reshape(-1, 4, 4), [81, 27, 9, 3])]
+    return np.concatenate([*parts, _u16_bytes(dh)], axis=1)
+
+
+def _tq2_0_blocks(x):
+    dh, t = _ternary(x)
+    q = t.reshape(-1, 2, 4, 32) << np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]
+    q = np.bitwise_or.reduce(q, axis=2).astype(np.uint8).reshape(-1, 64)
+    return np.concatenate([q, _u16_bytes(dh)], axis=1)
+
+
+def _mxfp4_blocks(x):
+    """e = uint8(floor(log2(max|x|)) - 2 + 127) (0 unless max|x| > 0), d = 2**(e - 128), and
+    each nibble the first k of least |d * FP4_VALUES[k] - x| (a NaN difference wins, as argmin)."""
+    amax = _abs_bits(x).max(axis=1)
+    ok = (amax != 0) & (amax <= INF_BITS)
+    # log2 in double rounded to float32 is NumPy's float32 log2 as far as its floor goes (csrc).
+    lg = np.floor(np.log2(np.where(ok, amax, np.uint32(0x3F800000)).view(F32).astype(np.float64)).astype(F32))
+    e = np.where(ok, _trunc_or_zero((lg - F32(2)) + F32(127)) & 0xFF, 0).astype(np.uint8)
+    dk = _e8m0_half(e)[:, None] * FP4_VALUES[None, :]
+    q = np.argmin(np.abs(dk[:, None, :] - x[:, :, None]), axis=2).astype(np.uint8)
+    return np.concatenate([e[:, None], _pack_split(q)], axis=1)
+
+
+# --- K-quants (ggml's quantize_row_q4_K_ref / _q5_K_ref / _q6_K_ref, csrc/quantize_ggml.c) --
+# The C works on one sub-block at a time; here each step runs on every sub-block at once,
+# with sums taken element by element in the C's order (NumPy's own sums pair terms up).
+def _nearest(v):
+    """ggml's nearest_int: v + 1.5 * 2**23 in float32, its low 23 bits less 2**22."""
+    t = (np.asarray(v, F32) + F32(12582912)).astype(F32)
+    return (t.view(np.uint32) & np.uint32(0x7FFFFF)).astype(np.int64) - 0x400000
+
+
+def _ggml_f16(x):
+    """GGML_FP32_TO_FP16 without F16C: NumPy's rounding, 0x7e00 with the sign for NaN."""
+    b = _bits(x)
+    nan = (b & np.uint32(0x7FFFFFFF)) > INF_BITS
+    return np.where(nan, ((b >> 16) & 0x8000) | F16_DEFAULT_NAN, _f16(x)).astype(np.uint16)
+
+
+def _wsum(w, v):
+    """sum of w[:, i] * v[:, i] in order i = 0, 1, ... (float32)."""
+    acc = np.zeros(w.shape[0], F32)
+    for i in range(w.shape[1]):
+        acc = acc + w[:, i] * v[:, i]
+    return acc
+
+
+def _fit_with_min(x, w, nmax, rmin, rdelta, nstep):
+    """make_qkx2_quants (squared error) on each row of x: (scale, -min, levels 0..nmax)."""
+    lo, hi = x[:, 0].copy(), x[:, 0].copy()
+    sum_w, sum_x = w[:, 0].copy(), w[:, 0] * x[:, 0]
+    for i in range(1, x.shape[1]):
+        lo = np.where(x[:, i] < lo, x[:, i], lo)
+        hi = np.where(x[:, i] > hi, x[:, i], hi)
+        sum_w = sum_w + w[:, i]
+        sum_x = sum_x + w[:, i] * x[:, i]
+    lo = np.where(lo > 0, F32(0), lo).astype(F32)
+    flat, lo0 = hi == lo, lo
+    iscale = F32(nmax) / (hi - lo)
+    scale = F32(1) / iscale
+    L = np.clip(_nearest(iscale[:, None] * (x - lo[:, None])), 0, nmax)
+    best = _wsum(w, np.square(scale[:, None] * L.astype(F32) + lo[:, None] - x))
+    for step in range(nstep + 1):
+        iscale = (F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)) / (hi - lo)
+        trial = np.clip(_nearest(iscale[:, None] * (x - lo[:, None])), 0, nmax)
+        fl = trial.astype(F32)
+        sum_l, sum_l2, sum_xl = _wsum(w, fl), _wsum(w * fl, fl), _wsum(w * fl, x)
+        det = sum_w * sum_l2 - sum_l * sum_l
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+        up = this_min > 0
+        this_min = np.where(up, F32(0), this_min).astype(F32)
+        this_scale = np.where(up, sum_xl / sum_l2, this_scale).astype(F32)
+        err = _wsum(w, np.square(this_scale[:, None] * fl + this_min[:, None] - x))
+        take = (det > 0) & (err < best)
+        L = np.where(take[:, None], trial, L)
+        best = np.where(take, err, best)
+        scale = np.where(take, this_scale, scale)
+        lo = np.where(take, this_min, lo)
+    L[flat] = 0
+    return np.where(flat, F32(0), scale).astype(F32), -np.where(flat, lo0, lo).astype(F32), L
+
+
+def _fit_symmetric(x, nmax):
+    """make_qx_quants with rmse_type 1 on each row of x: (scale, levels + nmax)."""
+    big, amax = np.zeros(x.shape[0], F32), np.zeros(x.shape[0], F32)
+    for i in range(x.shape[1]):
+        ax = np.abs(x[:, i])
+        up = ax > amax
+        amax, big = np.where(up, ax, amax), np.where(up, x[:, i], big)
+    tiny = amax < F32(1e-15)
+    w = x * x
+
+    def levels(iscale):
+        fl = np.clip(_nearest(iscale[:, None] * x), -nmax, nmax - 1)
+        return fl, _wsum(w * x, fl.astype(F32)), _wsum(w * fl.astype(F32), fl.astype(F32))
+
+    fl, sumlx, suml2 = levels(F32(-nmax) / big)
+    L = fl + nmax
+    scale = np.where(suml2 != 0, sumlx / suml2, F32(0)).astype(F32)
+    best = scale * sumlx
+    for step in (*range(-9, 0), *range(1, 10)):
+        fl, sumlx, suml2 = levels(-(F32(nmax) + F32(0.1) * F32(step)) / big)
+        take = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        L = np.where(take[:, None], fl + nmax, L)
+        scale = np.where(take, sumlx / suml2, scale).astype(F32)
+        best = np.where(take, scale * sumlx, best).astype(F32)
+    L[tiny] = 0
+    return np.where(tiny, F32(0), scale).astype(F32), L
+
+
+def _running_max(v, key=None):
+    """The C's `if (k(v[j]) > best) best = v[j]` from 0 over each row's values in order."""
+    best, kbest = np.zeros(v.shape[0], F32), np.zeros(v.shape[0], F32)
+    for j in range(v.shape[1]):
+        k = v[:, j] if key is None else key(v[:, j])
+        up = k > kbest
+        best, kbest = np.where(up, v[:, j], best), np.where(up, k, kbest)
+    return best
+
+
+def _k_scales_mins(x, nmax, rmin, nstep):
+    """Q4_K / Q5_K: d | dmin | 12 scale bytes, and the levels (blocks, 256)."""
+    blocks = x.shape[0]
+    xs = x.reshape(-1, 32)
+    av_x = np.sqrt(_wsum(xs, xs) / F32(32))
+    sc, mn, L = _fit_with_min(xs, av_x[:, None] + np.abs(xs), nmax, rmin, 0.1, nstep)
+    sc, mn = sc.reshape(blocks, 8), mn.reshape(blocks, 8)
+    max_scale, max_min = _running_max(sc), _running_max(mn)
+    inv_scale = np.where(max_scale > 0, F32(63) / np.where(max_scale > 0, max_scale, F32(1)), F32(0)).astype(F32)
+    inv_min = np.where(max_min > 0, F32(63) / np.where(max_min > 0, max_min, F32(1)), F32(0)).astype(F32)
+    ls = np.minimum(_nearest(inv_scale[:, None] * sc) & 0xFF, 63)
+    lm = np.minimum(_nearest(inv_min[:, None] * mn) & 0xFF, 63)
+    scales = np.concatenate([ls[:, :4] | (ls[:, 4:] >> 4) << 6, lm[:, :4] | (lm[:, 4:] >> 4) << 6,
+                             (ls[:, 4:] & 0xF) | (lm[:, 4:] & 0xF) << 4], axis=1).astype(np.uint8)
+    d16, m16 = _ggml_f16(max_scale / F32(63)), _ggml_f16(max_min / F32(63))
+    d = (_f32(d16)[:, None] * ls.astype(F32)).reshape(-1)
+    dm = (_f32(m16)[:, None] * lm.astype(F32)).reshape(-1)
+    again = np.clip(_nearest((xs + dm[:, None]) / d[:, None]), 0, nmax)
+    L = np.where((d != 0)[:, None], again, L).astype(np.uint8).reshape(blocks, 256)
+    return np.concatenate([_u16_bytes(d16), _u16_bytes(m16), scales], axis=1), L
+
+
+def _q4_k_blocks(x):
+    head, L = _k_scales_mins(x, 15, -1.0, 20)
+    L = L.reshape(-1, 4, 2, 32)
+    return np.concatenate([head, (L[:, :, 0] | L[:, :, 1] << 4).reshape(-1, 128)], axis=1)
+
+
+def _q5_k_blocks(x):
+    head, L = _k_scales_mins(x, 31, -0.5, 15)
+    L = L.reshape(-1, 4, 2, 32)
+    high = (L >> 4).astype(np.uint8) << (2 * np.arange(4, dtype=np.uint8)[None, :, None, None]
+                                         + np.arange(2, dtype=np.uint8)[None, None, :, None])
+    qh = np.bitwise_or.reduce(high.reshape(-1, 8, 32), axis=1).astype(np.uint8)
+    qs = ((L[:, :, 0] & 0xF) | (L[:, :, 1] & 0xF) << 4).reshape(-1, 128)
+    return np.concatenate([head, qh, qs], axis=1)
+
+
+def _q6_k_blocks(x):
+    blocks = x.shape[0]
+    sc, L = _fit_symmetric(x.reshape(-1, 16), 32)
+    sc, L = sc.reshape(blocks, 16), L.reshape(blocks, 256)
+    max_scale = _running_max(sc, np.abs)
+    tiny = np.abs(max_scale) < F32(1e-15)  # |max_scale| is the largest |scale|
+    iscale = F32(-128) / np.where(tiny, F32(1), max_scale)
+    d16 = _ggml_f16(F32(1) / iscale)
+    scales = np.minimum(_nearest(iscale[:, None] * sc), 127).astype(np.int8)
+    d = (_f32(d16)[:, None] * scales.astype(F32)).reshape(-1)
+    again = np.clip(_nearest(x.reshape(-1, 16) / d[:, None]), -32, 31) + 32
+    L = np.where((d != 0)[:, None], again, L.reshape(-1, 16)).astype(np.uint8).reshape(blocks, 2, 4, 32)
+    ql = np.concatenate([(L[:, :, 0] & 0xF) | (L[:, :, 2] & 0xF) << 4,
+                         (L[:, :, 1] & 0xF) | (L[:, :, 3] & 0xF) << 4], axis=2).reshape(-1, 128)
+    qh = (L[:, :, 0] >> 4 | (L[:, :, 1] >> 4) << 2 | (L[:, :, 2] >> 4) << 4 | (L[:, :, 3] >> 4) << 6).reshape(-1, 64)
+    out = np.concatenate([ql, qh, scales.view(np.uint8), _u16_bytes(d16)], axis=1).astype(np.uint8)
+    out[tiny] = 0
+    return out
+
+
 def _apr_q4_blocks(x, count):
     """APR_Q4: scale = max|x| / 7 (1.0 if 0) in f32, stored as f16; q from the f32 scale;
     nibbles past ``count`` stay 0."""
@@ -290,7 +523,9 @@ def _q8_tensor(x):
     return np.concatenate([*header, *(_q8_tensor_values(part, scale, zero_point) for part in _steps(x))])
 
 
-_BLOCK_QUANTIZERS = {"Q8_0": _q8_0_blocks, "Q4_0": _q4_0_blocks, "Q4_1": _q4_1_blocks}
+_BLOCK_QUANTIZERS = {"Q8_0": _q8_0_blocks, "Q4_0": _q4_0_blocks, "Q4_1": _q4_1_blocks, "Q5_0": _q5_0_blocks,
+                     "Q5_1": _q5_1_blocks, "TQ1_0": _tq1_0_blocks, "TQ2_0": _tq2_0_blocks, "MXFP4": _mxfp4_blocks,
+                     "Q4_K": _q4_k_blocks, "Q5_K": _q5_k_blocks, "Q6_K": _q6_k_blocks}
 _PARTIAL_QUANTIZERS = {"APR_Q4": _apr_q4_blocks, "APR_FQ8_0": _apr_fq8_0_blocks, "APR_FQ4_0": _apr_fq4_0_blocks}
 
 
@@ -779,6 +1014,46 @@ def quantize_q4_1(src, out, *, threads=0, path=None):
     _quantize("Q4_1", src, out, threads, path)
 
 
+def quantize_q5_0(src, out, *, threads=0, path=None):
+    """GGML Q5_0, bit-identical to gguf-py (len(src) a multiple of 32; 22 bytes a block)."""
+    _quantize("Q5_0", src, out, threads, path)
+
+
+def quantize_q5_1(src, out, *, threads=0, path=None):
+    """GGML Q5_1, bit-identical to gguf-py (len(src) a multiple of 32; 24 bytes a block)."""
+    _quantize("Q5_1", src, out, threads, path)
+
+
+def quantize_tq1_0(src, out, *, threads=0, path=None):
+    """GGML TQ1_0 (ternary), bit-identical to gguf-py (len(src) a multiple of 256; 54 bytes a block)."""
+    _quantize("TQ1_0", src, out, threads, path)
+
+
+def quantize_tq2_0(src, out, *, threads=0, path=None):
+    """GGML TQ2_0 (ternary), bit-identical to gguf-py (len(src) a multiple of 256; 66 bytes a block)."""
+    _quantize("TQ2_0", src, out, threads, path)
+
+
+def quantize_mxfp4(src, out, *, threads=0, path=None):
+    """GGML MXFP4, bit-identical to gguf-py (len(src) a multiple of 32; 17 bytes a block)."""
+    _quantize("MXFP4", src, out, threads, path)
+
+
+def quantize_q4_k(src, out, *, threads=0, path=None):
+    """GGML Q4_K (ggml's quantize_row_q4_K_ref, bit for bit; len(src) a multiple of 256; 144 bytes a block)."""
+    _quantize("Q4_K", src, out, threads, path)
+
+
+def quantize_q5_k(src, out, *, threads=0, path=None):
+    """GGML Q5_K (ggml's quantize_row_q5_K_ref, bit for bit; len(src) a multiple of 256; 176 bytes a block)."""
+    _quantize("Q5_K", src, out, threads, path)
+
+
+def quantize_q6_k(src, out, *, threads=0, path=None):
+    """GGML Q6_K (ggml's quantize_row_q6_K_ref, bit for bit; len(src) a multiple of 256; 210 bytes a block)."""
+    _quantize("Q6_K", src, out, threads, path)
+
+
 def quantize_apr_q8(src, out, *, threads=0, path=None):
     """apr-format's AprQ8: f32 scale then one int8 per element (no bytes if empty)."""
     _quantize("APR_Q8", src, out, threads, path)
@@ -846,8 +1121,8 @@ def quantized_nbytes(type_name, n):
 
 
 def can_quantize(type_name):
-    """True if ``quantize`` supports the type (Q8_0, Q4_0, Q4_1 and the APR types; not the
-    other GGML types)."""
+    """True if ``quantize`` supports the type (the APR types and the GGML types with a
+    quantizer: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4, Q4_K, Q5_K, Q6_K)."""
     return _TABLE[list(TYPES)[_type_id(type_name)]][4]
 
 

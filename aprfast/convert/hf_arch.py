@@ -457,7 +457,9 @@ def _token_text(value):
 
 #: GGML type name -> llama.cpp's general.file_type (LlamaFileType) when the 2-D
 #: weights are of that type.
-FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q6_K": 18, "BF16": 32}
+#: (A K type stands for its _M mix, llama-quantize's default; MXFP4 for MXFP4_MOE.)
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12,
+              "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32, "TQ1_0": 36, "TQ2_0": 37, "MXFP4": 38}
 
 
 def file_type(specs) -> int:

@@ -178,27 +178,27 @@ class Q4_1(_Kernel):
 
 
 class Q5_0(_Kernel):
-    """GGML Q5_0 (dequantize only)."""
+    """GGML Q5_0: d = (the x of largest magnitude)/-16, q = trunc(x/d + 16.5) in 0..31."""
 
-    name, bits, symmetric = "Q5_0", 5, True
+    name, bits, symmetric, _quantizer = "Q5_0", 5, True, "quantize_q5_0"
 
 
 class Q5_1(_Kernel):
-    """GGML Q5_1 (dequantize only)."""
+    """GGML Q5_1: d = (max-min)/31, m = min, q = trunc((x-m)/d + 0.5) in 0..31."""
 
-    name, bits, symmetric = "Q5_1", 5, False
+    name, bits, symmetric, _quantizer = "Q5_1", 5, False, "quantize_q5_1"
 
 
 class Q4_K(_Kernel):
-    """GGML Q4_K super-blocks of 256 (dequantize only)."""
+    """GGML Q4_K super-blocks of 256: 6-bit scales and mins per 32 (ggml's reference quantizer)."""
 
-    name, bits, symmetric = "Q4_K", 4, False
+    name, bits, symmetric, _quantizer = "Q4_K", 4, False, "quantize_q4_k"
 
 
 class Q6_K(_Kernel):
-    """GGML Q6_K super-blocks of 256 (dequantize only)."""
+    """GGML Q6_K super-blocks of 256: an 8-bit scale per 16 (ggml's reference quantizer)."""
 
-    name, bits, symmetric = "Q6_K", 6, True
+    name, bits, symmetric, _quantizer = "Q6_K", 6, True, "quantize_q6_k"
 
 
 class Q8_1(_Kernel):
@@ -220,9 +220,9 @@ class Q3_K(_Kernel):
 
 
 class Q5_K(_Kernel):
-    """GGML Q5_K super-blocks of 256, 6-bit scales and mins per 32 (dequantize only)."""
+    """GGML Q5_K super-blocks of 256, 6-bit scales and mins per 32 (ggml's reference quantizer)."""
 
-    name, bits, symmetric = "Q5_K", 5, False
+    name, bits, symmetric, _quantizer = "Q5_K", 5, False, "quantize_q5_k"
 
 
 class Q8_K(_Kernel):
@@ -286,21 +286,21 @@ class IQ4_XS(_Kernel):
 
 
 class TQ1_0(_Kernel):
-    """GGML TQ1_0: ternary, five values a byte in base 3 (dequantize only)."""
+    """GGML TQ1_0: ternary (d = max|x|, t = round(x/d) in -1..1), five values a byte in base 3."""
 
-    name, bits, symmetric = "TQ1_0", 2, True
+    name, bits, symmetric, _quantizer = "TQ1_0", 2, True, "quantize_tq1_0"
 
 
 class TQ2_0(_Kernel):
-    """GGML TQ2_0: ternary, two bits a value (dequantize only)."""
+    """GGML TQ2_0: ternary (d = max|x|, t = round(x/d) in -1..1), two bits a value."""
 
-    name, bits, symmetric = "TQ2_0", 2, True
+    name, bits, symmetric, _quantizer = "TQ2_0", 2, True, "quantize_tq2_0"
 
 
 class MXFP4(_Kernel):
-    """GGML MXFP4 (OCP MX): 32 e2m1 values sharing an e8m0 scale (dequantize only)."""
+    """GGML MXFP4 (OCP MX): 32 e2m1 values sharing an e8m0 scale (the nearest e2m1 value each)."""
 
-    name, bits, symmetric = "MXFP4", 4, True
+    name, bits, symmetric, _quantizer = "MXFP4", 4, True, "quantize_mxfp4"
 
 
 class NVFP4(_Kernel):
@@ -406,8 +406,9 @@ def quant_type(name) -> QuantType:
 
 # --- one tensor ------------------------------------------------------------------------
 def quantize(array, qtype, *, threads: int = 0, name: str | None = None) -> QuantizedTensor:
-    """``array`` quantized to ``qtype`` ("q8_0", "q4_0", "q4_1", "apr_q8", "apr_q4",
-    "q8_tensor" or a registered custom type).
+    """``array`` quantized to ``qtype`` ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "tq1_0",
+    "tq2_0", "mxfp4", "apr_q8", "apr_q4", "q8_tensor", ... or a registered custom type;
+    ``quant_types(quantizable=True)`` lists them).
 
     float16, bfloat16 and float64 inputs are converted to float32 first.  GGML types
     need the last dimension (the row) to be a multiple of 32: their blocks never span
@@ -427,7 +428,7 @@ def quantize(array, qtype, *, threads: int = 0, name: str | None = None) -> Quan
         UnknownDTypeError: ``qtype`` is not a registered quantization type.
         LayoutError: ``array`` is not floating point (or is already packed), its rows
             are not whole blocks of a GGML type, or the type can only be read
-            (Q4_K, Q6_K, Q5_0, Q5_1 have no quantizer).
+            (the IQ types, NVFP4, Q8_1, Q1_0 have no quantizer).
 
     Examples:
         >>> import numpy as np, aprfast
