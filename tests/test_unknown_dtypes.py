@@ -82,7 +82,7 @@ def test_only_values_are_refused(tmp_path):
         dtypes.numpy_dtype(opaque.dtype)
     # a default open asks for values: the error names the recorded type and the way to its bytes
     with pytest.raises(aprfast.UnknownDTypeError,
-                       match=r"tensor 'f6': dtype F6_E2M3 \(kept as bytes under id 255.*unknown_dtypes=\"raw\""):
+                       match=r"tensor 'f5': dtype F5_E2M2 \(kept as bytes under id 255.*unknown_dtypes=\"raw\""):
         aprfast.load_file(tmp_path / "a.apr")
     with pytest.raises(aprfast.LayoutError, match="GGUF cannot hold F5_E2M2"):
         aprfast.convert(tmp_path / "a.apr", tmp_path / "a.gguf")
