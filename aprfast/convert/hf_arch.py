@@ -51,7 +51,7 @@ class HFArch:
     the pre-tokenizer is not recognised), ``permute`` (attn_q/attn_k rows permuted for
     llama.cpp's rotary embedding), ``llama_keys`` (also ``vocab_size`` and
     ``rope.dimension_count``, which the reference converter writes for its LLaMA class
-    only)."""
+    only), ``family`` (the tensor table, keys and config.json that apply)."""
 
     model_type: str
     gguf: str
@@ -59,6 +59,9 @@ class HFArch:
     pre: str
     permute: bool
     llama_keys: bool
+    #: which tensor table, keys and config.json apply: "llama" (the LLaMA family:
+    #: :data:`TENSORS`), "gpt2" or "bert" (:data:`FAMILY_TENSORS`)
+    family: str = "llama"
 
 
 #: config.json ``model_type`` -> architecture.  Mistral is llama.cpp's ``llama``.
@@ -105,16 +108,27 @@ PRE_TOKENIZER_REGEX = {
 #: back the same config (Mistral stays Mistral, every field kept).
 HF_CONFIG_KEY = "aprfast.hf.config"
 
-_PLACEHOLDERS = {"{n}": r"(?P<n>\d+)", "{w}": r"(?P<w>weight|bias)"}
+_PLACEHOLDERS = {"{n}": r"(?P<n>\d+)", "{w}": r"(?P<w>weight|bias)", "{x}": r"(?P<x>.+)"}
+#: A leading ``[prefix.]`` of a Hugging Face pattern: the task models' wrapper
+#: (``bert.`` of BertForMaskedLM), optional when reading, not written back (the base model).
+_OPTIONAL = re.compile(r"^\[([^\]]*)\]")
 
 
 def _regex(pattern: str):
-    parts = re.split(r"(\{[nw]\})", pattern)
-    return re.compile("^" + "".join(_PLACEHOLDERS.get(p, re.escape(p)) for p in parts) + "$")
+    optional = _OPTIONAL.match(pattern)
+    head = f"(?:{re.escape(optional.group(1))})?" if optional else ""
+    parts = re.split(r"(\{[nwx]\})", pattern[optional.end():] if optional else pattern)
+    return re.compile("^" + head + "".join(_PLACEHOLDERS.get(p, re.escape(p)) for p in parts) + "$")
 
 
-_HF_TO_GGUF = [(_regex(hf), gguf) for hf, gguf in TENSORS]
-_GGUF_TO_HF = [(_regex(gguf), hf) for hf, gguf in TENSORS if gguf is not None]
+def _rules(table):
+    """(HF -> GGUF, GGUF -> HF) rules of a tensor table: the first matching row wins."""
+    to_gguf = [(_regex(hf), gguf) for hf, gguf in table]
+    to_hf = [(_regex(gguf), _OPTIONAL.sub("", hf)) for hf, gguf in table if gguf is not None and "{x}" not in hf]
+    return to_gguf, to_hf
+
+
+_HF_TO_GGUF, _GGUF_TO_HF = _rules(TENSORS)
 _UNKNOWN = object()
 
 
@@ -126,17 +140,118 @@ def _apply(rules, name):
     return _UNKNOWN
 
 
-def hf_to_gguf_name(name: str):
-    """llama.cpp's name for a Hugging Face tensor name: a str, None (dropped) or
+def hf_to_gguf_name(name: str, family: str = "llama"):
+    """llama.cpp's name for a Hugging Face tensor name of an architecture ``family``
+    (:attr:`HFArch.family`): a str, None (dropped) or ``...`` (no rule knows it)."""
+    rules = _HF_TO_GGUF if family == "llama" else _FAMILY_RULES[family][0]
+    out = _apply(rules, name)
+    return ... if out is _UNKNOWN else out
+
+
+def gguf_to_hf_name(name: str, family: str = "llama"):
+    """Hugging Face's name for a llama.cpp tensor name of an architecture ``family``, or
     ``...`` (no rule knows it)."""
-    out = _apply(_HF_TO_GGUF, name)
+    rules = _GGUF_TO_HF if family == "llama" else _FAMILY_RULES[family][1]
+    out = _apply(rules, name)
     return ... if out is _UNKNOWN else out
 
 
-def gguf_to_hf_name(name: str):
-    """Hugging Face's name for a llama.cpp tensor name, or ``...`` (no rule knows it)."""
-    out = _apply(_GGUF_TO_HF, name)
-    return ... if out is _UNKNOWN else out
+# --- GPT-2 and BERT: their own tables --------------------------------------------
+#: GPT-2 (``GPT2LMHeadModel``; llama.cpp ``gpt2``).  Its attention and MLP weights are
+#: ``Conv1D``s stored ``[in, out]``, the transpose of a Linear's: they are transposed
+#: both ways (:data:`CONV1D`).  The output is tied to ``wte`` (no ``lm_head``/``output``).
+GPT2_TENSORS = (
+    ("transformer.wte.weight", "token_embd.weight"),
+    ("transformer.wpe.weight", "position_embd.weight"),
+    ("transformer.ln_f.{w}", "output_norm.{w}"),
+    ("lm_head.weight", "output.weight"),
+    ("transformer.h.{n}.ln_1.{w}", "blk.{n}.attn_norm.{w}"),
+    ("transformer.h.{n}.attn.c_attn.{w}", "blk.{n}.attn_qkv.{w}"),
+    ("transformer.h.{n}.attn.c_proj.{w}", "blk.{n}.attn_output.{w}"),
+    ("transformer.h.{n}.ln_2.{w}", "blk.{n}.ffn_norm.{w}"),
+    ("transformer.h.{n}.mlp.c_fc.{w}", "blk.{n}.ffn_up.{w}"),
+    ("transformer.h.{n}.mlp.c_proj.{w}", "blk.{n}.ffn_down.{w}"),
+    # the causal-mask buffers older checkpoints saved: both engines build the mask
+    ("transformer.h.{n}.attn.bias", None),
+    ("transformer.h.{n}.attn.masked_bias", None),
+)
+#: GPT-2's Conv1D weights (Hugging Face names): stored transposed relative to llama.cpp.
+CONV1D = re.compile(r"^transformer\.h\.\d+\.(?:attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
+
+#: Families outside the LLaMA one: family -> tensor table.
+FAMILY_TENSORS = {"gpt2": GPT2_TENSORS}
+_FAMILY_RULES = {family: _rules(table) for family, table in FAMILY_TENSORS.items()}
+
+ARCHS.update({
+    "gpt2": HFArch("gpt2", "gpt2", "GPT2LMHeadModel", "gpt-2", False, False, "gpt2"),
+})
+_BY_GGUF.update({"gpt2": ARCHS["gpt2"]})
+
+
+def _gpt2_hparams(config: dict) -> list:
+    """GPT-2's ``gpt2.*`` keys as the reference converter's ``GPT2Model`` writes them.
+    ``context_length`` is ``n_positions`` (the rows of ``wpe``, which llama.cpp checks),
+    ``n_ctx`` when there is none (the reference reads ``n_ctx``: the two are equal in
+    GPT-2's checkpoints); ``feed_forward_length`` is ``n_inner``, else 4 x ``n_embd``."""
+    n_embd = _int(config, "n_embd", required=True)
+    n_ctx = _int(config, "n_positions")
+    if n_ctx is None:
+        n_ctx = _int(config, "n_ctx", required=True)
+    n_ff = _int(config, "n_inner")
+    eps = _float(config, "layer_norm_epsilon")
+    keys = [("gpt2.block_count", "U32", _int(config, "n_layer", required=True)),
+            ("gpt2.context_length", "U32", n_ctx), ("gpt2.embedding_length", "U32", n_embd),
+            ("gpt2.feed_forward_length", "U32", 4 * n_embd if n_ff is None else n_ff),
+            ("gpt2.attention.head_count", "U32", _int(config, "n_head", required=True))]
+    return keys + [("gpt2.attention.layer_norm_epsilon", "F32", 1e-5 if eps is None else eps)]
+
+
+def _gpt2_config(arch: HFArch, kv: dict, specs) -> dict:
+    """GPT-2's config.json from a GGUF's keys (a GGUF with no :data:`HF_CONFIG_KEY`)."""
+    n_embd, n_head = _kv_int(kv, "gpt2.embedding_length"), _kv_int(kv, "gpt2.attention.head_count")
+    n_layer, n_ctx = _kv_int(kv, "gpt2.block_count"), _kv_int(kv, "gpt2.context_length")
+    if None in (n_embd, n_head, n_layer, n_ctx):
+        raise CorruptError("the GGUF has no gpt2.embedding_length, gpt2.attention.head_count, gpt2.block_count "
+                           "or gpt2.context_length")
+    n_ff = _kv_int(kv, "gpt2.feed_forward_length")
+    config = {"architectures": [arch.hf_class], "model_type": "gpt2", "n_embd": n_embd, "n_layer": n_layer,
+              "n_head": n_head, "n_positions": n_ctx, "n_ctx": n_ctx,
+              "n_inner": None if n_ff in (None, 4 * n_embd) else n_ff,
+              "layer_norm_epsilon": _kv_float(kv, "gpt2.attention.layer_norm_epsilon") or 1e-5,
+              "activation_function": "gelu_new", "vocab_size": _vocab_size(kv, specs, "transformer.wte.weight")}
+    return _with_special_ids(config, kv)
+
+
+def _vocab_size(kv, specs, embedding: str):
+    """The rows of the token embedding (the vocabulary llama.cpp and transformers use),
+    else the number of tokens."""
+    rows = next((s.shape[0] for s in specs if s.name == embedding and s.shape), None)
+    tokens = kv.get("tokenizer.ggml.tokens")
+    return rows if rows is not None else (len(tokens) if isinstance(tokens, list) else None)
+
+
+def _with_special_ids(config: dict, kv: dict) -> dict:
+    for which, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "padding_token_id")):
+        value = _kv_int(kv, f"tokenizer.ggml.{key}")
+        if value is not None:
+            config[f"{which}_token_id"] = value
+    return config
+
+
+#: family -> (config.json -> its ``{arch}.*`` keys, GGUF keys -> config.json).
+_FAMILY_PARAMS = {"gpt2": (_gpt2_hparams, _gpt2_config)}
+
+
+def _family_keys(arch: HFArch, files: dict, ftype: int, name: str) -> list:
+    """:func:`gguf_keys` of an architecture outside the LLaMA family."""
+    config = files["config.json"]
+    keys = [("general.architecture", "STRING", arch.gguf), ("general.type", "STRING", "model"),
+            ("general.name", "STRING", name)]
+    keys += _FAMILY_PARAMS[arch.family][0](config)
+    keys += [("general.file_type", "U32", ftype), ("general.quantization_version", "U32", 2)]
+    keys += _tokenizer_keys(arch, files)
+    keys.append((HF_CONFIG_KEY, "STRING", json.dumps(config, sort_keys=True)))
+    return keys
 
 
 # --- the rotary permutation --------------------------------------------------------
@@ -240,6 +355,8 @@ def gguf_keys(arch: HFArch, files: dict, ftype: int, name: str) -> list:
     reference converter writes them: general.*, the ``{arch}.*`` hyper-parameters from
     config.json, ``general.file_type`` (``ftype``), the tokenizer, and
     :data:`HF_CONFIG_KEY`.  ``name`` is general.name (descriptive)."""
+    if arch.family != "llama":
+        return _family_keys(arch, files, ftype, name)
     config = files["config.json"]
     a = arch.gguf
     keys = [("general.architecture", "STRING", a), ("general.type", "STRING", "model"),
@@ -471,10 +588,17 @@ def file_type(specs) -> int:
     return FILE_TYPES.get(common, 1)
 
 
+#: Tensors the reference converter always writes in F32 (quantized or F16 runs too).
+_ALWAYS_F32 = ("position_embd.weight", "token_types.weight")
+
+
 def gguf_tensor_dtype(gguf_name: str, shape, dtype_name: str):
     """The dtype llama.cpp needs a float tensor in, or None to keep it: 1-D tensors,
     norms and anything not a ``.weight`` are F32 (the reference converter's rule; its
-    CPU kernels take only F32 there)."""
+    CPU kernels take only F32 there), and so are learned position and token-type
+    embeddings (:data:`_ALWAYS_F32`), even when ``quantize=`` chose a type."""
+    if gguf_name in _ALWAYS_F32:  # learned positions and token types, whatever --outtype says
+        return "F32"
     if dtype_name not in ("F16", "BF16", "F64", "F32"):
         return None
     if len(shape) <= 1 or gguf_name.endswith("_norm.weight") or not gguf_name.endswith(".weight"):
@@ -508,7 +632,8 @@ def hf_files(arch: HFArch, kv: dict, specs, dtype: str) -> dict:
         except ValueError:
             config = None
     if not isinstance(config, dict):
-        config = _config_from_keys(arch, kv, names)
+        config = _config_from_keys(arch, kv, names) if arch.family == "llama" else \
+            _FAMILY_PARAMS[arch.family][1](arch, kv, specs)
     config["tie_word_embeddings"] = "lm_head.weight" not in names
     config["dtype"] = {"F16": "float16", "BF16": "bfloat16"}.get(dtype, "float32")
     config.pop("torch_dtype", None)
@@ -624,12 +749,17 @@ class ModelConversion:
         self._source_path = source.path
         to_dest = hf_to_gguf_name if direction == "hf-to-gguf" else gguf_to_hf_name
         self._names = {}
+        #: source tensors transposed on the way (GPT-2's Conv1D weights)
+        self.transposed = set()
         for spec in source.specs:
-            out = to_dest(spec.name)
+            out = to_dest(spec.name, arch.family)
             if out is ...:
                 self.unknown.append(spec.name)
                 out = spec.name
             self._names[spec.name] = out
+            hf_name = spec.name if direction == "hf-to-gguf" else out
+            if arch.family == "gpt2" and len(spec.shape) == 2 and CONV1D.match(hf_name or ""):
+                self.transposed.add(spec.name)
         if self.unknown:
             shown = ", ".join(repr(n) for n in self.unknown[:5]) + (", ..." if len(self.unknown) > 5 else "")
             warnings.warn(f"{len(self.unknown)} tensor name(s) of this {arch.model_type} model have no "
@@ -663,13 +793,15 @@ class ModelConversion:
     def report(self) -> dict:
         """What ``convert()`` returns under ``names``: ``arch`` (general.architecture),
         ``model`` (config.json's model_type), ``direction``, ``renamed``, ``dropped``,
-        ``unknown`` (kept) and ``permuted`` (source tensors whose rows moved)."""
+        ``unknown`` (kept), ``permuted`` (source tensors whose rows moved) and
+        ``transposed`` (source tensors transposed: GPT-2's Conv1D weights)."""
         return {"arch": self.arch.gguf, "model": self.arch.model_type, "direction": self.direction,
                 "detected": True, "reason": "from config.json" if self.direction == "hf-to-gguf"
                 else "from general.architecture",
                 "renamed": sum(1 for s, d in self._names.items() if d is not None and s != d),
                 "dropped": sorted(s for s, d in self._names.items() if d is None),
-                "unknown": list(self.unknown), "permuted": sorted(self.rows)}
+                "unknown": list(self.unknown), "permuted": sorted(self.rows),
+                "transposed": sorted(self.transposed)}
 
     def name(self, source_name: str):
         """The destination name of a source tensor (None: the engines recompute it)."""

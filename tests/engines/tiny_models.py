@@ -70,6 +70,9 @@ def make_model(arch: str, directory, seed: int = 0):
     import torch
     import transformers
 
+    if arch in OTHER_ARCHS:
+        return OTHER_ARCHS[arch](directory, seed)
+
     config_cls, model_cls, overrides, specials, pre = ARCHS[arch]
     make_tokenizer(directory, specials, pre)
     from transformers import PreTrainedTokenizerFast
@@ -103,3 +106,60 @@ def hf_logits(model, tokens=TOKENS):
 
     with torch.no_grad():
         return model(torch.tensor([tokens])).logits[0].float().numpy()
+
+
+# --- GPT-2 and BERT (their own configs, tokenizers and tensor layouts) ------------
+def make_gpt2_tokenizer(directory) -> None:
+    """GPT-2's tokenizer at toy size: byte-level BPE whose pre-tokenizer is a bare
+    ``ByteLevel`` (GPT-2's own regex), ``<|endoftext|>`` its only special token (BOS,
+    EOS and unknown at once, as in the real one)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(), trainer)
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    end = "<|endoftext|>"
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=end, eos_token=end, unk_token=end)
+    tokenizer.save_pretrained(directory)
+
+
+def _perturb(model, torch) -> None:
+    """Norms off 1.0, biases off 0.0: a norm or bias written in the wrong place shows."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "ln" in name.split(".")[-2].lower() or "layernorm" in name.lower():
+                param.add_(0.1 * torch.randn_like(param))
+            elif name.endswith(".bias"):
+                param.normal_(0.0, 0.02)
+
+
+def make_gpt2(directory, seed: int = 0):
+    """The tiny GPT-2 (``GPT2LMHeadModel``: Conv1D weights stored transposed, fused
+    ``c_attn``, learned positions, tied output).  ``n_ctx`` is in config.json as in the
+    Hub's GPT-2 checkpoints (transformers 5 no longer writes it; the reference converter
+    reads it)."""
+    import torch
+    import transformers
+    from transformers import PreTrainedTokenizerFast
+
+    make_gpt2_tokenizer(directory)
+    tok = PreTrainedTokenizerFast.from_pretrained(directory)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                     n_ctx=256, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    _perturb(model, torch)
+    with torch.no_grad():  # peaked attention: q/k columns of c_attn out of place show
+        for block in model.transformer.h:
+            block.attn.c_attn.weight[:, :128].normal_(0.0, 0.3)
+    model.save_pretrained(directory)
+    return model
+
+
+OTHER_ARCHS = {"gpt2": make_gpt2}
