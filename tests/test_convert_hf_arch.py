@@ -215,7 +215,7 @@ def test_family_names_both_ways(family):
         assert hf_arch.hf_to_gguf_name(base, family) == want
         if concrete.startswith("["):  # the task model's prefix is read, and not written back
             assert hf_arch.hf_to_gguf_name(concrete[1:].replace("]", "", 1), family) == want
-        if want is not None:
+        if want is not None and not base.endswith((".gamma", ".beta")):  # TF-era names: read only
             assert hf_arch.gguf_to_hf_name(want, family) == base
     assert hf_arch.hf_to_gguf_name("model.layers.0.self_attn.q_proj.weight", family) is ...
 
@@ -280,3 +280,40 @@ def test_gpt2_quantized_conv1d_weights_dequantize_then_transpose(tmp_path):
     down = tensors["transformer.h.0.mlp.c_proj.weight"]
     assert back["transformer.h.0.mlp.c_proj.weight"].shape == down.shape
     assert np.abs(back["transformer.h.0.mlp.c_proj.weight"] - down).max() < 2e-3
+
+
+def test_bert_task_model_names_and_tf_layer_norms():
+    assert hf_arch.hf_to_gguf_name("bert.encoder.layer.2.output.LayerNorm.gamma", "bert") == \
+        "blk.2.layer_output_norm.weight"
+    back = "encoder.layer.2.output.LayerNorm.weight"  # BertModel's: the task model's prefix is not written
+    assert hf_arch.gguf_to_hf_name("blk.2.layer_output_norm.weight", "bert") == back
+    for dropped in ("cls.predictions.decoder.weight", "bert.pooler.dense.bias", "embeddings.position_ids"):
+        assert hf_arch.hf_to_gguf_name(dropped, "bert") is None
+
+
+def test_wordpiece_vocabulary_and_special_tokens():
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "hello": 4, "##lo": 5}
+    added = [{"id": i, "content": t, "special": True} for t, i in list(vocab.items())[:4]]
+    cls_sep = [{"SpecialToken": {"id": "[CLS]"}}, {"Sequence": {"id": "A"}}, {"SpecialToken": {"id": "[SEP]"}}]
+    pair = cls_sep + [{"Sequence": {"id": "B"}}, {"SpecialToken": {"id": "[SEP]"}}]
+    tokenizer = {"added_tokens": added, "normalizer": {"type": "BertNormalizer", "lowercase": False},
+                 "post_processor": {"type": "TemplateProcessing", "single": cls_sep, "pair": pair},
+                 "model": {"type": "WordPiece", "vocab": vocab}}
+    config = {"model_type": "bert", "vocab_size": 7, "type_vocab_size": 2, "pad_token_id": 0, "hidden_size": 8,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16, "max_position_embeddings": 32}
+    files = {"config.json": config,
+             "tokenizer.json": tokenizer,
+             "tokenizer_config.json": {"cls_token": "[CLS]", "sep_token": "[SEP]", "unk_token": "[UNK]"}}
+    keys = {k: v for k, _, v in hf_arch.gguf_keys(hf_arch.ARCHS["bert"], files, 0, "tiny")}
+    assert keys["bert.attention.causal"] is False and "bert.pooling_type" not in keys  # no sentence-transformers
+    assert keys["tokenizer.ggml.tokens"] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "\u2581hello", "lo", "[PAD6]"]
+    assert keys["tokenizer.ggml.token_type"] == [3, 3, 3, 3, 1, 1, 5]
+    assert (keys["tokenizer.ggml.bos_token_id"], keys["tokenizer.ggml.eos_token_id"]) == (2, 3)
+    assert keys["tokenizer.ggml.add_bos_token"] and keys["tokenizer.ggml.add_eos_token"]
+    assert keys["tokenizer.ggml.add_sep_token"] is False and keys["tokenizer.ggml.token_type_count"] == 2
+    assert keys["tokenizer.ggml.normalizer.lowercase"] is False
+    del keys[hf_arch.HF_CONFIG_KEY]  # another converter's GGUF: the config from the keys
+    back = hf_arch.hf_files(hf_arch.ARCHS["bert"], keys, [], "F32")
+    assert back["tokenizer.json"]["model"]["vocab"] == vocab
+    assert back["config.json"]["type_vocab_size"] == 2 and back["config.json"]["architectures"] == ["BertModel"]
+    assert back["tokenizer_config.json"]["do_lower_case"] is False

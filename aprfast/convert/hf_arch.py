@@ -178,14 +178,44 @@ GPT2_TENSORS = (
 #: GPT-2's Conv1D weights (Hugging Face names): stored transposed relative to llama.cpp.
 CONV1D = re.compile(r"^transformer\.h\.\d+\.(?:attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
 
+#: BERT (``BertModel``; llama.cpp's embedding model ``bert``).  ``[bert.]``: the task
+#: models' wrapper (BertForMaskedLM, ...), read and not written back (a BertModel).  The
+#: pooler and the task heads are dropped, as the reference converter drops them
+#: (llama.cpp pools by ``bert.pooling_type`` instead).  TF-era ``LayerNorm.gamma``/
+#: ``.beta`` map as ``.weight``/``.bias``.
+BERT_TENSORS = (
+    ("[bert.]embeddings.word_embeddings.weight", "token_embd.weight"),
+    ("[bert.]embeddings.position_embeddings.weight", "position_embd.weight"),
+    ("[bert.]embeddings.token_type_embeddings.weight", "token_types.weight"),
+    ("[bert.]embeddings.LayerNorm.{w}", "token_embd_norm.{w}"),
+    ("[bert.]encoder.layer.{n}.attention.self.query.{w}", "blk.{n}.attn_q.{w}"),
+    ("[bert.]encoder.layer.{n}.attention.self.key.{w}", "blk.{n}.attn_k.{w}"),
+    ("[bert.]encoder.layer.{n}.attention.self.value.{w}", "blk.{n}.attn_v.{w}"),
+    ("[bert.]encoder.layer.{n}.attention.output.dense.{w}", "blk.{n}.attn_output.{w}"),
+    ("[bert.]encoder.layer.{n}.attention.output.LayerNorm.{w}", "blk.{n}.attn_output_norm.{w}"),
+    ("[bert.]encoder.layer.{n}.intermediate.dense.{w}", "blk.{n}.ffn_up.{w}"),
+    ("[bert.]encoder.layer.{n}.output.dense.{w}", "blk.{n}.ffn_down.{w}"),
+    ("[bert.]encoder.layer.{n}.output.LayerNorm.{w}", "blk.{n}.layer_output_norm.{w}"),
+    ("[bert.]embeddings.LayerNorm.gamma", "token_embd_norm.weight"),
+    ("[bert.]embeddings.LayerNorm.beta", "token_embd_norm.bias"),
+    ("[bert.]encoder.layer.{n}.attention.output.LayerNorm.gamma", "blk.{n}.attn_output_norm.weight"),
+    ("[bert.]encoder.layer.{n}.attention.output.LayerNorm.beta", "blk.{n}.attn_output_norm.bias"),
+    ("[bert.]encoder.layer.{n}.output.LayerNorm.gamma", "blk.{n}.layer_output_norm.weight"),
+    ("[bert.]encoder.layer.{n}.output.LayerNorm.beta", "blk.{n}.layer_output_norm.bias"),
+    ("[bert.]embeddings.position_ids", None),
+    ("[bert.]pooler.dense.{w}", None),
+    ("cls.{x}", None),
+)
+
 #: Families outside the LLaMA one: family -> tensor table.
-FAMILY_TENSORS = {"gpt2": GPT2_TENSORS}
+FAMILY_TENSORS = {"gpt2": GPT2_TENSORS, "bert": BERT_TENSORS}
 _FAMILY_RULES = {family: _rules(table) for family, table in FAMILY_TENSORS.items()}
 
 ARCHS.update({
     "gpt2": HFArch("gpt2", "gpt2", "GPT2LMHeadModel", "gpt-2", False, False, "gpt2"),
+    "bert": HFArch("bert", "bert", "BertModel", "bert-bge", False, False, "bert"),
 })
-_BY_GGUF.update({"gpt2": ARCHS["gpt2"]})
+_BY_GGUF.update({"gpt2": ARCHS["gpt2"], "bert": ARCHS["bert"]})
 
 
 def _gpt2_hparams(config: dict) -> list:
@@ -238,8 +268,185 @@ def _with_special_ids(config: dict, kv: dict) -> dict:
     return config
 
 
+#: llama.cpp's pooling types (``{arch}.pooling_type``) by sentence-transformers' mode.
+POOLING = {"mean": 1, "cls": 2, "lasttoken": 3}
+#: model-directory key of the sentence-transformers Pooling module's config.json
+#: (``modules.json`` names its folder), which :func:`read_model_dir` reads for BERT.
+POOLING_FILE = "pooling.json"
+
+
+def _bert_hparams(config: dict) -> list:
+    """BERT's ``bert.*`` keys as the reference converter's ``BertModel`` writes them:
+    the usual hyper-parameters, ``attention.causal`` false, and ``pooling_type`` only when
+    the directory is a sentence-transformers model whose Pooling module says which."""
+    eps = _float(config, "layer_norm_eps")
+    keys = [("bert.block_count", "U32", _int(config, "num_hidden_layers", required=True)),
+            ("bert.context_length", "U32", _int(config, "max_position_embeddings", required=True)),
+            ("bert.embedding_length", "U32", _int(config, "hidden_size", required=True)),
+            ("bert.feed_forward_length", "U32", _int(config, "intermediate_size", required=True)),
+            ("bert.attention.head_count", "U32", _int(config, "num_attention_heads", required=True)),
+            ("bert.attention.layer_norm_epsilon", "F32", 1e-12 if eps is None else eps)]
+    return keys + [("bert.attention.causal", "BOOL", False)]
+
+
+def _bert_pooling(files: dict) -> list:
+    pooling = files.get(POOLING_FILE)
+    if not isinstance(pooling, dict):
+        return []
+    for mode, flag in (("mean", "pooling_mode_mean_tokens"), ("cls", "pooling_mode_cls_token"),
+                       ("lasttoken", "pooling_mode_lasttoken")):
+        if pooling.get(flag) is True:
+            return [("bert.pooling_type", "U32", POOLING[mode])]
+    if pooling.get("pooling_mode") in POOLING:
+        return [("bert.pooling_type", "U32", POOLING[pooling["pooling_mode"]])]
+    warnings.warn("the sentence-transformers Pooling module is not mean, CLS or last-token pooling: "
+                  "bert.pooling_type is not written (llama.cpp then gives per-token embeddings)",
+                  ModelConversionWarning, stacklevel=5)
+    return []
+
+
+def _bert_config(arch: HFArch, kv: dict, specs) -> dict:
+    """BERT's config.json from a GGUF's keys (a GGUF with no :data:`HF_CONFIG_KEY`)."""
+    get = {key: _kv_int(kv, f"bert.{key}") for key in ("embedding_length", "attention.head_count", "block_count",
+                                                        "feed_forward_length", "context_length")}
+    if None in get.values():
+        raise CorruptError("the GGUF lacks one of bert.embedding_length, attention.head_count, block_count, "
+                           "feed_forward_length, context_length")
+    config = {"architectures": [arch.hf_class], "model_type": "bert", "hidden_size": get["embedding_length"],
+              "num_attention_heads": get["attention.head_count"], "num_hidden_layers": get["block_count"],
+              "intermediate_size": get["feed_forward_length"], "max_position_embeddings": get["context_length"],
+              "type_vocab_size": _kv_int(kv, "tokenizer.ggml.token_type_count") or 1,
+              "layer_norm_eps": _kv_float(kv, "bert.attention.layer_norm_epsilon") or 1e-12,
+              "hidden_act": "gelu", "vocab_size": _vocab_size(kv, specs, "embeddings.word_embeddings.weight")}
+    config = _with_special_ids(config, kv)
+    config.setdefault("pad_token_id", 0)
+    return config
+
+
+def _wordpiece_keys(files: dict) -> list:
+    """tokenizer.ggml.* for a WordPiece tokenizer.json (BERT), as the reference
+    converter's ``BertModel.set_vocab`` and gguf-py's ``SpecialVocab`` write them:
+    ``token_type_count`` (``type_vocab_size``), model ``bert`` (llama.cpp's WPM), the
+    tokens in llama.cpp's "phantom space" form (a word start gets U+2581 in front, a
+    ``##`` continuation loses its ``##``, control tokens stay as they are), CLS/SEP as
+    BOS/EOS when tokenizer_config.json names no BOS/EOS, and the normalizer's
+    ``lowercase``/``strip_accents``.  ``tokenizer.ggml.pre`` is ``bert-bge`` (llama.cpp
+    ignores it for WPM vocabularies)."""
+    config = files["config.json"]
+    keys = [("tokenizer.ggml.token_type_count", "U32", _int(config, "type_vocab_size") or 1)]
+    tokenizer = files.get("tokenizer.json")
+    model = tokenizer.get("model") if isinstance(tokenizer, dict) else None
+    if not isinstance(model, dict) or model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+        warnings.warn("the tokenizer is not a WordPiece tokenizer.json: the GGUF gets no vocabulary (llama.cpp "
+                      "needs one)", ModelConversionWarning, stacklevel=5)
+        return keys
+    vocab = dict(model["vocab"])
+    added = [t for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)]
+    added_by_content = {}
+    for t in added:
+        if isinstance(t.get("content"), str) and type(t.get("id")) is int:
+            vocab[t["content"]] = t["id"]
+            added_by_content.setdefault(t["content"], t)
+    size = config.get("vocab_size")
+    size = size if type(size) is int else len(vocab)
+    ids = [i for i in vocab.values() if type(i) is int and i >= 0]
+    if len(ids) != len(vocab) or (ids and max(ids) >= size) or size > 4 * len(vocab) + 1024:
+        raise CorruptError(f"tokenizer.json ids do not fit the vocabulary size {size}")
+    reverse = {i: t for t, i in vocab.items()}
+    tokens, types = [], []
+    for i in range(size):
+        token = reverse.get(i)
+        if token is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(UNUSED)
+            continue
+        entry = added_by_content.get(token)
+        if entry is not None and (entry.get("special") or _looks_special(token)):
+            tokens.append(token)
+            types.append(CONTROL)
+            continue
+        if entry is not None:
+            token = token.replace("\u2581", " ")
+        tokens.append(token[2:] if token.startswith("##") else "\u2581" + token)
+        types.append(USER_DEFINED if entry is not None else NORMAL)
+    keys += [("tokenizer.ggml.model", "STRING", "bert"), ("tokenizer.ggml.pre", "STRING", "bert-bge"),
+             ("tokenizer.ggml.tokens", ["ARRAY", "STRING"], tokens),
+             ("tokenizer.ggml.token_type", ["ARRAY", "I32"], types)]
+    tok_config = dict(files.get("tokenizer_config.json") or {})
+    if not _token_text(tok_config.get("bos_token")) and _token_text(tok_config.get("cls_token")):
+        tok_config["bos_token"] = tok_config["cls_token"]
+    if not _token_text(tok_config.get("eos_token")) and _token_text(tok_config.get("sep_token")):
+        tok_config["eos_token"] = tok_config["sep_token"]
+    special = [k for k in _special_keys(tokenizer, tok_config, config, added, files)
+               if k[0] != "tokenizer.ggml.add_sep_token"]
+    keys += special
+    add_sep = _add_sep(tokenizer.get("post_processor"), tok_config)
+    if add_sep is not None:
+        keys.append(("tokenizer.ggml.add_sep_token", "BOOL", add_sep))
+    keys += _normalizer_keys(tokenizer.get("normalizer"))
+    return keys
+
+
+def _add_sep(processor, tok_config: dict):
+    """Whether llama.cpp puts a separator between two sequences of a BERT-style pair
+    (gguf-py SpecialVocab's reading of a TemplateProcessing's ``pair``): true when the
+    middle of ``A ... B`` is a SEP/EOS and ``single`` does not already end with one, or
+    when it holds two; None when the processor is not a simple template."""
+    if not isinstance(processor, dict) or processor.get("type") != "TemplateProcessing":
+        return None
+    single, pair = processor.get("single") or [], processor.get("pair") or []
+    if not isinstance(single, list) or not isinstance(pair, list) or not pair:
+        return None
+
+    def special(item):
+        return item.get("SpecialToken", {}).get("id") if isinstance(item, dict) else None
+
+    def sequence(item):
+        return item.get("Sequence", {}).get("id") if isinstance(item, dict) else None
+
+    first = special(single[0]) if len(single) > 1 else None
+    last = special(single[-1]) if len(single) > 1 else None
+    start = 1 if first and special(pair[0]) == first else 0
+    stop = len(pair) - 1 if last and special(pair[-1]) == last else len(pair)
+    pair = pair[start:stop]
+    if len(pair) < 3 or sequence(pair[0]) != "A" or sequence(pair[-1]) != "B":
+        return None
+    middle = pair[1:-1]
+    seps = (_token_text(tok_config.get("sep_token")), _token_text(tok_config.get("eos_token")))
+    add = bool(special(middle[0]) in seps and not last)
+    if len(middle) == 2 and special(middle[1]) in seps:
+        add = True
+    return add
+
+
+def _normalizer_keys(normalizer) -> list:
+    """tokenizer.ggml.normalizer.lowercase / strip_accents from a tokenizer.json
+    normalizer (BertNormalizer, Lowercase, StripAccents, or a Sequence of them)."""
+    found = {}
+
+    def walk(node):
+        if not isinstance(node, dict):
+            return
+        kind = node.get("type")
+        if kind == "Lowercase":
+            found["lowercase"] = True
+        elif kind == "StripAccents":
+            found["strip_accents"] = True
+        elif kind == "BertNormalizer":
+            for key in ("lowercase", "strip_accents"):
+                if isinstance(node.get(key), bool):
+                    found[key] = node[key]
+        elif kind == "Sequence":
+            for child in node.get("normalizers") or []:
+                walk(child)
+
+    walk(normalizer)
+    return [(f"tokenizer.ggml.normalizer.{key}", "BOOL", found[key]) for key in ("lowercase", "strip_accents")
+            if key in found]
+
+
 #: family -> (config.json -> its ``{arch}.*`` keys, GGUF keys -> config.json).
-_FAMILY_PARAMS = {"gpt2": (_gpt2_hparams, _gpt2_config)}
+_FAMILY_PARAMS = {"gpt2": (_gpt2_hparams, _gpt2_config), "bert": (_bert_hparams, _bert_config)}
 
 
 def _family_keys(arch: HFArch, files: dict, ftype: int, name: str) -> list:
@@ -248,8 +455,11 @@ def _family_keys(arch: HFArch, files: dict, ftype: int, name: str) -> list:
     keys = [("general.architecture", "STRING", arch.gguf), ("general.type", "STRING", "model"),
             ("general.name", "STRING", name)]
     keys += _FAMILY_PARAMS[arch.family][0](config)
-    keys += [("general.file_type", "U32", ftype), ("general.quantization_version", "U32", 2)]
-    keys += _tokenizer_keys(arch, files)
+    keys.append(("general.file_type", "U32", ftype))
+    if arch.family == "bert":
+        keys += _bert_pooling(files)
+    keys.append(("general.quantization_version", "U32", 2))
+    keys += _wordpiece_keys(files) if arch.family == "bert" else _tokenizer_keys(arch, files)
     keys.append((HF_CONFIG_KEY, "STRING", json.dumps(config, sort_keys=True)))
     return keys
 
@@ -284,7 +494,8 @@ _MODEL_FILES = ("config.json", "generation_config.json", "tokenizer_config.json"
 def read_model_dir(directory) -> dict:
     """The JSON files of a Hugging Face model directory that a model conversion reads:
     ``{"config.json": {...}, ...}``, absent files left out, each bounded in size and
-    required to be a JSON object; ``chat_template.jinja`` as text when there is one."""
+    required to be a JSON object; ``chat_template.jinja`` as text when there is one; a
+    sentence-transformers Pooling module's config under :data:`POOLING_FILE`."""
     out = {}
     for name in _MODEL_FILES:
         path = os.path.join(directory, name)
@@ -293,11 +504,32 @@ def read_model_dir(directory) -> dict:
             if not isinstance(doc, dict):
                 raise CorruptError(f"{name} is not a JSON object", path=path)
             out[name] = doc
+    out.update(_pooling_file(directory))
     template = os.path.join(directory, "chat_template.jinja")
     if os.path.isfile(template) and os.path.getsize(template) < (4 << 20):
         with open(template, encoding="utf-8") as f:
             out["chat_template.jinja"] = f.read()
     return out
+
+
+def _pooling_file(directory) -> dict:
+    """``{POOLING_FILE: config}``: the config.json of a sentence-transformers model's
+    Pooling module (``modules.json`` names its folder, a relative path inside the
+    directory), or {}."""
+    modules_path = os.path.join(directory, "modules.json")
+    if not os.path.isfile(modules_path):
+        return {}
+    modules = _read_json(modules_path)
+    for module in modules if isinstance(modules, list) else []:
+        if not (isinstance(module, dict) and str(module.get("type", "")).endswith("Pooling")):
+            continue
+        folder = module.get("path")
+        if not isinstance(folder, str) or os.path.isabs(folder) or ".." in folder.replace("\\", "/").split("/"):
+            return {}
+        path = os.path.join(directory, folder, "config.json")
+        doc = _read_json(path) if os.path.isfile(path) else None
+        return {POOLING_FILE: doc} if isinstance(doc, dict) else {}
+    return {}
 
 
 def arch_for_config(config) -> HFArch | None:
@@ -643,7 +875,7 @@ def hf_files(arch: HFArch, kv: dict, specs, dtype: str) -> dict:
         if f"{which}_token_id" in config:
             generation[f"{which}_token_id"] = config[f"{which}_token_id"]
     out["generation_config.json"] = generation
-    out.update(_hf_tokenizer(arch, kv))
+    out.update(_hf_wordpiece(kv) if kv.get("tokenizer.ggml.model") == "bert" else _hf_tokenizer(arch, kv))
     return out
 
 
@@ -726,6 +958,64 @@ def _hf_tokenizer(arch: HFArch, kv: dict) -> dict:
     template = kv.get("tokenizer.chat_template")
     if isinstance(template, str):
         tok_config["chat_template"] = template
+    return {"tokenizer.json": tokenizer, "tokenizer_config.json": tok_config}
+
+
+def _hf_wordpiece(kv: dict) -> dict:
+    """tokenizer.json and tokenizer_config.json (``BertTokenizer``) from a GGUF's
+    WordPiece vocabulary (tokenizer.ggml.model "bert"): the phantom-space tokens back
+    to WordPiece's (U+2581 dropped from a word start, ``##`` put back on the rest),
+    control tokens as special added tokens, BERT's normalizer with the GGUF's
+    lowercase/strip_accents (llama.cpp's defaults: lower case, accents stripped when
+    lower-casing), ``[CLS] $A [SEP]`` from the BOS (CLS) and SEP/EOS tokens."""
+    tokens, types = kv.get("tokenizer.ggml.tokens"), kv.get("tokenizer.ggml.token_type")
+    if not isinstance(tokens, list):
+        return {}
+    if not isinstance(types, list) or len(types) != len(tokens):
+        types = [NORMAL] * len(tokens)
+    vocab, added = {}, []
+    for i, (token, kind) in enumerate(zip(tokens, types)):
+        if kind == UNUSED or not isinstance(token, str):
+            continue
+        if kind == CONTROL:
+            added.append({"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True})
+        else:
+            token = token[1:] if token.startswith("\u2581") else "##" + token
+        vocab.setdefault(token, i)
+
+    def text(key):
+        i = _kv_int(kv, f"tokenizer.ggml.{key}")
+        return tokens[i] if i is not None and 0 <= i < len(tokens) and isinstance(tokens[i], str) else None
+
+    cls, unk = text("bos_token_id"), text("unknown_token_id")
+    sep = text("seperator_token_id") or text("eos_token_id")
+    lowercase = kv.get("tokenizer.ggml.normalizer.lowercase")
+    lowercase = lowercase if isinstance(lowercase, bool) else True
+    strip = kv.get("tokenizer.ggml.normalizer.strip_accents")
+    strip = strip if isinstance(strip, bool) else None
+    post = None
+    if cls is not None and sep is not None:
+        post = {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": cls, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                           {"SpecialToken": {"id": sep, "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": cls, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"SpecialToken": {"id": sep, "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}},
+                         {"SpecialToken": {"id": sep, "type_id": 1}}],
+                "special_tokens": {t: {"id": t, "ids": [vocab[t]], "tokens": [t]} for t in (cls, sep)}}
+    tokenizer = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+                 "normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                                "strip_accents": strip, "lowercase": lowercase},
+                 "pre_tokenizer": {"type": "BertPreTokenizer"}, "post_processor": post,
+                 "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True},
+                 "model": {"type": "WordPiece", "unk_token": unk or "[UNK]", "continuing_subword_prefix": "##",
+                           "max_input_chars_per_word": 100, "vocab": vocab}}
+    tok_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase, "strip_accents": strip,
+                  "tokenize_chinese_chars": True, "clean_up_tokenization_spaces": True}
+    for which, value in (("cls", cls), ("sep", sep), ("unk", unk), ("pad", text("padding_token_id")),
+                         ("mask", text("mask_token_id"))):
+        if value is not None:
+            tok_config[f"{which}_token"] = value
     return {"tokenizer.json": tokenizer, "tokenizer_config.json": tok_config}
 
 

@@ -12,7 +12,9 @@ weights are large enough for peaked attention, so rows in the wrong rotary order
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 VOCAB = 384
 #: Token ids fed to both engines (all below VOCAB, BOS first).
@@ -162,4 +164,47 @@ def make_gpt2(directory, seed: int = 0):
     return model
 
 
-OTHER_ARCHS = {"gpt2": make_gpt2}
+def make_bert_tokenizer(directory) -> int:
+    """BERT's tokenizer at toy size: a WordPiece vocabulary (``##`` continuations)
+    trained here, saved through transformers' ``BertTokenizer`` (lower case, BERT's
+    normalizer and pre-tokenizer, ``[CLS] $A [SEP]``) as a Hub BERT's is.  Returns the
+    vocabulary size."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import BertTokenizer
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=VOCAB, show_progress=False,
+                                        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tok.train_from_iterator(_corpus(), trainer)
+    BertTokenizer(vocab=tok.get_vocab()).save_pretrained(directory)
+    return tok.get_vocab_size()
+
+
+def make_bert(directory, seed: int = 0):
+    """The tiny BERT (``BertModel``: post-norm encoder, learned positions and token
+    types, a pooler llama.cpp's converter drops), saved as a sentence-transformers model
+    with mean pooling."""
+    import torch
+    import transformers
+
+    vocab = make_bert_tokenizer(directory)
+    config = transformers.BertConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, max_position_embeddings=128, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = transformers.BertModel(config).eval()
+    _perturb(model, torch)
+    model.save_pretrained(directory)
+    # a sentence-transformers model (as bge / MiniLM are): its Pooling module says mean,
+    # which the converters write as bert.pooling_type
+    (Path(directory) / "1_Pooling").mkdir()
+    (Path(directory) / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 64, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True}))
+    (Path(directory) / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    return model
+
+
+OTHER_ARCHS = {"gpt2": make_gpt2, "bert": make_bert}
