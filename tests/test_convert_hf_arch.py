@@ -5,6 +5,7 @@ the same files against llama.cpp, its converter and transformers."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -200,3 +201,119 @@ def test_file_type_follows_the_tensors(tmp_path):
         keys, tensors = _read(out)
         assert keys["general.file_type"][1] == want
         assert tensors["blk.0.attn_norm.weight"][0] == norm  # llama.cpp takes norms in F32 only
+
+
+@pytest.mark.parametrize("family", sorted(hf_arch.FAMILY_TENSORS))
+def test_family_names_both_ways(family):
+    for hf, gg in hf_arch.FAMILY_TENSORS[family]:
+        if "{x}" in hf:  # a wildcard row only drops
+            assert gg is None
+            continue
+        concrete = hf.replace("{n}", "3").replace("{w}", "weight")
+        base = concrete.split("]", 1)[1] if concrete.startswith("[") else concrete
+        want = None if gg is None else gg.replace("{n}", "3").replace("{w}", "weight")
+        assert hf_arch.hf_to_gguf_name(base, family) == want
+        if concrete.startswith("["):  # the task model's prefix is read, and not written back
+            assert hf_arch.hf_to_gguf_name(concrete[1:].replace("]", "", 1), family) == want
+        if want is not None and not base.endswith((".gamma", ".beta")):  # TF-era names: read only
+            assert hf_arch.gguf_to_hf_name(want, family) == base
+    assert hf_arch.hf_to_gguf_name("model.layers.0.self_attn.q_proj.weight", family) is ...
+
+
+def _gpt2_dir(path):
+    """A GPT-2-shaped checkpoint written with NumPy: n_embd 16, 2 heads, Conv1D weights
+    stored [in, out], tied output."""
+    rng = np.random.default_rng(2)
+    n, layers, vocab, ctx = 16, 2, len(VOCAB), 32
+
+    def w(*shape):
+        return (0.05 * rng.standard_normal(shape)).astype(np.float32)
+
+    tensors = {"transformer.wte.weight": w(vocab, n), "transformer.wpe.weight": w(ctx, n),
+               "transformer.ln_f.weight": 1 + w(n), "transformer.ln_f.bias": w(n)}
+    for i in range(layers):
+        p = f"transformer.h.{i}."
+        tensors.update({p + "ln_1.weight": 1 + w(n), p + "ln_1.bias": w(n), p + "ln_2.weight": 1 + w(n),
+                        p + "ln_2.bias": w(n), p + "attn.c_attn.weight": w(n, 3 * n), p + "attn.c_attn.bias": w(3 * n),
+                        p + "attn.c_proj.weight": w(n, n), p + "attn.c_proj.bias": w(n),
+                        p + "mlp.c_fc.weight": w(n, 4 * n), p + "mlp.c_fc.bias": w(4 * n),
+                        p + "mlp.c_proj.weight": w(4 * n, n), p + "mlp.c_proj.bias": w(n)})
+    path.mkdir()
+    safetensors_numpy.save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": n, "n_layer": layers,
+              "n_head": 2, "n_positions": ctx, "n_ctx": ctx, "n_inner": None, "layer_norm_epsilon": 1e-5,
+              "vocab_size": vocab, "bos_token_id": 0, "eos_token_id": 1}
+    (path / "config.json").write_text(json.dumps(config))
+    return tensors
+
+
+def test_gpt2_conv1d_weights_are_transposed_both_ways(tmp_path):
+    tensors = _gpt2_dir(tmp_path / "hf")
+    report = aprfast.convert(tmp_path / "hf", tmp_path / "m.gguf")
+    assert report["arch"] == "gpt2" and len(report["names"]["transposed"]) == 8
+    keys, out = _read(tmp_path / "m.gguf")
+    assert keys["general.architecture"][1] == "gpt2" and "output.weight" not in out
+    assert keys["gpt2.feed_forward_length"] == (["UINT32"], 64) and keys["gpt2.context_length"][1] == 32
+    assert keys["gpt2.attention.layer_norm_epsilon"][0] == ["FLOAT32"]
+    qkv = tensors["transformer.h.1.attn.c_attn.weight"]
+    assert np.array_equal(out["blk.1.attn_qkv.weight"][1], qkv.T)  # llama.cpp: [out, in], as a Linear
+    assert np.array_equal(out["blk.1.attn_qkv.bias"][1], tensors["transformer.h.1.attn.c_attn.bias"])
+    aprfast.convert(tmp_path / "m.gguf", f"{tmp_path / 'back'}/")
+    back = safetensors_numpy.load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(back) == sorted(tensors)
+    assert all(back[n].tobytes() == tensors[n].tobytes() for n in tensors)
+    # a GGUF with no recorded config.json: GPT2Config's fields from the keys
+    kv = {k: v[1] for k, v in keys.items() if k != hf_arch.HF_CONFIG_KEY}
+    specs = [SimpleNamespace(name=n, shape=v.shape) for n, v in back.items()]
+    config = hf_arch.hf_files(hf_arch.ARCHS["gpt2"], kv, specs, "F32")["config.json"]
+    assert (config["n_embd"], config["n_head"], config["n_layer"], config["n_positions"]) == (16, 2, 2, 32)
+    assert config["n_inner"] is None and config["vocab_size"] == len(VOCAB) and config["tie_word_embeddings"]
+
+
+def test_gpt2_quantized_conv1d_weights_dequantize_then_transpose(tmp_path):
+    tensors = _gpt2_dir(tmp_path / "hf")
+    aprfast.convert(tmp_path / "hf", tmp_path / "q.gguf", quantize="Q8_0")
+    keys, out = _read(tmp_path / "q.gguf")
+    assert out["blk.0.ffn_down.weight"][0] == "Q8_0" and out["position_embd.weight"][0] == "F32"
+    aprfast.convert(tmp_path / "q.gguf", f"{tmp_path / 'back'}/")
+    back = safetensors_numpy.load_file(tmp_path / "back" / "model.safetensors")
+    down = tensors["transformer.h.0.mlp.c_proj.weight"]
+    assert back["transformer.h.0.mlp.c_proj.weight"].shape == down.shape
+    assert np.abs(back["transformer.h.0.mlp.c_proj.weight"] - down).max() < 2e-3
+
+
+def test_bert_task_model_names_and_tf_layer_norms():
+    assert hf_arch.hf_to_gguf_name("bert.encoder.layer.2.output.LayerNorm.gamma", "bert") == \
+        "blk.2.layer_output_norm.weight"
+    back = "encoder.layer.2.output.LayerNorm.weight"  # BertModel's: the task model's prefix is not written
+    assert hf_arch.gguf_to_hf_name("blk.2.layer_output_norm.weight", "bert") == back
+    for dropped in ("cls.predictions.decoder.weight", "bert.pooler.dense.bias", "embeddings.position_ids"):
+        assert hf_arch.hf_to_gguf_name(dropped, "bert") is None
+
+
+def test_wordpiece_vocabulary_and_special_tokens():
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "hello": 4, "##lo": 5}
+    added = [{"id": i, "content": t, "special": True} for t, i in list(vocab.items())[:4]]
+    cls_sep = [{"SpecialToken": {"id": "[CLS]"}}, {"Sequence": {"id": "A"}}, {"SpecialToken": {"id": "[SEP]"}}]
+    pair = cls_sep + [{"Sequence": {"id": "B"}}, {"SpecialToken": {"id": "[SEP]"}}]
+    tokenizer = {"added_tokens": added, "normalizer": {"type": "BertNormalizer", "lowercase": False},
+                 "post_processor": {"type": "TemplateProcessing", "single": cls_sep, "pair": pair},
+                 "model": {"type": "WordPiece", "vocab": vocab}}
+    config = {"model_type": "bert", "vocab_size": 7, "type_vocab_size": 2, "pad_token_id": 0, "hidden_size": 8,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16, "max_position_embeddings": 32}
+    files = {"config.json": config,
+             "tokenizer.json": tokenizer,
+             "tokenizer_config.json": {"cls_token": "[CLS]", "sep_token": "[SEP]", "unk_token": "[UNK]"}}
+    keys = {k: v for k, _, v in hf_arch.gguf_keys(hf_arch.ARCHS["bert"], files, 0, "tiny")}
+    assert keys["bert.attention.causal"] is False and "bert.pooling_type" not in keys  # no sentence-transformers
+    assert keys["tokenizer.ggml.tokens"] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "\u2581hello", "lo", "[PAD6]"]
+    assert keys["tokenizer.ggml.token_type"] == [3, 3, 3, 3, 1, 1, 5]
+    assert (keys["tokenizer.ggml.bos_token_id"], keys["tokenizer.ggml.eos_token_id"]) == (2, 3)
+    assert keys["tokenizer.ggml.add_bos_token"] and keys["tokenizer.ggml.add_eos_token"]
+    assert keys["tokenizer.ggml.add_sep_token"] is False and keys["tokenizer.ggml.token_type_count"] == 2
+    assert keys["tokenizer.ggml.normalizer.lowercase"] is False
+    del keys[hf_arch.HF_CONFIG_KEY]  # another converter's GGUF: the config from the keys
+    back = hf_arch.hf_files(hf_arch.ARCHS["bert"], keys, [], "F32")
+    assert back["tokenizer.json"]["model"]["vocab"] == vocab
+    assert back["config.json"]["type_vocab_size"] == 2 and back["config.json"]["architectures"] == ["BertModel"]
+    assert back["tokenizer_config.json"]["do_lower_case"] is False

@@ -353,7 +353,10 @@ def _plan(source, rename, precision, quantize, strip_prefix=(), mapping: NameMap
                 pairs.append((spec, _out_spec(Spec(factor_name, spec.dtype, shape), factor_name, precision,
                                               quantize)))
             continue
-        out = _out_spec(spec, name, precision, quantize)
+        shaped = spec
+        if model is not None and spec.name in model.transposed:  # planned in the destination's shape
+            shaped = Spec(spec.name, spec.dtype, tuple(reversed(spec.shape)))
+        out = _out_spec(shaped, name, precision, quantize)
         if model is not None:
             forced = model.out_dtype(name, out.shape, out.dtype.name, out.dtype.packed)
             if forced is not None and forced != out.dtype.name:
@@ -630,7 +633,8 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
                                   compression=compression, max_shard_size=max_shard_size, force=force,
                                   durable=durable, q8_headers=_q8_headers(src, pairs) if kind == "gguf" else None)
             total = _stream(src, writer, pairs, progress, validator, optimizer, gate,
-                            model.rows if model is not None else None)
+                            model.rows if model is not None else None,
+                            model.transposed if model is not None else None)
         if side:
             _hf.write_side_files(side, _hf.side_file_dir(destination), force=True, durable=durable)
     finally:
@@ -689,14 +693,15 @@ def _grouped(pairs):
     return groups
 
 
-def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None, rows=None) -> int:
+def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None, rows=None, transposed=None) -> int:
     groups = _grouped(pairs)
     total = sum(spec.nbytes for spec, _ in groups)
     done, scratch = 0, Scratch()
+    transposed = transposed or ()
     try:
         for spec, outs in groups:
             changed = (optimizer is not None and optimizer.op(spec.name)[0] is not None) or \
-                (rows is not None and spec.name in rows)
+                (rows is not None and spec.name in rows) or spec.name in transposed
             if changed or not _copy_unchanged(src, writer, spec, outs[0], validator):
                 # one tensor in memory at a time, read into the same buffer each time:
                 # writer.add has consumed the value before the next read overwrites it;
@@ -704,6 +709,8 @@ def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None, 
                 value = src.read(spec, scratch)
                 if rows is not None and spec.name in rows:  # the rotary row order of the destination's engine
                     value = _hf.permute_rows(value, rows[spec.name])
+                if spec.name in transposed:  # GPT-2's Conv1D weights: [in, out] in Hugging Face
+                    value, spec = _transposed(value, spec)
                 values = _convert_tensor(value, spec, outs, optimizer, gate, validator)
                 for out, value in zip(outs, values):
                     writer.add(out.name, value)
@@ -721,6 +728,20 @@ def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None, 
         writer.abort()
         raise
     return total
+
+
+def _transposed(value, spec: Spec):
+    """A 2-D tensor value and its spec, transposed.  Packed blocks are dequantized first
+    (a block never spans a column); other raw bytes (BF16 without ml_dtypes) move as
+    whole elements."""
+    if isinstance(value, RawTensor) and value.dtype.packed:
+        value, spec = _float_values(value), Spec(spec.name, _dtypes.by_name("F32"), spec.shape)
+    shape = tuple(reversed(spec.shape))
+    if isinstance(value, RawTensor):
+        elements = value.data.reshape(spec.shape[0], spec.shape[1], -1).transpose(1, 0, 2)
+        return RawTensor(value.dtype, shape, np.ascontiguousarray(elements).reshape(-1)), \
+            Spec(spec.name, spec.dtype, shape)
+    return np.ascontiguousarray(np.asarray(value).reshape(spec.shape).T), Spec(spec.name, spec.dtype, shape)
 
 
 def _check_source(src, cause=None) -> None:

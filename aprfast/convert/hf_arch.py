@@ -51,7 +51,7 @@ class HFArch:
     the pre-tokenizer is not recognised), ``permute`` (attn_q/attn_k rows permuted for
     llama.cpp's rotary embedding), ``llama_keys`` (also ``vocab_size`` and
     ``rope.dimension_count``, which the reference converter writes for its LLaMA class
-    only)."""
+    only), ``family`` (the tensor table, keys and config.json that apply)."""
 
     model_type: str
     gguf: str
@@ -59,6 +59,9 @@ class HFArch:
     pre: str
     permute: bool
     llama_keys: bool
+    #: which tensor table, keys and config.json apply: "llama" (the LLaMA family:
+    #: :data:`TENSORS`), "gpt2" or "bert" (:data:`FAMILY_TENSORS`)
+    family: str = "llama"
 
 
 #: config.json ``model_type`` -> architecture.  Mistral is llama.cpp's ``llama``.
@@ -105,16 +108,27 @@ PRE_TOKENIZER_REGEX = {
 #: back the same config (Mistral stays Mistral, every field kept).
 HF_CONFIG_KEY = "aprfast.hf.config"
 
-_PLACEHOLDERS = {"{n}": r"(?P<n>\d+)", "{w}": r"(?P<w>weight|bias)"}
+_PLACEHOLDERS = {"{n}": r"(?P<n>\d+)", "{w}": r"(?P<w>weight|bias)", "{x}": r"(?P<x>.+)"}
+#: A leading ``[prefix.]`` of a Hugging Face pattern: the task models' wrapper
+#: (``bert.`` of BertForMaskedLM), optional when reading, not written back (the base model).
+_OPTIONAL = re.compile(r"^\[([^\]]*)\]")
 
 
 def _regex(pattern: str):
-    parts = re.split(r"(\{[nw]\})", pattern)
-    return re.compile("^" + "".join(_PLACEHOLDERS.get(p, re.escape(p)) for p in parts) + "$")
+    optional = _OPTIONAL.match(pattern)
+    head = f"(?:{re.escape(optional.group(1))})?" if optional else ""
+    parts = re.split(r"(\{[nwx]\})", pattern[optional.end():] if optional else pattern)
+    return re.compile("^" + head + "".join(_PLACEHOLDERS.get(p, re.escape(p)) for p in parts) + "$")
 
 
-_HF_TO_GGUF = [(_regex(hf), gguf) for hf, gguf in TENSORS]
-_GGUF_TO_HF = [(_regex(gguf), hf) for hf, gguf in TENSORS if gguf is not None]
+def _rules(table):
+    """(HF -> GGUF, GGUF -> HF) rules of a tensor table: the first matching row wins."""
+    to_gguf = [(_regex(hf), gguf) for hf, gguf in table]
+    to_hf = [(_regex(gguf), _OPTIONAL.sub("", hf)) for hf, gguf in table if gguf is not None and "{x}" not in hf]
+    return to_gguf, to_hf
+
+
+_HF_TO_GGUF, _GGUF_TO_HF = _rules(TENSORS)
 _UNKNOWN = object()
 
 
@@ -126,17 +140,328 @@ def _apply(rules, name):
     return _UNKNOWN
 
 
-def hf_to_gguf_name(name: str):
-    """llama.cpp's name for a Hugging Face tensor name: a str, None (dropped) or
+def hf_to_gguf_name(name: str, family: str = "llama"):
+    """llama.cpp's name for a Hugging Face tensor name of an architecture ``family``
+    (:attr:`HFArch.family`): a str, None (dropped) or ``...`` (no rule knows it)."""
+    rules = _HF_TO_GGUF if family == "llama" else _FAMILY_RULES[family][0]
+    out = _apply(rules, name)
+    return ... if out is _UNKNOWN else out
+
+
+def gguf_to_hf_name(name: str, family: str = "llama"):
+    """Hugging Face's name for a llama.cpp tensor name of an architecture ``family``, or
     ``...`` (no rule knows it)."""
-    out = _apply(_HF_TO_GGUF, name)
+    rules = _GGUF_TO_HF if family == "llama" else _FAMILY_RULES[family][1]
+    out = _apply(rules, name)
     return ... if out is _UNKNOWN else out
 
 
-def gguf_to_hf_name(name: str):
-    """Hugging Face's name for a llama.cpp tensor name, or ``...`` (no rule knows it)."""
-    out = _apply(_GGUF_TO_HF, name)
-    return ... if out is _UNKNOWN else out
+# --- GPT-2 and BERT: their own tables --------------------------------------------
+#: GPT-2 (``GPT2LMHeadModel``; llama.cpp ``gpt2``).  Its attention and MLP weights are
+#: ``Conv1D``s stored ``[in, out]``, the transpose of a Linear's: they are transposed
+#: both ways (:data:`CONV1D`).  The output is tied to ``wte`` (no ``lm_head``/``output``).
+GPT2_TENSORS = (
+    ("transformer.wte.weight", "token_embd.weight"),
+    ("transformer.wpe.weight", "position_embd.weight"),
+    ("transformer.ln_f.{w}", "output_norm.{w}"),
+    ("lm_head.weight", "output.weight"),
+    ("transformer.h.{n}.ln_1.{w}", "blk.{n}.attn_norm.{w}"),
+    ("transformer.h.{n}.attn.c_attn.{w}", "blk.{n}.attn_qkv.{w}"),
+    ("transformer.h.{n}.attn.c_proj.{w}", "blk.{n}.attn_output.{w}"),
+    ("transformer.h.{n}.ln_2.{w}", "blk.{n}.ffn_norm.{w}"),
+    ("transformer.h.{n}.mlp.c_fc.{w}", "blk.{n}.ffn_up.{w}"),
+    ("transformer.h.{n}.mlp.c_proj.{w}", "blk.{n}.ffn_down.{w}"),
+    # the causal-mask buffers older checkpoints saved: both engines build the mask
+    ("transformer.h.{n}.attn.bias", None),
+    ("transformer.h.{n}.attn.masked_bias", None),
+)
+#: GPT-2's Conv1D weights (Hugging Face names): stored transposed relative to llama.cpp.
+CONV1D = re.compile(r"^transformer\.h\.\d+\.(?:attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
+
+#: BERT (``BertModel``; llama.cpp's embedding model ``bert``).  ``[bert.]``: the task
+#: models' wrapper (BertForMaskedLM, ...), read and not written back (a BertModel).  The
+#: pooler and the task heads are dropped, as the reference converter drops them
+#: (llama.cpp pools by ``bert.pooling_type`` instead).  TF-era ``LayerNorm.gamma``/
+#: ``.beta`` map as ``.weight``/``.bias``.
+BERT_TENSORS = (
+    ("[bert.]embeddings.word_embeddings.weight", "token_embd.weight"),
+    ("[bert.]embeddings.position_embeddings.weight", "position_embd.weight"),
+    ("[bert.]embeddings.token_type_embeddings.weight", "token_types.weight"),
+    ("[bert.]embeddings.LayerNorm.{w}", "token_embd_norm.{w}"),
+    ("[bert.]encoder.layer.{n}.attention.self.query.{w}", "blk.{n}.attn_q.{w}"),
+    ("[bert.]encoder.layer.{n}.attention.self.key.{w}", "blk.{n}.attn_k.{w}"),
+    ("[bert.]encoder.layer.{n}.attention.self.value.{w}", "blk.{n}.attn_v.{w}"),
+    ("[bert.]encoder.layer.{n}.attention.output.dense.{w}", "blk.{n}.attn_output.{w}"),
+    ("[bert.]encoder.layer.{n}.attention.output.LayerNorm.{w}", "blk.{n}.attn_output_norm.{w}"),
+    ("[bert.]encoder.layer.{n}.intermediate.dense.{w}", "blk.{n}.ffn_up.{w}"),
+    ("[bert.]encoder.layer.{n}.output.dense.{w}", "blk.{n}.ffn_down.{w}"),
+    ("[bert.]encoder.layer.{n}.output.LayerNorm.{w}", "blk.{n}.layer_output_norm.{w}"),
+    ("[bert.]embeddings.LayerNorm.gamma", "token_embd_norm.weight"),
+    ("[bert.]embeddings.LayerNorm.beta", "token_embd_norm.bias"),
+    ("[bert.]encoder.layer.{n}.attention.output.LayerNorm.gamma", "blk.{n}.attn_output_norm.weight"),
+    ("[bert.]encoder.layer.{n}.attention.output.LayerNorm.beta", "blk.{n}.attn_output_norm.bias"),
+    ("[bert.]encoder.layer.{n}.output.LayerNorm.gamma", "blk.{n}.layer_output_norm.weight"),
+    ("[bert.]encoder.layer.{n}.output.LayerNorm.beta", "blk.{n}.layer_output_norm.bias"),
+    ("[bert.]embeddings.position_ids", None),
+    ("[bert.]pooler.dense.{w}", None),
+    ("cls.{x}", None),
+)
+
+#: Families outside the LLaMA one: family -> tensor table.
+FAMILY_TENSORS = {"gpt2": GPT2_TENSORS, "bert": BERT_TENSORS}
+_FAMILY_RULES = {family: _rules(table) for family, table in FAMILY_TENSORS.items()}
+
+ARCHS.update({
+    "gpt2": HFArch("gpt2", "gpt2", "GPT2LMHeadModel", "gpt-2", False, False, "gpt2"),
+    "bert": HFArch("bert", "bert", "BertModel", "bert-bge", False, False, "bert"),
+})
+_BY_GGUF.update({"gpt2": ARCHS["gpt2"], "bert": ARCHS["bert"]})
+
+
+def _gpt2_hparams(config: dict) -> list:
+    """GPT-2's ``gpt2.*`` keys as the reference converter's ``GPT2Model`` writes them.
+    ``context_length`` is ``n_positions`` (the rows of ``wpe``, which llama.cpp checks),
+    ``n_ctx`` when there is none (the reference reads ``n_ctx``: the two are equal in
+    GPT-2's checkpoints); ``feed_forward_length`` is ``n_inner``, else 4 x ``n_embd``."""
+    n_embd = _int(config, "n_embd", required=True)
+    n_ctx = _int(config, "n_positions")
+    if n_ctx is None:
+        n_ctx = _int(config, "n_ctx", required=True)
+    n_ff = _int(config, "n_inner")
+    eps = _float(config, "layer_norm_epsilon")
+    keys = [("gpt2.block_count", "U32", _int(config, "n_layer", required=True)),
+            ("gpt2.context_length", "U32", n_ctx), ("gpt2.embedding_length", "U32", n_embd),
+            ("gpt2.feed_forward_length", "U32", 4 * n_embd if n_ff is None else n_ff),
+            ("gpt2.attention.head_count", "U32", _int(config, "n_head", required=True))]
+    return keys + [("gpt2.attention.layer_norm_epsilon", "F32", 1e-5 if eps is None else eps)]
+
+
+def _gpt2_config(arch: HFArch, kv: dict, specs) -> dict:
+    """GPT-2's config.json from a GGUF's keys (a GGUF with no :data:`HF_CONFIG_KEY`)."""
+    n_embd, n_head = _kv_int(kv, "gpt2.embedding_length"), _kv_int(kv, "gpt2.attention.head_count")
+    n_layer, n_ctx = _kv_int(kv, "gpt2.block_count"), _kv_int(kv, "gpt2.context_length")
+    if None in (n_embd, n_head, n_layer, n_ctx):
+        raise CorruptError("the GGUF has no gpt2.embedding_length, gpt2.attention.head_count, gpt2.block_count "
+                           "or gpt2.context_length")
+    n_ff = _kv_int(kv, "gpt2.feed_forward_length")
+    config = {"architectures": [arch.hf_class], "model_type": "gpt2", "n_embd": n_embd, "n_layer": n_layer,
+              "n_head": n_head, "n_positions": n_ctx, "n_ctx": n_ctx,
+              "n_inner": None if n_ff in (None, 4 * n_embd) else n_ff,
+              "layer_norm_epsilon": _kv_float(kv, "gpt2.attention.layer_norm_epsilon") or 1e-5,
+              "activation_function": "gelu_new", "vocab_size": _vocab_size(kv, specs, "transformer.wte.weight")}
+    return _with_special_ids(config, kv)
+
+
+def _vocab_size(kv, specs, embedding: str):
+    """The rows of the token embedding (the vocabulary llama.cpp and transformers use),
+    else the number of tokens."""
+    rows = next((s.shape[0] for s in specs if s.name == embedding and s.shape), None)
+    tokens = kv.get("tokenizer.ggml.tokens")
+    return rows if rows is not None else (len(tokens) if isinstance(tokens, list) else None)
+
+
+def _with_special_ids(config: dict, kv: dict) -> dict:
+    for which, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "padding_token_id")):
+        value = _kv_int(kv, f"tokenizer.ggml.{key}")
+        if value is not None:
+            config[f"{which}_token_id"] = value
+    return config
+
+
+#: llama.cpp's pooling types (``{arch}.pooling_type``) by sentence-transformers' mode.
+POOLING = {"mean": 1, "cls": 2, "lasttoken": 3}
+#: model-directory key of the sentence-transformers Pooling module's config.json
+#: (``modules.json`` names its folder), which :func:`read_model_dir` reads for BERT.
+POOLING_FILE = "pooling.json"
+
+
+def _bert_hparams(config: dict) -> list:
+    """BERT's ``bert.*`` keys as the reference converter's ``BertModel`` writes them:
+    the usual hyper-parameters, ``attention.causal`` false, and ``pooling_type`` only when
+    the directory is a sentence-transformers model whose Pooling module says which."""
+    eps = _float(config, "layer_norm_eps")
+    keys = [("bert.block_count", "U32", _int(config, "num_hidden_layers", required=True)),
+            ("bert.context_length", "U32", _int(config, "max_position_embeddings", required=True)),
+            ("bert.embedding_length", "U32", _int(config, "hidden_size", required=True)),
+            ("bert.feed_forward_length", "U32", _int(config, "intermediate_size", required=True)),
+            ("bert.attention.head_count", "U32", _int(config, "num_attention_heads", required=True)),
+            ("bert.attention.layer_norm_epsilon", "F32", 1e-12 if eps is None else eps)]
+    return keys + [("bert.attention.causal", "BOOL", False)]
+
+
+def _bert_pooling(files: dict) -> list:
+    pooling = files.get(POOLING_FILE)
+    if not isinstance(pooling, dict):
+        return []
+    for mode, flag in (("mean", "pooling_mode_mean_tokens"), ("cls", "pooling_mode_cls_token"),
+                       ("lasttoken", "pooling_mode_lasttoken")):
+        if pooling.get(flag) is True:
+            return [("bert.pooling_type", "U32", POOLING[mode])]
+    if pooling.get("pooling_mode") in POOLING:
+        return [("bert.pooling_type", "U32", POOLING[pooling["pooling_mode"]])]
+    warnings.warn("the sentence-transformers Pooling module is not mean, CLS or last-token pooling: "
+                  "bert.pooling_type is not written (llama.cpp then gives per-token embeddings)",
+                  ModelConversionWarning, stacklevel=5)
+    return []
+
+
+def _bert_config(arch: HFArch, kv: dict, specs) -> dict:
+    """BERT's config.json from a GGUF's keys (a GGUF with no :data:`HF_CONFIG_KEY`)."""
+    get = {key: _kv_int(kv, f"bert.{key}") for key in ("embedding_length", "attention.head_count", "block_count",
+                                                        "feed_forward_length", "context_length")}
+    if None in get.values():
+        raise CorruptError("the GGUF lacks one of bert.embedding_length, attention.head_count, block_count, "
+                           "feed_forward_length, context_length")
+    config = {"architectures": [arch.hf_class], "model_type": "bert", "hidden_size": get["embedding_length"],
+              "num_attention_heads": get["attention.head_count"], "num_hidden_layers": get["block_count"],
+              "intermediate_size": get["feed_forward_length"], "max_position_embeddings": get["context_length"],
+              "type_vocab_size": _kv_int(kv, "tokenizer.ggml.token_type_count") or 1,
+              "layer_norm_eps": _kv_float(kv, "bert.attention.layer_norm_epsilon") or 1e-12,
+              "hidden_act": "gelu", "vocab_size": _vocab_size(kv, specs, "embeddings.word_embeddings.weight")}
+    config = _with_special_ids(config, kv)
+    config.setdefault("pad_token_id", 0)
+    return config
+
+
+def _wordpiece_keys(files: dict) -> list:
+    """tokenizer.ggml.* for a WordPiece tokenizer.json (BERT), as the reference
+    converter's ``BertModel.set_vocab`` and gguf-py's ``SpecialVocab`` write them:
+    ``token_type_count`` (``type_vocab_size``), model ``bert`` (llama.cpp's WPM), the
+    tokens in llama.cpp's "phantom space" form (a word start gets U+2581 in front, a
+    ``##`` continuation loses its ``##``, control tokens stay as they are), CLS/SEP as
+    BOS/EOS when tokenizer_config.json names no BOS/EOS, and the normalizer's
+    ``lowercase``/``strip_accents``.  ``tokenizer.ggml.pre`` is ``bert-bge`` (llama.cpp
+    ignores it for WPM vocabularies)."""
+    config = files["config.json"]
+    keys = [("tokenizer.ggml.token_type_count", "U32", _int(config, "type_vocab_size") or 1)]
+    tokenizer = files.get("tokenizer.json")
+    model = tokenizer.get("model") if isinstance(tokenizer, dict) else None
+    if not isinstance(model, dict) or model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+        warnings.warn("the tokenizer is not a WordPiece tokenizer.json: the GGUF gets no vocabulary (llama.cpp "
+                      "needs one)", ModelConversionWarning, stacklevel=5)
+        return keys
+    vocab = dict(model["vocab"])
+    added = [t for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)]
+    added_by_content = {}
+    for t in added:
+        if isinstance(t.get("content"), str) and type(t.get("id")) is int:
+            vocab[t["content"]] = t["id"]
+            added_by_content.setdefault(t["content"], t)
+    size = config.get("vocab_size")
+    size = size if type(size) is int else len(vocab)
+    ids = [i for i in vocab.values() if type(i) is int and i >= 0]
+    if len(ids) != len(vocab) or (ids and max(ids) >= size) or size > 4 * len(vocab) + 1024:
+        raise CorruptError(f"tokenizer.json ids do not fit the vocabulary size {size}")
+    reverse = {i: t for t, i in vocab.items()}
+    tokens, types = [], []
+    for i in range(size):
+        token = reverse.get(i)
+        if token is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(UNUSED)
+            continue
+        entry = added_by_content.get(token)
+        if entry is not None and (entry.get("special") or _looks_special(token)):
+            tokens.append(token)
+            types.append(CONTROL)
+            continue
+        if entry is not None:
+            token = token.replace("\u2581", " ")
+        tokens.append(token[2:] if token.startswith("##") else "\u2581" + token)
+        types.append(USER_DEFINED if entry is not None else NORMAL)
+    keys += [("tokenizer.ggml.model", "STRING", "bert"), ("tokenizer.ggml.pre", "STRING", "bert-bge"),
+             ("tokenizer.ggml.tokens", ["ARRAY", "STRING"], tokens),
+             ("tokenizer.ggml.token_type", ["ARRAY", "I32"], types)]
+    tok_config = dict(files.get("tokenizer_config.json") or {})
+    if not _token_text(tok_config.get("bos_token")) and _token_text(tok_config.get("cls_token")):
+        tok_config["bos_token"] = tok_config["cls_token"]
+    if not _token_text(tok_config.get("eos_token")) and _token_text(tok_config.get("sep_token")):
+        tok_config["eos_token"] = tok_config["sep_token"]
+    special = [k for k in _special_keys(tokenizer, tok_config, config, added, files)
+               if k[0] != "tokenizer.ggml.add_sep_token"]
+    keys += special
+    add_sep = _add_sep(tokenizer.get("post_processor"), tok_config)
+    if add_sep is not None:
+        keys.append(("tokenizer.ggml.add_sep_token", "BOOL", add_sep))
+    keys += _normalizer_keys(tokenizer.get("normalizer"))
+    return keys
+
+
+def _add_sep(processor, tok_config: dict):
+    """Whether llama.cpp puts a separator between two sequences of a BERT-style pair
+    (gguf-py SpecialVocab's reading of a TemplateProcessing's ``pair``): true when the
+    middle of ``A ... B`` is a SEP/EOS and ``single`` does not already end with one, or
+    when it holds two; None when the processor is not a simple template."""
+    if not isinstance(processor, dict) or processor.get("type") != "TemplateProcessing":
+        return None
+    single, pair = processor.get("single") or [], processor.get("pair") or []
+    if not isinstance(single, list) or not isinstance(pair, list) or not pair:
+        return None
+
+    def special(item):
+        return item.get("SpecialToken", {}).get("id") if isinstance(item, dict) else None
+
+    def sequence(item):
+        return item.get("Sequence", {}).get("id") if isinstance(item, dict) else None
+
+    first = special(single[0]) if len(single) > 1 else None
+    last = special(single[-1]) if len(single) > 1 else None
+    start = 1 if first and special(pair[0]) == first else 0
+    stop = len(pair) - 1 if last and special(pair[-1]) == last else len(pair)
+    pair = pair[start:stop]
+    if len(pair) < 3 or sequence(pair[0]) != "A" or sequence(pair[-1]) != "B":
+        return None
+    middle = pair[1:-1]
+    seps = (_token_text(tok_config.get("sep_token")), _token_text(tok_config.get("eos_token")))
+    add = bool(special(middle[0]) in seps and not last)
+    if len(middle) == 2 and special(middle[1]) in seps:
+        add = True
+    return add
+
+
+def _normalizer_keys(normalizer) -> list:
+    """tokenizer.ggml.normalizer.lowercase / strip_accents from a tokenizer.json
+    normalizer (BertNormalizer, Lowercase, StripAccents, or a Sequence of them)."""
+    found = {}
+
+    def walk(node):
+        if not isinstance(node, dict):
+            return
+        kind = node.get("type")
+        if kind == "Lowercase":
+            found["lowercase"] = True
+        elif kind == "StripAccents":
+            found["strip_accents"] = True
+        elif kind == "BertNormalizer":
+            for key in ("lowercase", "strip_accents"):
+                if isinstance(node.get(key), bool):
+                    found[key] = node[key]
+        elif kind == "Sequence":
+            for child in node.get("normalizers") or []:
+                walk(child)
+
+    walk(normalizer)
+    return [(f"tokenizer.ggml.normalizer.{key}", "BOOL", found[key]) for key in ("lowercase", "strip_accents")
+            if key in found]
+
+
+#: family -> (config.json -> its ``{arch}.*`` keys, GGUF keys -> config.json).
+_FAMILY_PARAMS = {"gpt2": (_gpt2_hparams, _gpt2_config), "bert": (_bert_hparams, _bert_config)}
+
+
+def _family_keys(arch: HFArch, files: dict, ftype: int, name: str) -> list:
+    """:func:`gguf_keys` of an architecture outside the LLaMA family."""
+    config = files["config.json"]
+    keys = [("general.architecture", "STRING", arch.gguf), ("general.type", "STRING", "model"),
+            ("general.name", "STRING", name)]
+    keys += _FAMILY_PARAMS[arch.family][0](config)
+    keys.append(("general.file_type", "U32", ftype))
+    if arch.family == "bert":
+        keys += _bert_pooling(files)
+    keys.append(("general.quantization_version", "U32", 2))
+    keys += _wordpiece_keys(files) if arch.family == "bert" else _tokenizer_keys(arch, files)
+    keys.append((HF_CONFIG_KEY, "STRING", json.dumps(config, sort_keys=True)))
+    return keys
 
 
 # --- the rotary permutation --------------------------------------------------------
@@ -169,7 +494,8 @@ _MODEL_FILES = ("config.json", "generation_config.json", "tokenizer_config.json"
 def read_model_dir(directory) -> dict:
     """The JSON files of a Hugging Face model directory that a model conversion reads:
     ``{"config.json": {...}, ...}``, absent files left out, each bounded in size and
-    required to be a JSON object; ``chat_template.jinja`` as text when there is one."""
+    required to be a JSON object; ``chat_template.jinja`` as text when there is one; a
+    sentence-transformers Pooling module's config under :data:`POOLING_FILE`."""
     out = {}
     for name in _MODEL_FILES:
         path = os.path.join(directory, name)
@@ -178,11 +504,32 @@ def read_model_dir(directory) -> dict:
             if not isinstance(doc, dict):
                 raise CorruptError(f"{name} is not a JSON object", path=path)
             out[name] = doc
+    out.update(_pooling_file(directory))
     template = os.path.join(directory, "chat_template.jinja")
     if os.path.isfile(template) and os.path.getsize(template) < (4 << 20):
         with open(template, encoding="utf-8") as f:
             out["chat_template.jinja"] = f.read()
     return out
+
+
+def _pooling_file(directory) -> dict:
+    """``{POOLING_FILE: config}``: the config.json of a sentence-transformers model's
+    Pooling module (``modules.json`` names its folder, a relative path inside the
+    directory), or {}."""
+    modules_path = os.path.join(directory, "modules.json")
+    if not os.path.isfile(modules_path):
+        return {}
+    modules = _read_json(modules_path)
+    for module in modules if isinstance(modules, list) else []:
+        if not (isinstance(module, dict) and str(module.get("type", "")).endswith("Pooling")):
+            continue
+        folder = module.get("path")
+        if not isinstance(folder, str) or os.path.isabs(folder) or ".." in folder.replace("\\", "/").split("/"):
+            return {}
+        path = os.path.join(directory, folder, "config.json")
+        doc = _read_json(path) if os.path.isfile(path) else None
+        return {POOLING_FILE: doc} if isinstance(doc, dict) else {}
+    return {}
 
 
 def arch_for_config(config) -> HFArch | None:
@@ -240,6 +587,8 @@ def gguf_keys(arch: HFArch, files: dict, ftype: int, name: str) -> list:
     reference converter writes them: general.*, the ``{arch}.*`` hyper-parameters from
     config.json, ``general.file_type`` (``ftype``), the tokenizer, and
     :data:`HF_CONFIG_KEY`.  ``name`` is general.name (descriptive)."""
+    if arch.family != "llama":
+        return _family_keys(arch, files, ftype, name)
     config = files["config.json"]
     a = arch.gguf
     keys = [("general.architecture", "STRING", a), ("general.type", "STRING", "model"),
@@ -473,10 +822,17 @@ def file_type(specs) -> int:
     return FILE_TYPES.get(common, 1)
 
 
+#: Tensors the reference converter always writes in F32 (quantized or F16 runs too).
+_ALWAYS_F32 = ("position_embd.weight", "token_types.weight")
+
+
 def gguf_tensor_dtype(gguf_name: str, shape, dtype_name: str):
     """The dtype llama.cpp needs a float tensor in, or None to keep it: 1-D tensors,
     norms and anything not a ``.weight`` are F32 (the reference converter's rule; its
-    CPU kernels take only F32 there)."""
+    CPU kernels take only F32 there), and so are learned position and token-type
+    embeddings (:data:`_ALWAYS_F32`), even when ``quantize=`` chose a type."""
+    if gguf_name in _ALWAYS_F32:  # learned positions and token types, whatever --outtype says
+        return "F32"
     if dtype_name not in ("F16", "BF16", "F64", "F32"):
         return None
     if len(shape) <= 1 or gguf_name.endswith("_norm.weight") or not gguf_name.endswith(".weight"):
@@ -510,7 +866,8 @@ def hf_files(arch: HFArch, kv: dict, specs, dtype: str) -> dict:
         except ValueError:
             config = None
     if not isinstance(config, dict):
-        config = _config_from_keys(arch, kv, names)
+        config = _config_from_keys(arch, kv, names) if arch.family == "llama" else \
+            _FAMILY_PARAMS[arch.family][1](arch, kv, specs)
     config["tie_word_embeddings"] = "lm_head.weight" not in names
     config["dtype"] = {"F16": "float16", "BF16": "bfloat16"}.get(dtype, "float32")
     config.pop("torch_dtype", None)
@@ -520,7 +877,7 @@ def hf_files(arch: HFArch, kv: dict, specs, dtype: str) -> dict:
         if f"{which}_token_id" in config:
             generation[f"{which}_token_id"] = config[f"{which}_token_id"]
     out["generation_config.json"] = generation
-    out.update(_hf_tokenizer(arch, kv))
+    out.update(_hf_wordpiece(kv) if kv.get("tokenizer.ggml.model") == "bert" else _hf_tokenizer(arch, kv))
     return out
 
 
@@ -606,6 +963,64 @@ def _hf_tokenizer(arch: HFArch, kv: dict) -> dict:
     return {"tokenizer.json": tokenizer, "tokenizer_config.json": tok_config}
 
 
+def _hf_wordpiece(kv: dict) -> dict:
+    """tokenizer.json and tokenizer_config.json (``BertTokenizer``) from a GGUF's
+    WordPiece vocabulary (tokenizer.ggml.model "bert"): the phantom-space tokens back
+    to WordPiece's (U+2581 dropped from a word start, ``##`` put back on the rest),
+    control tokens as special added tokens, BERT's normalizer with the GGUF's
+    lowercase/strip_accents (llama.cpp's defaults: lower case, accents stripped when
+    lower-casing), ``[CLS] $A [SEP]`` from the BOS (CLS) and SEP/EOS tokens."""
+    tokens, types = kv.get("tokenizer.ggml.tokens"), kv.get("tokenizer.ggml.token_type")
+    if not isinstance(tokens, list):
+        return {}
+    if not isinstance(types, list) or len(types) != len(tokens):
+        types = [NORMAL] * len(tokens)
+    vocab, added = {}, []
+    for i, (token, kind) in enumerate(zip(tokens, types)):
+        if kind == UNUSED or not isinstance(token, str):
+            continue
+        if kind == CONTROL:
+            added.append({"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True})
+        else:
+            token = token[1:] if token.startswith("\u2581") else "##" + token
+        vocab.setdefault(token, i)
+
+    def text(key):
+        i = _kv_int(kv, f"tokenizer.ggml.{key}")
+        return tokens[i] if i is not None and 0 <= i < len(tokens) and isinstance(tokens[i], str) else None
+
+    cls, unk = text("bos_token_id"), text("unknown_token_id")
+    sep = text("seperator_token_id") or text("eos_token_id")
+    lowercase = kv.get("tokenizer.ggml.normalizer.lowercase")
+    lowercase = lowercase if isinstance(lowercase, bool) else True
+    strip = kv.get("tokenizer.ggml.normalizer.strip_accents")
+    strip = strip if isinstance(strip, bool) else None
+    post = None
+    if cls is not None and sep is not None:
+        post = {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": cls, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                           {"SpecialToken": {"id": sep, "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": cls, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"SpecialToken": {"id": sep, "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}},
+                         {"SpecialToken": {"id": sep, "type_id": 1}}],
+                "special_tokens": {t: {"id": t, "ids": [vocab[t]], "tokens": [t]} for t in (cls, sep)}}
+    tokenizer = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+                 "normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                                "strip_accents": strip, "lowercase": lowercase},
+                 "pre_tokenizer": {"type": "BertPreTokenizer"}, "post_processor": post,
+                 "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True},
+                 "model": {"type": "WordPiece", "unk_token": unk or "[UNK]", "continuing_subword_prefix": "##",
+                           "max_input_chars_per_word": 100, "vocab": vocab}}
+    tok_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase, "strip_accents": strip,
+                  "tokenize_chinese_chars": True, "clean_up_tokenization_spaces": True}
+    for which, value in (("cls", cls), ("sep", sep), ("unk", unk), ("pad", text("padding_token_id")),
+                         ("mask", text("mask_token_id"))):
+        if value is not None:
+            tok_config[f"{which}_token"] = value
+    return {"tokenizer.json": tokenizer, "tokenizer_config.json": tok_config}
+
+
 # --- the conversion plan -----------------------------------------------------------
 #: Files a Hugging Face destination gets beside its weights.
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
@@ -626,12 +1041,17 @@ class ModelConversion:
         self._source_path = source.path
         to_dest = hf_to_gguf_name if direction == "hf-to-gguf" else gguf_to_hf_name
         self._names = {}
+        #: source tensors transposed on the way (GPT-2's Conv1D weights)
+        self.transposed = set()
         for spec in source.specs:
-            out = to_dest(spec.name)
+            out = to_dest(spec.name, arch.family)
             if out is ...:
                 self.unknown.append(spec.name)
                 out = spec.name
             self._names[spec.name] = out
+            hf_name = spec.name if direction == "hf-to-gguf" else out
+            if arch.family == "gpt2" and len(spec.shape) == 2 and CONV1D.match(hf_name or ""):
+                self.transposed.add(spec.name)
         if self.unknown:
             shown = ", ".join(repr(n) for n in self.unknown[:5]) + (", ..." if len(self.unknown) > 5 else "")
             warnings.warn(f"{len(self.unknown)} tensor name(s) of this {arch.model_type} model have no "
@@ -665,13 +1085,15 @@ class ModelConversion:
     def report(self) -> dict:
         """What ``convert()`` returns under ``names``: ``arch`` (general.architecture),
         ``model`` (config.json's model_type), ``direction``, ``renamed``, ``dropped``,
-        ``unknown`` (kept) and ``permuted`` (source tensors whose rows moved)."""
+        ``unknown`` (kept), ``permuted`` (source tensors whose rows moved) and
+        ``transposed`` (source tensors transposed: GPT-2's Conv1D weights)."""
         return {"arch": self.arch.gguf, "model": self.arch.model_type, "direction": self.direction,
                 "detected": True, "reason": "from config.json" if self.direction == "hf-to-gguf"
                 else "from general.architecture",
                 "renamed": sum(1 for s, d in self._names.items() if d is not None and s != d),
                 "dropped": sorted(s for s, d in self._names.items() if d is None),
-                "unknown": list(self.unknown), "permuted": sorted(self.rows)}
+                "unknown": list(self.unknown), "permuted": sorted(self.rows),
+                "transposed": sorted(self.transposed)}
 
     def name(self, source_name: str):
         """The destination name of a source tensor (None: the engines recompute it)."""

@@ -12,7 +12,9 @@ weights are large enough for peaked attention, so rows in the wrong rotary order
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 VOCAB = 384
 #: Token ids fed to both engines (all below VOCAB, BOS first).
@@ -70,6 +72,9 @@ def make_model(arch: str, directory, seed: int = 0):
     import torch
     import transformers
 
+    if arch in OTHER_ARCHS:
+        return OTHER_ARCHS[arch](directory, seed)
+
     config_cls, model_cls, overrides, specials, pre = ARCHS[arch]
     make_tokenizer(directory, specials, pre)
     from transformers import PreTrainedTokenizerFast
@@ -103,3 +108,103 @@ def hf_logits(model, tokens=TOKENS):
 
     with torch.no_grad():
         return model(torch.tensor([tokens])).logits[0].float().numpy()
+
+
+# --- GPT-2 and BERT (their own configs, tokenizers and tensor layouts) ------------
+def make_gpt2_tokenizer(directory) -> None:
+    """GPT-2's tokenizer at toy size: byte-level BPE whose pre-tokenizer is a bare
+    ``ByteLevel`` (GPT-2's own regex), ``<|endoftext|>`` its only special token (BOS,
+    EOS and unknown at once, as in the real one)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(), trainer)
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    end = "<|endoftext|>"
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=end, eos_token=end, unk_token=end)
+    tokenizer.save_pretrained(directory)
+
+
+def _perturb(model, torch) -> None:
+    """Norms off 1.0, biases off 0.0: a norm or bias written in the wrong place shows."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "ln" in name.split(".")[-2].lower() or "layernorm" in name.lower():
+                param.add_(0.1 * torch.randn_like(param))
+            elif name.endswith(".bias"):
+                param.normal_(0.0, 0.02)
+
+
+def make_gpt2(directory, seed: int = 0):
+    """The tiny GPT-2 (``GPT2LMHeadModel``: Conv1D weights stored transposed, fused
+    ``c_attn``, learned positions, tied output).  ``n_ctx`` is in config.json as in the
+    Hub's GPT-2 checkpoints (transformers 5 no longer writes it; the reference converter
+    reads it)."""
+    import torch
+    import transformers
+    from transformers import PreTrainedTokenizerFast
+
+    make_gpt2_tokenizer(directory)
+    tok = PreTrainedTokenizerFast.from_pretrained(directory)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                     n_ctx=256, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    _perturb(model, torch)
+    with torch.no_grad():  # peaked attention: q/k columns of c_attn out of place show
+        for block in model.transformer.h:
+            block.attn.c_attn.weight[:, :128].normal_(0.0, 0.3)
+    model.save_pretrained(directory)
+    return model
+
+
+def make_bert_tokenizer(directory) -> int:
+    """BERT's tokenizer at toy size: a WordPiece vocabulary (``##`` continuations)
+    trained here, saved through transformers' ``BertTokenizer`` (lower case, BERT's
+    normalizer and pre-tokenizer, ``[CLS] $A [SEP]``) as a Hub BERT's is.  Returns the
+    vocabulary size."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import BertTokenizer
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=VOCAB, show_progress=False,
+                                        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tok.train_from_iterator(_corpus(), trainer)
+    BertTokenizer(vocab=tok.get_vocab()).save_pretrained(directory)
+    return tok.get_vocab_size()
+
+
+def make_bert(directory, seed: int = 0):
+    """The tiny BERT (``BertModel``: post-norm encoder, learned positions and token
+    types, a pooler llama.cpp's converter drops), saved as a sentence-transformers model
+    with mean pooling."""
+    import torch
+    import transformers
+
+    vocab = make_bert_tokenizer(directory)
+    config = transformers.BertConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, max_position_embeddings=128, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = transformers.BertModel(config).eval()
+    _perturb(model, torch)
+    model.save_pretrained(directory)
+    # a sentence-transformers model (as bge / MiniLM are): its Pooling module says mean,
+    # which the converters write as bert.pooling_type
+    (Path(directory) / "1_Pooling").mkdir()
+    (Path(directory) / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 64, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True}))
+    (Path(directory) / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    return model
+
+
+OTHER_ARCHS = {"gpt2": make_gpt2, "bert": make_bert}
