@@ -70,6 +70,7 @@ MODULES = {
     "aprfast.files.shards": None,
     "aprfast.convert._common": None,
     "aprfast.convert.validation": None,
+    "aprfast.convert.spm": None,
 }
 
 #: Stubs of compiled modules: module name -> stub file beside it.

@@ -588,6 +588,8 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
     try:
         if naming == "auto" and arch is None:
             model = _hf.plan_model(src, kind, destination)
+            if model is not None and model.generated:  # llama.cpp's rope_freqs, made from config.json
+                src = _hf.WithGeneratedTensors(src, model.generated)
             if kind == "apr":  # what a later .apr -> GGUF needs (a GGUF's keys are all kept already)
                 src.metadata = dict(src.metadata, **_hf.apr_record(src))
         mapping = _map_names(src, arch, prefixes)

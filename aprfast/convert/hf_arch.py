@@ -29,7 +29,7 @@ from ..errors import CorruptError, LayoutError
 from ..io.atomic import AtomicFile
 from ..tensors import RawTensor
 from . import spm as _spm
-from ._common import DestinationExistsError
+from ._common import DestinationExistsError, Spec
 from .gguf import TYPES_KEY, gguf_metadata
 from .safetensors import _write_all
 from .tokenizer import _read_json
@@ -94,6 +94,10 @@ TENSORS = (
     ("model.layers.{n}.self_attn.rotary_emb.inv_freq", None),
 )
 
+#: Tensors the reference converter generates from config.json (no Hugging Face tensor
+#: has them): dropped on the way back, their meaning returned to config.json.
+GGUF_ONLY = ("rope_freqs.weight",)
+
 #: The pre-tokenizer regexes of the tokenizer.json files llama.cpp names (its
 #: tokenizer.ggml.pre), as Hugging Face writes them.
 PRE_TOKENIZER_REGEX = {
@@ -135,7 +139,10 @@ def hf_to_gguf_name(name: str):
 
 
 def gguf_to_hf_name(name: str):
-    """Hugging Face's name for a llama.cpp tensor name, or ``...`` (no rule knows it)."""
+    """Hugging Face's name for a llama.cpp tensor name, None for one llama.cpp alone
+    has (:data:`GGUF_ONLY`: dropped), or ``...`` (no rule knows it)."""
+    if name in GGUF_ONLY:
+        return None
     out = _apply(_GGUF_TO_HF, name)
     return ... if out is _UNKNOWN else out
 
@@ -287,7 +294,7 @@ def gguf_keys(arch: HFArch, files: dict, ftype: int, name: str) -> list:
         if rope_type == "yarn":
             u32("rope.scaling.original_context_length", _int(rope, "original_max_position_embeddings",
                                                                required=True))
-    elif rope_type not in (None, "default"):
+    elif rope_type not in (None, "default") and not _is_llama3_rope(arch, rope_type):
         warnings.warn(f"RoPE scaling {rope_type!r} is not written to the GGUF: llama.cpp will run the model "
                       "without it (long contexts differ from transformers)", ModelConversionWarning, stacklevel=4)
     f32("rope.freq_base", _float(rope, "rope_theta"))
@@ -659,6 +666,158 @@ def gguf_tensor_dtype(gguf_name: str, shape, dtype_name: str):
     return "F32" if dtype_name == "F64" else None
 
 
+# --- Llama 3.1's "llama3" RoPE scaling: the rope_freqs.weight tensor --------------
+#: model_types whose reference converter class (``LlamaModel.generate_extra_tensors``)
+#: turns a ``llama3`` RoPE scaling into ``rope_freqs.weight``.
+_LLAMA3_ROPE_ARCHS = ("llama", "mistral")
+#: Llama 3.1's own llama3 parameters (3.1, 3.2 and 3.3 differ only in ``factor``): what
+#: GGUF -> Hugging Face tries when the GGUF has no recorded config.json.
+LLAMA3_ROPE_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _is_llama3_rope(arch: HFArch, rope_type) -> bool:
+    return arch.model_type in _LLAMA3_ROPE_ARCHS and isinstance(rope_type, str) and rope_type.lower() == "llama3"
+
+
+def _rdiv(number: float, x: np.ndarray) -> np.ndarray:
+    """``number / x`` as PyTorch computes a Python number over a float32 tensor: the
+    reciprocal times the number, both in float32 (the reference converter's arithmetic,
+    reproduced to the bit)."""
+    return (np.float32(1) / x) * np.float32(number)
+
+
+def llama3_rope_factors(dim: int, theta: float, factor: float, low_freq_factor: float, high_freq_factor: float,
+                        original_max_position_embeddings: int) -> np.ndarray:
+    """The ``rope_freqs.weight`` llama.cpp divides each rotary frequency by, for a
+    ``llama3`` RoPE scaling: 1 for wavelengths below ``original / high_freq_factor``,
+    ``factor`` above ``original / low_freq_factor``, and between them the smooth blend
+    (transformers' ``_compute_llama3_parameters`` and the reference converter's
+    ``generate_extra_tensors``), float32, ``dim // 2`` values.
+
+    The arithmetic is the reference's float32 operation for operation; only its
+    ``theta ** x`` is computed in float64 and rounded, where PyTorch's vectorized float32
+    power may differ by an ulp or two (for Llama 3.1/3.2's own parameters the two agree
+    bit for bit).
+
+    Args:
+        dim: The rotary dimension (``head_dim``, else hidden size / heads).
+        theta: ``rope_theta``.
+        factor: The scaling factor.
+        low_freq_factor: The low-frequency factor.
+        high_freq_factor: The high-frequency factor.
+        original_max_position_embeddings: The context the model was trained at.
+
+    Returns:
+        A float32 NumPy array of ``dim // 2`` factors.
+
+    Raises:
+        CorruptError: A parameter out of range (non-positive, or equal high and low factors).
+
+    Example:
+        >>> llama3_rope_factors(8, 10000.0, 8.0, 1.0, 4.0, 16).tolist()
+        [1.7359412908554077, 8.0, 8.0, 8.0]
+    """
+    values = (theta, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
+    if dim <= 0 or dim % 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+                                      and v > 0 for v in values) or high_freq_factor == low_freq_factor:
+        raise CorruptError(f"llama3 RoPE scaling parameters out of range: dim {dim}, theta, factor, low/high "
+                           f"frequency factors, original context {values}")
+    f32 = np.float32
+    exponents = np.arange(0, dim, 2, dtype=f32) / f32(dim)
+    freqs = _rdiv(1.0, np.power(float(theta), exponents.astype(np.float64)).astype(f32))
+    wavelen = _rdiv(2 * np.pi, freqs)
+    smooth = (_rdiv(original_max_position_embeddings, wavelen) - f32(low_freq_factor)) \
+        / f32(high_freq_factor - low_freq_factor)
+    blended = _rdiv(1.0, (f32(1) - smooth) / f32(factor) + smooth)
+    return np.where(wavelen < f32(original_max_position_embeddings / high_freq_factor), f32(1),
+                    np.where(wavelen > f32(original_max_position_embeddings / low_freq_factor), f32(factor),
+                             blended)).astype(f32)
+
+
+def _rope_dim(config: dict) -> int:
+    head_dim = _int(config, "head_dim")
+    if head_dim is not None:
+        return head_dim
+    n_head = _int(config, "num_attention_heads", required=True)
+    if not n_head:
+        raise CorruptError("config.json num_attention_heads is 0")
+    return _int(config, "hidden_size", required=True) // n_head
+
+
+def generated_tensors(arch: HFArch, config: dict) -> dict:
+    """Tensors the reference converter adds for this config.json (name -> float32
+    array): ``rope_freqs.weight`` for a ``llama3`` RoPE scaling, else none."""
+    rope = _rope(config)
+    if not _is_llama3_rope(arch, rope.get("rope_type")):
+        return {}
+    theta = _float(rope, "rope_theta")
+
+    def number(key, default):
+        value = rope.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CorruptError(f"config.json llama3 RoPE {key!r} is {value!r}, not a number")
+        return value
+
+    factors = llama3_rope_factors(
+        _rope_dim(config), theta if theta is not None else 10000.0, number("factor", 8.0),
+        number("low_freq_factor", 1.0), number("high_freq_factor", 4.0),
+        number("original_max_position_embeddings", 8192))
+    return {"rope_freqs.weight": factors}
+
+
+def rope_from_factors(arch: HFArch, kv: dict, factors) -> dict | None:
+    """config.json's ``rope_parameters`` for a GGUF's ``rope_freqs.weight`` when it is
+    Llama 3.1's ``llama3`` scaling (:data:`LLAMA3_ROPE_DEFAULTS`, ``factor`` its largest
+    value) recomputed to the same values within an ulp, else None: the four parameters
+    cannot be solved for from the factors in general."""
+    a = arch.gguf
+    values = np.asarray(factors, dtype=np.float32).reshape(-1)
+    if not values.size or not np.all(np.isfinite(values)) or values.max() <= 1:
+        return None
+    theta = _kv_float(kv, f"{a}.rope.freq_base") or 10000.0
+    dim = _kv_int(kv, f"{a}.rope.dimension_count")
+    if dim is None or dim != 2 * values.size:
+        return None
+    guess = dict(LLAMA3_ROPE_DEFAULTS, factor=float(values.max()))
+    try:
+        again = llama3_rope_factors(dim, theta, guess["factor"], guess["low_freq_factor"],
+                                    guess["high_freq_factor"], guess["original_max_position_embeddings"])
+    except CorruptError:
+        return None
+    if not np.allclose(again, values, rtol=1e-6, atol=0):
+        return None
+    return dict(guess, rope_type="llama3", rope_theta=theta)
+
+
+class WithGeneratedTensors:
+    """A source with the tensors of :func:`generated_tensors` before its own (the
+    reference converter writes them first); everything else is the source's."""
+
+    def __init__(self, source, tensors: dict):
+        from .. import dtypes
+
+        self._source = source
+        self._values = {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in tensors.items()}
+        self._generated = [Spec(name, dtypes.by_name("F32"), tuple(value.shape))
+                           for name, value in self._values.items()]
+        self.specs = self._generated + [s for s in source.specs if s.name not in self._values]
+
+    def read(self, spec, scratch=None):
+        """The generated value, else the source's tensor."""
+        if any(spec is g for g in self._generated):
+            return self._values[spec.name].copy()
+        return self._source.read(spec, scratch)
+
+    def raw_range(self, spec):
+        """None for a generated tensor (no bytes in a file), else the source's."""
+        if any(spec is g for g in self._generated):
+            return None
+        return self._source.raw_range(spec) if hasattr(self._source, "raw_range") else None
+
+    def __getattr__(self, name):
+        return getattr(self._source, name)
+
+
 # --- GGUF -> Hugging Face ----------------------------------------------------------
 def _kv_int(kv, key):
     value = kv.get(key)
@@ -860,6 +1019,26 @@ class ModelConversion:
                           f"(the engine will not use them): {shown}", ModelConversionWarning, stacklevel=4)
         if arch.permute:
             self._plan_rows(source.specs)
+        #: tensors the destination's engine needs that the source has no tensor for
+        self.generated = generated_tensors(arch, self.files["config.json"]) if direction == "hf-to-gguf" else {}
+        self._rope = self._rope_back(source) if direction == "gguf-to-hf" else None
+
+    def _rope_back(self, source):
+        """rope_parameters for a GGUF's rope_freqs.weight when its config.json is not
+        recorded (see :func:`rope_from_factors`); warned when it cannot be recovered."""
+        spec = next((s for s in source.specs if s.name == "rope_freqs.weight"), None)
+        if spec is None or isinstance(self._kv.get(HF_CONFIG_KEY), str):
+            return None
+        value = source.read(spec)
+        rope = None
+        if not isinstance(value, RawTensor):
+            rope = rope_from_factors(self.arch, self._kv, value)
+        if rope is None:
+            warnings.warn("the GGUF's rope_freqs.weight is not Llama 3.1's llama3 RoPE scaling and it records no "
+                          "config.json: config.json gets no rope scaling (transformers' logits will differ "
+                          "from llama.cpp's); add the source's rope_parameters by hand", ModelConversionWarning,
+                          stacklevel=5)
+        return rope
 
     def _heads(self):
         if self.direction == "hf-to-gguf":
@@ -923,7 +1102,11 @@ class ModelConversion:
             return {}
         types = [s.dtype.name for s in specs if len(s.shape) == 2]
         dtype = max(sorted(set(types)), key=types.count) if types else "F32"
-        return hf_files(self.arch, self._kv, specs, dtype)
+        files = hf_files(self.arch, self._kv, specs, dtype)
+        if self._rope:
+            config = files["config.json"]
+            config["rope_parameters"] = dict(config.get("rope_parameters") or {}, **self._rope)
+        return files
 
 
 def side_file_dir(destination) -> str:
