@@ -600,6 +600,10 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
             side = model.side_files(outs)
             if side:  # refused before anything is written
                 _hf.write_side_files(side, _hf.side_file_dir(destination), force=force, check_only=True)
+        elif kind in ("gguf", "apr") and _retyped(pairs) and "general.file_type" in (src.metadata or {}):
+            # a GGUF's keys carried over (to GGUF, or kept in .apr for a later GGUF): the
+            # file type follows the tensors as written, not the source's (issue 26 item 5)
+            src.metadata = dict(src.metadata, **{"general.file_type": _hf.file_type([out for _, out in pairs])})
         if mapping is not None and mapping.arch:
             src.metadata = dict(src.metadata, **{NAME_MAPPING_KEY: mapping.metadata()})
         log.debug("convert %s (%s, %d tensors, %d bytes) -> %s (%s): %d tensors written", source, src.format,
@@ -632,6 +636,11 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
             "arch": mapping.arch if mapping is not None else (model.arch.gguf if model is not None else None),
             "names": names, "validation": validator.report(),
             "optimize": optimizer.report(), "quality": gate.report()}
+
+
+def _retyped(pairs) -> bool:
+    """Whether the conversion writes any tensor in another dtype than its source's."""
+    return any(out.dtype is not spec.dtype for spec, out in pairs)
 
 
 def _save_shared(src, destination, pairs, force, durable, progress, validator, optimizer=None, gate=None) -> int:
