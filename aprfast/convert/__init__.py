@@ -288,7 +288,18 @@ def _destination_format(destination, to, max_shard_size) -> str:
                              ".gguf or .bpk name, or pass to=")
     if max_shard_size is not None and kind != "safetensors":
         raise ValueError(f"max_shard_size= is for safetensors destinations, not {kind}")
+    if max_shard_size is not None and _shards_beside(destination) \
+            and os.path.basename(os.fspath(destination)) != "model.safetensors":
+        raise ValueError(f"max_shard_size= writes transformers' names (model-0000i-of-0000n.safetensors and "
+                         f"model.safetensors.index.json), not {os.path.basename(os.fspath(destination))!r}: give "
+                         "the directory, or a destination named model.safetensors or model.safetensors.index.json")
     return kind
+
+
+def _shards_beside(destination) -> bool:
+    """A ``.safetensors`` file name (not an existing directory) that shards go beside."""
+    dest = os.fspath(destination)
+    return dest.endswith(".safetensors") and not os.path.isdir(dest)
 
 
 def _open_writer(kind, destination, specs, metadata, *, compression, max_shard_size, force, durable,
@@ -297,7 +308,9 @@ def _open_writer(kind, destination, specs, metadata, *, compression, max_shard_s
     sharded = kind == "safetensors" and (max_shard_size is not None or dest.endswith(".json")
                                          or os.path.isdir(dest) or dest.endswith(os.sep))
     if sharded:
-        directory = os.path.dirname(dest) if dest.endswith(".json") else dest
+        # a name (model.safetensors, model.safetensors.index.json): the shards go beside
+        # it, in its directory (issue 26 item 5), not in a directory of that name
+        directory = os.path.dirname(dest) if dest.endswith(".json") or _shards_beside(dest) else dest
         size = max_shard_size if max_shard_size is not None else 1 << 62
         return _st.ShardedWriter(directory or ".", specs, metadata, max_shard_size=size, force=force, durable=durable)
     if os.path.lexists(dest) and not force:
@@ -445,7 +458,9 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     ``destination``: a path whose extension (``.apr``, ``.safetensors``, ``.gguf``; a
     directory or an ``.index.json`` for sharded safetensors) or ``to=`` names the format.
     ``max_shard_size`` (bytes, or "5GB"/"2GiB") writes a sharded safetensors checkpoint
-    named as transformers names it.  An existing destination is refused
+    named as transformers names it, in the destination directory or beside a destination
+    named ``model.safetensors`` (one shard: that file; other ``.safetensors`` names are
+    refused, as the shards could not carry them).  An existing destination is refused
     (DestinationExistsError) unless ``force=True``.
 
     Names, in this order: ``strip_prefix`` (a str or a tuple of them, e.g. "module.")
