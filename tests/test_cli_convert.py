@@ -136,3 +136,21 @@ def test_help_names_only_quantize_types_that_are_accepted(verb, model, tmp_path,
             out = out.with_suffix(".apr")
         args = [verb, str(src), str(out), "--quantize", name, "--validate", "off", "--force"]
         assert main(args) != 2, name  # not a usage error: the type is accepted
+
+
+def test_import_seed_spelling_from_and_output(tmp_path, rng, capsys):
+    """seed 001 §13.2: `apr import model.safetensors --from safetensors --output model.apr`."""
+    from safetensors.numpy import save_file
+
+    tensors = {"w": rng.standard_normal((4, 4)).astype(np.float32)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    out = tmp_path / "model.apr"
+    assert main(["import", str(tmp_path / "model.safetensors"), "--from", "safetensors", "--output", str(out)]) == 0
+    assert aprfast.load_file(out)["w"].tobytes() == tensors["w"].tobytes()
+    capsys.readouterr()
+    # a source of another format than --from says is a usage error, nothing written
+    assert main(["import", str(out), "--from", "gguf", "--output", str(tmp_path / "x.apr")]) == 2
+    assert "--from gguf, but" in capsys.readouterr().err and not (tmp_path / "x.apr").exists()
+    with pytest.raises(SystemExit) as exc:  # an unknown format is argparse's usage error
+        main(["import", str(tmp_path / "model.safetensors"), "--from", "tflite", "-o", str(tmp_path / "y.apr")])
+    assert exc.value.code == 2
