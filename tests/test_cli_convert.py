@@ -116,3 +116,41 @@ def test_missing_source_exits_3_and_junk_source_exits_4(tmp_path):
     junk.write_bytes(b"\x00garbage" * 4)
     assert main(["convert", str(junk), str(tmp_path / "o.apr")]) == 4
     assert not (tmp_path / "o.apr").exists()
+
+
+@pytest.mark.parametrize("verb", ["convert", "import", "export"])
+def test_help_names_only_quantize_types_that_are_accepted(verb, model, tmp_path, capsys):
+    """issue 26 item 4: `apr export --help` offered q4_k, which exits 2."""
+    import re
+
+    with pytest.raises(SystemExit):
+        main([verb, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    listed = re.search(r"quantize 2-D float tensors: (.*?); fp16", text).group(1)
+    names = [n.split(" (")[0] for n in listed.split(", ")]
+    assert "q4_k" not in names and {"q8_0", "q4_0", "int8", "int4"} <= set(names)
+    src, _ = model
+    for name in names:
+        out = tmp_path / f"{verb}-{name}.gguf"
+        if verb == "import":
+            out = out.with_suffix(".apr")
+        args = [verb, str(src), str(out), "--quantize", name, "--validate", "off", "--force"]
+        assert main(args) != 2, name  # not a usage error: the type is accepted
+
+
+def test_import_seed_spelling_from_and_output(tmp_path, rng, capsys):
+    """seed 001 §13.2: `apr import model.safetensors --from safetensors --output model.apr`."""
+    from safetensors.numpy import save_file
+
+    tensors = {"w": rng.standard_normal((4, 4)).astype(np.float32)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    out = tmp_path / "model.apr"
+    assert main(["import", str(tmp_path / "model.safetensors"), "--from", "safetensors", "--output", str(out)]) == 0
+    assert aprfast.load_file(out)["w"].tobytes() == tensors["w"].tobytes()
+    capsys.readouterr()
+    # a source of another format than --from says is a usage error, nothing written
+    assert main(["import", str(out), "--from", "gguf", "--output", str(tmp_path / "x.apr")]) == 2
+    assert "--from gguf, but" in capsys.readouterr().err and not (tmp_path / "x.apr").exists()
+    with pytest.raises(SystemExit) as exc:  # an unknown format is argparse's usage error
+        main(["import", str(tmp_path / "model.safetensors"), "--from", "tflite", "-o", str(tmp_path / "y.apr")])
+    assert exc.value.code == 2

@@ -370,3 +370,41 @@ def test_apr_to_gguf_property(tmp_path_factory, entries, meta, seed):
     aprfast.convert(d / "m.gguf", d / "back.apr")
     back = aprfast.load_file(d / "back.apr")
     assert {k: v.tobytes() for k, v in back.items()} == {k: v.tobytes() for k, v in tensors.items()}
+
+
+def _f32_llama_gguf(path):
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_file_type(0)  # ALL_F32
+    writer.add_block_count(1)
+    writer.add_tensor("blk.0.attn_q.weight", np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32))
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(64, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _file_type(path):
+    field = gguf.GGUFReader(str(path)).fields["general.file_type"]
+    return field.contents(), [gguf.GGUFValueType(t).name for t in field.types]
+
+
+@pytest.mark.parametrize("options,want", [({"quantize": "Q8_0"}, 7), ({"quantize": "Q4_0"}, 2),
+                                          ({"quantize": "Q4_1"}, 3), ({"precision": "f16"}, 1),
+                                          ({"precision": "bf16"}, 32)])
+def test_gguf_to_gguf_file_type_follows_the_tensors(options, want, tmp_path):
+    """issue 26 item 5: a GGUF quantized on the way kept the source's ALL_F32.  llama.cpp's
+    LlamaFileType numbers (MOSTLY_Q8_0 7, ...), U32 as llama.cpp reads it."""
+    _f32_llama_gguf(tmp_path / "x.gguf")
+    aprfast.convert(tmp_path / "x.gguf", tmp_path / "y.gguf", **options)
+    assert _file_type(tmp_path / "y.gguf") == (want, ["UINT32"])
+    # through .apr: the .apr keeps the GGUF's keys, with the file type of what it holds
+    aprfast.convert(tmp_path / "x.gguf", tmp_path / "y.apr", **options)
+    aprfast.convert(tmp_path / "y.apr", tmp_path / "z.gguf")
+    assert _file_type(tmp_path / "z.gguf") == (want, ["UINT32"])
+
+
+def test_gguf_to_gguf_unchanged_keeps_its_file_type_and_bytes(tmp_path):
+    _f32_llama_gguf(tmp_path / "x.gguf")
+    aprfast.convert(tmp_path / "x.gguf", tmp_path / "y.gguf")
+    assert (tmp_path / "y.gguf").read_bytes() == (tmp_path / "x.gguf").read_bytes()

@@ -332,3 +332,28 @@ def test_index_without_a_weight_map_is_refused(tmp_path, index):
     (tmp_path / cst.INDEX_NAME).write_text(index)
     with pytest.raises(aprfast.FormatError, match="weight_map|unrecognised"):
         aprfast.convert(tmp_path / cst.INDEX_NAME, tmp_path / "m.apr")
+
+
+def test_max_shard_size_with_a_model_safetensors_name_writes_beside_it(tmp_path, rng):
+    """issue 26 item 5: the shards go beside out/model.safetensors, not in a directory
+    called model.safetensors; one shard is that file itself."""
+    tensors = {f"l{i}.w": rng.standard_normal((16, 16)).astype(np.float32) for i in range(5)}
+    aprfast.save_file(tensors, tmp_path / "m.apr")
+    aprfast.convert(tmp_path / "m.apr", tmp_path / "out" / "model.safetensors", max_shard_size=2500)
+    assert sorted(os.listdir(tmp_path / "out")) == \
+        sorted([cst.INDEX_NAME] + [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)])
+    aprfast.convert(tmp_path / "out" / cst.INDEX_NAME, tmp_path / "back.apr")
+    assert {k: v.tobytes() for k, v in aprfast.load_file(tmp_path / "back.apr").items()} == \
+        {k: v.tobytes() for k, v in tensors.items()}
+    with pytest.raises(FileExistsError):  # the set is there: refused unless force
+        aprfast.convert(tmp_path / "m.apr", tmp_path / "out" / "model.safetensors", max_shard_size=2500)
+    aprfast.convert(tmp_path / "m.apr", tmp_path / "one" / "model.safetensors", max_shard_size="1GB")
+    assert os.listdir(tmp_path / "one") == ["model.safetensors"]
+    assert os.path.isfile(tmp_path / "one" / "model.safetensors")
+
+
+def test_max_shard_size_refuses_another_safetensors_name(tmp_path, rng):
+    aprfast.save_file({"w": rng.standard_normal((16, 16)).astype(np.float32)}, tmp_path / "m.apr")
+    with pytest.raises(ValueError, match="transformers' names"):
+        aprfast.convert(tmp_path / "m.apr", tmp_path / "out" / "weights.safetensors", max_shard_size=100)
+    assert not os.path.exists(tmp_path / "out")

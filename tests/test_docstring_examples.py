@@ -73,6 +73,7 @@ MODULES = {
     "aprfast.convert._common": None,
     "aprfast.convert.validation": None,
     "aprfast.convert.patterns": None,
+    "aprfast.convert.spm": None,
 }
 
 #: Stubs of compiled modules: module name -> stub file beside it.

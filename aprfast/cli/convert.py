@@ -5,8 +5,9 @@ destination, or the source, fixed to ``.apr``.
 
 The destination comes as a second argument or ``-o/--output`` (both spellings are in
 the seed) and is never overwritten unless ``--force`` is given (QA #97: exit 1, the
-file untouched).  ``--quantize`` takes a type name (``q8_0``, ``q4_k``, ...) or the
-seed's ``int8``/``int4`` (GGML's Q8_0/Q4_0 blocks).  ``--arch`` maps tensor names to
+file untouched).  ``--quantize`` takes a type aprfast has a quantizer for (``q8_0``,
+``q4_0``, ...: :func:`quantize_help` lists them, and so does ``--help``) or the seed's
+``int8``/``int4`` (GGML's Q8_0/Q4_0 blocks).  ``--arch`` maps tensor names to
 the canonical ``.apr`` names (seed 001 §10.8).  ``--validate`` (default strict, the
 API's) checks every tensor as it is written (seed 001 §10.9-10.10): a failure exits 5
 (seed 001 Appendix A) with the tensor and the numbers, nothing written; ``--force``
@@ -64,8 +65,7 @@ def add_conversion_arguments(p, *, source_help: str) -> None:
     p.add_argument("source", help=source_help)
     p.add_argument("destination", nargs="?", help="output path (or give -o)")
     p.add_argument("-o", "--output", help="output path")
-    p.add_argument("--quantize", metavar="TYPE",
-                   help="quantize 2-D float tensors: q8_0, q4_0, ..., int8, int4; fp16/bf16 change the precision")
+    p.add_argument("--quantize", metavar="TYPE", help=quantize_help())
     p.add_argument("--precision", type=precision_name, choices=("f32", "f16", "bf16"),
                    help="convert float tensors to this precision (fp32, fp16, float16, bfloat16 are accepted too)")
     p.add_argument("--compress", choices=("lz4", "zstd"), help="compress the tensors (.apr destinations)")
@@ -194,6 +194,24 @@ def _optimize_options(args) -> dict:
             if not options["max_drift"] >= 0:
                 raise UsageError(f"--max-drift {args.max_drift}: a number >= 0")
     return options
+
+
+def quantize_help() -> str:
+    """``--quantize``'s help: every type it accepts (those aprfast has a quantizer for,
+    and the seed's aliases), never one it would refuse (issue 26: ``q4_k`` was offered).
+
+    Returns:
+        The help text.
+
+    Example:
+        >>> quantize_help().split(";")[0]  # doctest: +ELLIPSIS
+        'quantize 2-D float tensors: q8_0, q4_0, q4_1, ..., int8 (q8_0), int4 (q4_0)'
+    """
+    from ..numerics.quantization import quant_types
+
+    names = ", ".join(name.lower() for name in quant_types(quantizable=True))
+    aliases = ", ".join(f"{alias} ({name.lower()})" for alias, name in QUANTIZE_ALIASES.items())
+    return f"quantize 2-D float tensors: {names}, {aliases}; fp16/bf16 change the precision"
 
 
 def _quant_name(text: str) -> str:

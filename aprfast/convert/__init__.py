@@ -289,7 +289,18 @@ def _destination_format(destination, to, max_shard_size) -> str:
                              ".gguf or .bpk name, or pass to=")
     if max_shard_size is not None and kind != "safetensors":
         raise ValueError(f"max_shard_size= is for safetensors destinations, not {kind}")
+    if max_shard_size is not None and _shards_beside(destination) \
+            and os.path.basename(os.fspath(destination)) != "model.safetensors":
+        raise ValueError(f"max_shard_size= writes transformers' names (model-0000i-of-0000n.safetensors and "
+                         f"model.safetensors.index.json), not {os.path.basename(os.fspath(destination))!r}: give "
+                         "the directory, or a destination named model.safetensors or model.safetensors.index.json")
     return kind
+
+
+def _shards_beside(destination) -> bool:
+    """A ``.safetensors`` file name (not an existing directory) that shards go beside."""
+    dest = os.fspath(destination)
+    return dest.endswith(".safetensors") and not os.path.isdir(dest)
 
 
 def _open_writer(kind, destination, specs, metadata, *, compression, max_shard_size, force, durable,
@@ -298,7 +309,9 @@ def _open_writer(kind, destination, specs, metadata, *, compression, max_shard_s
     sharded = kind == "safetensors" and (max_shard_size is not None or dest.endswith(".json")
                                          or os.path.isdir(dest) or dest.endswith(os.sep))
     if sharded:
-        directory = os.path.dirname(dest) if dest.endswith(".json") else dest
+        # a name (model.safetensors, model.safetensors.index.json): the shards go beside
+        # it, in its directory (issue 26 item 5), not in a directory of that name
+        directory = os.path.dirname(dest) if dest.endswith(".json") or _shards_beside(dest) else dest
         size = max_shard_size if max_shard_size is not None else 1 << 62
         return _st.ShardedWriter(directory or ".", specs, metadata, max_shard_size=size, force=force, durable=durable)
     if os.path.lexists(dest) and not force:
@@ -449,7 +462,9 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     ``destination``: a path whose extension (``.apr``, ``.safetensors``, ``.gguf``; a
     directory or an ``.index.json`` for sharded safetensors) or ``to=`` names the format.
     ``max_shard_size`` (bytes, or "5GB"/"2GiB") writes a sharded safetensors checkpoint
-    named as transformers names it.  An existing destination is refused
+    named as transformers names it, in the destination directory or beside a destination
+    named ``model.safetensors`` (one shard: that file; other ``.safetensors`` names are
+    refused, as the shards could not carry them).  An existing destination is refused
     (DestinationExistsError) unless ``force=True``.
 
     Names, in this order: ``strip_prefix`` (a str or a tuple of them, e.g. "module.")
@@ -601,6 +616,8 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
     try:
         if naming == "auto" and arch is None:
             model = _hf.plan_model(src, kind, destination)
+            if model is not None and model.generated:  # llama.cpp's rope_freqs, made from config.json
+                src = _hf.WithGeneratedTensors(src, model.generated)
             if kind == "apr":  # what a later .apr -> GGUF needs (a GGUF's keys are all kept already)
                 src.metadata = dict(src.metadata, **_hf.apr_record(src))
         if kind == "apr":  # compressed-tensors weights keep their scales' names (docs/FORMAT.md)
@@ -615,6 +632,10 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
             side = model.side_files(outs)
             if side:  # refused before anything is written
                 _hf.write_side_files(side, _hf.side_file_dir(destination), force=force, check_only=True)
+        elif kind in ("gguf", "apr") and _retyped(pairs) and "general.file_type" in (src.metadata or {}):
+            # a GGUF's keys carried over (to GGUF, or kept in .apr for a later GGUF): the
+            # file type follows the tensors as written, not the source's (issue 26 item 5)
+            src.metadata = dict(src.metadata, **{"general.file_type": _hf.file_type([out for _, out in pairs])})
         if mapping is not None and mapping.arch:
             src.metadata = dict(src.metadata, **{NAME_MAPPING_KEY: mapping.metadata()})
         log.debug("convert %s (%s, %d tensors, %d bytes) -> %s (%s): %d tensors written", source, src.format,
@@ -648,6 +669,11 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
             "arch": mapping.arch if mapping is not None else (model.arch.gguf if model is not None else None),
             "names": names, "validation": validator.report(),
             "optimize": optimizer.report(), "quality": gate.report()}
+
+
+def _retyped(pairs) -> bool:
+    """Whether the conversion writes any tensor in another dtype than its source's."""
+    return any(out.dtype is not spec.dtype for spec, out in pairs)
 
 
 def _save_shared(src, destination, pairs, force, durable, progress, validator, optimizer=None, gate=None) -> int:

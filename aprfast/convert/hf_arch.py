@@ -28,7 +28,8 @@ import numpy as np
 from ..errors import CorruptError, LayoutError
 from ..io.atomic import AtomicFile
 from ..tensors import RawTensor
-from ._common import DestinationExistsError
+from . import spm as _spm
+from ._common import DestinationExistsError, Spec
 from .gguf import TYPES_KEY, gguf_metadata
 from .safetensors import _write_all
 from .tokenizer import _read_json
@@ -96,6 +97,10 @@ TENSORS = (
     ("model.layers.{n}.self_attn.rotary_emb.inv_freq", None),
 )
 
+#: Tensors the reference converter generates from config.json (no Hugging Face tensor
+#: has them): dropped on the way back, their meaning returned to config.json.
+GGUF_ONLY = ("rope_freqs.weight",)
+
 #: The pre-tokenizer regexes of the tokenizer.json files llama.cpp names (its
 #: tokenizer.ggml.pre), as Hugging Face writes them.
 PRE_TOKENIZER_REGEX = {
@@ -149,8 +154,11 @@ def hf_to_gguf_name(name: str, family: str = "llama"):
 
 
 def gguf_to_hf_name(name: str, family: str = "llama"):
-    """Hugging Face's name for a llama.cpp tensor name of an architecture ``family``, or
-    ``...`` (no rule knows it)."""
+    """Hugging Face's name for a llama.cpp tensor name of an architecture ``family``,
+    None for one llama.cpp alone has (:data:`GGUF_ONLY`: dropped), or ``...`` (no rule
+    knows it)."""
+    if name in GGUF_ONLY:
+        return None
     rules = _GGUF_TO_HF if family == "llama" else _FAMILY_RULES[family][1]
     out = _apply(rules, name)
     return ... if out is _UNKNOWN else out
@@ -505,6 +513,7 @@ def read_model_dir(directory) -> dict:
                 raise CorruptError(f"{name} is not a JSON object", path=path)
             out[name] = doc
     out.update(_pooling_file(directory))
+    out.update(_read_sentencepiece_files(directory))
     template = os.path.join(directory, "chat_template.jinja")
     if os.path.isfile(template) and os.path.getsize(template) < (4 << 20):
         with open(template, encoding="utf-8") as f:
@@ -530,6 +539,22 @@ def _pooling_file(directory) -> dict:
         doc = _read_json(path) if os.path.isfile(path) else None
         return {POOLING_FILE: doc} if isinstance(doc, dict) else {}
     return {}
+
+
+def _read_sentencepiece_files(directory) -> dict:
+    """A SentencePiece checkpoint's ``tokenizer.model`` (parsed by :mod:`.spm` into a
+    JSON-able dict, so an .apr can record it) and ``added_tokens.json``."""
+    out = {}
+    path = os.path.join(directory, "tokenizer.model")
+    if os.path.isfile(path):
+        out["tokenizer.model"] = _spm.read_model(path)
+    path = os.path.join(directory, "added_tokens.json")
+    if os.path.isfile(path):
+        doc = _read_json(path)
+        if not isinstance(doc, dict):
+            raise CorruptError("added_tokens.json is not a JSON object", path=path)
+        out["added_tokens.json"] = doc
+    return out
 
 
 def arch_for_config(config) -> HFArch | None:
@@ -618,7 +643,7 @@ def gguf_keys(arch: HFArch, files: dict, ftype: int, name: str) -> list:
         if rope_type == "yarn":
             u32("rope.scaling.original_context_length", _int(rope, "original_max_position_embeddings",
                                                                required=True))
-    elif rope_type not in (None, "default"):
+    elif rope_type not in (None, "default") and not _is_llama3_rope(arch, rope_type):
         warnings.warn(f"RoPE scaling {rope_type!r} is not written to the GGUF: llama.cpp will run the model "
                       "without it (long contexts differ from transformers)", ModelConversionWarning, stacklevel=4)
     f32("rope.freq_base", _float(rope, "rope_theta"))
@@ -676,9 +701,14 @@ def pre_tokenizer_name(tokenizer: dict):
 
 def _tokenizer_keys(arch: HFArch, files: dict) -> list:
     """tokenizer.ggml.* for a byte-level BPE tokenizer.json, as the reference converter's
-    ``_set_vocab_gpt2`` and gguf-py's ``SpecialVocab`` write them.  Other tokenizers
-    (SentencePiece ``tokenizer.model``, WordPiece, Unigram) are not converted yet:
-    warned, and the GGUF has no vocabulary."""
+    ``_set_vocab_gpt2`` and gguf-py's ``SpecialVocab`` write them; for LLaMA and
+    Mistral first a SentencePiece vocabulary (:func:`_sentencepiece_keys`).  Other
+    tokenizers (WordPiece, Unigram) are not converted yet: warned, and the GGUF has no
+    vocabulary."""
+    if arch.model_type in _SENTENCEPIECE_ARCHS:
+        keys = _sentencepiece_keys(arch, files)
+        if keys is not None:
+            return keys
     tokenizer = files.get("tokenizer.json")
     model = tokenizer.get("model") if tokenizer else None
     if not isinstance(model, dict) or model.get("type", "BPE") != "BPE" or not isinstance(model.get("vocab"), dict) \
@@ -739,6 +769,160 @@ def _tokenizer_keys(arch: HFArch, files: dict) -> list:
     return keys
 
 
+# --- SentencePiece vocabularies (tokenizer.ggml.model "llama") ---------------------
+#: model_types whose reference converter class (``LlamaModel.set_vocab``) reads a
+#: SentencePiece vocabulary: ``tokenizer.model``, else a byte-fallback BPE
+#: tokenizer.json (Llama 2's LlamaTokenizerFast), before the byte-level BPE path.
+_SENTENCEPIECE_ARCHS = ("llama", "mistral")
+UNKNOWN, BYTE = _spm.UNKNOWN, _spm.BYTE
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _sentencepiece_keys(arch: HFArch, files: dict):
+    """tokenizer.ggml.* of a SentencePiece vocabulary (the reference converter's
+    ``_set_vocab_sentencepiece`` from tokenizer.model, else ``_set_vocab_llama_hf`` from
+    a byte-fallback BPE tokenizer.json), or None when the model has neither."""
+    config = files["config.json"]
+    tok_config = files.get("tokenizer_config.json") or {}
+    tokenizer = files.get("tokenizer.json")
+    if isinstance(files.get("tokenizer.model"), dict):
+        tokens, scores, types = _vocab_from_model(files["tokenizer.model"], config, tok_config,
+                                                  files.get("added_tokens.json") or {})
+    elif _is_llama_hf(tokenizer):
+        tokens, scores, types = _vocab_from_llama_hf(tokenizer, tok_config)
+    else:
+        return None
+    keys = []
+    if isinstance(tok_config.get("add_prefix_space"), bool):
+        keys.append(("tokenizer.ggml.add_space_prefix", "BOOL", tok_config["add_prefix_space"]))
+    keys += [("tokenizer.ggml.model", "STRING", "llama"), ("tokenizer.ggml.pre", "STRING", "default"),
+             ("tokenizer.ggml.tokens", ["ARRAY", "STRING"], tokens),
+             ("tokenizer.ggml.scores", ["ARRAY", "F32"], scores),
+             ("tokenizer.ggml.token_type", ["ARRAY", "I32"], types)]
+    added = [t for t in (tokenizer or {}).get("added_tokens") or [] if isinstance(t, dict)]
+    keys += _special_keys(tokenizer or {}, tok_config, config, added, files, n_vocab=len(tokens))
+    return keys
+
+
+def _vocab_size(config, default: int) -> int:
+    size = config.get("vocab_size", default)
+    if type(size) is not int or not 0 < size <= 4 * default + 1024:
+        raise CorruptError(f"config.json vocab_size {size!r} does not fit a vocabulary of {default} tokens")
+    return size
+
+
+def _token_id(value, what: str) -> int:
+    if isinstance(value, str) and value.isdigit():  # tokenizer_config.json's added_tokens_decoder keys
+        value = int(value)
+    if type(value) is not int or value < 0:
+        raise CorruptError(f"{what}: token id {value!r} is not a non-negative integer")
+    return value
+
+
+def _vocab_from_model(model: dict, config: dict, tok_config: dict, added_tokens: dict):
+    """(tokens, scores, types) as ``_create_vocab_sentencepiece`` makes them: the
+    pieces (user-defined ones typed normal, as ``SentencePieceProcessor`` has no
+    ``IsUserDefined`` there), padded to config.json's vocab_size with ``[PADi]``, then
+    added_tokens.json and tokenizer_config.json's ``added_tokens_decoder`` over them."""
+    pieces = model.get("pieces")
+    if not isinstance(pieces, list) or not pieces:
+        raise CorruptError("tokenizer.model has no pieces")
+    size = _vocab_size(config, len(pieces))
+    tokens = [f"[PAD{i}]" for i in range(size)]
+    scores, types = [-10000.0] * size, [UNUSED] * size
+    kinds = {UNKNOWN: UNKNOWN, CONTROL: CONTROL, UNUSED: UNUSED, BYTE: BYTE}
+    for i, piece in enumerate(pieces[:size]):
+        if not (isinstance(piece, list) and len(piece) == 3 and isinstance(piece[0], str)
+                and isinstance(piece[1], (int, float)) and type(piece[2]) is int):
+            raise CorruptError(f"tokenizer.model piece {i} is not [text, score, type]")
+        tokens[i], scores[i], types[i] = piece[0], float(piece[1]), kinds.get(piece[2], NORMAL)
+    for text, i in added_tokens.items():
+        i = _token_id(i, "added_tokens.json")
+        if i < size:
+            tokens[i], scores[i], types[i] = text, -1000.0, USER_DEFINED
+    decoder = tok_config.get("added_tokens_decoder")
+    decoder = {} if decoder is None else decoder
+    if not isinstance(decoder, dict):
+        raise CorruptError("tokenizer_config.json added_tokens_decoder is not an object")
+    for key, entry in decoder.items():
+        i = _token_id(key, "tokenizer_config.json added_tokens_decoder")
+        text = _token_text(entry) if isinstance(entry, dict) else None
+        if text is None:
+            raise CorruptError(f"tokenizer_config.json added_tokens_decoder {key!r} has no content")
+        if i >= size:
+            continue
+        if entry.get("special") or _looks_special(text):
+            types[i] = CONTROL
+        else:
+            text = text.replace("\u2581", " ")
+            types[i] = USER_DEFINED
+        tokens[i], scores[i] = text, -1000.0
+    return tokens, scores, types
+
+
+def _is_llama_hf(tokenizer) -> bool:
+    """gguf-py ``LlamaHfVocab``'s test: a BPE tokenizer.json with byte fallback and a
+    Sequence decoder (Llama 2's LlamaTokenizerFast), not Llama 3's."""
+    model = tokenizer.get("model") if isinstance(tokenizer, dict) else None
+    if not isinstance(model, dict) or model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        return False
+    decoder = tokenizer.get("decoder")
+    return bool(model.get("byte_fallback")) and isinstance(decoder, dict) and decoder.get("type") == "Sequence"
+
+
+def _special_texts(tok_config: dict) -> set:
+    """transformers' ``all_special_tokens``: the named special tokens of
+    tokenizer_config.json and its extra/additional ones."""
+    out = set()
+    for typ in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"):
+        text = _token_text(tok_config.get(f"{typ}_token"))
+        if text is not None:
+            out.add(text)
+    for key in ("extra_special_tokens", "additional_special_tokens"):
+        extra = tok_config.get(key)
+        for entry in extra if isinstance(extra, list) else []:
+            text = _token_text(entry)
+            if text is not None:
+                out.add(text)
+    return out
+
+
+def _vocab_from_llama_hf(tokenizer: dict, tok_config: dict):
+    """(tokens, scores, types) as gguf-py's ``LlamaHfVocab`` makes them: the model's
+    vocabulary in id order (``<0xXX>`` byte tokens, transformers' special tokens
+    control, the rest normal), then the added tokens past it; every score -1000."""
+    vocab = tokenizer["model"]["vocab"]
+    base = len(vocab)
+    reverse = {}
+    for text, i in vocab.items():
+        reverse[_token_id(i, "tokenizer.json vocab")] = text
+    added = {}
+    for entry in tokenizer.get("added_tokens") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("content"), str):
+            i = _token_id(entry.get("id"), "tokenizer.json added_tokens")
+            reverse[i] = entry["content"]
+            added[entry["content"]] = i
+    if len(reverse) > 4 * base + 1024:
+        raise CorruptError(f"tokenizer.json has {len(reverse)} ids for a vocabulary of {base}")
+    specials = {reverse_id for text in _special_texts(tok_config)
+                for reverse_id in [vocab.get(text, added.get(text))] if type(reverse_id) is int}
+    beyond = sorted((i, text) for text, i in added.items() if i >= base)
+    skipped = {i for i, _ in beyond}
+    tokens, types = [], []
+    for i in range(base):
+        if i in skipped:
+            continue
+        if i not in reverse:
+            raise CorruptError(f"tokenizer.json has no token with id {i} (of {base})")
+        text = reverse[i]
+        tokens.append(text)
+        types.append(BYTE if _BYTE_TOKEN.fullmatch(text) else CONTROL if i in specials else NORMAL)
+    for i, text in beyond:
+        tokens.append(text)
+        types.append(CONTROL if i in specials else USER_DEFINED)
+    return tokens, [-1000.0] * len(tokens), types
+
+
 def _merges(merges) -> list:
     if not isinstance(merges, list) or not merges:
         return []
@@ -753,7 +937,7 @@ def _merges(merges) -> list:
     return out
 
 
-def _special_keys(tokenizer, tok_config, config, added, files) -> list:
+def _special_keys(tokenizer, tok_config, config, added, files, n_vocab=None) -> list:
     """Special ids, add_bos/add_eos, chat template: gguf-py SpecialVocab's rules for
     the simple post-processors (ByteLevel, a TemplateProcessing with the BOS first /
     the EOS last)."""
@@ -783,11 +967,11 @@ def _special_keys(tokenizer, tok_config, config, added, files) -> list:
         if text is None:
             continue
         found = next((t.get("id") for t in added if t.get("content") == text), None)
-        if type(found) is int and found >= 0:
+        if type(found) is int and 0 <= found < (n_vocab if n_vocab is not None else found + 1):
             ids.setdefault(typ, found)
     for typ, _ in _SPECIAL_KEYS:
         value = config.get(f"{typ}_token_id")
-        if type(value) is int and value >= 0:
+        if type(value) is int and 0 <= value < (n_vocab if n_vocab is not None else value + 1):
             ids.setdefault(typ, value)
     names = dict(_SPECIAL_KEYS)
     keys = [(f"tokenizer.ggml.{names[typ]}", "U32", i) for typ, i in ids.items()]
@@ -840,6 +1024,158 @@ def gguf_tensor_dtype(gguf_name: str, shape, dtype_name: str):
     return "F32" if dtype_name == "F64" else None
 
 
+# --- Llama 3.1's "llama3" RoPE scaling: the rope_freqs.weight tensor --------------
+#: model_types whose reference converter class (``LlamaModel.generate_extra_tensors``)
+#: turns a ``llama3`` RoPE scaling into ``rope_freqs.weight``.
+_LLAMA3_ROPE_ARCHS = ("llama", "mistral")
+#: Llama 3.1's own llama3 parameters (3.1, 3.2 and 3.3 differ only in ``factor``): what
+#: GGUF -> Hugging Face tries when the GGUF has no recorded config.json.
+LLAMA3_ROPE_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _is_llama3_rope(arch: HFArch, rope_type) -> bool:
+    return arch.model_type in _LLAMA3_ROPE_ARCHS and isinstance(rope_type, str) and rope_type.lower() == "llama3"
+
+
+def _rdiv(number: float, x: np.ndarray) -> np.ndarray:
+    """``number / x`` as PyTorch computes a Python number over a float32 tensor: the
+    reciprocal times the number, both in float32 (the reference converter's arithmetic,
+    reproduced to the bit)."""
+    return (np.float32(1) / x) * np.float32(number)
+
+
+def llama3_rope_factors(dim: int, theta: float, factor: float, low_freq_factor: float, high_freq_factor: float,
+                        original_max_position_embeddings: int) -> np.ndarray:
+    """The ``rope_freqs.weight`` llama.cpp divides each rotary frequency by, for a
+    ``llama3`` RoPE scaling: 1 for wavelengths below ``original / high_freq_factor``,
+    ``factor`` above ``original / low_freq_factor``, and between them the smooth blend
+    (transformers' ``_compute_llama3_parameters`` and the reference converter's
+    ``generate_extra_tensors``), float32, ``dim // 2`` values.
+
+    The arithmetic is the reference's float32 operation for operation; only its
+    ``theta ** x`` is computed in float64 and rounded, where PyTorch's vectorized float32
+    power may differ by an ulp or two (for Llama 3.1/3.2's own parameters the two agree
+    bit for bit).
+
+    Args:
+        dim: The rotary dimension (``head_dim``, else hidden size / heads).
+        theta: ``rope_theta``.
+        factor: The scaling factor.
+        low_freq_factor: The low-frequency factor.
+        high_freq_factor: The high-frequency factor.
+        original_max_position_embeddings: The context the model was trained at.
+
+    Returns:
+        A float32 NumPy array of ``dim // 2`` factors.
+
+    Raises:
+        CorruptError: A parameter out of range (non-positive, or equal high and low factors).
+
+    Example:
+        >>> llama3_rope_factors(8, 10000.0, 8.0, 1.0, 4.0, 16).tolist()
+        [1.7359412908554077, 8.0, 8.0, 8.0]
+    """
+    values = (theta, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
+    if dim <= 0 or dim % 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+                                      and v > 0 for v in values) or high_freq_factor == low_freq_factor:
+        raise CorruptError(f"llama3 RoPE scaling parameters out of range: dim {dim}, theta, factor, low/high "
+                           f"frequency factors, original context {values}")
+    f32 = np.float32
+    exponents = np.arange(0, dim, 2, dtype=f32) / f32(dim)
+    freqs = _rdiv(1.0, np.power(float(theta), exponents.astype(np.float64)).astype(f32))
+    wavelen = _rdiv(2 * np.pi, freqs)
+    smooth = (_rdiv(original_max_position_embeddings, wavelen) - f32(low_freq_factor)) \
+        / f32(high_freq_factor - low_freq_factor)
+    blended = _rdiv(1.0, (f32(1) - smooth) / f32(factor) + smooth)
+    return np.where(wavelen < f32(original_max_position_embeddings / high_freq_factor), f32(1),
+                    np.where(wavelen > f32(original_max_position_embeddings / low_freq_factor), f32(factor),
+                             blended)).astype(f32)
+
+
+def _rope_dim(config: dict) -> int:
+    head_dim = _int(config, "head_dim")
+    if head_dim is not None:
+        return head_dim
+    n_head = _int(config, "num_attention_heads", required=True)
+    if not n_head:
+        raise CorruptError("config.json num_attention_heads is 0")
+    return _int(config, "hidden_size", required=True) // n_head
+
+
+def generated_tensors(arch: HFArch, config: dict) -> dict:
+    """Tensors the reference converter adds for this config.json (name -> float32
+    array): ``rope_freqs.weight`` for a ``llama3`` RoPE scaling, else none."""
+    rope = _rope(config)
+    if not _is_llama3_rope(arch, rope.get("rope_type")):
+        return {}
+    theta = _float(rope, "rope_theta")
+
+    def number(key, default):
+        value = rope.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CorruptError(f"config.json llama3 RoPE {key!r} is {value!r}, not a number")
+        return value
+
+    factors = llama3_rope_factors(
+        _rope_dim(config), theta if theta is not None else 10000.0, number("factor", 8.0),
+        number("low_freq_factor", 1.0), number("high_freq_factor", 4.0),
+        number("original_max_position_embeddings", 8192))
+    return {"rope_freqs.weight": factors}
+
+
+def rope_from_factors(arch: HFArch, kv: dict, factors) -> dict | None:
+    """config.json's ``rope_parameters`` for a GGUF's ``rope_freqs.weight`` when it is
+    Llama 3.1's ``llama3`` scaling (:data:`LLAMA3_ROPE_DEFAULTS`, ``factor`` its largest
+    value) recomputed to the same values within an ulp, else None: the four parameters
+    cannot be solved for from the factors in general."""
+    a = arch.gguf
+    values = np.asarray(factors, dtype=np.float32).reshape(-1)
+    if not values.size or not np.all(np.isfinite(values)) or values.max() <= 1:
+        return None
+    theta = _kv_float(kv, f"{a}.rope.freq_base") or 10000.0
+    dim = _kv_int(kv, f"{a}.rope.dimension_count")
+    if dim is None or dim != 2 * values.size:
+        return None
+    guess = dict(LLAMA3_ROPE_DEFAULTS, factor=float(values.max()))
+    try:
+        again = llama3_rope_factors(dim, theta, guess["factor"], guess["low_freq_factor"],
+                                    guess["high_freq_factor"], guess["original_max_position_embeddings"])
+    except CorruptError:
+        return None
+    if not np.allclose(again, values, rtol=1e-6, atol=0):
+        return None
+    return dict(guess, rope_type="llama3", rope_theta=theta)
+
+
+class WithGeneratedTensors:
+    """A source with the tensors of :func:`generated_tensors` before its own (the
+    reference converter writes them first); everything else is the source's."""
+
+    def __init__(self, source, tensors: dict):
+        from .. import dtypes
+
+        self._source = source
+        self._values = {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in tensors.items()}
+        self._generated = [Spec(name, dtypes.by_name("F32"), tuple(value.shape))
+                           for name, value in self._values.items()]
+        self.specs = self._generated + [s for s in source.specs if s.name not in self._values]
+
+    def read(self, spec, scratch=None):
+        """The generated value, else the source's tensor."""
+        if any(spec is g for g in self._generated):
+            return self._values[spec.name].copy()
+        return self._source.read(spec, scratch)
+
+    def raw_range(self, spec):
+        """None for a generated tensor (no bytes in a file), else the source's."""
+        if any(spec is g for g in self._generated):
+            return None
+        return self._source.raw_range(spec) if hasattr(self._source, "raw_range") else None
+
+    def __getattr__(self, name):
+        return getattr(self._source, name)
+
+
 # --- GGUF -> Hugging Face ----------------------------------------------------------
 def _kv_int(kv, key):
     value = kv.get(key)
@@ -852,11 +1188,12 @@ def _kv_float(kv, key):
 
 
 def hf_files(arch: HFArch, kv: dict, specs, dtype: str) -> dict:
-    """``{"config.json": ..., "generation_config.json": ..., "tokenizer.json": ...,
-    "tokenizer_config.json": ...}`` for a GGUF of ``arch`` (its keys ``kv``, its output
+    """``{"config.json": ..., "generation_config.json": ..., "tokenizer.json" or
+    "tokenizer.model": ..., "tokenizer_config.json": ...}`` for a GGUF of ``arch`` (its keys ``kv``, its output
     tensors ``specs`` with Hugging Face names): the config the GGUF recorded under
     :data:`HF_CONFIG_KEY` when it has one, else one built from its keys; the tokenizer
-    files only when the GGUF holds a byte-level BPE vocabulary."""
+    files when the GGUF holds a byte-level BPE vocabulary (tokenizer.json) or a
+    SentencePiece one (tokenizer.model)."""
     names = {s.name for s in specs}
     stored = kv.get(HF_CONFIG_KEY)
     config = None
@@ -919,6 +1256,8 @@ def _hf_tokenizer(arch: HFArch, kv: dict) -> dict:
     """tokenizer.json and tokenizer_config.json from a GGUF's byte-level BPE vocabulary
     (tokenizer.ggml.model "gpt2"), or {} for any other."""
     tokens, types = kv.get("tokenizer.ggml.tokens"), kv.get("tokenizer.ggml.token_type")
+    if kv.get("tokenizer.ggml.model") == "llama" and isinstance(tokens, list):
+        return _hf_sentencepiece(kv, tokens, types)
     if kv.get("tokenizer.ggml.model") != "gpt2" or not isinstance(tokens, list):
         return {}
     if not isinstance(types, list) or len(types) != len(tokens):
@@ -1021,9 +1360,52 @@ def _hf_wordpiece(kv: dict) -> dict:
     return {"tokenizer.json": tokenizer, "tokenizer_config.json": tok_config}
 
 
+def _hf_sentencepiece(kv: dict, tokens: list, types) -> dict:
+    """tokenizer.model and tokenizer_config.json from a GGUF's SentencePiece vocabulary
+    (tokenizer.ggml.model "llama"): a BPE ModelProto of its tokens, scores and types
+    (llama.cpp's SentencePiece tokenizer merges by score, as a BPE model does), which
+    transformers' LlamaTokenizer loads."""
+    scores = kv.get("tokenizer.ggml.scores")
+    if not isinstance(scores, list) or len(scores) != len(tokens):
+        scores = [0.0] * len(tokens)
+    if not isinstance(types, list) or len(types) != len(tokens):
+        types = [NORMAL] * len(tokens)
+    pieces = []
+    for i, (token, score, kind) in enumerate(zip(tokens, scores, types)):
+        if not isinstance(token, str) or isinstance(score, bool) or not isinstance(score, (int, float)):
+            raise CorruptError(f"tokenizer.ggml token {i} is not a string with a numeric score")
+        kind = kind if kind in (NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE) else NORMAL
+        pieces.append((token, float(score) if np.isfinite(score) else -1e9, kind))
+
+    def special(key, default):
+        i = _kv_int(kv, f"tokenizer.ggml.{key}")
+        return i if i is not None and 0 <= i < len(tokens) else default
+
+    ids = {"unk": special("unknown_token_id", 0), "bos": special("bos_token_id", -1),
+           "eos": special("eos_token_id", -1), "pad": special("padding_token_id", -1)}
+    add_prefix = kv.get("tokenizer.ggml.add_space_prefix")
+    model = _spm.write_model(pieces, model_type="BPE", unk_id=ids["unk"], bos_id=ids["bos"], eos_id=ids["eos"],
+                             pad_id=ids["pad"], byte_fallback=any(t == BYTE for _, _, t in pieces),
+                             add_dummy_prefix=add_prefix if isinstance(add_prefix, bool) else True)
+    tok_config = {"tokenizer_class": "LlamaTokenizer", "clean_up_tokenization_spaces": False, "legacy": False}
+    for which, i in ids.items():
+        if i >= 0:
+            tok_config[f"{which}_token"] = tokens[i]
+    for which in ("bos", "eos"):
+        value = kv.get(f"tokenizer.ggml.add_{which}_token")
+        if isinstance(value, bool):
+            tok_config[f"add_{which}_token"] = value
+    if isinstance(add_prefix, bool):
+        tok_config["add_prefix_space"] = add_prefix
+    template = kv.get("tokenizer.chat_template")
+    if isinstance(template, str):
+        tok_config["chat_template"] = template
+    return {"tokenizer.model": model, "tokenizer_config.json": tok_config}
+
+
 # --- the conversion plan -----------------------------------------------------------
 #: Files a Hugging Face destination gets beside its weights.
-SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 class ModelConversion:
@@ -1059,6 +1441,26 @@ class ModelConversion:
                           f"(the engine will not use them): {shown}", ModelConversionWarning, stacklevel=4)
         if arch.permute:
             self._plan_rows(source.specs)
+        #: tensors the destination's engine needs that the source has no tensor for
+        self.generated = generated_tensors(arch, self.files["config.json"]) if direction == "hf-to-gguf" else {}
+        self._rope = self._rope_back(source) if direction == "gguf-to-hf" else None
+
+    def _rope_back(self, source):
+        """rope_parameters for a GGUF's rope_freqs.weight when its config.json is not
+        recorded (see :func:`rope_from_factors`); warned when it cannot be recovered."""
+        spec = next((s for s in source.specs if s.name == "rope_freqs.weight"), None)
+        if spec is None or isinstance(self._kv.get(HF_CONFIG_KEY), str):
+            return None
+        value = source.read(spec)
+        rope = None
+        if not isinstance(value, RawTensor):
+            rope = rope_from_factors(self.arch, self._kv, value)
+        if rope is None:
+            warnings.warn("the GGUF's rope_freqs.weight is not Llama 3.1's llama3 RoPE scaling and it records no "
+                          "config.json: config.json gets no rope scaling (transformers' logits will differ "
+                          "from llama.cpp's); add the source's rope_parameters by hand", ModelConversionWarning,
+                          stacklevel=5)
+        return rope
 
     def _heads(self):
         if self.direction == "hf-to-gguf":
@@ -1124,7 +1526,11 @@ class ModelConversion:
             return {}
         types = [s.dtype.name for s in specs if len(s.shape) == 2]
         dtype = max(sorted(set(types)), key=types.count) if types else "F32"
-        return hf_files(self.arch, self._kv, specs, dtype)
+        files = hf_files(self.arch, self._kv, specs, dtype)
+        if self._rope:
+            config = files["config.json"]
+            config["rope_parameters"] = dict(config.get("rope_parameters") or {}, **self._rope)
+        return files
 
 
 def side_file_dir(destination) -> str:
@@ -1220,7 +1626,7 @@ def _from_gguf(source, kv):
 
 
 def write_side_files(files: dict, directory, *, force: bool, durable: bool = True, check_only: bool = False) -> None:
-    """Write ``files`` (name -> JSON object) in ``directory``, each atomically; an
+    """Write ``files`` (name -> JSON object, or bytes: tokenizer.model) in ``directory``, each atomically; an
     existing one is refused unless ``force``.  ``check_only``: only the refusal."""
     for name in files:
         path = os.path.join(directory, name)
@@ -1231,7 +1637,7 @@ def write_side_files(files: dict, directory, *, force: bool, durable: bool = Tru
         return
     os.makedirs(directory or ".", exist_ok=True)
     for name, doc in files.items():
-        data = (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+        data = doc if isinstance(doc, bytes) else (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
         atomic = AtomicFile(os.path.join(directory, name), durable=durable)
         try:
             _write_all(atomic.fd, data)

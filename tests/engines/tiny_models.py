@@ -208,3 +208,62 @@ def make_bert(directory, seed: int = 0):
 
 
 OTHER_ARCHS = {"gpt2": make_gpt2, "bert": make_bert}
+
+
+#: The SentencePiece vocabulary of the Llama 2 style checkpoints (256 byte pieces,
+#: <unk>/<s>/</s> and the merges trained on the corpus).
+SP_VOCAB = 512
+
+
+def make_sentencepiece_tokenizer(directory, kind: str = "model") -> None:
+    """A Llama 2 style SentencePiece BPE tokenizer with byte fallback, trained here on
+    the fixed corpus: ``tokenizer.model`` beside the ``tokenizer.json`` and
+    ``tokenizer_config.json`` transformers writes from it (``kind="model"``, as Llama 2
+    and Mistral checkpoints ship), or only those two (``kind="json"``: the
+    LlamaTokenizerFast kind)."""
+    import os
+    from pathlib import Path
+
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+
+    directory = Path(directory)
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n".join(_corpus()), encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(directory / "sp"), vocab_size=SP_VOCAB,
+                                   model_type="bpe", byte_fallback=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   character_coverage=1.0, num_threads=1, minloglevel=2,
+                                   # Llama 2's normalizer: text kept as it is, spaces included
+                                   normalization_rule_name="identity", remove_extra_whitespaces=False)
+    os.replace(directory / "sp.model", directory / "tokenizer.model")
+    for name in ("sp.vocab", "corpus.txt"):
+        os.remove(directory / name)
+    (directory / "tokenizer_config.json").write_text(
+        '{"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}')
+    tok = AutoTokenizer.from_pretrained(directory)
+    tok.save_pretrained(directory)
+    if kind == "json":
+        os.remove(directory / "tokenizer.model")
+
+
+def make_sentencepiece_model(directory, kind: str = "model", seed: int = 0, **overrides):
+    """A tiny LlamaForCausalLM over :func:`make_sentencepiece_tokenizer`'s vocabulary;
+    ``overrides`` go into its LlamaConfig.  Returns the model (eval mode, float32)."""
+    import torch
+    import transformers
+
+    make_sentencepiece_tokenizer(directory, kind)
+    params = dict(vocab_size=SP_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    params.update(overrides)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**params)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.add_(0.1 * torch.randn_like(param))
+            elif name.endswith(("q_proj.weight", "k_proj.weight")):
+                param.normal_(0.0, 0.3)
+    model.save_pretrained(directory)
+    return model
