@@ -10,6 +10,9 @@ Method (the same for every row of every script):
 * A sample is one call, or, for calls too short for the timer, a loop of calls lasting
   about ``min_sample`` seconds (like timeit) divided by its length.  ``setup`` runs
   before every call outside the timed region (e.g. removing the destination of a save).
+  With ``independent=True`` (bench_containers.py's default) a sample is always one
+  call, its result dropped untimed before the next tool runs: the loop an outside
+  reviewer writes, where no call reuses buffers its own predecessor just freed.
 * Reported: the median over the rounds and the min..max range.  Ratios are
   peer median / aprfast median: above 1 means aprfast is faster.
 """
@@ -100,16 +103,48 @@ def _calibrate(fn, min_sample, setup, first):
     return number
 
 
+def _once(fn, setup) -> float:
+    """One independent sample: ``setup``, one timed call, and its result dropped (and
+    garbage collected) after the clock stops, so the next tool starts without it."""
+    if setup is not None:
+        setup()
+    gc.collect()
+    start = time.perf_counter()
+    result = fn()
+    elapsed = time.perf_counter() - start
+    del result
+    gc.collect()
+    return elapsed
+
+
 def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None, slow: float | None = None,
-                slow_rounds: int = 3) -> dict:
+                slow_rounds: int = 3, independent: bool = False) -> dict:
     """Time every tool of ``tools`` (name -> zero-argument callable) round-robin.
 
     ``setup`` is a callable run before every call (of every tool) outside the timed
     region, or a dict name -> callable.  A tool whose warm-up call took longer than
     ``slow`` seconds is sampled in the first ``slow_rounds`` rounds only (its cell then
     says n=...), so one very slow peer cannot stretch a run by minutes.
+
+    ``independent``: every sample is one call whose result is dropped, untimed, before
+    the next tool runs (``min_sample`` is ignored): no call of a tool follows another of
+    the same tool, so none reuses the memory its predecessor just freed, and freeing a
+    result is not timed.  Otherwise a sample is a loop of calls of one tool (about
+    ``min_sample`` seconds; results freed inside the loop, where each call may reuse
+    the last one's buffers).
     Returns name -> Samples (seconds per call)."""
     setups = setup if isinstance(setup, dict) else {name: setup for name in tools}
+    if independent:
+        limit = {}
+        for name, fn in tools.items():
+            first = _once(fn, setups.get(name))  # warm-up: page cache, first touch, code paths
+            limit[name] = slow_rounds if slow is not None and first > slow else rounds
+        out = {name: Samples() for name in tools}
+        for i in range(rounds):
+            for name, fn in tools.items():
+                if i < limit[name]:
+                    out[name].append(_once(fn, setups.get(name)))
+        return out
     numbers, limit = {}, {}
     for name, fn in tools.items():
         first = _run(fn, 1, setups.get(name))  # warm-up: page cache, first touch, code paths

@@ -279,3 +279,25 @@ def test_load_file_refuses_an_unknown_backend_before_reading(tmp_path):
     for device in ("cpu", "meta"):
         with pytest.raises(ValueError, match="backend"):
             aprfast_torch.load_file(path, device=device, backend="uring")
+
+
+def test_load_file_checks_the_crc_by_default_and_verify_false_gives_lazy_private_views(tmp_path):
+    """The drop-in's default reads every byte for the whole-file CRC (documented);
+    ``verify=False`` is safetensors' load_file: writable tensors over a private map,
+    nothing checked, writes never reaching the file."""
+    tensors = {"a": torch.arange(4096, dtype=torch.float32), "b": torch.ones(1024, dtype=torch.float32)}
+    path = tmp_path / "m.apr"
+    aprfast_torch.save_file(tensors, path)
+    data = bytearray(path.read_bytes())
+    with aprfast.open(path) as f:
+        info = f.info("a")
+    data[info.offset + 4] ^= 0x01  # a flipped bit in "a"'s second float
+    path.write_bytes(bytes(data))
+    for backend in ("mmap", "pread"):
+        with pytest.raises(aprfast.ChecksumError):
+            aprfast_torch.load_file(path, backend=backend)
+    loaded = aprfast_torch.load_file(path, verify=False)
+    assert torch.equal(loaded["b"], tensors["b"])
+    assert loaded["a"][1].item() != 1.0 and torch.equal(loaded["a"][2:], tensors["a"][2:])
+    loaded["b"] += 1  # private: the process's copy changes, the file does not
+    assert path.read_bytes() == bytes(data)

@@ -100,8 +100,9 @@ def edit(path, metadata=None, rename=None, drop=None, *, signing_key=None, durab
         drop: Names of tensors to remove from the index.
         signing_key: Ed25519 seed (32 bytes) to sign a signed file again (required for one).
         durable: fsync before returning (in place: once between the two writes, once
-            after); ``False`` still leaves old-or-new after a process crash, not after
-            a power loss.
+            after: docs/FORMAT.md §5.2 says why one cannot keep both old-or-new and
+            on-disk-on-return); ``False`` still leaves old-or-new after a process
+            crash, not after a power loss.
         reserve: Room to leave when the file has to be rewritten, in bytes: ``None``
             keeps the file's kind (a file with room gets at least as much again, at
             least the new metadata and index; a file without keeps aprender's bytes),

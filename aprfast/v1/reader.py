@@ -431,6 +431,47 @@ class V1File(TensorMapping):
         out[...] = view
         return out
 
+    def get_tensors(self, names, copy: bool = False) -> dict:
+        """Several tensors at once, as :meth:`get_tensor` gives them one by one.  Every
+        name is checked before anything is read.  A plain or "whole" file is served by
+        :meth:`aprfast.AprFile.get_tensors` (a file read with ``pread``, or ``copy``:
+        tensors within 64 KiB of each other read with one read); a TRUENO file's tensors
+        are views of the map (or aligned copies); a STREAMING file's are each decoded from
+        their own chunks, which are checked as they are read.  Python work per tensor is a
+        lookup and an array view.
+
+        Args:
+            names: The tensors' names (an iterable of str; repeats are read once).
+            copy: Owned arrays instead of views of the map.
+
+        Returns:
+            A dict of name to tensor, in the order of ``names``.
+
+        Raises:
+            TensorNotFoundError: A name the file does not hold (nothing is read).
+            ChecksumError: A STREAMING chunk fails its CRC32.
+            SignatureError: A signed file's chunk does not match its digest.
+            DecryptError: A chunk fails its AES-GCM tag.
+            AprIOError: The file is closed, or a read failed.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> from aprfast import v1
+            >>> v1.save_model({f"e{i}": np.full(3, i, np.float32) for i in range(4)}, "v1.apr",
+            ...               streaming=True, chunk_size=12)
+            >>> with aprfast.open("v1.apr") as f:
+            ...     got = f.get_tensors(["e3", "e1"])
+            >>> list(got), got["e3"].tolist()
+            (['e3', 'e1'], [3.0, 3.0, 3.0])
+        """
+        if self._inner is not None:
+            return self._inner.get_tensors(names, copy)
+        names = list(dict.fromkeys(names))
+        check = self._record if self._chunks is not None else self._entry
+        for name in names:  # every name checked before anything is read
+            check(name)
+        return {name: self._get_tensor(name, copy) for name in names}
+
     def get_slice(self, name: str):
         """``[...]`` on the result reads only what the key needs: for a STREAMING file the
         chunks covering the rows (axis 0) the key selects; for mapped files the pages.
