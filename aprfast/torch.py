@@ -85,18 +85,20 @@ def save(tensors, metadata=None, **options) -> bytes:
     return api.save(_to_numpy(tensors), metadata, **options)
 
 
-def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool = True) -> dict:
+def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool | None = None) -> dict:
     """Every tensor of ``filename`` on ``device``, writable.
 
     ``backend="mmap"`` (the default, as in safetensors) gives CPU tensors over a private
     copy-on-write map: no copy, writes never reach the file.  ``backend="pread"`` reads
     the data section into one owned buffer with parallel ``pread``; ``backend="direct"``
-    reads it around the page cache (``O_DIRECT``, :mod:`aprfast.io.direct`).  The whole-file CRC
-    is checked unless ``verify=False``: that reads every byte of the file once, so with the
-    default map it is most of the call (about 15-20 ms for 500 MiB in the page cache on
-    one core), where ``safetensors.torch.load_file``, which has no checksum, reads no tensor
-    data at all.  ``verify=False`` gives safetensors' semantics exactly: lazy tensors over
-    the map, pages read when first touched.  ``device="meta"`` reads only the index: tensors
+    reads it around the page cache (``O_DIRECT``, :mod:`aprfast.io.direct`).  As
+    :func:`aprfast.load_file` does, the default checks the whole-file CRC where the bytes are
+    read anyway (``"pread"``, ``"direct"``, another device: computed on the way) and not over
+    the map, whose tensors are lazy as safetensors' are: checking would read every byte of
+    the file at open (about 15-20 ms for 500 MiB in the page cache on one core, where
+    ``safetensors.torch.load_file`` reads no tensor data at all).  The index, every offset
+    and size are checked in all cases; ``verify=True`` adds the CRC over the map too, and
+    ``verify=False`` skips it everywhere.  ``device="meta"`` reads only the index: tensors
     with shapes and dtypes and no data.  Any other device (``"cuda:0"``, ``0``) gets
     tensors allocated there and filled through pinned staging buffers, reads overlapping
     copies (:func:`load_to_device`); the model is never built in CPU memory first.
@@ -105,7 +107,8 @@ def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool = T
         filename: The path to read.
         device: "cpu", "meta", a CUDA device ("cuda:0", an int) or a ``torch.device``.
         backend: "mmap", "pread" or "direct".
-        verify: Check the whole-file CRC.
+        verify: Check the whole-file CRC: None (default) where the bytes are read
+            anyway (not with ``backend="mmap"`` on CPU), True always, False never.
 
     Returns:
         A dict of name to torch.Tensor on ``device``.
@@ -130,12 +133,12 @@ def load_file(filename, device="cpu", *, backend: str = "mmap", verify: bool = T
     target = torch.device(device)
     if target.type != "cpu":
         with AprFile(filename, mode="pread") as f:
-            return load_to_device(f, target, verify=verify)
+            return load_to_device(f, target, verify=verify is not False)
     if backend == "mmap":
-        with AprFile(filename, mode="private", verify=verify) as f:
+        with AprFile(filename, mode="private", verify=bool(verify)) as f:
             return _to_torch(f, f.tensors(), device)
     with AprFile(filename, mode=backend) as f:
-        return _to_torch(f, f.load_all(verify=verify), device)
+        return _to_torch(f, f.load_all(verify=verify is not False), device)
 
 
 def _meta_tensors(path) -> dict:

@@ -27,8 +27,9 @@ Like with like, row by row (aprfast | safetensors | best other tool | limit):
   ``get_tensor`` and ``safetensors.torch.load_file`` (views of a private mmap; need
   torch) | ``torch.load(mmap=True)``, ``np.load(mmap_mode="r")`` per .npy, GGUFReader.
   In the same round-robin, two rows for the drop-in ``aprfast.torch.load_file`` against
-  ``safetensors.torch.load_file``: with its default whole-file CRC (which reads every
-  byte) and with ``verify=False`` (like for like: lazy tensors over a private map).
+  ``safetensors.torch.load_file``: its default (like for like: lazy tensors over a
+  private map, nothing read) and with ``verify=True`` (the whole-file CRC, which reads
+  every byte).
 * every tensor as an owned copy: ``open(p)`` + ``get_tensor(copy=True)`` |
   ``safe_open(p, "np")`` + ``get_tensor`` (copies) | np.load per .npy, GGUFReader +
   ``np.array``.
@@ -104,7 +105,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MiB = 1 << 20
 MODELS = ("large", "small", "tiny")
 DROPIN = "aprfast.torch.load_file"
-DROPIN_LAZY = "aprfast.torch.load_file(verify=False)"
+DROPIN_CRC = "aprfast.torch.load_file(verify=True)"
 
 
 def huge_model(scale: float) -> dict:
@@ -301,15 +302,15 @@ class Bench:
             tools["safe_open(pt) get_tensor"] = st_pt_views
             tools["safetensors.torch.load_file"] = lambda: st_torch.load_file(st)
             tools["torch.load(mmap=True)"] = lambda: torch.load(pt, mmap=True, weights_only=True)
-            # the drop-in, in the same round-robin: with its default whole-file CRC (reads
-            # every byte; safetensors checks nothing) and like for like, verify=False
+            # the drop-in, in the same round-robin: its default, like for like (lazy tensors
+            # over a private map), and with the whole-file CRC, which reads every byte
             tools[DROPIN] = lambda: apr_torch.load_file(apr)
-            tools[DROPIN_LAZY] = lambda: apr_torch.load_file(apr, verify=False)
+            tools[DROPIN_CRC] = lambda: apr_torch.load_file(apr, verify=True)
         tools["np.load(mmap_mode='r') per .npy"] = lambda: [np.load(p, mmap_mode="r") for p in npy_paths]
         if gguf is not None:
             tools["GGUFReader .data"] = lambda: [x.data for x in gguf.GGUFReader(gg).tensors]
         r = self.time(tools, **fast)
-        dropin = {k: r.pop(k) for k in (DROPIN, DROPIN_LAZY) if k in r}
+        dropin = {k: r.pop(k) for k in (DROPIN, DROPIN_CRC) if k in r}
         for k in ("safe_open(pt) get_tensor", "safetensors.torch.load_file"):
             if k in r:
                 primary[k] = r.pop(k)
@@ -317,11 +318,11 @@ class Bench:
         t.add(Row(f"{name}: every tensor as a view", size, r.pop("aprfast"), primary, r, note=note))
         if dropin:
             st_load = {"safetensors.torch.load_file": primary["safetensors.torch.load_file"]}
-            t.add(Row(f"{name}: torch load_file (drop-in), CRC checked", size, dropin[DROPIN], st_load,
-                      note="aprfast's default reads every byte for its whole-file CRC; safetensors checks "
-                           "nothing and reads no tensor data"))
-            t.add(Row(f"{name}: torch load_file (drop-in), verify=False", size, dropin[DROPIN_LAZY], st_load,
+            t.add(Row(f"{name}: torch load_file (drop-in)", size, dropin[DROPIN], st_load,
                       note="like for like: both lazy tensors over a private map"))
+            t.add(Row(f"{name}: torch load_file (drop-in), verify=True", size, dropin[DROPIN_CRC], st_load,
+                      note="the whole-file CRC reads every byte; safetensors checks nothing and reads no "
+                           "tensor data"))
 
         # every tensor as an owned copy, through an open file
         def apr_copies():
