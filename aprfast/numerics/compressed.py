@@ -19,7 +19,8 @@ from ..dtypes import SUBBYTE_FLOATS, element_count, subbyte_values
 from ..errors import CorruptError, LayoutError
 from ..tensors import RawTensor
 
-__all__ = ["METADATA_KEY", "FORMATS", "check_record", "weight_values", "output_dtype"]
+__all__ = ["METADATA_KEY", "FORMATS", "check_record", "weight_values", "output_dtype", "mxfp4_repackable",
+           "ct_mxfp4_to_ggml", "ggml_mxfp4_to_ct", "mxfp4_quantization_config"]
 
 #: .apr metadata key: ``{"quantization_config": {...}, "weights": {packed name: record}}``.
 METADATA_KEY = "aprfast.compressed_tensors"
@@ -287,3 +288,151 @@ def weight_values(name: str, record: dict, get, info) -> np.ndarray:
     values = _round(values, output_dtype(record, compute))
     assert element_count(values.shape) == rows * cols
     return values.reshape(shape)
+
+
+# --- MXFP4: compressed-tensors' packing <-> GGML's block_mxfp4 ------------------------
+# The same numbers in two packings: an E2M1 code (sign bit 3) per value and an E8M0
+# exponent per 32 consecutive values of a row.  compressed-tensors keeps the codes two to
+# a byte in row order (value 2k in the low nibble, 2k+1 in the high one) and the
+# exponents in a separate [rows, cols / 32] uint8 tensor; GGML's 17-byte block is the
+# exponent, then 16 bytes whose low nibbles are values 0-15 and high nibbles 16-31.
+MXFP4_BLOCK = 32
+#: The E8M0 exponent OCP MX reserves for NaN: compressed-tensors reads it as 2**128
+#: (inf), GGML as 2**127; no value both agree on, so it is refused both ways.
+E8M0_NAN = 255
+
+
+def mxfp4_repackable(record) -> bool:
+    """Whether a compressed-tensors record is MXFP4 that GGML's MXFP4 blocks hold as they
+    are: format ``mxfp4-pack-quantized``, groups of 32, no zero point, no global scale.
+
+    Args:
+        record: A weight's record (see :func:`check_record`), from a file: any value.
+
+    Returns:
+        True when the weight converts by repacking.
+
+    Example:
+        >>> mxfp4_repackable({"format": "mxfp4-pack-quantized", "strategy": "group", "group_size": 32})
+        True
+    """
+    return (isinstance(record, dict) and record.get("format") == "mxfp4-pack-quantized"
+            and record.get("strategy") == "group" and record.get("group_size") == MXFP4_BLOCK
+            and record.get("zero_point") is None and record.get("global_scale") is None)
+
+
+def _u8(value) -> np.ndarray:
+    data = value.data if isinstance(value, RawTensor) else np.asarray(value)
+    return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+
+
+def _refuse_nan_scale(name: str, exponents: np.ndarray, what: str) -> None:
+    if exponents.size and int(exponents.max()) == E8M0_NAN:
+        at = int(np.argmax(exponents == E8M0_NAN))
+        raise LayoutError(f"tensor {name!r}: {what} {at} has the E8M0 exponent 255 (NaN in OCP MX), which "
+                          "compressed-tensors reads as 2**128 and GGML as 2**127; it is not converted")
+
+
+def ct_mxfp4_to_ggml(name: str, packed, scale, shape) -> np.ndarray:
+    """GGML MXFP4 blocks (flat uint8, 17 bytes per 32 values) holding exactly the codes and
+    exponents of a compressed-tensors MXFP4 weight: a bit repack, no rounding.
+
+    Args:
+        name: The weight's name (for errors).
+        packed: Its ``weight_packed`` tensor, uint8 ``[rows, cols / 2]``.
+        scale: Its ``weight_scale`` tensor, uint8 E8M0 exponents ``[rows, cols / 32]``.
+        shape: The logical ``(rows, cols)``.
+
+    Returns:
+        ``rows * cols / 32 * 17`` bytes of ``block_mxfp4``.
+
+    Raises:
+        CorruptError: A tensor of the wrong size.
+        LayoutError: An exponent of 255 (NaN in OCP MX; see :data:`E8M0_NAN`).
+
+    Example:
+        >>> import numpy as np
+        >>> blocks = ct_mxfp4_to_ggml("w", np.full((1, 16), 0x21, np.uint8), np.uint8([[127]]), (1, 32))
+        >>> blocks[:3].tolist()  # e, then qs[0] = values 0 and 16 (codes 1, 1), qs[1] = values 1 and 17 (2, 2)
+        [127, 17, 34]
+    """
+    rows, cols = shape
+    if cols % MXFP4_BLOCK:
+        raise CorruptError(f"compressed-tensors MXFP4 weight {name!r} has {cols} columns, not whole groups of 32")
+    nb = rows * cols // MXFP4_BLOCK
+    codes, exps = _u8(packed), _u8(scale)
+    if codes.size != nb * 16 or exps.size != nb:
+        raise CorruptError(f"compressed-tensors MXFP4 weight {name!r}: {codes.size} packed bytes and {exps.size} "
+                           f"scales, but a [{rows}, {cols}] weight has {nb * 16} and {nb}")
+    _refuse_nan_scale(name, exps, "group")
+    pairs = codes.reshape(nb, 16)
+    values = np.empty((nb, MXFP4_BLOCK), np.uint8)  # one code a byte, in row order
+    values[:, 0::2] = pairs & 0x0F
+    values[:, 1::2] = pairs >> 4
+    out = np.empty((nb, 17), np.uint8)
+    out[:, 0] = exps
+    np.bitwise_or(values[:, :16], values[:, 16:] << 4, out=out[:, 1:])
+    return out.reshape(-1)
+
+
+def ggml_mxfp4_to_ct(name: str, blocks, shape) -> tuple:
+    """The compressed-tensors ``(weight_packed, weight_scale)`` of GGML MXFP4 blocks: the
+    inverse of :func:`ct_mxfp4_to_ggml`.
+
+    Args:
+        name: The tensor's name (for errors).
+        blocks: ``block_mxfp4`` bytes of a ``(rows, cols)`` tensor.
+        shape: ``(rows, cols)``.
+
+    Returns:
+        uint8 arrays ``[rows, cols / 2]`` and ``[rows, cols / 32]``.
+
+    Raises:
+        CorruptError: ``blocks`` of the wrong size.
+        LayoutError: A block with the exponent 255 (see :data:`E8M0_NAN`).
+
+    Example:
+        >>> import numpy as np
+        >>> packed, scale = ggml_mxfp4_to_ct("w", np.uint8([127] + [0x11] * 16), (1, 32))
+        >>> packed[0, :2].tolist(), scale.tolist()
+        ([17, 17], [[127]])
+    """
+    rows, cols = shape
+    nb = rows * cols // MXFP4_BLOCK
+    data = _u8(blocks)
+    if cols % MXFP4_BLOCK or data.size != nb * 17:
+        raise CorruptError(f"MXFP4 tensor {name!r}: {data.size} bytes are not the blocks of a [{rows}, {cols}] tensor")
+    b = data.reshape(nb, 17)
+    exps = b[:, 0]
+    _refuse_nan_scale(name, exps, "block")
+    qs = b[:, 1:]
+    values = np.empty((nb, MXFP4_BLOCK), np.uint8)
+    values[:, :16] = qs & 0x0F
+    values[:, 16:] = qs >> 4
+    packed = values[:, 0::2] | (values[:, 1::2] << 4)
+    return packed.reshape(rows, cols // 2), exps.reshape(rows, cols // MXFP4_BLOCK).copy()
+
+
+def mxfp4_quantization_config(modules) -> dict:
+    """The ``quantization_config`` (config.json) of a checkpoint whose ``modules`` hold
+    MXFP4 weights in compressed-tensors' ``mxfp4-pack-quantized`` format, as its
+    ModelCompressor writes it for the MXFP4A16 preset.
+
+    Args:
+        modules: The module names (``M`` of ``M.weight_packed``); the targets, exactly.
+
+    Returns:
+        The JSON object.
+
+    Example:
+        >>> config = mxfp4_quantization_config(["model.layers.0.mlp.up_proj"])
+        >>> config["format"], config["config_groups"]["group_0"]["targets"]
+        ('mxfp4-pack-quantized', ['model.layers.0.mlp.up_proj'])
+    """
+    weights = {"dynamic": False, "group_size": MXFP4_BLOCK, "num_bits": 4, "scale_dtype": "torch.uint8",
+               "strategy": "group", "symmetric": True, "type": "float"}
+    fmt = "mxfp4-pack-quantized"
+    return {"config_groups": {"group_0": {"format": fmt, "input_activations": None, "output_activations": None,
+                                          "targets": sorted(modules), "weights": weights}},
+            "format": fmt, "global_compression_ratio": None, "ignore": [], "kv_cache_scheme": None,
+            "quant_method": "compressed-tensors", "quantization_status": "compressed", "sparsity_config": {}}
