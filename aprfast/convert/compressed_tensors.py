@@ -115,6 +115,8 @@ def records_for(config: dict, specs) -> dict:
                   "type": args.get("type"), "group_size": args.get("group_size"),
                   "block_structure": args.get("block_structure"), "symmetric": args.get("symmetric", True),
                   "scale": f"{module}.weight_scale"}
+        if fmt == "pack-quantized" or f"{module}.weight_shape" in infos:  # the weight's own shape
+            record["weight_shape"] = f"{module}.weight_shape"
         for key in ("global_scale", "zero_point"):
             if f"{module}.weight_{key}" in infos or (key == "zero_point" and record["symmetric"] is False):
                 record[key] = f"{module}.weight_{key}"

@@ -19,7 +19,8 @@ from ..dtypes import SUBBYTE_FLOATS, element_count, subbyte_values
 from ..errors import CorruptError, LayoutError
 from ..tensors import RawTensor
 
-__all__ = ["METADATA_KEY", "FORMATS", "check_record", "weight_values", "output_dtype", "mxfp4_repackable",
+__all__ = ["METADATA_KEY", "FORMATS", "check_record", "weight_values", "output_dtype", "unpack_int32_stream",
+           "mxfp4_repackable",
            "ct_mxfp4_to_ggml", "ggml_mxfp4_to_ct", "mxfp4_quantization_config"]
 
 #: .apr metadata key: ``{"quantization_config": {...}, "weights": {packed name: record}}``.
@@ -34,8 +35,12 @@ FORMATS = {
     "float-quantized": ("weight", ("F8_E4M3", "F8_E5M2"), 1, False),
     "naive-quantized": ("weight", ("F8_E4M3", "F8_E5M2", "I8"), 1, False),
     "int-quantized": ("weight", ("I8",), 1, False),
+    "pack-quantized": ("weight_packed", ("I32",), None, False),  # 1-8 bit ints, a bit stream in int32
 }
+#: dtypes of pack-quantized's ``weight_shape`` (torch.tensor(weight.shape): int64)
+_SHAPE_DTYPES = ("I64", "I32")
 _FLOATS = ("F32", "F16", "BF16", "F64")
+_FP_PACKED = ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized")
 _FLOAT8 = ("F8_E4M3", "F8_E5M2")
 
 
@@ -44,6 +49,73 @@ def _logical_shape(fmt: str, shape) -> tuple:
     if fmt == "mxfp6-pack-quantized":
         return rows, cols * 4 // 3
     return rows, cols * FORMATS[fmt][2]
+
+
+def _int_bits(name: str, record: dict) -> int:
+    bits = record.get("num_bits")
+    if type(bits) is not int or not 1 <= bits <= 8:
+        raise CorruptError(f"compressed-tensors pack-quantized weight {name!r}: num_bits {bits!r} is not 1 to 8")
+    if record.get("type") not in (None, "int"):
+        raise LayoutError(f"compressed-tensors pack-quantized weight {name!r} is of type {record.get('type')!r}; "
+                          "aprfast decodes int")
+    return bits
+
+
+def _packed_shape(name: str, record: dict, shape, info, read) -> tuple:
+    """The logical shape of a pack-quantized weight: its ``weight_shape`` tensor's two
+    values (``read``), each checked against the packed words; without ``read`` (an
+    import's check, tensor specs only) the columns the scales or the words imply."""
+    rows, words = shape
+    bits = _int_bits(name, record)
+    shape_name = record.get("weight_shape")
+    found = info(shape_name) if isinstance(shape_name, str) else None
+    if found is None:
+        raise CorruptError(f"compressed-tensors weight {name!r}: its weight_shape tensor {shape_name!r} is missing")
+    if found[0] not in _SHAPE_DTYPES or tuple(found[1]) != (2,):
+        raise CorruptError(f"compressed-tensors weight_shape {shape_name!r} of {name!r} is {found[0]} of shape "
+                           f"{list(found[1])}; it must be I64 or I32 of shape [2]")
+    if read is None:
+        g = record.get("group_size")
+        scale = info(record.get("scale")) if isinstance(record.get("scale"), str) else None
+        if record.get("strategy") in ("group", "tensor_group") and type(g) is int and scale and len(scale[1]) == 2:
+            return rows, scale[1][1] * g
+        return rows, words * 32 // bits
+    value = np.asarray(read(shape_name)).reshape(-1)
+    logical = tuple(int(v) for v in value)
+    if logical[0] != rows or logical[1] < 1 or -(-logical[1] * bits // 32) != words:
+        raise CorruptError(f"compressed-tensors weight {name!r}: weight_shape {list(logical)} does not fit its "
+                           f"[{rows}, {words}] words of {bits}-bit values")
+    return logical
+
+
+def unpack_int32_stream(data, rows: int, count: int, bits: int) -> np.ndarray:
+    """The unsigned ``bits``-bit fields of each row of little-endian int32 words, value i
+    at bits ``i*bits`` onwards of the row's stream (compressed-tensors' ``pack_to_int32``;
+    rows padded to whole groups of 32 values, so a row's stream starts a word).
+
+    Args:
+        data: The words as stored: ``rows`` rows of the same whole number of 4-byte words.
+        rows: How many rows.
+        count: Values wanted a row (at most ``words * 32 // bits``).
+        bits: 1 to 8.
+
+    Returns:
+        uint8 ``[rows, count]``.
+
+    Example:
+        >>> unpack_int32_stream(np.int32([0x76543210]), 1, 8, 4).tolist()
+        [[0, 1, 2, 3, 4, 5, 6, 7]]
+    """
+    b = np.ascontiguousarray(data).reshape(-1).view(np.uint8).reshape(rows, -1)
+    if bits == 8:
+        return b[:, :count]
+    if bits == 4:
+        out = np.empty((rows, b.shape[1] * 2), np.uint8)
+        out[:, 0::2] = b & 0x0F
+        out[:, 1::2] = b >> 4
+        return out[:, :count]
+    stream = np.unpackbits(b, axis=1, count=count * bits, bitorder="little").reshape(rows, count, bits)
+    return np.packbits(stream, axis=2, bitorder="little").reshape(rows, count)
 
 
 def _scale_shape(record: dict, shape) -> tuple:
@@ -60,7 +132,7 @@ def _scale_shape(record: dict, shape) -> tuple:
     return ((1,), (), (1, 1))  # tensor
 
 
-def check_record(name: str, record, info) -> tuple:
+def check_record(name: str, record, info, read=None) -> tuple:
     """Check one weight's record against the tensors it names; return the logical shape.
 
     Args:
@@ -68,6 +140,9 @@ def check_record(name: str, record, info) -> tuple:
         record: Its record (format, scheme, the names of its scale tensors).
         info: ``info(tensor_name)`` -> ``(dtype name, shape)``, or None when the file has
             no such tensor.
+        read: ``read(tensor_name)`` -> its values, for the pack-quantized
+            ``weight_shape`` (whose two values give the columns); None: what the
+            shapes imply.
 
     Returns:
         The weight's logical (values) shape.
@@ -94,7 +169,8 @@ def check_record(name: str, record, info) -> tuple:
     if fmt == "mxfp6-pack-quantized" and shape[1] % 3:
         raise CorruptError(f"compressed-tensors {fmt} weight {name!r} has {shape[1]} bytes a row, not whole "
                            "groups of 3 (4 values)")
-    logical = _logical_shape(fmt, shape)
+    packed_ints = fmt == "pack-quantized"
+    logical = _packed_shape(name, record, shape, info, read) if packed_ints else _logical_shape(fmt, shape)
     strategy = record.get("strategy")
     if strategy in ("group", "tensor_group"):
         g = record.get("group_size")
@@ -120,7 +196,10 @@ def check_record(name: str, record, info) -> tuple:
                            f"{list(found[1])}; {strategy} quantization of a {list(logical)} weight needs "
                            f"{' or '.join(want_dtypes)} of shape "
                            f"{' or '.join(str(list(s)) for s in _scale_shape(record, logical))}")
-    for key, shapes in (("global_scale", ((1,), ())), ("zero_point", _scale_shape(record, logical))):
+    zp_shapes = _scale_shape(record, logical)
+    if packed_ints and strategy in ("group", "channel"):  # pack_to_int32(zero_point, packed_dim=0)
+        zp_shapes = ((-(-logical[0] * record["num_bits"] // 32), zp_shapes[0][1]),)
+    for key, shapes in (("global_scale", ((1,), ())), ("zero_point", zp_shapes)):
         other = record.get(key)
         if other is None:
             if key == "global_scale" and strategy == "tensor_group":
@@ -204,14 +283,22 @@ def output_dtype(record: dict, scale_dtype: str) -> str:
     """The dtype compressed-tensors decompresses ``record``'s weight to: bfloat16 for the
     packed FP4/FP6 and MX formats, else the scale's dtype."""
     fmt = record["format"]
-    if fmt.endswith("pack-quantized") or FORMATS[fmt][3]:
+    if fmt in _FP_PACKED or FORMATS[fmt][3]:
         return "BF16"
     return scale_dtype
 
 
-def _codes(fmt: str, weight, shape) -> np.ndarray:
-    """Exact float32 values of the quantized weight (fp4/fp6 codes, fp8, int8)."""
-    if fmt in ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized"):
+def _ints(data, rows: int, count: int, bits: int) -> np.ndarray:
+    """Signed values of pack_to_int32's stream: the unsigned fields less 2**(bits-1)."""
+    return unpack_int32_stream(data, rows, count, bits).astype(np.int16) - (1 << (bits - 1))
+
+
+def _codes(fmt: str, weight, shape, bits=None) -> np.ndarray:
+    """Exact float32 values of the quantized weight (fp4/fp6 codes, fp8, int8, packed ints)."""
+    if fmt == "pack-quantized":
+        data = weight.data if isinstance(weight, RawTensor) else np.asarray(weight)
+        return _ints(data, shape[0], shape[1], bits).astype(np.float32)
+    if fmt in _FP_PACKED:
         kind = "F4_E2M1" if "fp4" in fmt else "F6_E2M3"
         data = np.ascontiguousarray(weight.data if isinstance(weight, RawTensor) else weight).view(np.uint8)
         assert SUBBYTE_FLOATS[kind]
@@ -242,9 +329,9 @@ def weight_values(name: str, record: dict, get, info) -> np.ndarray:
     Example:
         >>> # see tests/test_compressed_tensors.py: checkpoints compressed-tensors writes
     """
-    shape = check_record(name, record, info)
+    shape = check_record(name, record, info, get)
     fmt, strategy = record["format"], record["strategy"]
-    q = _codes(fmt, get(name), shape)
+    q = _codes(fmt, get(name), shape, record.get("num_bits"))
     scale_t = get(record["scale"])
     if FORMATS[fmt][3]:  # MX: E8M0 exponents -> bfloat16 powers of two
         exps = np.asarray(scale_t).astype(np.int64) - 127
@@ -278,7 +365,12 @@ def weight_values(name: str, record: dict, get, info) -> np.ndarray:
         s = s.reshape(1, 1)
     x = _round(q.astype(wide), compute)
     if record.get("zero_point") is not None:
-        zp = _round(_float_values(get(record["zero_point"])).astype(wide), compute)
+        zp_t = get(record["zero_point"])
+        if fmt == "pack-quantized" and strategy in ("group", "channel"):  # packed along the rows
+            words = np.asarray(zp_t).astype("<i4")
+            zp = _ints(np.ascontiguousarray(words.T), words.shape[1], rows, record["num_bits"]).T
+            zp_t = zp.astype(np.float32)
+        zp = _round(_float_values(zp_t).astype(wide), compute)
         zp = zp.reshape(s.shape if strategy != "group" and strategy != "tensor_group" else (rows, -1))
         if strategy in ("group", "tensor_group"):
             zp = np.repeat(zp, record["group_size"], axis=1)
