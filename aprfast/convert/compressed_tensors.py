@@ -21,12 +21,14 @@ from ..numerics.compressed import (
     ggml_mxfp4_to_ct,
     mxfp4_quantization_config,
     mxfp4_repackable,
+    weight_values,
 )
 from ..tensors import QuantizedTensor
 from ._common import DestinationExistsError, Spec, read_exact
 from .patterns import compile_pattern
 
-__all__ = ["records_for", "source_records", "METADATA_KEY", "repack_mxfp4", "MXFP4Source", "mxfp4_layout",
+__all__ = ["records_for", "source_records", "records_of", "source_values", "logical_shapes", "METADATA_KEY",
+           "repack_mxfp4", "MXFP4Source", "mxfp4_layout",
            "MXFP4LayoutWriter", "layout_side_files"]
 
 #: Most characters of one target / ignore pattern (a regex from the file: bounded).
@@ -138,14 +140,40 @@ def source_records(source) -> dict:
 
 
 # --- MXFP4: compressed-tensors <-> GGML blocks (docs/FORMAT.md "compressed-tensors") -----
-def _source_records(src) -> dict:
-    """The compressed-tensors records of a source: an .apr's metadata, or a safetensors
-    model directory's config.json."""
+def records_of(src) -> dict:
+    """The compressed-tensors records (``{weight name: record}``) of a convert source: an
+    .apr's metadata, or a safetensors model directory's config.json; {} for others.
+
+    Raises:
+        CorruptError: A malformed ``quantization_config`` (see :func:`records_for`).
+    """
     block = (src.metadata or {}).get(METADATA_KEY)
     if block is None:
         block = source_records(src).get(METADATA_KEY)
     weights = block.get("weights") if isinstance(block, dict) else None
     return weights if isinstance(weights, dict) else {}
+
+
+def source_values(src, name: str, record: dict):
+    """compressed-tensors' values of the weight ``name`` of a convert source (see
+    :func:`aprfast.numerics.compressed.weight_values`)."""
+    specs = {spec.name: spec for spec in src.specs}
+
+    def info(tensor):
+        spec = specs.get(tensor) if isinstance(tensor, str) else None
+        return None if spec is None else (spec.dtype.name, tuple(spec.shape))
+
+    return weight_values(name, record, lambda tensor: src.read(specs[tensor]), info)
+
+
+def logical_shapes(records: dict, info, read) -> dict:
+    """``{weight name: logical shape}`` of the records, each checked (CorruptError /
+    LayoutError naming the weight); a record of a format aprfast cannot decode is left out."""
+    out = {}
+    for name, record in records.items():
+        if isinstance(record, dict) and record.get("format") in FORMATS:
+            out[name] = check_record(name, record, info, read)
+    return out
 
 
 def repack_mxfp4(src, select):
@@ -164,7 +192,7 @@ def repack_mxfp4(src, select):
         CorruptError: A record whose tensors are missing or of the wrong shape.
         LayoutError: The weight's new name is already a tensor's.
     """
-    records = _source_records(src)
+    records = records_of(src)
     if not records:
         return src
     infos = {spec.name: spec for spec in src.specs}
