@@ -132,3 +132,58 @@ def test_quality_names_a_record_that_does_not_decode(checkpoints, tmp_path):
     assert items[21]["status"] == "FAIL" and "proj.weight (compressed-tensors values: [E002]" in items[21]["detail"]
     with pytest.raises(aprfast.CorruptError, match="'head.weight'"):  # diff cannot compare it: typed, named
         diff_models(tmp_path / "a.apr", tmp_path / "b.apr")
+
+
+# --- renames rewrite the records ---------------------------------------------------------
+def _records(path):
+    with aprfast.open(path) as f:
+        return f.compressed_weights
+
+
+@pytest.mark.parametrize("preset", ["MXFP4A16", "W4A16_ASYM"])
+def test_rename_and_strip_prefix_rewrite_the_records(checkpoints, tmp_path, preset):
+    directory = checkpoints[preset]
+    want = reference(directory)
+    aprfast.convert(directory, tmp_path / "prefixed.apr", rename=lambda name: "model." + name)
+    records = _records(tmp_path / "prefixed.apr")
+    assert list(records) == ["model.proj.weight_packed"]
+    record = records["model.proj.weight_packed"]
+    assert record["scale"] == "model.proj.weight_scale"
+    if preset == "W4A16_ASYM":
+        assert record["zero_point"] == "model.proj.weight_zero_point"
+        assert record["weight_shape"] == "model.proj.weight_shape"
+    with aprfast.open(tmp_path / "prefixed.apr") as f:
+        got = f.get_tensor("model.proj.weight_packed", dequantize=True)
+    assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    # .apr -> .apr: strip_prefix, then a dict rename of the scale alone
+    aprfast.convert(tmp_path / "prefixed.apr", tmp_path / "stripped.apr", strip_prefix="model.",
+                    rename={"proj.weight_scale": "proj.scales"})
+    record = _records(tmp_path / "stripped.apr")["proj.weight_packed"]
+    assert record["scale"] == "proj.scales"
+    with aprfast.open(tmp_path / "stripped.apr") as f:
+        got = f.get_tensor("proj.weight_packed", dequantize=True)
+    assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+def test_dropping_a_scale_the_weight_needs_is_refused_dropping_the_weight_drops_its_record(checkpoints, tmp_path):
+    directory = checkpoints["MXFP4A16"]
+    with pytest.raises(aprfast.LayoutError, match="'proj.weight_packed' is written .* scale tensor "
+                                                  "'proj.weight_scale' is not"):
+        aprfast.convert(directory, tmp_path / "a.apr", rename={"proj.weight_scale": None})
+    assert not (tmp_path / "a.apr").exists()
+    aprfast.convert(directory, tmp_path / "b.apr", rename={"proj.weight_packed": None})
+    with aprfast.open(tmp_path / "b.apr") as f:
+        assert f.compressed_weights == {} and METADATA_KEY not in f.metadata and "proj.weight_scale" in f
+
+
+def test_a_renamed_repack_to_gguf(checkpoints, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    directory = checkpoints["MXFP4A16"]
+    aprfast.convert(directory, tmp_path / "x.gguf", names="keep", rename=lambda name: "blk.0." + name)
+    names = sorted(t.name for t in gguf.GGUFReader(str(tmp_path / "x.gguf")).tensors)
+    assert names == ["blk.0.head.weight", "blk.0.proj.weight"]
+    # rules by the output name choose the repack into .apr
+    aprfast.convert(directory, tmp_path / "y.apr", names="keep", rename=lambda name: "blk.0." + name,
+                    quantize={"blk.0.proj.*": "MXFP4"})
+    with aprfast.open(tmp_path / "y.apr") as f:
+        assert f.info("blk.0.proj.weight").dtype_name == "MXFP4" and f.compressed_weights == {}

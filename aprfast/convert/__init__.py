@@ -502,7 +502,9 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     GGML MXFP4 tensors (``M.weight``) by a bit repack for a GGUF destination, or where
     ``quantize`` gives them MXFP4; GGML MXFP4 tensors to safetensors are written in
     compressed-tensors' layout with a ``config.json`` ``quantization_config`` beside
-    them (docs/FORMAT.md "compressed-tensors"); every value is kept.  ``compression`` ("lz4"/"zstd", .apr only) uses a spooled
+    them (docs/FORMAT.md "compressed-tensors"); every value is kept.  Renames
+    (``strip_prefix``, ``arch``, ``rename``) rewrite the names compressed-tensors
+    records hold.  ``compression`` ("lz4"/"zstd", .apr only) uses a spooled
     Writer (see ``convert.apr.apr_writer``: memory then grows with the compressed model)
     and the APR2 layout (from an aprender-layout source: a LayoutChangeWarning, as
     aprender does not read APR2).
@@ -637,6 +639,8 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
             src.metadata = dict(src.metadata, **_ct.source_records(src))
         mapping = _map_names(src, arch, prefixes)
         pairs = _plan(src, rename, precision, quantize, prefixes, mapping, optimizer, model)
+        if _ct.METADATA_KEY in (src.metadata or {}):  # the records name the tensors as they are written
+            src.metadata = _ct.renamed_records(src.metadata, {spec.name: out.name for spec, out in pairs})
         if model is not None:
             outs = [out for _, out in pairs]
             src.metadata = model.metadata(outs)

@@ -29,7 +29,7 @@ from .patterns import compile_pattern
 
 __all__ = ["records_for", "source_records", "records_of", "source_values", "logical_shapes", "METADATA_KEY",
            "repack_mxfp4", "MXFP4Source", "mxfp4_layout",
-           "MXFP4LayoutWriter", "layout_side_files"]
+           "MXFP4LayoutWriter", "layout_side_files", "renamed_records"]
 
 #: Most characters of one target / ignore pattern (a regex from the file: bounded).
 MAX_PATTERN = 1000
@@ -380,3 +380,42 @@ def layout_side_files(side: dict, layout: dict, directory, *, force: bool) -> di
             raise CorruptError("config.json is not a JSON object", path=path)
     side["config.json"] = dict(doc, quantization_config=config)
     return side
+
+
+#: The record fields that name tensors (besides the record's key, the weight itself).
+_TENSOR_FIELDS = ("scale", "global_scale", "zero_point", "weight_shape")
+
+
+def renamed_records(metadata: dict, names: dict) -> dict:
+    """``metadata`` with the compressed-tensors records' tensor names (each weight's key
+    and the tensors its record names) rewritten as a conversion renames the tensors
+    (``names``: source name -> output name, the tensors written).  A weight not written
+    loses its record.
+
+    Raises:
+        LayoutError: A weight is written but a tensor its record needs is not.
+    """
+    block = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
+    weights = block.get("weights") if isinstance(block, dict) else None
+    if not isinstance(weights, dict):
+        return metadata
+    out = {}
+    for name, record in weights.items():
+        if name not in names:
+            continue
+        if isinstance(record, dict):
+            record = dict(record)
+            for key in _TENSOR_FIELDS:
+                tensor = record.get(key)
+                if isinstance(tensor, str):
+                    if tensor not in names:
+                        raise LayoutError(f"compressed-tensors weight {name!r} is written (as {names[name]!r}) but "
+                                          f"its {key} tensor {tensor!r} is not; keep it or drop both")
+                    record[key] = names[tensor]
+        out[names[name]] = record
+    metadata = dict(metadata)
+    if out:
+        metadata[METADATA_KEY] = dict(block, weights=out)
+    else:
+        del metadata[METADATA_KEY]
+    return metadata
