@@ -63,6 +63,7 @@ MODULES = {
     "aprfast.numerics.stats": None,
     "aprfast.numerics.drift": None,
     "aprfast.numerics.expectations": None,
+    "aprfast.numerics.compressed": None,
     "aprfast.tools.diff": None,
     "aprfast.tools.merge": None,
     "aprfast.tools.quality": None,

@@ -30,6 +30,7 @@ from ..numerics.quantization import quantize as _quantize
 from ..tensors import RawTensor
 from . import apr as _apr
 from . import burnpack as _bpk
+from . import compressed_tensors as _ct
 from . import gguf as _gguf
 from . import hf_arch as _hf
 from . import mle as _mle
@@ -372,10 +373,35 @@ def _plan(source, rename, precision, quantize, strip_prefix=(), mapping: NameMap
         out = _out_spec(shaped, name, precision, quantize)
         if model is not None:
             forced = model.out_dtype(name, out.shape, out.dtype.name, out.dtype.packed)
+            if out.dtype.name == "MXFP4" and _selects_mxfp4(quantize, name, out.shape):
+                forced = None  # asked for: a Hugging Face destination holds it in compressed-tensors' layout
             if forced is not None and forced != out.dtype.name:
                 out = Spec(name, _dtypes.by_name(forced), out.shape)
         pairs.append((spec, out))
     return pairs
+
+
+def _selects_mxfp4(quantize, name: str, shape) -> bool:
+    """Whether ``quantize=`` (a type name or a selector) chooses MXFP4 for ``name``."""
+    if quantize is None:
+        return False
+    choice = quantize(name, shape) if callable(quantize) else quantize
+    return choice is not None and quant_type(choice).dtype.name == "MXFP4"
+
+
+def _repack_selector(kind, quantize, prefixes, rename):
+    """Which compressed-tensors MXFP4 weights read as GGML MXFP4 blocks: all of them for
+    a GGUF destination (it holds nothing else), else those ``quantize=`` gives MXFP4 by
+    their name after ``strip_prefix`` and ``rename`` (``<module>.weight``); None: none."""
+    if kind == "gguf":
+        return lambda name, shape: True
+    if quantize is None:
+        return None
+
+    def select(name, shape):
+        out = _renamed(rename, _strip(name, prefixes), name)
+        return out is not None and _selects_mxfp4(quantize, out, shape)
+    return select
 
 
 def _renamed(rename, name: str, source_name: str):
@@ -490,7 +516,13 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     ones.  ``quantize`` (a type such as "Q8_0"; per-layer rules ``{glob: type | None}``,
     first match wins, unmatched kept; or ``callable(name, shape) -> type | None``;
     names are the output names) quantizes 2-D float tensors whose rows fit the type's
-    blocks; others are kept.  ``compression`` ("lz4"/"zstd", .apr only) uses a spooled
+    blocks; others are kept.  MXFP4 weights of a compressed-tensors checkpoint become
+    GGML MXFP4 tensors (``M.weight``) by a bit repack for a GGUF destination, or where
+    ``quantize`` gives them MXFP4; GGML MXFP4 tensors to safetensors are written in
+    compressed-tensors' layout with a ``config.json`` ``quantization_config`` beside
+    them (docs/FORMAT.md "compressed-tensors"); every value is kept.  Renames
+    (``strip_prefix``, ``arch``, ``rename``) rewrite the names compressed-tensors
+    records hold.  ``compression`` ("lz4"/"zstd", .apr only) uses a spooled
     Writer (see ``convert.apr.apr_writer``: memory then grows with the compressed model)
     and the APR2 layout (from an aprender-layout source: a LayoutChangeWarning, as
     aprender does not read APR2).
@@ -614,6 +646,9 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
     src = open_source(source, tokenizer=tokenizer, verify=verify)
     model = side = None
     try:
+        select = _repack_selector(kind, quantize, prefixes, rename)
+        if select is not None:  # compressed-tensors MXFP4 weights as GGML MXFP4 blocks (a bit repack)
+            src = _ct.repack_mxfp4(src, select)
         if naming == "auto" and arch is None:
             model = _hf.plan_model(src, kind, destination)
             if model is not None and model.generated:  # llama.cpp's rope_freqs, made from config.json
@@ -621,21 +656,24 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
             if kind == "apr":  # what a later .apr -> GGUF needs (a GGUF's keys are all kept already)
                 src.metadata = dict(src.metadata, **_hf.apr_record(src))
         if kind == "apr":  # compressed-tensors weights keep their scales' names (docs/FORMAT.md)
-            from .compressed_tensors import source_records
-
-            src.metadata = dict(src.metadata, **source_records(src))
+            src.metadata = dict(src.metadata, **_ct.source_records(src))
         mapping = _map_names(src, arch, prefixes)
         pairs = _plan(src, rename, precision, quantize, prefixes, mapping, optimizer, model)
+        if _ct.METADATA_KEY in (src.metadata or {}):  # the records name the tensors as they are written
+            src.metadata = _ct.renamed_records(src.metadata, {spec.name: out.name for spec, out in pairs})
         if model is not None:
             outs = [out for _, out in pairs]
             src.metadata = model.metadata(outs)
             side = model.side_files(outs)
-            if side:  # refused before anything is written
-                _hf.write_side_files(side, _hf.side_file_dir(destination), force=force, check_only=True)
         elif kind in ("gguf", "apr") and _retyped(pairs) and "general.file_type" in (src.metadata or {}):
             # a GGUF's keys carried over (to GGUF, or kept in .apr for a later GGUF): the
             # file type follows the tensors as written, not the source's (issue 26 item 5)
             src.metadata = dict(src.metadata, **{"general.file_type": _hf.file_type([out for _, out in pairs])})
+        layout = _ct.mxfp4_layout([out for _, out in pairs]) if kind == "safetensors" else {}
+        if layout:  # GGML MXFP4 in compressed-tensors' layout, its quantization_config in config.json
+            side = _ct.layout_side_files(side or {}, layout, _hf.side_file_dir(destination), force=force)
+        if side:  # refused before anything is written
+            _hf.write_side_files(side, _hf.side_file_dir(destination), force=force, check_only=True)
         if mapping is not None and mapping.arch:
             src.metadata = dict(src.metadata, **{NAME_MAPPING_KEY: mapping.metadata()})
         log.debug("convert %s (%s, %d tensors, %d bytes) -> %s (%s): %d tensors written", source, src.format,
@@ -650,9 +688,12 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
         if kind == "apr" and compression is None and getattr(src, "aliases", None) and not optimizer.factored:
             total = _save_shared(src, destination, pairs, force, durable, progress, validator, optimizer, gate)
         else:
-            writer = _open_writer(kind, destination, [out for _, out in pairs], src.metadata,
+            outs = [out for _, out in pairs]
+            writer = _open_writer(kind, destination, _ct.MXFP4LayoutWriter.specs_for(outs, layout), src.metadata,
                                   compression=compression, max_shard_size=max_shard_size, force=force,
                                   durable=durable, q8_headers=_q8_headers(src, pairs) if kind == "gguf" else None)
+            if layout:
+                writer = _ct.MXFP4LayoutWriter(writer, layout)
             total = _stream(src, writer, pairs, progress, validator, optimizer, gate,
                             model.rows if model is not None else None,
                             model.transposed if model is not None else None)

@@ -9,12 +9,27 @@ tensors themselves are kept as they are.
 from __future__ import annotations
 
 import functools
+import os
 
-from ..errors import CorruptError
-from ..numerics.compressed import FORMATS, METADATA_KEY, check_record
+from .. import dtypes as _dtypes
+from ..errors import CorruptError, LayoutError
+from ..numerics.compressed import (
+    FORMATS,
+    METADATA_KEY,
+    check_record,
+    ct_mxfp4_to_ggml,
+    ggml_mxfp4_to_ct,
+    mxfp4_quantization_config,
+    mxfp4_repackable,
+    weight_values,
+)
+from ..tensors import QuantizedTensor
+from ._common import DestinationExistsError, Spec, read_exact
 from .patterns import compile_pattern
 
-__all__ = ["records_for", "source_records", "METADATA_KEY"]
+__all__ = ["records_for", "source_records", "records_of", "source_values", "logical_shapes", "METADATA_KEY",
+           "repack_mxfp4", "MXFP4Source", "mxfp4_layout",
+           "MXFP4LayoutWriter", "layout_side_files", "renamed_records"]
 
 #: Most characters of one target / ignore pattern (a regex from the file: bounded).
 MAX_PATTERN = 1000
@@ -102,6 +117,8 @@ def records_for(config: dict, specs) -> dict:
                   "type": args.get("type"), "group_size": args.get("group_size"),
                   "block_structure": args.get("block_structure"), "symmetric": args.get("symmetric", True),
                   "scale": f"{module}.weight_scale"}
+        if fmt == "pack-quantized" or f"{module}.weight_shape" in infos:  # the weight's own shape
+            record["weight_shape"] = f"{module}.weight_shape"
         for key in ("global_scale", "zero_point"):
             if f"{module}.weight_{key}" in infos or (key == "zero_point" and record["symmetric"] is False):
                 record[key] = f"{module}.weight_{key}"
@@ -120,3 +137,285 @@ def source_records(source) -> dict:
 
     files = _hf_dir_files(source)
     return records_for(files["config.json"], source.specs) if files and "config.json" in files else {}
+
+
+# --- MXFP4: compressed-tensors <-> GGML blocks (docs/FORMAT.md "compressed-tensors") -----
+def records_of(src) -> dict:
+    """The compressed-tensors records (``{weight name: record}``) of a convert source: an
+    .apr's metadata, or a safetensors model directory's config.json; {} for others.
+
+    Raises:
+        CorruptError: A malformed ``quantization_config`` (see :func:`records_for`).
+    """
+    block = (src.metadata or {}).get(METADATA_KEY)
+    if block is None:
+        block = source_records(src).get(METADATA_KEY)
+    weights = block.get("weights") if isinstance(block, dict) else None
+    return weights if isinstance(weights, dict) else {}
+
+
+def source_values(src, name: str, record: dict):
+    """compressed-tensors' values of the weight ``name`` of a convert source (see
+    :func:`aprfast.numerics.compressed.weight_values`)."""
+    specs = {spec.name: spec for spec in src.specs}
+
+    def info(tensor):
+        spec = specs.get(tensor) if isinstance(tensor, str) else None
+        return None if spec is None else (spec.dtype.name, tuple(spec.shape))
+
+    return weight_values(name, record, lambda tensor: src.read(specs[tensor]), info)
+
+
+def logical_shapes(records: dict, info, read) -> dict:
+    """``{weight name: logical shape}`` of the records, each checked (CorruptError /
+    LayoutError naming the weight); a record of a format aprfast cannot decode is left out."""
+    out = {}
+    for name, record in records.items():
+        if isinstance(record, dict) and record.get("format") in FORMATS:
+            out[name] = check_record(name, record, info, read)
+    return out
+
+
+def repack_mxfp4(src, select):
+    """``src`` with its compressed-tensors MXFP4 weights read as GGML MXFP4 blocks (a
+    :class:`MXFP4Source`), or ``src`` itself when it has none that ``select`` takes.
+
+    Args:
+        src: A convert source (``specs``, ``metadata``, ``read``).
+        select: ``select(name, shape) -> bool`` for each repackable weight, by the name
+            it gets (``<module>.weight``) and its logical shape.
+
+    Returns:
+        A source.
+
+    Raises:
+        CorruptError: A record whose tensors are missing or of the wrong shape.
+        LayoutError: The weight's new name is already a tensor's.
+    """
+    records = records_of(src)
+    if not records:
+        return src
+    infos = {spec.name: spec for spec in src.specs}
+
+    def info(name):
+        spec = infos.get(name) if isinstance(name, str) else None
+        return None if spec is None else (spec.dtype.name, tuple(spec.shape))
+
+    chosen = {}
+    for packed, record in records.items():
+        if not mxfp4_repackable(record) or packed not in infos:
+            continue
+        shape = check_record(packed, record, info)
+        name = packed[:-len("_packed")] if packed.endswith("_packed") else packed
+        if name != packed and name in infos:
+            raise LayoutError(f"compressed-tensors weight {packed!r} becomes {name!r}, which the source holds "
+                              "already")
+        if select(name, shape):
+            chosen[packed] = (name, shape, infos[record["scale"]])
+    return MXFP4Source(src, chosen) if chosen else src
+
+
+class MXFP4Source:
+    """A source whose chosen compressed-tensors MXFP4 weights (``weight_packed`` with
+    its ``weight_scale``) read as one GGML MXFP4 tensor ``<module>.weight``: the same
+    E2M1 codes and E8M0 exponents, repacked (no rounding); their records leave the
+    metadata.  Everything else is the wrapped source's."""
+
+    def __init__(self, src, chosen: dict):
+        self._src = src
+        mxfp4 = _dtypes.by_name("MXFP4")
+        scales = {scale.name for _, _, scale in chosen.values()}
+        self._parts = {}
+        specs = []
+        for spec in src.specs:
+            if spec.name in chosen:
+                name, shape, scale = chosen[spec.name]
+                new = Spec(name, mxfp4, shape)
+                self._parts[name] = (spec, scale)
+                specs.append(new)
+            elif spec.name not in scales:
+                specs.append(spec)
+        self.specs = specs
+        metadata = dict(src.metadata or {})
+        block = metadata.get(METADATA_KEY)
+        if isinstance(block, dict) and isinstance(block.get("weights"), dict):
+            left = {k: v for k, v in block["weights"].items() if k not in chosen}
+            if left:
+                metadata[METADATA_KEY] = dict(block, weights=left)
+            else:
+                del metadata[METADATA_KEY]
+        self.metadata = metadata
+
+    def __getattr__(self, name):
+        return getattr(self._src, name)
+
+    def read(self, spec, scratch=None):
+        parts = self._parts.get(spec.name)
+        if parts is None:
+            return self._src.read(spec, scratch)
+        packed, scale = parts
+        blocks = ct_mxfp4_to_ggml(spec.name, self._src.read(packed), self._src.read(scale), spec.shape)
+        return QuantizedTensor(spec.dtype, spec.shape, blocks)
+
+    def raw_range(self, spec):
+        if spec.name in self._parts:
+            return None
+        raw_range = getattr(self._src, "raw_range", None)
+        return raw_range(spec) if raw_range is not None else None
+
+    def tensors(self, wanted=None):
+        for spec in self.specs:
+            if wanted is None or spec.name in wanted:
+                yield spec.name, self.read(spec)
+
+    def close(self) -> None:
+        self._src.close()
+
+
+def mxfp4_layout(specs) -> dict:
+    """How a safetensors destination holds the GGML MXFP4 tensors among ``specs``: ``{name:
+    (weight_packed spec, weight_scale spec)}`` in compressed-tensors' layout ({} when
+    there are none).
+
+    Raises:
+        LayoutError: An MXFP4 tensor that is not 2-D or whose name does not end in
+            ``.weight``, or whose new names clash with another tensor's.
+    """
+    names = {spec.name for spec in specs}
+    out = {}
+    u8 = _dtypes.by_name("U8")
+    for spec in specs:
+        if spec.dtype.name != "MXFP4":
+            continue
+        if len(spec.shape) != 2 or not spec.name.endswith(".weight"):
+            raise LayoutError(f"tensor {spec.name!r}: safetensors holds MXFP4 in compressed-tensors' layout, "
+                              f"for 2-D tensors named <module>.weight, not {len(spec.shape)}-D {spec.name!r}; "
+                              "convert with precision='f32' to dequantize")
+        rows, cols = spec.shape
+        packed, scale = spec.name + "_packed", spec.name + "_scale"
+        for new in (packed, scale):
+            if new in names:
+                raise LayoutError(f"tensor {spec.name!r} is written as {new!r} in compressed-tensors' layout, "
+                                  "a name another tensor has")
+        out[spec.name] = (Spec(packed, u8, (rows, cols // 2)), Spec(scale, u8, (rows, cols // 32)))
+    return out
+
+
+class MXFP4LayoutWriter:
+    """A safetensors writer (declared the specs :func:`mxfp4_layout` gives) taking the
+    GGML MXFP4 tensors as they are declared to :func:`aprfast.convert`: each is written
+    as its ``weight_packed`` and ``weight_scale``."""
+
+    def __init__(self, inner, layout: dict):
+        self._inner = inner
+        self._layout = layout
+
+    @staticmethod
+    def specs_for(specs, layout: dict) -> list:
+        """The specs the inner writer declares, each MXFP4 tensor's pair in its place."""
+        out = []
+        for spec in specs:
+            out.extend(layout.get(spec.name, (spec,)))
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def add(self, name: str, value) -> None:
+        pair = self._layout.get(name)
+        if pair is None:
+            self._inner.add(name, value)
+            return
+        packed, scale = pair
+        rows, half = packed.shape
+        codes, exps = ggml_mxfp4_to_ct(name, value, (rows, half * 2))
+        self._inner.add(packed.name, codes)
+        self._inner.add(scale.name, exps)
+
+    def add_range(self, name: str, fd: int, offset: int) -> None:
+        pair = self._layout.get(name)
+        if pair is None:
+            self._inner.add_range(name, fd, offset)
+            return
+        rows, half = pair[0].shape
+        size = _dtypes.by_name("MXFP4").nbytes((rows, half * 2))
+        data = read_exact(fd, offset, size, f"tensor {name!r}", None)
+        self.add(name, QuantizedTensor("MXFP4", (rows, half * 2), bytearray(data)))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def abort(self) -> None:
+        self._inner.abort()
+
+
+def layout_side_files(side: dict, layout: dict, directory, *, force: bool) -> dict:
+    """``side`` (the JSON files written beside a safetensors destination) with the
+    ``quantization_config`` of the MXFP4 weights :func:`mxfp4_layout` placed: in the
+    model conversion's config.json, else in the destination's config.json (an existing
+    one is refused unless ``force``, which keeps its other keys).
+
+    Raises:
+        DestinationExistsError: config.json exists beside the destination and
+            ``force`` is False.
+        CorruptError: An existing config.json that is not a JSON object.
+    """
+    if not layout:
+        return side
+    config = mxfp4_quantization_config(name[:-len(".weight")] for name in layout)
+    side = dict(side)
+    if "config.json" in side:
+        side["config.json"] = dict(side["config.json"], quantization_config=config)
+        return side
+    path = os.path.join(directory or ".", "config.json")
+    doc = {}
+    if os.path.lexists(path):
+        if not force:
+            raise DestinationExistsError("config.json exists beside the destination (its MXFP4 weights need a "
+                                         "quantization_config there); pass force=True to add it", path=path)
+        from .tokenizer import _read_json
+
+        doc = _read_json(path)
+        if not isinstance(doc, dict):
+            raise CorruptError("config.json is not a JSON object", path=path)
+    side["config.json"] = dict(doc, quantization_config=config)
+    return side
+
+
+#: The record fields that name tensors (besides the record's key, the weight itself).
+_TENSOR_FIELDS = ("scale", "global_scale", "zero_point", "weight_shape")
+
+
+def renamed_records(metadata: dict, names: dict) -> dict:
+    """``metadata`` with the compressed-tensors records' tensor names (each weight's key
+    and the tensors its record names) rewritten as a conversion renames the tensors
+    (``names``: source name -> output name, the tensors written).  A weight not written
+    loses its record.
+
+    Raises:
+        LayoutError: A weight is written but a tensor its record needs is not.
+    """
+    block = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
+    weights = block.get("weights") if isinstance(block, dict) else None
+    if not isinstance(weights, dict):
+        return metadata
+    out = {}
+    for name, record in weights.items():
+        if name not in names:
+            continue
+        if isinstance(record, dict):
+            record = dict(record)
+            for key in _TENSOR_FIELDS:
+                tensor = record.get(key)
+                if isinstance(tensor, str):
+                    if tensor not in names:
+                        raise LayoutError(f"compressed-tensors weight {name!r} is written (as {names[name]!r}) but "
+                                          f"its {key} tensor {tensor!r} is not; keep it or drop both")
+                    record[key] = names[tensor]
+        out[names[name]] = record
+    metadata = dict(metadata)
+    if out:
+        metadata[METADATA_KEY] = dict(block, weights=out)
+    else:
+        del metadata[METADATA_KEY]
+    return metadata

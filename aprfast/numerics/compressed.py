@@ -19,7 +19,9 @@ from ..dtypes import SUBBYTE_FLOATS, element_count, subbyte_values
 from ..errors import CorruptError, LayoutError
 from ..tensors import RawTensor
 
-__all__ = ["METADATA_KEY", "FORMATS", "check_record", "weight_values", "output_dtype"]
+__all__ = ["METADATA_KEY", "FORMATS", "check_record", "weight_values", "output_dtype", "unpack_int32_stream",
+           "mxfp4_repackable",
+           "ct_mxfp4_to_ggml", "ggml_mxfp4_to_ct", "mxfp4_quantization_config"]
 
 #: .apr metadata key: ``{"quantization_config": {...}, "weights": {packed name: record}}``.
 METADATA_KEY = "aprfast.compressed_tensors"
@@ -33,8 +35,12 @@ FORMATS = {
     "float-quantized": ("weight", ("F8_E4M3", "F8_E5M2"), 1, False),
     "naive-quantized": ("weight", ("F8_E4M3", "F8_E5M2", "I8"), 1, False),
     "int-quantized": ("weight", ("I8",), 1, False),
+    "pack-quantized": ("weight_packed", ("I32",), None, False),  # 1-8 bit ints, a bit stream in int32
 }
+#: dtypes of pack-quantized's ``weight_shape`` (torch.tensor(weight.shape): int64)
+_SHAPE_DTYPES = ("I64", "I32")
 _FLOATS = ("F32", "F16", "BF16", "F64")
+_FP_PACKED = ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized")
 _FLOAT8 = ("F8_E4M3", "F8_E5M2")
 
 
@@ -43,6 +49,73 @@ def _logical_shape(fmt: str, shape) -> tuple:
     if fmt == "mxfp6-pack-quantized":
         return rows, cols * 4 // 3
     return rows, cols * FORMATS[fmt][2]
+
+
+def _int_bits(name: str, record: dict) -> int:
+    bits = record.get("num_bits")
+    if type(bits) is not int or not 1 <= bits <= 8:
+        raise CorruptError(f"compressed-tensors pack-quantized weight {name!r}: num_bits {bits!r} is not 1 to 8")
+    if record.get("type") not in (None, "int"):
+        raise LayoutError(f"compressed-tensors pack-quantized weight {name!r} is of type {record.get('type')!r}; "
+                          "aprfast decodes int")
+    return bits
+
+
+def _packed_shape(name: str, record: dict, shape, info, read) -> tuple:
+    """The logical shape of a pack-quantized weight: its ``weight_shape`` tensor's two
+    values (``read``), each checked against the packed words; without ``read`` (an
+    import's check, tensor specs only) the columns the scales or the words imply."""
+    rows, words = shape
+    bits = _int_bits(name, record)
+    shape_name = record.get("weight_shape")
+    found = info(shape_name) if isinstance(shape_name, str) else None
+    if found is None:
+        raise CorruptError(f"compressed-tensors weight {name!r}: its weight_shape tensor {shape_name!r} is missing")
+    if found[0] not in _SHAPE_DTYPES or tuple(found[1]) != (2,):
+        raise CorruptError(f"compressed-tensors weight_shape {shape_name!r} of {name!r} is {found[0]} of shape "
+                           f"{list(found[1])}; it must be I64 or I32 of shape [2]")
+    if read is None:
+        g = record.get("group_size")
+        scale = info(record.get("scale")) if isinstance(record.get("scale"), str) else None
+        if record.get("strategy") in ("group", "tensor_group") and type(g) is int and scale and len(scale[1]) == 2:
+            return rows, scale[1][1] * g
+        return rows, words * 32 // bits
+    value = np.asarray(read(shape_name)).reshape(-1)
+    logical = tuple(int(v) for v in value)
+    if logical[0] != rows or logical[1] < 1 or -(-logical[1] * bits // 32) != words:
+        raise CorruptError(f"compressed-tensors weight {name!r}: weight_shape {list(logical)} does not fit its "
+                           f"[{rows}, {words}] words of {bits}-bit values")
+    return logical
+
+
+def unpack_int32_stream(data, rows: int, count: int, bits: int) -> np.ndarray:
+    """The unsigned ``bits``-bit fields of each row of little-endian int32 words, value i
+    at bits ``i*bits`` onwards of the row's stream (compressed-tensors' ``pack_to_int32``;
+    rows padded to whole groups of 32 values, so a row's stream starts a word).
+
+    Args:
+        data: The words as stored: ``rows`` rows of the same whole number of 4-byte words.
+        rows: How many rows.
+        count: Values wanted a row (at most ``words * 32 // bits``).
+        bits: 1 to 8.
+
+    Returns:
+        uint8 ``[rows, count]``.
+
+    Example:
+        >>> unpack_int32_stream(np.int32([0x76543210]), 1, 8, 4).tolist()
+        [[0, 1, 2, 3, 4, 5, 6, 7]]
+    """
+    b = np.ascontiguousarray(data).reshape(-1).view(np.uint8).reshape(rows, -1)
+    if bits == 8:
+        return b[:, :count]
+    if bits == 4:
+        out = np.empty((rows, b.shape[1] * 2), np.uint8)
+        out[:, 0::2] = b & 0x0F
+        out[:, 1::2] = b >> 4
+        return out[:, :count]
+    stream = np.unpackbits(b, axis=1, count=count * bits, bitorder="little").reshape(rows, count, bits)
+    return np.packbits(stream, axis=2, bitorder="little").reshape(rows, count)
 
 
 def _scale_shape(record: dict, shape) -> tuple:
@@ -59,7 +132,7 @@ def _scale_shape(record: dict, shape) -> tuple:
     return ((1,), (), (1, 1))  # tensor
 
 
-def check_record(name: str, record, info) -> tuple:
+def check_record(name: str, record, info, read=None) -> tuple:
     """Check one weight's record against the tensors it names; return the logical shape.
 
     Args:
@@ -67,6 +140,9 @@ def check_record(name: str, record, info) -> tuple:
         record: Its record (format, scheme, the names of its scale tensors).
         info: ``info(tensor_name)`` -> ``(dtype name, shape)``, or None when the file has
             no such tensor.
+        read: ``read(tensor_name)`` -> its values, for the pack-quantized
+            ``weight_shape`` (whose two values give the columns); None: what the
+            shapes imply.
 
     Returns:
         The weight's logical (values) shape.
@@ -93,7 +169,8 @@ def check_record(name: str, record, info) -> tuple:
     if fmt == "mxfp6-pack-quantized" and shape[1] % 3:
         raise CorruptError(f"compressed-tensors {fmt} weight {name!r} has {shape[1]} bytes a row, not whole "
                            "groups of 3 (4 values)")
-    logical = _logical_shape(fmt, shape)
+    packed_ints = fmt == "pack-quantized"
+    logical = _packed_shape(name, record, shape, info, read) if packed_ints else _logical_shape(fmt, shape)
     strategy = record.get("strategy")
     if strategy in ("group", "tensor_group"):
         g = record.get("group_size")
@@ -119,7 +196,10 @@ def check_record(name: str, record, info) -> tuple:
                            f"{list(found[1])}; {strategy} quantization of a {list(logical)} weight needs "
                            f"{' or '.join(want_dtypes)} of shape "
                            f"{' or '.join(str(list(s)) for s in _scale_shape(record, logical))}")
-    for key, shapes in (("global_scale", ((1,), ())), ("zero_point", _scale_shape(record, logical))):
+    zp_shapes = _scale_shape(record, logical)
+    if packed_ints and strategy in ("group", "channel"):  # pack_to_int32(zero_point, packed_dim=0)
+        zp_shapes = ((-(-logical[0] * record["num_bits"] // 32), zp_shapes[0][1]),)
+    for key, shapes in (("global_scale", ((1,), ())), ("zero_point", zp_shapes)):
         other = record.get(key)
         if other is None:
             if key == "global_scale" and strategy == "tensor_group":
@@ -203,14 +283,22 @@ def output_dtype(record: dict, scale_dtype: str) -> str:
     """The dtype compressed-tensors decompresses ``record``'s weight to: bfloat16 for the
     packed FP4/FP6 and MX formats, else the scale's dtype."""
     fmt = record["format"]
-    if fmt.endswith("pack-quantized") or FORMATS[fmt][3]:
+    if fmt in _FP_PACKED or FORMATS[fmt][3]:
         return "BF16"
     return scale_dtype
 
 
-def _codes(fmt: str, weight, shape) -> np.ndarray:
-    """Exact float32 values of the quantized weight (fp4/fp6 codes, fp8, int8)."""
-    if fmt in ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized"):
+def _ints(data, rows: int, count: int, bits: int) -> np.ndarray:
+    """Signed values of pack_to_int32's stream: the unsigned fields less 2**(bits-1)."""
+    return unpack_int32_stream(data, rows, count, bits).astype(np.int16) - (1 << (bits - 1))
+
+
+def _codes(fmt: str, weight, shape, bits=None) -> np.ndarray:
+    """Exact float32 values of the quantized weight (fp4/fp6 codes, fp8, int8, packed ints)."""
+    if fmt == "pack-quantized":
+        data = weight.data if isinstance(weight, RawTensor) else np.asarray(weight)
+        return _ints(data, shape[0], shape[1], bits).astype(np.float32)
+    if fmt in _FP_PACKED:
         kind = "F4_E2M1" if "fp4" in fmt else "F6_E2M3"
         data = np.ascontiguousarray(weight.data if isinstance(weight, RawTensor) else weight).view(np.uint8)
         assert SUBBYTE_FLOATS[kind]
@@ -241,9 +329,9 @@ def weight_values(name: str, record: dict, get, info) -> np.ndarray:
     Example:
         >>> # see tests/test_compressed_tensors.py: checkpoints compressed-tensors writes
     """
-    shape = check_record(name, record, info)
+    shape = check_record(name, record, info, get)
     fmt, strategy = record["format"], record["strategy"]
-    q = _codes(fmt, get(name), shape)
+    q = _codes(fmt, get(name), shape, record.get("num_bits"))
     scale_t = get(record["scale"])
     if FORMATS[fmt][3]:  # MX: E8M0 exponents -> bfloat16 powers of two
         exps = np.asarray(scale_t).astype(np.int64) - 127
@@ -277,7 +365,12 @@ def weight_values(name: str, record: dict, get, info) -> np.ndarray:
         s = s.reshape(1, 1)
     x = _round(q.astype(wide), compute)
     if record.get("zero_point") is not None:
-        zp = _round(_float_values(get(record["zero_point"])).astype(wide), compute)
+        zp_t = get(record["zero_point"])
+        if fmt == "pack-quantized" and strategy in ("group", "channel"):  # packed along the rows
+            words = np.asarray(zp_t).astype("<i4")
+            zp = _ints(np.ascontiguousarray(words.T), words.shape[1], rows, record["num_bits"]).T
+            zp_t = zp.astype(np.float32)
+        zp = _round(_float_values(zp_t).astype(wide), compute)
         zp = zp.reshape(s.shape if strategy != "group" and strategy != "tensor_group" else (rows, -1))
         if strategy in ("group", "tensor_group"):
             zp = np.repeat(zp, record["group_size"], axis=1)
@@ -287,3 +380,151 @@ def weight_values(name: str, record: dict, get, info) -> np.ndarray:
     values = _round(values, output_dtype(record, compute))
     assert element_count(values.shape) == rows * cols
     return values.reshape(shape)
+
+
+# --- MXFP4: compressed-tensors' packing <-> GGML's block_mxfp4 ------------------------
+# The same numbers in two packings: an E2M1 code (sign bit 3) per value and an E8M0
+# exponent per 32 consecutive values of a row.  compressed-tensors keeps the codes two to
+# a byte in row order (value 2k in the low nibble, 2k+1 in the high one) and the
+# exponents in a separate [rows, cols / 32] uint8 tensor; GGML's 17-byte block is the
+# exponent, then 16 bytes whose low nibbles are values 0-15 and high nibbles 16-31.
+MXFP4_BLOCK = 32
+#: The E8M0 exponent OCP MX reserves for NaN: compressed-tensors reads it as 2**128
+#: (inf), GGML as 2**127; no value both agree on, so it is refused both ways.
+E8M0_NAN = 255
+
+
+def mxfp4_repackable(record) -> bool:
+    """Whether a compressed-tensors record is MXFP4 that GGML's MXFP4 blocks hold as they
+    are: format ``mxfp4-pack-quantized``, groups of 32, no zero point, no global scale.
+
+    Args:
+        record: A weight's record (see :func:`check_record`), from a file: any value.
+
+    Returns:
+        True when the weight converts by repacking.
+
+    Example:
+        >>> mxfp4_repackable({"format": "mxfp4-pack-quantized", "strategy": "group", "group_size": 32})
+        True
+    """
+    return (isinstance(record, dict) and record.get("format") == "mxfp4-pack-quantized"
+            and record.get("strategy") == "group" and record.get("group_size") == MXFP4_BLOCK
+            and record.get("zero_point") is None and record.get("global_scale") is None)
+
+
+def _u8(value) -> np.ndarray:
+    data = value.data if isinstance(value, RawTensor) else np.asarray(value)
+    return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+
+
+def _refuse_nan_scale(name: str, exponents: np.ndarray, what: str) -> None:
+    if exponents.size and int(exponents.max()) == E8M0_NAN:
+        at = int(np.argmax(exponents == E8M0_NAN))
+        raise LayoutError(f"tensor {name!r}: {what} {at} has the E8M0 exponent 255 (NaN in OCP MX), which "
+                          "compressed-tensors reads as 2**128 and GGML as 2**127; it is not converted")
+
+
+def ct_mxfp4_to_ggml(name: str, packed, scale, shape) -> np.ndarray:
+    """GGML MXFP4 blocks (flat uint8, 17 bytes per 32 values) holding exactly the codes and
+    exponents of a compressed-tensors MXFP4 weight: a bit repack, no rounding.
+
+    Args:
+        name: The weight's name (for errors).
+        packed: Its ``weight_packed`` tensor, uint8 ``[rows, cols / 2]``.
+        scale: Its ``weight_scale`` tensor, uint8 E8M0 exponents ``[rows, cols / 32]``.
+        shape: The logical ``(rows, cols)``.
+
+    Returns:
+        ``rows * cols / 32 * 17`` bytes of ``block_mxfp4``.
+
+    Raises:
+        CorruptError: A tensor of the wrong size.
+        LayoutError: An exponent of 255 (NaN in OCP MX; see :data:`E8M0_NAN`).
+
+    Example:
+        >>> import numpy as np
+        >>> blocks = ct_mxfp4_to_ggml("w", np.full((1, 16), 0x21, np.uint8), np.uint8([[127]]), (1, 32))
+        >>> blocks[:3].tolist()  # e, then qs[0] = values 0 and 16 (codes 1, 1), qs[1] = values 1 and 17 (2, 2)
+        [127, 17, 34]
+    """
+    rows, cols = shape
+    if cols % MXFP4_BLOCK:
+        raise CorruptError(f"compressed-tensors MXFP4 weight {name!r} has {cols} columns, not whole groups of 32")
+    nb = rows * cols // MXFP4_BLOCK
+    codes, exps = _u8(packed), _u8(scale)
+    if codes.size != nb * 16 or exps.size != nb:
+        raise CorruptError(f"compressed-tensors MXFP4 weight {name!r}: {codes.size} packed bytes and {exps.size} "
+                           f"scales, but a [{rows}, {cols}] weight has {nb * 16} and {nb}")
+    _refuse_nan_scale(name, exps, "group")
+    pairs = codes.reshape(nb, 16)
+    values = np.empty((nb, MXFP4_BLOCK), np.uint8)  # one code a byte, in row order
+    values[:, 0::2] = pairs & 0x0F
+    values[:, 1::2] = pairs >> 4
+    out = np.empty((nb, 17), np.uint8)
+    out[:, 0] = exps
+    np.bitwise_or(values[:, :16], values[:, 16:] << 4, out=out[:, 1:])
+    return out.reshape(-1)
+
+
+def ggml_mxfp4_to_ct(name: str, blocks, shape) -> tuple:
+    """The compressed-tensors ``(weight_packed, weight_scale)`` of GGML MXFP4 blocks: the
+    inverse of :func:`ct_mxfp4_to_ggml`.
+
+    Args:
+        name: The tensor's name (for errors).
+        blocks: ``block_mxfp4`` bytes of a ``(rows, cols)`` tensor.
+        shape: ``(rows, cols)``.
+
+    Returns:
+        uint8 arrays ``[rows, cols / 2]`` and ``[rows, cols / 32]``.
+
+    Raises:
+        CorruptError: ``blocks`` of the wrong size.
+        LayoutError: A block with the exponent 255 (see :data:`E8M0_NAN`).
+
+    Example:
+        >>> import numpy as np
+        >>> packed, scale = ggml_mxfp4_to_ct("w", np.uint8([127] + [0x11] * 16), (1, 32))
+        >>> packed[0, :2].tolist(), scale.tolist()
+        ([17, 17], [[127]])
+    """
+    rows, cols = shape
+    nb = rows * cols // MXFP4_BLOCK
+    data = _u8(blocks)
+    if cols % MXFP4_BLOCK or data.size != nb * 17:
+        raise CorruptError(f"MXFP4 tensor {name!r}: {data.size} bytes are not the blocks of a [{rows}, {cols}] tensor")
+    b = data.reshape(nb, 17)
+    exps = b[:, 0]
+    _refuse_nan_scale(name, exps, "block")
+    qs = b[:, 1:]
+    values = np.empty((nb, MXFP4_BLOCK), np.uint8)
+    values[:, :16] = qs & 0x0F
+    values[:, 16:] = qs >> 4
+    packed = values[:, 0::2] | (values[:, 1::2] << 4)
+    return packed.reshape(rows, cols // 2), exps.reshape(rows, cols // MXFP4_BLOCK).copy()
+
+
+def mxfp4_quantization_config(modules) -> dict:
+    """The ``quantization_config`` (config.json) of a checkpoint whose ``modules`` hold
+    MXFP4 weights in compressed-tensors' ``mxfp4-pack-quantized`` format, as its
+    ModelCompressor writes it for the MXFP4A16 preset.
+
+    Args:
+        modules: The module names (``M`` of ``M.weight_packed``); the targets, exactly.
+
+    Returns:
+        The JSON object.
+
+    Example:
+        >>> config = mxfp4_quantization_config(["model.layers.0.mlp.up_proj"])
+        >>> config["format"], config["config_groups"]["group_0"]["targets"]
+        ('mxfp4-pack-quantized', ['model.layers.0.mlp.up_proj'])
+    """
+    weights = {"dynamic": False, "group_size": MXFP4_BLOCK, "num_bits": 4, "scale_dtype": "torch.uint8",
+               "strategy": "group", "symmetric": True, "type": "float"}
+    fmt = "mxfp4-pack-quantized"
+    return {"config_groups": {"group_0": {"format": fmt, "input_activations": None, "output_activations": None,
+                                          "targets": sorted(modules), "weights": weights}},
+            "format": fmt, "global_compression_ratio": None, "ignore": [], "kv_cache_scheme": None,
+            "quant_method": "compressed-tensors", "quantization_status": "compressed", "sparsity_config": {}}

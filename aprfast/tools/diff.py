@@ -11,9 +11,10 @@ changed are listed, and a vocabulary (``tokenizer.vocabulary``) as tokens added 
 removed.
 
 Values are compared as float64 after decoding (half floats widened, packed
-quantized blocks dequantized), so an ``.apr`` in f16 can be checked against its f32
-source with a tolerance.  A NaN on both sides at the same place, or the same infinity,
-counts as equal; a NaN or infinity on one side only is a DRIFT whatever the tolerance.
+quantized blocks dequantized, a compressed-tensors weight decoded as compressed-tensors
+decodes it), so an ``.apr`` in f16 can be checked against its f32 source with a
+tolerance.  A NaN on both sides at the same place, or the same infinity, counts as equal;
+a NaN or infinity on one side only is a DRIFT whatever the tolerance.
 docs/guide/statistics.md ("Diff and merge") shows it in use; ``apr diff`` prints it.
 """
 
@@ -173,6 +174,7 @@ class _Side:
 
     def __init__(self, path, keys, verify=True):
         from ..convert import detect, open_source
+        from ..convert.compressed_tensors import records_of
 
         self.path = os.fspath(path)
         self._file = self._source = None
@@ -186,6 +188,7 @@ class _Side:
             self.shapes = {n: list(i.shape) for n, i in infos.items()}
             self.dtypes = {n: i.dtype_name for n, i in infos.items()}
             self.metadata = dict(self._file.metadata or {})
+            self.records = dict(self._file.compressed_weights)
         else:
             if keys:
                 raise LayoutError(f"keys were given for {self.path}, which is not an .apr file")
@@ -195,8 +198,35 @@ class _Side:
             self.shapes = {n: list(s.shape) for n, s in self._specs.items()}
             self.dtypes = {n: s.dtype.name for n, s in self._specs.items()}
             self.metadata = dict(self._source.metadata or {})
+            self.records = records_of(self._source)
+        self._compressed_shapes()
+
+    def _compressed_shapes(self) -> None:
+        """A compressed-tensors weight (one with a record) is its values: their shape,
+        their dtype (compressed-tensors' output dtype), read decoded."""
+        if not self.records:
+            return
+        from ..convert.compressed_tensors import logical_shapes
+
+        def info(name):
+            return (self.dtypes[name], tuple(self.shapes[name])) if name in self.shapes else None
+
+        def read(name):
+            return self._file.get_tensor(name) if self._file is not None else self._source.read(self._specs[name])
+
+        shapes = logical_shapes(self.records, info, read)
+        self.records = {name: self.records[name] for name in shapes}
+        for name, shape in shapes.items():
+            self.shapes[name] = list(shape)
+            self.dtypes[name] = f"{self.dtypes[name]} ({self.records[name]['format']})"
 
     def read(self, name):
+        if name in self.records:  # compressed-tensors' own values, not the packed bytes
+            if self._file is not None:
+                return self._file.get_tensor(name, dequantize=True)
+            from ..convert.compressed_tensors import source_values
+
+            return source_values(self._source, name, self.records[name])
         if self._file is not None:
             return self._file.get_tensor(name)
         return self._source.read(self._specs[name])
@@ -335,6 +365,28 @@ def _pairs(names_a, names_b, mapping):
     return pairs, [n for n in names_a if n not in paired_a], [n for n in names_b if n not in used]
 
 
+def _with_weight_names(mapping: dict, side_a, side_b) -> dict:
+    """``mapping`` plus the pairs a repack gives: a compressed-tensors weight
+    ``M.weight_packed`` on one side and ``M.weight`` (GGML blocks, or float) on the other,
+    where neither name is on both sides and ``mapping`` says nothing of them."""
+    out = dict(mapping)
+    taken = set(out.values())
+    in_a, in_b = set(side_a.names), set(side_b.names)
+    for packed in side_a.records:
+        plain = packed[:-len("_packed")] if packed.endswith(".weight_packed") else None
+        if plain and packed not in out and packed not in in_b and plain in in_b and plain not in in_a \
+                and plain not in taken:
+            out[packed] = plain
+            taken.add(plain)
+    for packed in side_b.records:
+        plain = packed[:-len("_packed")] if packed.endswith(".weight_packed") else None
+        if plain and plain not in out and plain in in_a and plain not in in_b and packed not in in_a \
+                and packed not in taken:
+            out[plain] = packed
+            taken.add(packed)
+    return out
+
+
 def diff_models(a, b, *, tolerance: float = DEFAULT_TOLERANCE, mapping=None, keys_a=None, keys_b=None,
                 threads: int = 0, progress=None, verify: bool = True) -> DiffReport:
     """Compare model ``a`` with model ``b`` (paths) one tensor pair at a time.
@@ -394,7 +446,7 @@ def diff_models(a, b, *, tolerance: float = DEFAULT_TOLERANCE, mapping=None, key
         raise
     try:
         report = DiffReport(side_a.path, side_b.path, float(tolerance))
-        pairs, left_a, left_b = _pairs(side_a.names, side_b.names, mapping or {})
+        pairs, left_a, left_b = _pairs(side_a.names, side_b.names, _with_weight_names(mapping or {}, side_a, side_b))
         report.only_in_a = [(n, element_count(side_a.shapes[n])) for n in left_a]
         report.only_in_b = [(n, element_count(side_b.shapes[n])) for n in left_b]
         with progress_to(progress, f"aprfast diff {os.path.basename(str(side_a.path))}") as update:

@@ -16,6 +16,7 @@ that carry them.  Statistics come from :func:`aprfast.stats.tensor_stats` only.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 import re
@@ -145,8 +146,34 @@ class _Facts:
         self.names = list(f.keys())
         self.infos = [f.info(n) for n in self.names]
         self.size = os.path.getsize(path)
+        # compressed-tensors weights (issue 27 item 5) are judged by their values, under
+        # their module's weight name (M.weight_packed -> M.weight) and logical shape
+        self.records = dict(getattr(f, "compressed_weights", None) or {})
+        self.broken, self.logical = {}, {}
         self.stats, self.unscored = self._statistics(threads, progress)
-        self.shapes = shape_checks(self.metadata, self.infos)
+        self.shapes = shape_checks(self.metadata, [self._as_values(i) for i in self.infos])
+
+    def _as_values(self, info):
+        if info.name not in self.logical:
+            return info
+        return dataclasses.replace(info, name=self.role_name(info.name), shape=tuple(self.logical[info.name]))
+
+    def role_name(self, name: str) -> str:
+        """The name a tensor's §10.9 role and shape rules see: a compressed-tensors
+        weight's module weight name."""
+        if name in self.logical and name.endswith(".weight_packed"):
+            return name[:-len("_packed")]
+        return name
+
+    def _value(self, name):
+        if name in self.records:
+            try:
+                value = self.f.get_tensor(name, dequantize=True)
+                self.logical[name] = value.shape
+                return value
+            except AprError as exc:  # judged as stored; item 21 names it
+                self.broken[name] = f"[{exc.code}] {exc.message}"
+        return self.f.get_tensor(name)
 
     def _statistics(self, threads, progress):
         stats, unscored = {}, []
@@ -155,7 +182,7 @@ class _Facts:
         with progress_to(progress, f"aprfast quality {os.path.basename(self.path)}") as update:
             for name, info in zip(self.names, self.infos):
                 try:
-                    stats[name] = tensor_stats(self.f.get_tensor(name), threads=threads)
+                    stats[name] = tensor_stats(self._value(name), threads=threads)
                 except TypeError:  # complex or unknown dtype: no statistics
                     unscored.append(name)
                 done += info.nbytes
@@ -171,9 +198,9 @@ class _Facts:
         """(name, stats, verdict) of tensors whose §10.9 role starts with ``role_prefix``."""
         out = []
         for name, s in self.stats.items():
-            rule = expectation_for(name)
+            rule = expectation_for(self.role_name(name))
             if rule is not None and rule.role.startswith(role_prefix):
-                out.append((name, s, check_expected(name, s)))
+                out.append((name, s, check_expected(self.role_name(name), s)))
         return out
 
 
@@ -296,7 +323,9 @@ def _a20_scalar(x):
 
 
 def _a21_dtypes(x):
-    return _result([f"{i.name} ({i.dtype_name})" for i in x.infos if i.dtype is None], "unknown dtype id(s)")
+    return _result([f"{i.name} ({i.dtype_name})" for i in x.infos if i.dtype is None]
+                   + [f"{n} (compressed-tensors values: {why})" for n, why in x.broken.items()],
+                   "unknown dtype id(s) or undecodable compressed-tensors weight(s)")
 
 
 def _a22_padding(x):
