@@ -256,11 +256,11 @@ def _gpt2_config(arch: HFArch, kv: dict, specs) -> dict:
               "n_head": n_head, "n_positions": n_ctx, "n_ctx": n_ctx,
               "n_inner": None if n_ff in (None, 4 * n_embd) else n_ff,
               "layer_norm_epsilon": _kv_float(kv, "gpt2.attention.layer_norm_epsilon") or 1e-5,
-              "activation_function": "gelu_new", "vocab_size": _vocab_size(kv, specs, "transformer.wte.weight")}
+              "activation_function": "gelu_new", "vocab_size": _gguf_vocab_size(kv, specs, "transformer.wte.weight")}
     return _with_special_ids(config, kv)
 
 
-def _vocab_size(kv, specs, embedding: str):
+def _gguf_vocab_size(kv, specs, embedding: str):
     """The rows of the token embedding (the vocabulary llama.cpp and transformers use),
     else the number of tokens."""
     rows = next((s.shape[0] for s in specs if s.name == embedding and s.shape), None)
@@ -325,7 +325,7 @@ def _bert_config(arch: HFArch, kv: dict, specs) -> dict:
               "intermediate_size": get["feed_forward_length"], "max_position_embeddings": get["context_length"],
               "type_vocab_size": _kv_int(kv, "tokenizer.ggml.token_type_count") or 1,
               "layer_norm_eps": _kv_float(kv, "bert.attention.layer_norm_epsilon") or 1e-12,
-              "hidden_act": "gelu", "vocab_size": _vocab_size(kv, specs, "embeddings.word_embeddings.weight")}
+              "hidden_act": "gelu", "vocab_size": _gguf_vocab_size(kv, specs, "embeddings.word_embeddings.weight")}
     config = _with_special_ids(config, kv)
     config.setdefault("pad_token_id", 0)
     return config
