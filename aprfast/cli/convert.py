@@ -5,8 +5,9 @@ destination, or the source, fixed to ``.apr``.
 
 The destination comes as a second argument or ``-o/--output`` (both spellings are in
 the seed) and is never overwritten unless ``--force`` is given (QA #97: exit 1, the
-file untouched).  ``--quantize`` takes a type name (``q8_0``, ``q4_k``, ...) or the
-seed's ``int8``/``int4`` (GGML's Q8_0/Q4_0 blocks).  ``--arch`` maps tensor names to
+file untouched).  ``--quantize`` takes a type name (``q8_0``, ``q4_k``, ...), the
+seed's ``int8``/``int4`` (GGML's Q8_0/Q4_0 blocks), or one of llama.cpp's mixes
+(``q4_k_m``, ``q5_k_m``, ...; ``aprfast.numerics.mixes``).  ``--arch`` maps tensor names to
 the canonical ``.apr`` names (seed 001 §10.8).  ``--validate`` (default strict, the
 API's) checks every tensor as it is written (seed 001 §10.9-10.10): a failure exits 5
 (seed 001 Appendix A) with the tensor and the numbers, nothing written; ``--force``
@@ -65,7 +66,8 @@ def add_conversion_arguments(p, *, source_help: str) -> None:
     p.add_argument("destination", nargs="?", help="output path (or give -o)")
     p.add_argument("-o", "--output", help="output path")
     p.add_argument("--quantize", metavar="TYPE",
-                   help="quantize 2-D float tensors: q8_0, q4_0, ..., int8, int4; fp16/bf16 change the precision")
+                   help="quantize 2-D float tensors: q8_0, q4_0, ..., int8, int4, or a llama.cpp mix (q4_k_m, "
+                   "q5_k_m, ...: per-tensor types as llama-quantize picks them); fp16/bf16 change the precision")
     p.add_argument("--precision", type=precision_name, choices=("f32", "f16", "bf16"),
                    help="convert float tensors to this precision (fp32, fp16, float16, bfloat16 are accepted too)")
     p.add_argument("--compress", choices=("lz4", "zstd"), help="compress the tensors (.apr destinations)")
@@ -198,14 +200,24 @@ def _optimize_options(args) -> dict:
 
 def _quant_name(text: str) -> str:
     from ..errors import UnknownDTypeError
+    from ..numerics.mixes import MIXES, mix
     from ..numerics.quantization import quant_type, quant_types
 
+    found = mix(text, suffixed_only=True)  # llama.cpp's Q4_K_M, Q5_K_S, ...: aprfast.convert plans it
+    if found is not None:
+        for type_name in found.types:
+            try:
+                quant_type(type_name).require_quantizer()
+            except Exception as exc:  # noqa: BLE001 - a mix needing a type aprfast cannot make
+                raise UsageError(f"--quantize {text}: {exc}") from None
+        return found.name
     name = QUANTIZE_ALIASES.get(text.lower(), text)
     try:
         quant_type(name).require_quantizer()
     except UnknownDTypeError:
         raise UsageError(f"--quantize {text}: unknown type; one of "
-                         f"{', '.join(quant_types(quantizable=True))}, int8, int4") from None
+                         f"{', '.join(quant_types(quantizable=True))}, int8, int4, or llama.cpp's mixes "
+                         f"{', '.join(n for n, m in MIXES.items() if m.suffixed)}") from None
     except Exception as exc:  # noqa: BLE001 - a dequantize-only type: say why, as a usage error
         raise UsageError(f"--quantize {text}: {exc}") from None
     return name
