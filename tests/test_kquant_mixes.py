@@ -13,9 +13,7 @@ import pytest
 import aprfast
 from aprfast.cli import main
 from aprfast.convert import open_source, tensor_mix_types
-from aprfast.errors import LayoutError
 from aprfast.numerics.mixes import MIXES, MixParams, mix, mix_params, mix_types, quantizable
-from aprfast.numerics.quantization import quant_types
 
 #: llama.cpp's use_more_bits(i, 10): the first eighth, the last eighth, every third between.
 MORE_BITS_10 = {0, 3, 6, 8, 9}
@@ -172,14 +170,16 @@ def test_a_bare_type_name_is_the_mix_only_for_a_gguf_model(gguf_model, tmp_path)
         assert f.info("output.weight").dtype.name == "Q4_0"
 
 
-def test_mixes_needing_types_without_a_quantizer_are_refused(gguf_model, tmp_path):
-    src, _ = gguf_model
-    if "Q3_K" in quant_types(quantizable=True):
-        pytest.skip("Q3_K has a quantizer")
-    with pytest.raises(LayoutError, match="Q3_K"):
-        aprfast.convert(src, tmp_path / "m.gguf", quantize="Q3_K_M", max_drift=None)
-    assert not (tmp_path / "m.gguf").exists()
-    assert main(["convert", str(src), str(tmp_path / "m.gguf"), "--quantize", "q3_k_m"]) == 2
+def test_q3_k_and_q2_k_mixes(gguf_model, tmp_path):
+    src, tensors = gguf_model
+    for name in ("Q3_K_M", "Q2_K"):
+        out = tmp_path / f"{name}.gguf"
+        aprfast.convert(src, out, quantize=name, max_drift=None)
+        got, metadata = _gguf_types(out)
+        want = mix_types(name, [(n, v.shape) for n, v in tensors.items()])
+        assert got == {n: t or "F32" for n, t in want.items()} and metadata["general.file_type"] == MIXES[name].ftype
+    assert want["blk.0.ffn_down.weight"] == "Q3_K" and want["blk.0.attn_q.weight"] == "Q2_K"
+    assert main(["convert", str(src), str(tmp_path / "x.gguf"), "--quantize", "q9_k_m"]) == 2
 
 
 def test_cli(gguf_model, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""llama.cpp's named mixes (Q4_K_M, Q5_K_M, ...): aprfast's HF -> GGUF with
+"""llama.cpp's named mixes (Q4_K_M, Q5_K_M, Q3_K_M, Q2_K, ...): aprfast's HF -> GGUF with
 ``quantize="Q4_K_M"`` gives the GGUF ``llama-quantize`` makes from the F32 GGUF (issue
 27 item 3): the same tensors, each of the same GGML type with the same bytes, and the
 same keys (``general.file_type`` the mix's llama_ftype).
@@ -34,7 +34,7 @@ MODELS = {
     "odd": ("llama", dict(hidden_size=96, intermediate_size=200, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2)),
 }
-MIX_NAMES = ("Q4_K_M", "Q5_K_M", "Q4_K_S", "Q5_K_S", "Q6_K", "Q8_0")
+MIX_NAMES = ("Q4_K_M", "Q5_K_M", "Q4_K_S", "Q5_K_S", "Q6_K", "Q8_0", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q2_K")
 
 
 @pytest.fixture(scope="module")
