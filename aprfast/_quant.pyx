@@ -2,7 +2,7 @@
 """Quantize and dequantize tensors block by block, GIL released.
 
 GGML types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 and the K-quants
-Q4_K, Q5_K, Q6_K both ways; the other types gguf-py knows, dequantize only) give
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K both ways; the other types gguf-py knows, dequantize only) give
 the same bytes and floats as llama.cpp's gguf-py (ggml's reference C where
 gguf-py has none: the K-quant quantizers, and Q8_1, Q8_K and Q1_0's dequantizers);
 the APR types (APR_Q8, APR_Q4, APR_FQ8_0,
@@ -159,6 +159,16 @@ def quantize_tq2_0(const float[::1] src, uint8_t[::1] out, *, int threads=0, pat
 def quantize_mxfp4(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
     """GGML MXFP4, bit-identical to gguf-py (len(src) a multiple of 32; 17 bytes a block)."""
     _quantize(TYPES["MXFP4"], src, out, threads, path)
+
+
+def quantize_q2_k(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
+    """GGML Q2_K (ggml's quantize_row_q2_K_ref, bit for bit; len(src) a multiple of 256; 84 bytes a block)."""
+    _quantize(TYPES["Q2_K"], src, out, threads, path)
+
+
+def quantize_q3_k(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
+    """GGML Q3_K (ggml's quantize_row_q3_K_ref, bit for bit; len(src) a multiple of 256; 110 bytes a block)."""
+    _quantize(TYPES["Q3_K"], src, out, threads, path)
 
 
 def quantize_q4_k(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):

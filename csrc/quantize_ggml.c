@@ -432,6 +432,78 @@ static float fit_levels_with_min(int n, int nmax, const float *x, const float *w
     return scale;
 }
 
+/* fit_levels_with_min by weighted absolute error (make_qkx2_quants with use_mad, Q2_K's).
+ * A copy rather than a flag: which NaN a float operation keeps depends on the code the
+ * compiler makes (docs/FORMAT.md), and a flag changed Q5_K's for NaN inputs. */
+static float fit_levels_with_min_abs(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
+                                     float rmin, float rdelta, int nstep)
+{
+    uint8_t trial[32];
+    float lo = x[0], hi = x[0];
+    float sum_w = w[0];
+    float sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < lo)
+            lo = x[i];
+        if (x[i] > hi)
+            hi = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (lo > 0)
+        lo = 0;
+    if (hi == lo) {
+        memset(L, 0, (size_t)n);
+        *neg_min = -lo;
+        return 0.0f;
+    }
+    float iscale = (float)nmax / (hi - lo);
+    float scale = 1 / iscale;
+    float best = 0;
+    for (int i = 0; i < n; i++) {
+        int l = clamp_int(nearest_int(iscale * (x[i] - lo)), 0, nmax);
+        L[i] = (uint8_t)l;
+        float diff = scale * (float)L[i] + lo - x[i];
+        diff = fabsf(diff);
+        best += w[i] * diff;
+    }
+    for (int step = 0; step <= nstep; step++) {
+        iscale = (rmin + rdelta * (float)step + (float)nmax) / (hi - lo);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = clamp_int(nearest_int(iscale * (x[i] - lo)), 0, nmax);
+            trial[i] = (uint8_t)l;
+            float fl = (float)l;
+            sum_l += w[i] * fl;
+            sum_l2 += w[i] * fl * fl;
+            sum_xl += w[i] * fl * x[i];
+        }
+        float det = sum_w * sum_l2 - sum_l * sum_l;
+        if (det > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float err = 0;
+            for (int i = 0; i < n; i++) {
+                float diff = this_scale * (float)trial[i] + this_min - x[i];
+                diff = fabsf(diff);
+                err += w[i] * diff;
+            }
+            if (err < best) {
+                memcpy(L, trial, (size_t)n);
+                best = err;
+                scale = this_scale;
+                lo = this_min;
+            }
+        }
+    }
+    *neg_min = -lo;
+    return scale;
+}
+
 /* Symmetric levels -nmax..nmax-1 (stored + nmax) for n values, weighted by x^2:
  * the scale of the best of 19 trial inverse scales around -nmax / max (ggml's
  * make_qx_quants with rmse_type 1 and no importance weights). */
@@ -480,6 +552,171 @@ static float fit_levels_symmetric(int n, int nmax, const float *x, int8_t *L)
         }
     }
     return scale;
+}
+
+/* Symmetric levels -nmax..nmax-1 (stored + nmax) for n values, weighted by x^2,
+ * refined one value at a time for up to five passes while the weighted fit improves
+ * (ggml's make_q3_quants with do_rmse).  An all-zero group keeps levels 0. */
+static float fit_levels_refined(int n, int nmax, const float *x, int8_t *L)
+{
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[i];
+        }
+    }
+    if (amax < 1e-15f) {
+        memset(L, 0, (size_t)n);
+        return 0.0f;
+    }
+    float iscale = (float)-nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        L[i] = (int8_t)l;
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * (float)l;
+        suml2 += w * (float)l * (float)l;
+    }
+    for (int pass = 0; pass < 5; pass++) {
+        int changed = 0;
+        for (int i = 0; i < n; i++) {
+            float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * (float)L[i];
+            if (!(slx > 0))
+                continue;
+            float sl2 = suml2 - w * (float)L[i] * (float)L[i];
+            int nl = clamp_int(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
+            if (nl == L[i])
+                continue;
+            slx += w * x[i] * (float)nl;
+            sl2 += w * (float)nl * (float)nl;
+            if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                L[i] = (int8_t)nl;
+                sumlx = slx;
+                suml2 = sl2;
+                changed++;
+            }
+        }
+        if (!changed)
+            break;
+    }
+    for (int i = 0; i < n; i++)
+        L[i] = (int8_t)(L[i] + nmax);
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* Four 2-bit levels per byte: values j, j+32, j+64, j+96 of each 128 (Q2_K, Q3_K). */
+static void pack_2bit(const uint8_t L[QK_K], uint8_t *qs)
+{
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *q = L + 128 * h + l;
+            qs[32 * h + l] = (uint8_t)(q[0] | q[32] << 2 | q[64] << 4 | q[96] << 6);
+        }
+}
+
+/* Q2_K: sixteen sub-blocks of 16, levels 0..3 fit with a min by weighted absolute
+ * error (weights |x|), 4-bit scales and mins of max/15. */
+static void q2_k_quantize_block(const float *x, uint8_t *y)
+{
+    uint8_t L[QK_K];
+    float sc[16], mn[16], w[16];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 16; j++) {
+        const float *xs = x + 16 * j;
+        for (int l = 0; l < 16; l++)
+            w[l] = fabsf(xs[l]);
+        sc[j] = fit_levels_with_min_abs(16, 3, xs, w, L + 16 * j, &mn[j], -0.5f, 0.1f, 15);
+        if (sc[j] > max_scale)
+            max_scale = sc[j];
+        if (mn[j] > max_min)
+            max_min = mn[j];
+    }
+    uint8_t *scales = y, *qs = y + 16;
+    uint16_t d16 = 0, m16 = 0;
+    memset(scales, 0, 16);
+    if (max_scale > 0) {
+        float inv = 15.0f / max_scale;
+        for (int j = 0; j < 16; j++)
+            scales[j] = (uint8_t)nearest_int(inv * sc[j]);
+        d16 = ggml_f32_to_f16(max_scale / 15.0f);
+    }
+    if (max_min > 0) {
+        float inv = 15.0f / max_min;
+        for (int j = 0; j < 16; j++)
+            scales[j] = (uint8_t)(scales[j] | nearest_int(inv * mn[j]) << 4);
+        m16 = ggml_f32_to_f16(max_min / 15.0f);
+    }
+    float d_all = f16_to_f32(d16), m_all = f16_to_f32(m16);
+    for (int j = 0; j < 16; j++) {
+        float d = d_all * (float)(scales[j] & 0xf);
+        if (d == 0.0f)
+            continue;
+        float dm = m_all * (float)(scales[j] >> 4);
+        for (int i = 0; i < 16; i++)
+            L[16 * j + i] = (uint8_t)clamp_int(nearest_int((x[16 * j + i] + dm) / d), 0, 3);
+    }
+    pack_2bit(L, qs);
+    store_u16le(y + 80, d16);
+    store_u16le(y + 82, m16);
+}
+
+/* Q3_K: sixteen sub-blocks of 16, levels -4..3 (fit_levels_refined), 6-bit scales of
+ * max/-32 packed in 12 bytes; the levels' third bit in a 32-byte mask. */
+static void q3_k_quantize_block(const float *x, uint8_t *y)
+{
+    int8_t L[QK_K];
+    float sc[16];
+    float max_scale = 0, amax = 0;
+    for (int j = 0; j < 16; j++) {
+        sc[j] = fit_levels_refined(16, 4, x + 16 * j, L + 16 * j);
+        float a = fabsf(sc[j]);
+        if (a > amax) {
+            amax = a;
+            max_scale = sc[j];
+        }
+    }
+    uint8_t *hmask = y, *qs = y + 32, *scales = y + 96;
+    uint8_t six[16];
+    uint16_t d16 = 0;
+    memset(scales, 0, 12);
+    memset(six, 0, sizeof six);
+    if (max_scale != 0.0f || max_scale != max_scale) { /* ggml's `if (max_scale)`: NaN too */
+        float iscale = -32.0f / max_scale;
+        for (int j = 0; j < 16; j++) {
+            int8_t l = (int8_t)nearest_int(iscale * sc[j]); /* ggml keeps the low byte first */
+            six[j] = (uint8_t)(clamp_int(l, -32, 31) + 32);
+            if (j < 8)
+                scales[j] = (uint8_t)(six[j] & 0xf);
+            else
+                scales[j - 8] = (uint8_t)(scales[j - 8] | (six[j] & 0xf) << 4);
+            scales[8 + j % 4] = (uint8_t)(scales[8 + j % 4] | (six[j] >> 4) << (2 * (j / 4)));
+        }
+        d16 = ggml_f32_to_f16(1 / iscale);
+    }
+    float d_all = f16_to_f32(d16);
+    for (int j = 0; j < 16; j++) {
+        float d = d_all * (float)((int)six[j] - 32);
+        if (d == 0.0f)
+            continue;
+        for (int i = 0; i < 16; i++)
+            L[16 * j + i] = (int8_t)(clamp_int(nearest_int(x[16 * j + i] / d), -4, 3) + 4);
+    }
+    memset(hmask, 0, 32);
+    uint8_t low[QK_K];
+    for (int j = 0; j < QK_K; j++) {
+        int l = L[j];
+        if (l > 3) {
+            hmask[j % 32] = (uint8_t)(hmask[j % 32] | 1u << (j / 32));
+            l -= 4;
+        }
+        low[j] = (uint8_t)l;
+    }
+    pack_2bit(low, qs);
+    store_u16le(y + 108, d16);
 }
 
 /* Q4_K / Q5_K: eight sub-blocks of 32 with 6-bit scales and mins packed in 12
@@ -615,6 +852,8 @@ BLOCKS_FN(q5_1, QK, 24)
 BLOCKS_FN(tq1_0, QK_K, 54)
 BLOCKS_FN(tq2_0, QK_K, 66)
 BLOCKS_FN(mxfp4, QK, 17)
+BLOCKS_FN(q2_k, QK_K, 84)
+BLOCKS_FN(q3_k, QK_K, 110)
 BLOCKS_FN(q4_k, QK_K, 144)
 BLOCKS_FN(q5_k, QK_K, 176)
 BLOCKS_FN(q6_k, QK_K, 210)
@@ -632,6 +871,10 @@ apr_ggml_quantize_fn apr_ggml_quantizer(int type)
         return tq2_0_quantize_blocks;
     case APR_QT_MXFP4:
         return mxfp4_quantize_blocks;
+    case APR_QT_Q2_K:
+        return q2_k_quantize_blocks;
+    case APR_QT_Q3_K:
+        return q3_k_quantize_blocks;
     case APR_QT_Q4_K:
         return q4_k_quantize_blocks;
     case APR_QT_Q5_K:

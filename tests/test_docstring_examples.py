@@ -37,6 +37,7 @@ MODULES = {
     "aprfast.stream": None,
     "aprfast.convert": None,
     "aprfast.numerics.quantization": None,
+    "aprfast.numerics.mixes": None,
     "aprfast.numerics.precision": None,
     "aprfast.tensors": None,
     "aprfast.limits": None,

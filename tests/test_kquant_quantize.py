@@ -1,4 +1,4 @@
-"""K-quant quantizers (Q4_K, Q5_K, Q6_K) give the bytes of ggml's reference quantizers.
+"""K-quant quantizers (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) give the bytes of ggml's reference quantizers.
 
 gguf-py cannot quantize K-quants, so the oracle is ggml's own C: ``quantize_row_q4_K_ref``
 and its siblings (what ``ggml_quantize_chunk`` runs without an importance matrix) in the
@@ -26,7 +26,7 @@ from aprfast import _quant as q
 from aprfast import backend
 
 F32 = np.float32
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 PATHS = q.available_paths()
 
 
@@ -158,7 +158,7 @@ def test_k_quantize_round_trip_and_refusals(type_name):
     qt = aprfast.quantize(x, type_name.lower())
     assert qt.dtype.name == type_name and qt.shape == (4, 256)
     back = aprfast.dequantize(qt)
-    bound = {"Q4_K": 0.2, "Q5_K": 0.1, "Q6_K": 0.05}[type_name]
+    bound = {"Q2_K": 0.8, "Q3_K": 0.4, "Q4_K": 0.2, "Q5_K": 0.1, "Q6_K": 0.05}[type_name]
     assert np.max(np.abs(back - x) / np.max(np.abs(x), axis=1, keepdims=True)) < bound
     with pytest.raises(aprfast.LayoutError, match="multiple of 256"):
         aprfast.quantize(np.zeros((2, 128), F32), type_name)

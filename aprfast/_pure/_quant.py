@@ -1,8 +1,8 @@
 """Quantize and dequantize tensors block by block, the pure twin of ``aprfast._quant``:
 the portable kernels of csrc/quant.c as NumPy operations on whole arrays of blocks.
 
-GGML types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 and the K-quants Q4_K,
-Q5_K, Q6_K both ways; the others dequantize only) give the same bytes and floats as
+GGML types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 and the K-quants Q2_K,
+Q3_K, Q4_K, Q5_K, Q6_K both ways; the others dequantize only) give the same bytes and floats as
 llama.cpp's gguf-py (ggml's reference C where gguf-py has none: the K-quant quantizers,
 Q8_1, Q8_K and Q1_0's dequantizers); the APR types (APR_Q8, APR_Q4,
 APR_FQ8_0, APR_FQ4_0) the same as aprender's Rust code; Q8_TENSOR is aprfast's
@@ -40,8 +40,8 @@ _TABLE = {
     "APR_FQ4_0": (QK, 18, 0, True, True),
     # The other GGML types (dequantize only), in GGML id order.
     "Q8_1": (QK, 36, 0, False, False),
-    "Q2_K": (QK_K, 84, 0, False, False),
-    "Q3_K": (QK_K, 110, 0, False, False),
+    "Q2_K": (QK_K, 84, 0, False, True),
+    "Q3_K": (QK_K, 110, 0, False, True),
     "Q5_K": (QK_K, 176, 0, False, True),
     "Q8_K": (QK_K, 292, 0, False, False),
     "IQ2_XXS": (QK_K, 66, 0, False, False),
@@ -300,8 +300,10 @@ def _wsum(w, v):
     return acc
 
 
-def _fit_with_min(x, w, nmax, rmin, rdelta, nstep):
-    """make_qkx2_quants (squared error) on each row of x: (scale, -min, levels 0..nmax)."""
+def _fit_with_min(x, w, nmax, rmin, rdelta, nstep, abs_error=False):
+    """make_qkx2_quants on each row of x (squared error, or absolute with ``abs_error``:
+    its use_mad): (scale, -min, levels 0..nmax)."""
+    err_of = np.abs if abs_error else np.square
     lo, hi = x[:, 0].copy(), x[:, 0].copy()
     sum_w, sum_x = w[:, 0].copy(), w[:, 0] * x[:, 0]
     for i in range(1, x.shape[1]):
@@ -314,7 +316,7 @@ def _fit_with_min(x, w, nmax, rmin, rdelta, nstep):
     iscale = F32(nmax) / (hi - lo)
     scale = F32(1) / iscale
     L = np.clip(_nearest(iscale[:, None] * (x - lo[:, None])), 0, nmax)
-    best = _wsum(w, np.square(scale[:, None] * L.astype(F32) + lo[:, None] - x))
+    best = _wsum(w, err_of(scale[:, None] * L.astype(F32) + lo[:, None] - x))
     for step in range(nstep + 1):
         iscale = (F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)) / (hi - lo)
         trial = np.clip(_nearest(iscale[:, None] * (x - lo[:, None])), 0, nmax)
@@ -326,7 +328,7 @@ def _fit_with_min(x, w, nmax, rmin, rdelta, nstep):
         up = this_min > 0
         this_min = np.where(up, F32(0), this_min).astype(F32)
         this_scale = np.where(up, sum_xl / sum_l2, this_scale).astype(F32)
-        err = _wsum(w, np.square(this_scale[:, None] * fl + this_min[:, None] - x))
+        err = _wsum(w, err_of(this_scale[:, None] * fl + this_min[:, None] - x))
         take = (det > 0) & (err < best)
         L = np.where(take[:, None], trial, L)
         best = np.where(take, err, best)
@@ -362,6 +364,91 @@ def _fit_symmetric(x, nmax):
         best = np.where(take, scale * sumlx, best).astype(F32)
     L[tiny] = 0
     return np.where(tiny, F32(0), scale).astype(F32), L
+
+
+def _fit_refined(x, nmax):
+    """make_q3_quants with do_rmse on each row of x: (scale, levels + nmax; 0 for an
+    all-zero row).  The C refines one value at a time; here each value index steps every
+    row at once, rows that changed nothing in a pass stopping as the C's do."""
+    big, amax = np.zeros(x.shape[0], F32), np.zeros(x.shape[0], F32)
+    for i in range(x.shape[1]):
+        ax = np.abs(x[:, i])
+        up = ax > amax
+        amax, big = np.where(up, ax, amax), np.where(up, x[:, i], big)
+    tiny = amax < F32(1e-15)
+    w = x * x
+    L = np.clip(_nearest((F32(-nmax) / big)[:, None] * x), -nmax, nmax - 1)
+    fl = L.astype(F32)
+    sumlx, suml2 = _wsum(w * x, fl), _wsum(w * fl, fl)
+    active = ~tiny
+    for _ in range(5):
+        changed = np.zeros(x.shape[0], bool)
+        for i in range(x.shape[1]):
+            wi, xi, li = w[:, i], x[:, i], L[:, i].astype(F32)
+            slx = sumlx - wi * xi * li
+            sl2 = suml2 - wi * li * li
+            new = np.clip(_nearest(xi * sl2 / slx), -nmax, nmax - 1)
+            nl = new.astype(F32)
+            slx2, sl22 = slx + wi * xi * nl, sl2 + wi * nl * nl
+            take = active & (slx > 0) & (new != L[:, i]) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+            L[:, i] = np.where(take, new, L[:, i])
+            sumlx, suml2 = np.where(take, slx2, sumlx).astype(F32), np.where(take, sl22, suml2).astype(F32)
+            changed |= take
+        active &= changed
+        if not active.any():
+            break
+    L = np.where(tiny[:, None], 0, L + nmax)
+    return np.where(tiny | ~(suml2 > 0), F32(0), sumlx / np.where(suml2 > 0, suml2, F32(1))).astype(F32), L
+
+
+def _pack_2bit(L):
+    """Four 2-bit levels a byte: values j, j+32, j+64, j+96 of each 128 (blocks, 256) -> (blocks, 64)."""
+    L = L.astype(np.uint8).reshape(-1, 2, 4, 32)
+    return (L[:, :, 0] | L[:, :, 1] << 2 | L[:, :, 2] << 4 | L[:, :, 3] << 6).reshape(-1, 64)
+
+
+def _q2_k_blocks(x):
+    """Q2_K: 16 scale|min bytes | 64 B levels | f16 d | f16 dmin."""
+    blocks = x.shape[0]
+    xs = x.reshape(-1, 16)
+    sc, mn, L = _fit_with_min(xs, np.abs(xs), 3, -0.5, 0.1, 15, abs_error=True)
+    sc, mn = sc.reshape(blocks, 16), mn.reshape(blocks, 16)
+    max_scale, max_min = _running_max(sc), _running_max(mn)
+    has_s, has_m = max_scale > 0, max_min > 0
+    ls = np.where(has_s[:, None], _nearest((F32(15) / np.where(has_s, max_scale, F32(1)))[:, None] * sc), 0)
+    lm = np.where(has_m[:, None], _nearest((F32(15) / np.where(has_m, max_min, F32(1)))[:, None] * mn), 0)
+    scales = ((ls & 0xFF) | (lm << 4)) & 0xFF
+    d16 = np.where(has_s, _ggml_f16(max_scale / F32(15)), 0).astype(np.uint16)
+    m16 = np.where(has_m, _ggml_f16(max_min / F32(15)), 0).astype(np.uint16)
+    d = (_f32(d16)[:, None] * (scales & 0xF).astype(F32)).reshape(-1)
+    dm = (_f32(m16)[:, None] * (scales >> 4).astype(F32)).reshape(-1)
+    again = np.clip(_nearest((xs + dm[:, None]) / d[:, None]), 0, 3)
+    L = np.where((d != 0)[:, None], again, L).reshape(blocks, 256)
+    return np.concatenate([scales.astype(np.uint8), _pack_2bit(L), _u16_bytes(d16), _u16_bytes(m16)], axis=1)
+
+
+def _q3_k_blocks(x):
+    """Q3_K: 32 B high-bit mask | 64 B low levels | 12 B 6-bit scales | f16 d."""
+    blocks = x.shape[0]
+    sc, L = _fit_refined(x.reshape(-1, 16), 4)
+    sc, L = sc.reshape(blocks, 16), L.reshape(blocks, 256)
+    max_scale = _running_max(sc, np.abs)
+    nonzero = max_scale != 0  # ggml's `if (max_scale)`: NaN too
+    iscale = F32(-32) / np.where(nonzero, max_scale, F32(1))
+    low_byte = ((_nearest(iscale[:, None] * sc) + 128) & 0xFF) - 128  # ggml's int8_t
+    six = np.where(nonzero[:, None], np.clip(low_byte, -32, 31) + 32, 0)
+    shifts = 2 * (np.arange(16) // 4)
+    high = (six >> 4) << shifts
+    scales = np.concatenate([(six[:, :8] & 0xF) | (six[:, 8:] & 0xF) << 4,
+                             high[:, 0:4] | high[:, 4:8] | high[:, 8:12] | high[:, 12:16]], axis=1).astype(np.uint8)
+    d16 = np.where(nonzero, _ggml_f16(F32(1) / iscale), 0).astype(np.uint16)
+    d = (_f32(d16)[:, None] * (six - 32).astype(F32)).reshape(-1)
+    again = np.clip(_nearest(x.reshape(-1, 16) / d[:, None]), -4, 3) + 4
+    L = np.where((d != 0)[:, None], again, L.reshape(-1, 16)).reshape(blocks, 8, 32)
+    top = L > 3
+    hmask = np.bitwise_or.reduce(top.astype(np.uint8) << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
+    low = np.where(top, L - 4, L).reshape(blocks, 256)
+    return np.concatenate([hmask.astype(np.uint8), _pack_2bit(low), scales, _u16_bytes(d16)], axis=1)
 
 
 def _running_max(v, key=None):
@@ -525,7 +612,8 @@ def _q8_tensor(x):
 
 _BLOCK_QUANTIZERS = {"Q8_0": _q8_0_blocks, "Q4_0": _q4_0_blocks, "Q4_1": _q4_1_blocks, "Q5_0": _q5_0_blocks,
                      "Q5_1": _q5_1_blocks, "TQ1_0": _tq1_0_blocks, "TQ2_0": _tq2_0_blocks, "MXFP4": _mxfp4_blocks,
-                     "Q4_K": _q4_k_blocks, "Q5_K": _q5_k_blocks, "Q6_K": _q6_k_blocks}
+                     "Q2_K": _q2_k_blocks, "Q3_K": _q3_k_blocks, "Q4_K": _q4_k_blocks, "Q5_K": _q5_k_blocks,
+                     "Q6_K": _q6_k_blocks}
 _PARTIAL_QUANTIZERS = {"APR_Q4": _apr_q4_blocks, "APR_FQ8_0": _apr_fq8_0_blocks, "APR_FQ4_0": _apr_fq4_0_blocks}
 
 
@@ -1037,6 +1125,16 @@ def quantize_tq2_0(src, out, *, threads=0, path=None):
 def quantize_mxfp4(src, out, *, threads=0, path=None):
     """GGML MXFP4, bit-identical to gguf-py (len(src) a multiple of 32; 17 bytes a block)."""
     _quantize("MXFP4", src, out, threads, path)
+
+
+def quantize_q2_k(src, out, *, threads=0, path=None):
+    """GGML Q2_K (ggml's quantize_row_q2_K_ref, bit for bit; len(src) a multiple of 256; 84 bytes a block)."""
+    _quantize("Q2_K", src, out, threads, path)
+
+
+def quantize_q3_k(src, out, *, threads=0, path=None):
+    """GGML Q3_K (ggml's quantize_row_q3_K_ref, bit for bit; len(src) a multiple of 256; 110 bytes a block)."""
+    _quantize("Q3_K", src, out, threads, path)
 
 
 def quantize_q4_k(src, out, *, threads=0, path=None):

@@ -6,8 +6,9 @@ destination, or the source, fixed to ``.apr``.
 The destination comes as a second argument or ``-o/--output`` (both spellings are in
 the seed) and is never overwritten unless ``--force`` is given (QA #97: exit 1, the
 file untouched).  ``--quantize`` takes a type aprfast has a quantizer for (``q8_0``,
-``q4_0``, ...: :func:`quantize_help` lists them, and so does ``--help``) or the seed's
-``int8``/``int4`` (GGML's Q8_0/Q4_0 blocks).  ``--arch`` maps tensor names to
+``q4_0``, ``q4_k``, ...: :func:`quantize_help` lists them, and so does ``--help``), the
+seed's ``int8``/``int4`` (GGML's Q8_0/Q4_0 blocks), or one of llama.cpp's mixes
+(``q4_k_m``, ``q5_k_m``, ...; ``aprfast.numerics.mixes``).  ``--arch`` maps tensor names to
 the canonical ``.apr`` names (seed 001 §10.8).  ``--validate`` (default strict, the
 API's) checks every tensor as it is written (seed 001 §10.9-10.10): a failure exits 5
 (seed 001 Appendix A) with the tensor and the numbers, nothing written; ``--force``
@@ -207,23 +208,36 @@ def quantize_help() -> str:
         >>> quantize_help().split(";")[0]  # doctest: +ELLIPSIS
         'quantize 2-D float tensors: q8_0, q4_0, q4_1, ..., int8 (q8_0), int4 (q4_0)'
     """
+    from ..numerics.mixes import MIXES
     from ..numerics.quantization import quant_types
 
     names = ", ".join(name.lower() for name in quant_types(quantizable=True))
     aliases = ", ".join(f"{alias} ({name.lower()})" for alias, name in QUANTIZE_ALIASES.items())
-    return f"quantize 2-D float tensors: {names}, {aliases}; fp16/bf16 change the precision"
+    mixes = ", ".join(name.lower() for name in MIXES if name[-2:] in ("_S", "_M", "_L"))
+    return (f"quantize 2-D float tensors: {names}, {aliases}; fp16/bf16 change the precision; or a "
+            f"llama.cpp mix ({mixes}: per-tensor types as llama-quantize picks them)")
 
 
 def _quant_name(text: str) -> str:
     from ..errors import UnknownDTypeError
+    from ..numerics.mixes import MIXES, mix
     from ..numerics.quantization import quant_type, quant_types
 
+    found = mix(text, suffixed_only=True)  # llama.cpp's Q4_K_M, Q5_K_S, ...: aprfast.convert plans it
+    if found is not None:
+        for type_name in found.types:
+            try:
+                quant_type(type_name).require_quantizer()
+            except Exception as exc:  # noqa: BLE001 - a mix needing a type aprfast cannot make
+                raise UsageError(f"--quantize {text}: {exc}") from None
+        return found.name
     name = QUANTIZE_ALIASES.get(text.lower(), text)
     try:
         quant_type(name).require_quantizer()
     except UnknownDTypeError:
         raise UsageError(f"--quantize {text}: unknown type; one of "
-                         f"{', '.join(quant_types(quantizable=True))}, int8, int4") from None
+                         f"{', '.join(quant_types(quantizable=True))}, int8, int4, or llama.cpp's mixes "
+                         f"{', '.join(n for n, m in MIXES.items() if m.suffixed)}") from None
     except Exception as exc:  # noqa: BLE001 - a dequantize-only type: say why, as a usage error
         raise UsageError(f"--quantize {text}: {exc}") from None
     return name

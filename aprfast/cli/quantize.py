@@ -8,7 +8,10 @@ bits per weight, RMSE, largest absolute error and cosine similarity.  Per-layer 
 ``--layer`` rules first (in the order given; ``keep`` leaves a tensor as it is), then
 ``--embedding-type`` for embeddings and ``--output-type`` for the output projection,
 then ``--type``.  One-dimensional tensors (norms, biases) stay as they are, as llama.cpp
-keeps them, unless ``--quantize-1d``.  OUT is never replaced without ``--force``."""
+keeps them, unless ``--quantize-1d``.  ``--type`` may name one of llama.cpp's mixes
+(``q4_k_m``, ``q5_k_m``, ``q3_k_m``, ...): each tensor then gets the type llama-quantize
+gives it (``aprfast.numerics.mixes``), ``--layer``/``--embedding-type``/``--output-type``
+rules still first.  OUT is never replaced without ``--force``."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import os
 
 from ..dtypes import element_count
 from ..layouts.aprender import COUNT_KEYS, tensor_counts
+from ..numerics.mixes import MIXES, mix
 from ..numerics.quantization import quant_type, quant_types, quantize_tensors
 from ._common import (
     EXIT_OK,
@@ -48,7 +52,8 @@ def add_parser(commands) -> None:
     p.add_argument("-o", "--output", help="where to write the quantized model")
     # not required=True: a config file's [quantize] type = "q4_0" may supply it
     p.add_argument("--type", metavar="TYPE",
-                   help=f"the default type: {', '.join(t.lower() for t in quant_types(quantizable=True))}")
+                   help=f"the default type: {', '.join(t.lower() for t in quant_types(quantizable=True))}; or a "
+                   f"llama.cpp mix: {', '.join(n.lower() for n, m in MIXES.items() if m.suffixed)}")
     p.add_argument("--embedding-type", metavar="TYPE", help="type for embedding tensors (keep: leave them)")
     p.add_argument("--output-type", metavar="TYPE", help="type for the output projection (lm_head)")
     p.add_argument("--layer", action="append", default=[], metavar="GLOB=TYPE",
@@ -113,10 +118,32 @@ def selector(default, rules, quantize_1d: bool):
     return pick
 
 
+def _mix_or_none(name):
+    """The llama.cpp mix ``--type`` names (Q4_K_M, ...), each type it uses checked."""
+    found = mix(name, suffixed_only=True)
+    if found is not None:
+        for type_name in found.types:
+            _type_or_keep(type_name, f"--type {name}: its type")
+    return found
+
+
+def mix_selector(types: dict, rules):
+    """``quantize_tensors``' rules callable for a mix: ``rules`` first, then the mix's
+    type of each tensor (its F16 fallback, for rows that are not whole 32-blocks, keeps
+    the tensor as it is here)."""
+    def pick(name, shape):
+        for glob, kind in rules:
+            if fnmatch.fnmatchcase(name, glob):
+                return kind
+        kind = types.get(name)
+        return None if kind == "F16" else kind
+    return pick
+
+
 def run(args) -> int:
     if args.type is None:
         raise UsageError("--type is required (or type = \"...\" in the [quantize] section of the config file)")
-    default = _type_or_keep(args.type, "--type")
+    default = _mix_or_none(args.type) or _type_or_keep(args.type, "--type")
     if default is None:
         raise UsageError("--type must name a quantization type")
     rules = parse_rules(args)
@@ -144,11 +171,18 @@ def quantize_file(source, destination, default, rules, args) -> dict:
                 progress(done, steps)
         # the source's counts described its tensors: the new file's are filled below
         metadata = {k: v for k, v in (f.metadata or {}).items() if k not in ("quantization", *COUNT_KEYS)}
-        quantized, report = quantize_tensors(tensors, default, selector(default, rules, args.quantize_1d),
+        if hasattr(default, "ftype"):  # a llama.cpp mix: every tensor's type from the whole model
+            from ..convert import tensor_mix_types
+
+            types = tensor_mix_types(default, [(n, v.shape) for n, v in tensors.items()], f.metadata)
+            select = mix_selector(types, rules)
+        else:
+            types, select = None, selector(default, rules, args.quantize_1d)
+        quantized, report = quantize_tensors(tensors, None, select,
                                              threads=args.threads,
                                              progress=(lambda done, _: progress(len(names) + done, steps))
                                              if progress else False)
-    report = _explain_kept(report, rules, args.quantize_1d)
+    report = _explain_kept(report, rules, args.quantize_1d, types)
     quant_meta = report.metadata(args.layout if args.layout != "auto" else "auto")
     if quant_meta is not None:
         if "method" in quant_meta:  # apr2's free-form object: record what each tensor was (seed 002 §6.2.2)
@@ -162,8 +196,9 @@ def quantize_file(source, destination, default, rules, args) -> dict:
     return _result(source, destination, default, layout, report)
 
 
-def _explain_kept(report, rules, quantize_1d):
-    """The callable rules leave "the rules callable kept it": say which rule."""
+def _explain_kept(report, rules, quantize_1d, types=None):
+    """The callable rules leave "the rules callable kept it": say which rule (``types``:
+    a mix's, when ``--type`` named one)."""
     from ..numerics.quantization import QuantizationReport
 
     entries = []
@@ -172,6 +207,9 @@ def _explain_kept(report, rules, quantize_1d):
             rule = next((g for g, kind in rules if fnmatch.fnmatchcase(e.name, g)), None)
             if rule:
                 why = f"--layer/type rule {rule!r} keeps it"
+            elif types is not None:
+                why = ("llama.cpp's mix gives it F16 (rows not whole 32-element blocks): kept"
+                       if types.get(e.name) == "F16" else "llama.cpp's mix does not quantize it")
             elif e.original_dtype not in FLOAT_DTYPES:
                 why = f"not floating point ({e.original_dtype})"
             else:
@@ -185,7 +223,8 @@ def _result(source, destination, default, layout, report) -> dict:
     quantized = report.quantized
     elements = sum(e.elements for e in quantized)
     bits = sum(e.bits_per_weight * e.elements for e in quantized) / elements if elements else None
-    return {"input": str(source), "output": str(destination), "type": default, "layout": layout,
+    return {"input": str(source), "output": str(destination), "type": getattr(default, "name", default),
+            "layout": layout,
             "input_bytes": os.path.getsize(source), "output_bytes": os.path.getsize(destination),
             "quantized": len(quantized), "kept": len(report.kept), "bits_per_weight": bits,
             "warnings": report.warnings, "tensors": report.as_dict()}

@@ -23,6 +23,8 @@ from .. import dtypes as _dtypes
 from ..errors import AprError, ChecksumError, FormatError, LayoutError, os_error
 from ..io.progress import progress_to
 from ..numerics.drift import numeric_values
+from ..numerics.mixes import Mix, mix_params, mix_types
+from ..numerics.mixes import mix as _mix
 from ..numerics.precision import to_bfloat16, to_float16, to_float32
 from ..numerics.quantization import dequantize as _dequantize
 from ..numerics.quantization import quant_type, type_selector
@@ -45,7 +47,7 @@ from .optimize import Optimizer
 from .tokenizer import tokenizer_metadata
 from .validation import InlineValidator, TensorValidationError, ValidationWarning, check_mode
 
-__all__ = ["convert", "detect", "open_source", "DestinationExistsError", "TensorValidationError",
+__all__ = ["convert", "detect", "open_source", "tensor_mix_types", "DestinationExistsError", "TensorValidationError",
            "ValidationWarning", "NameMappingWarning", "QualityGateError", "QualityGateWarning", "FORMATS"]
 
 FORMATS = ("apr", "safetensors", "gguf", "burnpack")  # destinations; sources add "pytorch", "onnx" and "mle"
@@ -198,11 +200,16 @@ def _quant_dtype(quantize, spec: Spec, name: str):
     it: 2-D float weights whose rows fit the type's blocks (GGML blocks never span
     rows).  ``quantize`` is a type name or a selector ``(name, shape) -> QuantType |
     None`` (see :func:`_quant_selector`)."""
-    if quantize is None or spec.dtype.name not in _FLOATS or len(spec.shape) != 2:
+    if quantize is None or spec.dtype.name not in _FLOATS or len(spec.shape) < 2:
+        return None
+    mixed = isinstance(quantize, _MixPlan)
+    if len(spec.shape) != 2 and not mixed:  # a mix quantizes 3-D expert tensors too, as llama.cpp
         return None
     choice = quantize(name, spec.shape) if callable(quantize) else quantize
     if choice is None:
         return None
+    if mixed and choice == "F16":  # llama.cpp's fallback for rows that are not whole 32-blocks
+        return _dtypes.by_name("F16")
     dtype = quant_type(choice).dtype
     if _dtypes.element_count(spec.shape) == 0 or (dtype.blocks_per_row and spec.shape[-1] % dtype.block_elems):
         return None
@@ -454,12 +461,16 @@ def _check_options(validate, precision, quantize):
 
 
 def _quant_selector(quantize):
-    """``quantize=`` as a type name, a callable, or per-layer rules (a dict or list of
-    ``(glob, type | None)``, first match wins, unmatched tensors kept: the rules of
+    """``quantize=`` as a type name, a llama.cpp mix (a :class:`Mix`, planned once the
+    tensors are known: :func:`_plan_mix`), a callable, or per-layer rules (a dict or list
+    of ``(glob, type | None)``, first match wins, unmatched tensors kept: the rules of
     :func:`aprfast.quantize_tensors`).  Every type named is checked before any write."""
-    if quantize is None or callable(quantize):
+    if quantize is None or callable(quantize) or isinstance(quantize, Mix):
         return quantize
     if isinstance(quantize, str):
+        found = _mix(quantize, suffixed_only=True)
+        if found is not None:
+            return found
         quant_type(quantize).require_quantizer()  # unknown or dequantize-only types refused before any write
         return quantize
     if isinstance(quantize, (dict, list, tuple)):
@@ -467,6 +478,86 @@ def _quant_selector(quantize):
         return lambda name, shape: select(name, shape)[0]
     raise TypeError(f"quantize= takes a type name, a dict/list of (glob, type) rules or a callable, "
                     f"not {type(quantize).__name__}")
+
+
+class _MixPlan:
+    """A mix's type for each output tensor (``{name: type | None}``), as a selector."""
+
+    def __init__(self, found: Mix, types: dict):
+        self.mix, self.types = found, types
+
+    def __call__(self, name, shape):
+        return self.types.get(name)
+
+
+def _wants_mix(quantize, kind, src, model):
+    """The mix a type name that is also llama.cpp's file type (``Q6_K``, ``Q8_0``, ...)
+    stands for when the destination is a GGUF of a model llama.cpp knows (a model
+    conversion, or a source with ``general.architecture``), else ``quantize`` itself."""
+    if not isinstance(quantize, str) or kind != "gguf":
+        return quantize
+    if model is None and not isinstance((src.metadata or {}).get("general.architecture"), str):
+        return quantize
+    return _mix(quantize) or quantize
+
+
+def _plan_mix(found: Mix, src, rename, prefixes, mapping, model) -> _MixPlan:
+    """The types ``llama-quantize`` gives each output tensor for ``found``: the whole
+    plan's names and shapes are needed first (numerics.mixes), then every type used is
+    checked for a quantizer before anything is written."""
+    outs = [out for _, out in _plan(src, rename, None, None, prefixes, mapping, None, model)]
+    types = tensor_mix_types(found, [(o.name, o.shape) for o in outs], src.metadata,
+                             model.files.get("config.json") if model is not None and model.direction == "hf-to-gguf"
+                             else None)
+    for name in sorted({t for t in types.values() if t not in (None, "F16")}):
+        quant_type(name).require_quantizer()
+    return _MixPlan(found, types)
+
+
+def tensor_mix_types(found, tensors, metadata=None, config=None) -> dict:
+    """``{name: GGML type | "F16" | None}`` llama-quantize gives each of ``tensors``
+    (``(name, shape)`` pairs of a whole model) for the mix ``found``: Hugging Face names
+    of the LLaMA family are read as their GGUF names; the hyper-parameters come from
+    GGUF keys in ``metadata``, a ``config`` (config.json), or the ``config.json`` an
+    .apr made from a Hugging Face directory records.
+
+    Args:
+        found: A :class:`~aprfast.numerics.mixes.Mix` or a mix name ("Q4_K_M").
+        tensors: ``(name, shape)`` pairs.
+        metadata: The model's metadata (GGUF keys, or an .apr's), or None.
+        config: A config.json mapping, or None.
+
+    Returns:
+        The type of each tensor (None: kept as it is).
+
+    Examples:
+        >>> from aprfast.convert import tensor_mix_types
+        >>> types = tensor_mix_types("Q4_K_M", [("model.embed_tokens.weight", (32, 256)),
+        ...                                      ("lm_head.weight", (32, 256))])
+        >>> types["lm_head.weight"], types["model.embed_tokens.weight"]
+        ('Q6_K', 'Q4_K')
+    """
+    metadata = metadata or {}
+    if config is None:
+        files = metadata.get(_hf.HF_FILES_KEY)
+        config = files.get("config.json") if isinstance(files, dict) else None
+    tensors = [(name, tuple(shape)) for name, shape in tensors]
+    gguf_names = _hf.llama_cpp_names(name for name, _ in tensors)
+    if len(set(gguf_names.values())) != len(gguf_names):  # two spellings of one tensor: read the names as given
+        gguf_names = {name: name for name, _ in tensors}
+    params = mix_params(metadata, config if isinstance(config, dict) else None, list(gguf_names.values()))
+    types = mix_types(found, [(gguf_names[name], shape) for name, shape in tensors], params)
+    return {name: types[gguf_names[name]] for name, _ in tensors}
+
+
+def _mix_metadata(metadata: dict, found: Mix) -> dict:
+    """``general.file_type`` = the mix's llama_ftype and ``general.quantization_version``
+    2 (GGML_QNT_VERSION), as llama-quantize writes them, with their GGUF types."""
+    out = dict(metadata, **{"general.file_type": found.ftype, "general.quantization_version": 2})
+    types = out.get(_gguf.TYPES_KEY)
+    if isinstance(types, dict):
+        out[_gguf.TYPES_KEY] = dict(types, **{"general.file_type": "U32", "general.quantization_version": "U32"})
+    return out
 
 
 def convert(source, destination, *, to=None, quantize=None, precision=None, compression=None, arch=None,
@@ -522,7 +613,11 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     compressed-tensors' layout with a ``config.json`` ``quantization_config`` beside
     them (docs/FORMAT.md "compressed-tensors"); every value is kept.  Renames
     (``strip_prefix``, ``arch``, ``rename``) rewrite the names compressed-tensors
-    records hold.  ``compression`` ("lz4"/"zstd", .apr only) uses a spooled
+    records hold.  A llama.cpp mix ("Q4_K_M", "Q5_K_M", "Q4_K_S", ...; and
+    "Q6_K", "Q8_0", ... when the destination is a GGUF of a model llama.cpp knows) gives
+    each tensor the type ``llama-quantize`` gives it (:func:`tensor_mix_types`,
+    ``numerics.mixes``; docs/FORMAT.md "K-quant mixes") and a GGUF its
+    ``general.file_type``.  ``compression`` ("lz4"/"zstd", .apr only) uses a spooled
     Writer (see ``convert.apr.apr_writer``: memory then grows with the compressed model)
     and the APR2 layout (from an aprender-layout source: a LayoutChangeWarning, as
     aprender does not read APR2).
@@ -557,7 +652,7 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
         destination: The path to write.
         to: The destination format ("apr", "safetensors", "gguf", "burnpack") when its
             extension does not say.
-        quantize: A quantization type, per-layer rules or a callable, as above.
+        quantize: A quantization type, a llama.cpp mix, per-layer rules or a callable, as above.
         precision: "f32", "f16" or "bf16".
         compression: "lz4" or "zstd" (``.apr`` destinations).
         arch: "whisper", "llama", "bert" or "auto": map names to ``.apr``'s.
@@ -658,6 +753,9 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
         if kind == "apr":  # compressed-tensors weights keep their scales' names (docs/FORMAT.md)
             src.metadata = dict(src.metadata, **_ct.source_records(src))
         mapping = _map_names(src, arch, prefixes)
+        quantize = _wants_mix(quantize, kind, src, model)
+        if isinstance(quantize, Mix):
+            quantize = _plan_mix(quantize, src, rename, prefixes, mapping, model)
         pairs = _plan(src, rename, precision, quantize, prefixes, mapping, optimizer, model)
         if _ct.METADATA_KEY in (src.metadata or {}):  # the records name the tensors as they are written
             src.metadata = _ct.renamed_records(src.metadata, {spec.name: out.name for spec, out in pairs})
@@ -674,6 +772,8 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
             side = _ct.layout_side_files(side or {}, layout, _hf.side_file_dir(destination), force=force)
         if side:  # refused before anything is written
             _hf.write_side_files(side, _hf.side_file_dir(destination), force=force, check_only=True)
+        if isinstance(quantize, _MixPlan) and kind == "gguf":
+            src.metadata = _mix_metadata(src.metadata or {}, quantize.mix)
         if mapping is not None and mapping.arch:
             src.metadata = dict(src.metadata, **{NAME_MAPPING_KEY: mapping.metadata()})
         log.debug("convert %s (%s, %d tensors, %d bytes) -> %s (%s): %d tensors written", source, src.format,

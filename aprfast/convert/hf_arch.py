@@ -36,7 +36,7 @@ from .tokenizer import _read_json
 
 __all__ = ["ARCHS", "TENSORS", "HFArch", "ModelConversionWarning", "arch_for_config", "arch_for_gguf",
            "read_model_dir", "hf_to_gguf_name", "gguf_to_hf_name", "rope_rows", "permute_rows", "gguf_keys",
-           "gguf_tensor_dtype", "file_type", "hf_files", "PRE_TOKENIZER_REGEX", "HF_CONFIG_KEY"]
+           "gguf_tensor_dtype", "file_type", "hf_files", "PRE_TOKENIZER_REGEX", "HF_CONFIG_KEY", "llama_cpp_names"]
 
 
 class ModelConversionWarning(UserWarning):
@@ -1008,6 +1008,17 @@ def file_type(specs) -> int:
 
 #: Tensors the reference converter always writes in F32 (quantized or F16 runs too).
 _ALWAYS_F32 = ("position_embd.weight", "token_types.weight")
+
+
+def llama_cpp_names(names) -> dict:
+    """``{name: GGUF name}``: a Hugging Face name of the LLaMA family as llama.cpp names
+    it, any other (a GGUF name already, or one with no GGUF name) as it is; what the
+    per-tensor rules of llama.cpp's mixes (numerics.mixes) read."""
+    out = {}
+    for name in names:
+        gguf_name = hf_to_gguf_name(name)
+        out[name] = gguf_name if isinstance(gguf_name, str) else name
+    return out
 
 
 def gguf_tensor_dtype(gguf_name: str, shape, dtype_name: str):

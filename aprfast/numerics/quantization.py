@@ -208,15 +208,15 @@ class Q8_1(_Kernel):
 
 
 class Q2_K(_Kernel):
-    """GGML Q2_K super-blocks of 256, 4-bit scales and mins per 16 (dequantize only)."""
+    """GGML Q2_K super-blocks of 256, 4-bit scales and mins per 16 (ggml's reference quantizer)."""
 
-    name, bits, symmetric = "Q2_K", 2, False
+    name, bits, symmetric, _quantizer = "Q2_K", 2, False, "quantize_q2_k"
 
 
 class Q3_K(_Kernel):
-    """GGML Q3_K super-blocks of 256, 6-bit scales per 16 (dequantize only)."""
+    """GGML Q3_K super-blocks of 256, 6-bit scales per 16 (ggml's reference quantizer)."""
 
-    name, bits, symmetric = "Q3_K", 3, True
+    name, bits, symmetric, _quantizer = "Q3_K", 3, True, "quantize_q3_k"
 
 
 class Q5_K(_Kernel):

@@ -66,9 +66,10 @@ def make_tokenizer(directory, specials, pre) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs).save_pretrained(directory)
 
 
-def make_model(arch: str, directory, seed: int = 0):
+def make_model(arch: str, directory, seed: int = 0, sizes=None):
     """Save the tiny ``arch`` checkpoint (and its tokenizer) in ``directory``; returns the
-    model (eval mode, float32)."""
+    model (eval mode, float32).  ``sizes`` overrides config values (hidden_size,
+    num_hidden_layers, ...: the K-quant mix tests need rows of 256)."""
     import torch
     import transformers
 
@@ -85,6 +86,7 @@ def make_model(arch: str, directory, seed: int = 0):
                   rms_norm_eps=1e-6, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                   tie_word_embeddings=False)
     params.update(overrides)
+    params.update(sizes or {})
     config = getattr(transformers, config_cls)(**params)
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
