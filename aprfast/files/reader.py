@@ -576,9 +576,10 @@ class AprFile(TensorMapping):
             self._file.security.verify_all(raw)
 
     def running_crc(self):
-        """A :class:`RunningCrc` that checks the footer CRC32 as a reader that takes
-        the tensors in file order feeds it (the converter: no second pass over the
-        file), or None where it cannot (an encrypted or signed file, whose chunks are
+        """A :class:`RunningCrc` that checks the footer CRC32 over the stored bytes a
+        reader feeds it as it reads them, in any order (the converter,
+        :class:`aprfast.files.integrity.CheckedReader`: no second pass over the file),
+        or None where it cannot (an encrypted or signed file, whose chunks are
         checked as they are read and whose whole-file checks :meth:`verify` makes; a
         stream whose footer is not known).
 
