@@ -32,6 +32,7 @@ MODULES = {
     "aprfast.api": None,
     "aprfast.files.writer": None,
     "aprfast.files.reader": None,
+    "aprfast.files.integrity": None,
     "aprfast.files.safe_open": None,
     "aprfast.files.handle": None,
     "aprfast.stream": None,

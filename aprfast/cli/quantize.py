@@ -20,6 +20,7 @@ import fnmatch
 import os
 
 from ..dtypes import element_count
+from ..files.integrity import CheckedReader
 from ..layouts.aprender import COUNT_KEYS, tensor_counts
 from ..numerics.mixes import MIXES, mix
 from ..numerics.quantization import quant_type, quant_types, quantize_tensors
@@ -161,14 +162,20 @@ def quantize_file(source, destination, default, rules, args) -> dict:
     """Quantize ``source`` into ``destination``; the report as a dict."""
     import aprfast
 
-    with open_model(source, args, verify=verify_from(args)) as f, progress_for(args, "quantizing") as progress:
+    with open_model(source, args) as f, progress_for(args, "quantizing") as progress:
+        # the CRC runs over the bytes read for quantizing (no pass of its own), and is
+        # compared before anything is quantized or written (issue 28 item 1)
+        reader = CheckedReader(f, verify=verify_from(args))
         names = list(f.keys())
         steps = 2 * len(names)  # reading, then quantizing: one step per tensor each
-        tensors = {}
-        for done, name in enumerate(names, 1):
-            tensors[name] = f.get_tensor(name)
+        read = {}
+        for done, name in enumerate(reader.order(names), 1):  # file order: the disk read front to back
+            read[name] = reader.get_tensor(name)
             if progress:
                 progress(done, steps)
+        reader.finish()
+        tensors = {name: read[name] for name in names}
+        del read
         # the source's counts described its tensors: the new file's are filled below
         metadata = {k: v for k, v in (f.metadata or {}).items() if k not in ("quantization", *COUNT_KEYS)}
         if hasattr(default, "ftype"):  # a llama.cpp mix: every tensor's type from the whole model

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fnmatch
 import sys
 
+from ..files.integrity import CheckedReader
 from ..numerics.expectations import check_value
 from ..numerics.stats import tensor_stats
 from ._common import (
@@ -40,11 +41,13 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    # --stats reads every tensor: the file's CRC is checked first (cheap next to the statistics)
-    with open_model(args.file, args, verify=bool(args.stats) and verify_from(args)) as f:
+    with open_model(args.file, args) as f:
         if args.hist:
             return _hist(f, args)
-        rows = list_tensors(f, pattern=args.filter, stats=args.stats, threads=args.threads)
+        # --stats reads every tensor: the file's CRC runs over those reads and is compared
+        # before anything is printed (issue 28 item 1)
+        rows = list_tensors(f, pattern=args.filter, stats=args.stats, threads=args.threads,
+                            verify=bool(args.stats) and verify_from(args))
     if args.json:
         print_json({"file": args.file, "tensors": rows})
     else:
@@ -57,9 +60,12 @@ def run(args) -> int:
     return EXIT_OK
 
 
-def list_tensors(f, *, pattern=None, stats=False, threads=0) -> list:
+def list_tensors(f, *, pattern=None, stats=False, threads=0, verify=False) -> list:
     """One dict per tensor (name, dtype, shape, nbytes; with ``stats`` also the
-    statistics, ``status`` PASS/WARN/FAIL/- and ``reasons``)."""
+    statistics, ``status`` PASS/WARN/FAIL/- and ``reasons``).  ``verify`` (with
+    ``stats``): check the file's CRC32 over the bytes the statistics read and raise
+    ChecksumError before returning (:class:`aprfast.files.integrity.CheckedReader`)."""
+    reader = CheckedReader(f, verify=verify and stats)
     rows = []
     for name in f.keys():
         if pattern and not fnmatch.fnmatchcase(name, pattern):
@@ -69,9 +75,9 @@ def list_tensors(f, *, pattern=None, stats=False, threads=0) -> list:
         if stats:
             # a compressed-tensors weight: the statistics of its values, not of its packed bytes
             real = name in getattr(f, "compressed_weights", {})
-            row.update(_stats_row(name, f.get_tensor(name, dequantize=real) if real else f.get_tensor(name),
-                                  threads))
+            row.update(_stats_row(name, reader.get_tensor(name, dequantize=real), threads))
         rows.append(row)
+    reader.finish()
     return rows
 
 

@@ -80,7 +80,9 @@ class AprSource:
                 if raw is not None:
                     self._checked(spec, raw)  # the CRC runs over the bytes just mapped
                     return value_of(spec.dtype, spec.shape, raw)
-        self._checked(spec)
+        # the value is (or is decoded from) the map's view of the stored bytes: the CRC
+        # runs over that view, the pages the converter reads next (a file not mapped: read here)
+        self._checked(spec, self._file.stored_bytes(spec.name) if self._crc is not None else None)
         value = self._file.get_tensor(spec.name)
         if spec.dtype.opaque:
             return RawTensor(spec.dtype, spec.shape, value.data)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _memory, layouts
-from .._crc import crc32
+from .._crc import crc32, crc32_combine
 from ..codecs import blocks as tensor_codecs
 from ..dtypes import OPAQUE_APR2_ID, OPAQUE_NAMES_KEY, IdTable, numpy_dtype
 from ..errors import AprError, ChecksumError, LayoutError, UnknownDTypeError
@@ -576,9 +576,10 @@ class AprFile(TensorMapping):
             self._file.security.verify_all(raw)
 
     def running_crc(self):
-        """A :class:`RunningCrc` that checks the footer CRC32 as a reader that takes
-        the tensors in file order feeds it (the converter: no second pass over the
-        file), or None where it cannot (an encrypted or signed file, whose chunks are
+        """A :class:`RunningCrc` that checks the footer CRC32 over the stored bytes a
+        reader feeds it as it reads them, in any order (the converter,
+        :class:`aprfast.files.integrity.CheckedReader`: no second pass over the file),
+        or None where it cannot (an encrypted or signed file, whose chunks are
         checked as they are read and whose whole-file checks :meth:`verify` makes; a
         stream whose footer is not known).
 
@@ -600,6 +601,33 @@ class AprFile(TensorMapping):
         if stored is None:
             return None
         return RunningCrc(self._raw_source, f.footer_crc_offset, stored, self.path)
+
+    def stored_bytes(self, name: str):
+        """A zero-copy, read-only view of tensor ``name``'s bytes as the file stores them
+        (compressed blocks, sealed ciphertext: not its values) when the file is mapped,
+        else None.  Nothing is read until the view is: a whole-file reader feeds it to
+        :meth:`running_crc` beside the tensor it reads from the same pages.
+
+        Args:
+            name: The tensor's name.
+
+        Returns:
+            A memoryview, or None for a file that is not mapped.
+
+        Raises:
+            TensorNotFoundError: The file has no tensor ``name``.
+
+        Examples:
+            >>> import numpy as np, aprfast
+            >>> with aprfast.open(aprfast.save({"w": np.float32([1, 2])})) as f:
+            ...     bytes(f.stored_bytes("w")) == np.float32([1, 2]).tobytes()
+            True
+        """
+        info = self._file.info(name)
+        raw = self._raw_source
+        if not raw.zero_copy:
+            return None
+        return raw.view(info.offset, info.nbytes, "tensor")
 
     def close(self) -> None:
         """Release the file (idempotent); arrays already handed out stay valid.
@@ -684,16 +712,19 @@ class AprFile(TensorMapping):
 
 
 class RunningCrc:
-    """The footer CRC32 of a v2 file computed as its bytes are consumed, in file order.
+    """The footer CRC32 of a v2 file computed from the bytes a reader consumes, in any order.
 
-    A whole-file reader (the converter) calls :meth:`feed` with each tensor's stored
-    range as it reads it, passing the bytes it already holds (``data``) so that they
-    are not read twice; whatever lies between (header, index, padding, tensors not
-    read) is read here with bounded ``pread`` s, never through the map (the resident
-    set stays one tensor).  A range before what was fed already (a tied tensor, a
-    second look at one) costs nothing.  :meth:`finish` reads the rest and compares:
-    the check costs one CRC32 pass over bytes in cache (about 25 GB/s) and no extra
-    read of the tensors fed with ``data``.
+    A whole-file reader (the converter, :class:`aprfast.files.integrity.CheckedReader`)
+    calls :meth:`feed` with each tensor's stored range as it reads it, passing the bytes
+    it already holds (``data``) so that they are not read twice: their CRC32 is taken
+    then and kept with the range.  :meth:`finish` reads whatever was not fed (header,
+    index, padding, tensors nobody read) with bounded ``pread`` s, never through the
+    map (the resident set stays one chunk), joins the pieces in file order with
+    ``crc32_combine`` and compares with the footer.  Ranges may come in any order (a
+    diff's second file, a writer that takes names sorted): the check costs one CRC32
+    pass over bytes the reader holds (about 25 GB/s) plus the reads of what lies
+    between, and no second read of what was fed with ``data``.  A range fed twice, or
+    inside one fed before (a tied tensor), costs nothing.
 
     Args:
         source: The file's raw bytes (an :mod:`aprfast.io.sources` source).
@@ -716,13 +747,16 @@ class RunningCrc:
 
     def __init__(self, source, end: int, stored: int, path=None):
         self.source, self.end, self.stored, self.path = source, end, stored, path
-        self.pos = 0
-        self.crc = 0
+        self._pieces = {}  # (offset, stop) -> CRC32 of those bytes alone
         self._buffer = None
+        #: bytes this object read itself (what was not fed with its data): tests and
+        #: benchmarks count it to see that no second pass happens
+        self.bytes_read = 0
 
     def feed(self, offset: int, nbytes: int, data=None) -> None:
         """Account for the stored bytes ``[offset, offset + nbytes)``: ``data`` holds
-        them (a contiguous buffer), or None to read them here.
+        them (a contiguous buffer of exactly ``nbytes``), or None to read them here, now,
+        while they are likely in the page cache (the converter's kernel-side copies).
 
         Args:
             offset: Where the range starts in the file.
@@ -730,34 +764,48 @@ class RunningCrc:
             data: The range's bytes, when the caller holds them.
         """
         stop = min(offset + nbytes, self.end)
-        if stop <= self.pos:
+        if offset < 0 or stop <= offset or (offset, stop) in self._pieces:
             return
-        if data is None or offset < self.pos or offset + nbytes > self.end:
-            self._read_to(stop)
-            return
-        self._read_to(offset)  # what lies between: padding, tensors nobody asked for
-        self.crc = crc32(data, self.crc)
-        self.pos = stop
+        if data is not None and stop == offset + nbytes:
+            try:
+                view = memoryview(data)
+            except (TypeError, ValueError, BufferError):  # a dtype the buffer protocol lacks: read it here
+                view = None
+            if view is not None and view.nbytes == nbytes and view.c_contiguous:
+                self._pieces[(offset, stop)] = crc32(view)
+                return
+        self._pieces[(offset, stop)] = self._read_crc(offset, stop, 0)
 
-    def _read_to(self, stop: int) -> None:
-        while self.pos < stop:
-            n = min(stop - self.pos, self.CHUNK)
+    def _read_crc(self, start: int, stop: int, crc: int) -> int:
+        """``crc`` continued over the file's bytes ``[start, stop)``, read in bounded chunks."""
+        while start < stop:
+            n = min(stop - start, self.CHUNK)
             if self._buffer is None or self._buffer.nbytes < n:
                 self._buffer = aligned_empty(min(self.end, self.CHUNK))
-            self.crc = self.source.readinto(self.pos, self._buffer[:n], crc=self.crc)
-            self.pos += n
+            crc = self.source.readinto(start, self._buffer[:n], crc=crc)
+            self.bytes_read += n
+            start += n
+        return crc
 
     def finish(self) -> None:
-        """Read what was not fed and compare with the footer.
+        """Read what was not fed, join the pieces in file order and compare with the
+        footer.
 
         Raises:
             ChecksumError: The bytes do not give the stored CRC32.
         """
-        self._read_to(self.end)
+        pos = crc = 0
+        for (offset, stop), piece in sorted(self._pieces.items()):
+            if offset < pos:  # overlaps what is counted already: the rest is read as a gap
+                continue
+            crc = self._read_crc(pos, offset, crc)
+            crc = crc32_combine(crc, piece, stop - offset)
+            pos = stop
+        crc = self._read_crc(pos, self.end, crc)
         self._buffer = None
-        if self.crc != self.stored:
+        if crc != self.stored:
             raise ChecksumError(f"footer CRC32 is {self.stored:#010x} but bytes 0..{self.end} give "
-                                f"{self.crc:#010x}", path=self.path)
+                                f"{crc:#010x}", path=self.path)
 
 
 def crc_by_chunks(source, end: int, chunk: int = 8 << 20) -> int:

@@ -177,12 +177,15 @@ class _Side:
         from ..convert.compressed_tensors import records_of
 
         self.path = os.fspath(path)
-        self._file = self._source = None
+        self._file = self._source = self._reader = None
         if detect(self.path) == "apr":
             from ..api import open as open_apr
+            from ..files.integrity import CheckedReader
 
-            # verify: a damaged file is an error, not a difference (CRC first: cheap next to the compare)
-            self._file = open_apr(self.path, unknown_dtypes="raw", verify=verify, **(keys or {}))
+            self._file = open_apr(self.path, unknown_dtypes="raw", **(keys or {}))
+            # verify: a damaged file is an error, not a difference; the CRC runs over the
+            # bytes the compare reads (no pass of its own) and finish() compares it
+            self._reader = CheckedReader(self._file, verify=verify)
             self.names = list(self._file.keys())
             infos = {n: self._file.info(n) for n in self.names}
             self.shapes = {n: list(i.shape) for n, i in infos.items()}
@@ -212,7 +215,7 @@ class _Side:
             return (self.dtypes[name], tuple(self.shapes[name])) if name in self.shapes else None
 
         def read(name):
-            return self._file.get_tensor(name) if self._file is not None else self._source.read(self._specs[name])
+            return self._reader.get_tensor(name) if self._file is not None else self._source.read(self._specs[name])
 
         shapes = logical_shapes(self.records, info, read)
         self.records = {name: self.records[name] for name in shapes}
@@ -223,13 +226,23 @@ class _Side:
     def read(self, name):
         if name in self.records:  # compressed-tensors' own values, not the packed bytes
             if self._file is not None:
-                return self._file.get_tensor(name, dequantize=True)
+                return self._reader.get_tensor(name, dequantize=True)
             from ..convert.compressed_tensors import source_values
 
             return source_values(self._source, name, self.records[name])
         if self._file is not None:
-            return self._file.get_tensor(name)
+            return self._reader.get_tensor(name)
         return self._source.read(self._specs[name])
+
+    def finish(self) -> None:
+        """The integrity check of an ``.apr`` side, completed after the last read (what
+        the compare did not read is read here); nothing for other formats.
+
+        Raises:
+            ChecksumError: The file's bytes do not give its stored CRC32.
+        """
+        if self._reader is not None:
+            self._reader.finish()
 
     def close(self) -> None:
         for handle in (self._file, self._source):
@@ -409,7 +422,9 @@ def diff_models(a, b, *, tolerance: float = DEFAULT_TOLERANCE, mapping=None, key
         progress: None (the default: a plain line on stderr when it is a terminal and the
             call has run a second, else nothing), False (nothing), or a callable
             ``progress(done, total)`` called after each pair; see :mod:`aprfast.io.progress`.
-        verify: Check each ``.apr`` side's CRC32 (and signature) before comparing.
+        verify: Check each ``.apr`` side's CRC32 (and signature) over the bytes the
+            compare reads, before the report is returned (no pass of its own; an
+            encrypted or signed side is checked whole at open).
 
     Returns:
         A :class:`DiffReport`.
@@ -454,6 +469,8 @@ def diff_models(a, b, *, tolerance: float = DEFAULT_TOLERANCE, mapping=None, key
                 report.tensors.append(_diff_pair(name, other, side_a, side_b, tolerance, threads))
                 if update is not None:
                     update(i + 1, len(pairs))
+        side_a.finish()  # a damaged side is an error, never a report
+        side_b.finish()
         _metadata_changes(report, side_a.metadata, side_b.metadata)
     finally:
         side_a.close()

@@ -284,17 +284,22 @@ def _check_options(method, n_models, base, weights, density, t, lam, seed):
 
 # --- files -------------------------------------------------------------------------
 def _open_all(paths, keys, verify=True):
+    """The opened files and, for each, a CheckedReader that checks its integrity over
+    the bytes the merge reads (no pass of its own; ``finish`` before the output is
+    committed)."""
     from ..api import open as open_apr
+    from ..files.integrity import CheckedReader
 
-    files = []
+    files, readers = [], []
     try:
         for path in paths:
-            files.append(open_apr(path, verify=verify, **(keys or {})))
+            files.append(open_apr(path, **(keys or {})))
+            readers.append(CheckedReader(files[-1], verify=verify))
     except BaseException:
         for f in files:
             f.close()
         raise
-    return files
+    return files, readers
 
 
 def _check_same_tensors(files, paths) -> list:
@@ -334,14 +339,15 @@ def _cast(result: np.ndarray, dtype_name: str, shape):
     return bits if bits.dtype != np.uint16 else RawTensor(by_name("BF16"), tuple(shape), bits)
 
 
-def _copy_equal(name, files, paths):
-    """A non-float tensor, the same in every model."""
-    value = files[0].get_tensor(name)
+def _copy_equal(name, readers, paths):
+    """A non-float tensor, the same in every model (``readers``: CheckedReaders)."""
+    value = readers[0].get_tensor(name)
     first = np.asarray(value.data if isinstance(value, RawTensor) else value)
-    for f, path in zip(files[1:], paths[1:]):
-        other = f.get_tensor(name)
+    for r, path in zip(readers[1:], paths[1:]):
+        other = r.get_tensor(name)
         if not np.array_equal(first, np.asarray(other.data if isinstance(other, RawTensor) else other)):
-            raise LayoutError(f"tensor {name!r} ({files[0].info(name).dtype_name}) is not floating point and differs "
+            raise LayoutError(f"tensor {name!r} ({readers[0].file.info(name).dtype_name}) is not floating point "
+                              "and differs "
                               f"between {paths[0]} and {path}: there is no meaningful merge of it")
     return value
 
@@ -372,7 +378,9 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
         progress: None (the default: a plain line on stderr when it is a terminal and the
             call has run a second, else nothing), False (nothing), or a callable
             ``progress(done, total)`` called after each tensor; see :mod:`aprfast.io.progress`.
-        verify: Check every input's CRC32 (and signature) before anything is written.
+        verify: Check every input's CRC32 (and signature) over the bytes the merge
+            reads, before the output is committed (no pass of its own; an encrypted or
+            signed input is checked whole at open).
 
     Returns:
         A dict: ``output``, ``method``, ``models``, ``base``, ``tensors``, ``merged``
@@ -412,10 +420,10 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
     if os.path.lexists(output) and not force:
         raise DestinationExistsError("output exists; pass force=True to replace it", path=output)
     all_paths = paths + ([os.fspath(base)] if base is not None else [])
-    files = _open_all(all_paths, keys, verify)
+    files, readers = _open_all(all_paths, keys, verify)
     try:
         names = _check_same_tensors(files, all_paths)
-        models, base_file = (files[:-1], files[-1]) if base is not None else (files, None)
+        models, base_file = (readers[:-1], readers[-1]) if base is not None else (readers, None)
         plan = [(n, _out_dtype(files[0].info(n)), tuple(files[0].info(n).shape)) for n in names]
         metadata = dict(files[0].metadata or {})
         # aprender's count fields describe the tensors written (issue 28 item 4)
@@ -430,7 +438,7 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
             for i, (name, dtype_name, shape) in enumerate(plan):
                 info = files[0].info(name)
                 if info.dtype_name not in _FLOAT_DTYPES and not info.dtype.packed:
-                    writer.add(name, _copy_equal(name, files, all_paths))
+                    writer.add(name, _copy_equal(name, readers, all_paths))
                     copied += 1
                 else:
                     values = [numeric_values(f.get_tensor(name)).astype(np.float64) for f in models]
@@ -443,6 +451,8 @@ def merge_models(paths, output, *, method: str = "average", base=None, weights=N
                     merged += 1
                 if update is not None:
                     update(i + 1, len(plan))
+            for reader in readers:  # inside the block: a damaged input aborts the writer, nothing is committed
+                reader.finish()
     finally:
         for f in files:
             f.close()

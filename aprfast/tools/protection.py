@@ -228,8 +228,10 @@ def sign_file(path, signing_key, *, output=None, replace_signature: bool = False
         force: Replace an existing ``output``.
         password: (v2) The password of an encrypted file.
         private_key: (v2) The X25519 private key of an encrypted file.
-        verify: Check the file's CRC32 (and a v2 file's chunks) before signing; a v1
-            file's CRC is always checked (its signature covers the stored bytes).
+        verify: Check a v2 file's CRC32 while its tensors are read, before the output
+            is committed (no pass of its own; an encrypted or signed file's chunks and
+            CRC whole, first); a v1 file's CRC is always checked (its signature covers
+            the stored bytes).
 
     Returns:
         A dict: ``file`` (the path written) and ``signer`` (the public key, hex); v2
@@ -353,8 +355,9 @@ def encrypt_file(path, output, *, password=None, recipients=None, signing_key=No
         signing_key: Sign the result with this Ed25519 seed.
         encrypt_names: (v2) Encrypt the metadata and tensor index too.
         force: Replace an existing ``output``.
-        verify: Check a v2 file's CRC32 (and signature) before it is sealed again; a
-            v1 file's CRC is always checked.
+        verify: Check a v2 file's CRC32 (and signature) while its tensors are read,
+            before the output is committed (no pass of its own); a v1 file's CRC is
+            always checked.
 
     Returns:
         A dict: ``file``, ``encryption`` ("password", "recipient" or
@@ -469,24 +472,35 @@ def _tensor_codec(f) -> str | None:
     return names.get(used.most_common(1)[0][0]) if used else None
 
 
-def _resave_v2(f, output, *, layout: str, security: dict) -> None:
+def _resave_v2(f, output, *, layout: str, security: dict, verify: bool = False) -> None:
     """Write the tensors and caller metadata of the open v2 file ``f`` to ``output``
     (atomically), with its per-tensor codec and the given security options.  Unsealed,
     unsigned and uncompressed output goes through a planned Writer, one tensor at a
     time; otherwise the writer holds every tensor until it writes (as save_file does
-    for sealed or compressed tensors)."""
+    for sealed or compressed tensors).
+
+    ``verify``: check ``f``'s integrity while its tensors are read
+    (:class:`aprfast.files.integrity.CheckedReader`: the footer CRC over the bytes read,
+    no pass of its own; a sealed file whole, at once) and before ``output`` is
+    committed, so a damaged file is a ChecksumError and nothing is written."""
     from ..api import save_file
+    from ..files.integrity import CheckedReader
     from ..files.writer import Writer
 
+    reader = CheckedReader(f, verify=verify)
     compression = _tensor_codec(f)
     names = sorted(f.keys())  # the data order save_file uses, so the bytes are save_file's
     if compression is None and not any(security.values()):
         plan = [(n, f.info(n).dtype_name, f.info(n).shape) for n in names]
         with Writer(output, f.metadata, plan=plan, layout=layout) as w:
             for name in names:
-                w.add(name, f.get_tensor(name))
+                w.add(name, reader.get_tensor(name))
+            reader.finish()  # inside the block: a mismatch aborts the writer, nothing is committed
         return
-    tensors = {name: f.get_tensor(name) for name in names}
+    read = dict(reader.items(names))  # file order: the disk read front to back
+    reader.finish()
+    tensors = {name: read[name] for name in names}
+    del read
     save_file(tensors, output, f.metadata, layout=layout, compression=compression, **security)
 
 
@@ -520,7 +534,7 @@ def _sign_v2(path, signing_key, *, output, replace_signature, force, password, p
         _refuse_existing(target, force)
     public = bytes(crypto.public_key_of(signing_key))
     try:
-        f = _open_v2(path, password=password, private_key=private_key, verify=verify or None)
+        f = _open_v2(path, password=password, private_key=private_key)
     except DecryptError as exc:
         if password is None and private_key is None:
             raise _encrypted_needs_key(exc, path, "signing") from None
@@ -534,11 +548,11 @@ def _sign_v2(path, signing_key, *, output, replace_signature, force, password, p
         if state["encrypted"]:
             security.update(_same_encryption(state, password, private_key, path),
                             encrypt_names=state["names_encrypted"])
-        if f.layout == "aprender":
+        _resave_v2(f, target, layout="apr2", security=security, verify=verify)
+        if f.layout == "aprender":  # said once written: a damaged input is refused without it
             from ..layouts import warn_layout_change
 
             warn_layout_change(path, target, "a signature", stacklevel=4)
-        _resave_v2(f, target, layout="apr2", security=security)
     return {"file": target, "signer": public.hex(), "container": "v2", "encrypted": state["encrypted"]}
 
 
@@ -558,16 +572,16 @@ def _encrypt_v2(path, output, *, password, recipients, signing_key, encrypt_name
     recipients = list(recipients or [])
     if _v2_is_encrypted(path):
         raise ValueError(f"{path} is encrypted already; decrypt it first")
-    with _open_v2(path, verify=verify or None) as f:
+    with _open_v2(path) as f:
         state = f.security or {"signed": False, "encrypted": False, "digest": "none"}
         security = {"password": password, "recipients": recipients or None, "signing_key": signing_key,
                     "encrypt_names": encrypt_names,
                     "digest": None if state["digest"] == "none" else state["digest"]}
-        if f.layout == "aprender":
+        _resave_v2(f, output, layout="apr2", security=security, verify=verify)
+        if f.layout == "aprender":  # said once written: a damaged input is refused without it
             from ..layouts import warn_layout_change
 
             warn_layout_change(path, output, "encryption", stacklevel=4)
-        _resave_v2(f, output, layout="apr2", security=security)
     return {"file": os.fspath(output), "container": "v2",
             "encryption": "password" if password is not None else
             ("recipient" if len(recipients) == 1 else "multi-recipient"),
