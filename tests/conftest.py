@@ -18,17 +18,48 @@ settings.register_profile("expensive", max_examples=3000, deadline=None,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
-_INTEROP = Path(__file__).resolve().parent / "interop"
+_TESTS = Path(__file__).resolve().parent
+_INTEROP = _TESTS / "interop"
+_ENGINES = _TESTS / "engines"
+#: how to ask for the tests the default run leaves out (said in every skip reason)
+_HOW_TO_RUN_ALL = "pytest --all (or APRFAST_TEST_ALL=1, or name the file)"
+
+
+def _env_on(name: str) -> bool:
+    return os.environ.get(name, "").strip() not in ("", "0")
 
 
 def pytest_addoption(parser):
     parser.addoption("--interop", action="store_true",
                      help="also run tests/interop: the real aprender and Burn crates, built with cargo "
                           "(several minutes the first time); CI runs them (APRFAST_REQUIRE_INTEROP=1)")
+    parser.addoption("--all", action="store_true", dest="aprfast_all",
+                     help="run everything CI runs: the tests marked slow (kill -9 harnesses, hostile "
+                          "servers, engines, clusters, long bound measurements) and tests/interop, as "
+                          "APRFAST_TEST_ALL=1 does; the default run leaves them out to stay near five minutes")
+
+
+def _all_wanted(config) -> bool:
+    return bool(config.getoption("aprfast_all")) or _env_on("APRFAST_TEST_ALL")
+
+
+def _named_paths(config) -> list:
+    """The paths named on the command line (``pytest tests/test_edit.py``, a node id, a
+    folder below tests/), not the root or tests/ themselves, nor the ini's testpaths."""
+    source = getattr(config, "args_source", None)
+    if source is not None and source != pytest.Config.ArgsSource.ARGS:
+        return []
+    root = Path(str(config.rootpath)).resolve()
+    named = []
+    for arg in config.args:
+        path = Path(str(arg).split("::")[0]).resolve()
+        if path not in (root, _TESTS):
+            named.append(path)
+    return named
 
 
 def _interop_wanted(config) -> bool:
-    if config.getoption("--interop") or os.environ.get("APRFAST_REQUIRE_INTEROP", "").strip() not in ("", "0"):
+    if config.getoption("--interop") or _env_on("APRFAST_REQUIRE_INTEROP") or _all_wanted(config):
         return True
     # named on the command line (pytest tests/interop, or one of its files)
     for arg in config.args:
@@ -40,7 +71,7 @@ def _interop_wanted(config) -> bool:
 
 def pytest_ignore_collect(collection_path, config):
     """The default ``pytest`` (the README's) stays fast: the interop tests, which build
-    Rust harnesses, run with ``--interop``, when named, or in CI."""
+    Rust harnesses, run with ``--interop`` or ``--all``, when named, or in CI."""
     if Path(collection_path).resolve() == _INTEROP and not _interop_wanted(config):
         return True
     return None
@@ -68,9 +99,30 @@ def run_child():
     return run
 
 
+def _slow_wanted(config, item, named) -> bool:
+    if _all_wanted(config):
+        return True
+    path = Path(str(item.path)).resolve()
+    if any(p == path or p in path.parents for p in named):
+        return True
+    # APRFAST_REQUIRE_ENGINES=1 asks that the engine tests run (and fail, never skip).
+    return _env_on("APRFAST_REQUIRE_ENGINES") and _ENGINES in path.parents
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under tests/sanitize.sh (APRFAST_SANITIZED=1) ASan's redzones and quarantine
+    """The default ``pytest`` (the README's) stays near five minutes on 2 cores: the tests
+    marked ``slow`` are skipped, with the way to run them in the reason, unless ``--all``,
+    APRFAST_TEST_ALL=1 (CI) or their file or folder is named on the command line.
+
+    Under tests/sanitize.sh (APRFAST_SANITIZED=1) ASan's redzones and quarantine
     inflate every allocation, so peak-RSS bounds are checked by the normal run only."""
+    named = _named_paths(config)
+    for item in items:
+        marker = item.get_closest_marker("slow")
+        if marker is not None and not _slow_wanted(config, item, named):
+            what = marker.args[0] if marker.args else "slow"
+            item.add_marker(pytest.mark.skip(reason=f"slow ({what}): left out of the default run; "
+                                                     f"run it with {_HOW_TO_RUN_ALL}"))
     if not os.environ.get("APRFAST_SANITIZED"):
         return
     skip = pytest.mark.skip(reason="peak-RSS bounds are measured without ASan (tests/sanitize.sh)")

@@ -127,6 +127,9 @@ export UBSAN_OPTIONS="log_path=$work/reports/ubsan:log_exe_name=1:halt_on_error=
 export PYTHONMALLOC=malloc
 # Peak-RSS bounds do not hold under ASan's redzones and quarantine: those tests skip.
 export APRFAST_SANITIZED=1
+# The tests marked slow, which a plain `pytest` leaves out, run here too, as they did
+# before the default run left them out; APRFAST_TEST_ALL=0 gives the fast subset.
+export APRFAST_TEST_ALL="${APRFAST_TEST_ALL:-1}"
 export PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
 cd "$tree"

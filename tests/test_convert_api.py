@@ -183,6 +183,7 @@ def test_peak_traced_memory_is_bounded_by_the_largest_tensor(tmp_path, rng, dest
     assert peak < 2 * largest + (4 << 20), f"peak {peak / 2**20:.1f} MiB for a 64 MiB model"
 
 
+@pytest.mark.slow("long memory-bound measurement")
 def test_peak_traced_memory_with_precision_and_quantize(tmp_path, rng):
     largest = make_64mib(tmp_path / "src.safetensors", rng)
     for i, opts in enumerate(({"precision": "f16"}, {"quantize": "Q8_0"})):

@@ -150,6 +150,7 @@ def uninterrupted_seconds(kind, directory, mode, durable):
     return time.monotonic() - start
 
 
+@pytest.mark.slow("kill -9 harness")
 @pytest.mark.parametrize("mode, trials", [("tmpfile", 5), ("named", 3)])
 @pytest.mark.parametrize("kind", KINDS)
 def test_kill_9_mid_save_leaves_old_or_new_and_nothing_that_lasts(tmp_path, references, kind, mode, trials):
@@ -413,6 +414,7 @@ sys.exit(1)
 """
 
 
+@pytest.mark.slow("child processes under rlimits")
 @pytest.mark.parametrize("limit", [512 << 10, (1 << 20) + 16], ids=["mid-data", "past-the-data"])
 @pytest.mark.parametrize("durable", [True, False], ids=["durable", "fast"])
 @pytest.mark.parametrize("mode", ["tmpfile", "named"])

@@ -13,6 +13,8 @@ import aprfast
 pytest.importorskip("distributed")
 pytest.importorskip("s3fs")
 
+pytestmark = pytest.mark.slow("a Dask cluster")
+
 
 @pytest.fixture(scope="module")
 def cluster(s3_server):  # noqa: F811 - after the S3 fixture, so workers inherit its dummy credentials

@@ -247,6 +247,7 @@ def _rank_worker(rank, world_size, port, path, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow("two torch.distributed ranks over gloo")
 @pytest.mark.skipif(bool(os.environ.get("APRFAST_SANITIZED")),
                     reason="gloo's C++ runtime under tests/sanitize.sh's ASan preload is not what that run checks; "
                            "the ranks' aprfast code is the pure Python tested above")

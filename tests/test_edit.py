@@ -417,6 +417,7 @@ def old_or_new(path, old, new):
     return found == new
 
 
+@pytest.mark.slow("kill -9 harness")
 @pytest.mark.skipif(os.name != "posix", reason="kill -9")
 @pytest.mark.parametrize("durable", [True, False])
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -457,6 +458,7 @@ while True:
 """
 
 
+@pytest.mark.slow("kill -9 harness")
 @pytest.mark.skipif(os.name != "posix", reason="kill -9")
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_kill_9_at_random_moments_of_repeated_edits(tmp_path, layout):
@@ -516,6 +518,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.slow("kill -9 harness")
 @pytest.mark.skipif(os.name != "posix", reason="kill -9")
 def test_kill_9_during_a_rewrite_leaves_old_or_new(tmp_path):
     t = tensors(8, 4 << 20)  # 128 MiB: the copy takes a while

@@ -35,6 +35,8 @@ from aprfast import remote
 from aprfast.errors import AprError
 from aprfast.remote.cache import download
 
+pytestmark = pytest.mark.slow("hostile HTTP server")
+
 REPEAT = max(1, int(os.environ.get("APRFAST_HOSTILE_REPEAT", "1") or 1))
 #: the time bounds every case runs with (a drip fails after about ``timeout`` seconds)
 if LONG:

@@ -22,6 +22,8 @@ import aprfast
 from aprfast import remote
 from aprfast.errors import AprError
 
+pytestmark = pytest.mark.slow("hostile S3 endpoint")
+
 s3fs = pytest.importorskip("s3fs")
 
 #: behaviours an S3 endpoint may show, with the entry points that must fail

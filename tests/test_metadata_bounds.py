@@ -197,6 +197,7 @@ READERS = {
 }
 
 
+@pytest.mark.slow("long memory-bound measurement")
 @pytest.mark.peak_memory
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 @pytest.mark.parametrize("name", list(HOSTILE))
@@ -310,6 +311,7 @@ def _refused_cheaply(call, size):
     return outcome
 
 
+@pytest.mark.slow("long memory-bound measurement")
 @pytest.mark.parametrize("name", list(HOSTILE_JSON))
 def test_hostile_json_is_refused_before_anything_is_built(name):
     block = HOSTILE_JSON[name]
@@ -321,6 +323,7 @@ def test_hostile_json_is_refused_before_anything_is_built(name):
         assert type(exc) is CorruptError and "nests more than 1024" in exc.message
 
 
+@pytest.mark.slow("long memory-bound measurement")
 @pytest.mark.parametrize("name", list(HOSTILE_MSGPACK))
 def test_hostile_msgpack_is_refused_before_anything_is_built(name):
     block = HOSTILE_MSGPACK[name]
@@ -416,6 +419,7 @@ SHAPES = {
 }
 
 
+@pytest.mark.slow("long memory-bound measurement")
 @needs_cpython_64
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_the_json_estimate_bounds_what_decoding_allocates(shape):
@@ -426,6 +430,7 @@ def test_the_json_estimate_bounds_what_decoding_allocates(shape):
     assert peak <= estimate, f"decoding took {peak} bytes, estimated {estimate}"
 
 
+@pytest.mark.slow("long memory-bound measurement")
 @needs_cpython_64
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_the_msgpack_estimate_bounds_what_decoding_allocates(shape):

@@ -52,6 +52,7 @@ if os.environ.get("APRFAST_SANITIZED"):
 # teardown, under these filters.  That every process a cluster started is gone is checked
 # through /proc instead.
 pytestmark = [
+    pytest.mark.slow("a Ray cluster"),
     pytest.mark.filterwarnings(r"ignore:Exception ignored in. <_io.FileIO name='\S*[/\\]session_\S*[/\\]logs[/\\]"
                                r":pytest.PytestUnraisableExceptionWarning"),
     pytest.mark.filterwarnings(r"ignore:Exception ignored in. <function Popen.__del__"

@@ -26,7 +26,8 @@ from servers import http_server  # noqa: F401 - the fixture
 import aprfast
 from aprfast.io import atomic
 
-pytestmark = pytest.mark.skipif(atomic.fcntl is None, reason="SIGKILL and flock are POSIX")
+pytestmark = [pytest.mark.skipif(atomic.fcntl is None, reason="SIGKILL and flock are POSIX"),
+              pytest.mark.slow("kill -9 harness")]
 
 OLD = {f"t{i}": np.full((64, 256), i, np.float32) for i in range(6)}  # 64 KiB each
 NEW = {k: v + 100 for k, v in OLD.items()}

@@ -105,6 +105,7 @@ def checkpoint(tmp_path):
     return tmp_path, out
 
 
+@pytest.mark.slow("kill -9 harness")
 def test_a_convert_killed_at_any_step_leaves_the_old_checkpoint_or_the_new(checkpoint):
     tmp_path, out = checkpoint
     total = _events(_child(CONVERT, 0, tmp_path / "old.apr", out, SHARD))  # old over old: counts the steps
@@ -121,6 +122,7 @@ def test_a_convert_killed_at_any_step_leaves_the_old_checkpoint_or_the_new(check
         _only_the_checkpoint(out)
 
 
+@pytest.mark.slow("kill -9 harness")
 def test_a_convert_sigkilled_at_random_moments_leaves_the_old_checkpoint_or_the_new(checkpoint):
     tmp_path, out = checkpoint
     big_old, big_new = tmp_path / "big-old.apr", tmp_path / "big-new.apr"
@@ -260,6 +262,7 @@ def _only_the_model(directory) -> None:
     assert sorted(os.listdir(directory)) == sorted({"m.apr.index.json", *(s["file"] for s in manifest["shards"])})
 
 
+@pytest.mark.slow("kill -9 harness")
 def test_a_sharded_save_killed_at_any_step_leaves_the_old_model_or_the_new(tmp_path):
     aprfast.save_file(OLD, tmp_path / "old.apr")
     aprfast.save_file(NEW, tmp_path / "new.apr")

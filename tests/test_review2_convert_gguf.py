@@ -60,6 +60,7 @@ def test_a_big_numeric_array_is_refused_before_it_becomes_objects(tmp_path, smal
     assert peak < 4 * size, f"peak traced {peak / 2**20:.1f} MiB for a {size / 2**20:.1f} MiB file"
 
 
+@pytest.mark.slow("long memory-bound measurement")
 def test_nested_empty_arrays_are_bounded(tmp_path):
     n = cg.MAX_METADATA_ARRAYS + 1000
     one_key(tmp_path / "e.gguf", struct.pack("<IIQ", ARRAY, ARRAY, n) + struct.pack("<IQ", U8, 0) * n)

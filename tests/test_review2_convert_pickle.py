@@ -71,6 +71,7 @@ ONE_BYTE_BUILDERS = {
 }
 
 
+@pytest.mark.slow("long memory-bound measurement")
 @pytest.mark.parametrize("case", sorted(ONE_BYTE_BUILDERS))
 def test_what_a_stream_builds_is_at_most_4x_its_size(small_floor, case):
     unit = ONE_BYTE_BUILDERS[case]
@@ -117,6 +118,7 @@ def _bytes_again_and_again() -> bytes:
     return PROTO + text + call * 2_000 + EMPTY_DICT + STOP
 
 
+@pytest.mark.slow("long memory-bound measurement")
 @pytest.mark.parametrize("make", [_ordered_dict_again_and_again, _size_again_and_again, _bytes_again_and_again],
                          ids=["OrderedDict of a memoised list", "torch.Size of a memoised tuple",
                               "_codecs.encode of a memoised str"])

@@ -182,6 +182,7 @@ def tensor_dicts(draw):
     return out
 
 
+@pytest.mark.slow("long property run")
 @settings(max_examples=60, deadline=None)
 @given(tensors=tensor_dicts(), compression=st.sampled_from(["none", "zstd", "lz4", "zstd-max"]),
        chunk_size=st.integers(1, 80), encrypted=st.booleans(), signed=st.booleans())

@@ -23,6 +23,8 @@ from gguf_compare import read as read_gguf
 import aprfast
 from aprfast.convert.hf_arch import ModelConversionWarning
 
+pytestmark = pytest.mark.slow("llama.cpp and transformers engines")
+
 ARCHS = list(tiny_models.ARCHS)
 #: issue 26: llama.cpp (F32 KV cache) against transformers, and HF -> GGUF -> HF.
 LOGIT_TOLERANCE = 1e-4

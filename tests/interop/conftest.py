@@ -17,6 +17,7 @@ Environment:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -61,15 +62,34 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _build(harness_dir: Path, binary_name: str, target: Path) -> Path:
+def _say(config, line: str) -> None:
+    """Print ``line`` on the terminal now, past pytest's capture: a cargo build runs inside a
+    fixture, whose output pytest would otherwise hold back (and show only on failure)."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+        if reporter is not None:
+            # start on a fresh line, not after the progress dots of the previous module
+            writer = getattr(reporter, "_tw", None)
+            if writer is not None and writer.width_of_current_line:
+                reporter.write("\n")
+            reporter.write_line(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+def _build(config, harness_dir: Path, binary_name: str, target: Path) -> Path:
     """``cargo build --release --locked`` of the harness in ``harness_dir`` into ``target``;
-    the binary's path, or a skip/failure by the policy of :func:`_unavailable`."""
+    the binary's path, or a skip/failure by the policy of :func:`_unavailable`.  One line
+    goes to the terminal before the build starts (a first build takes minutes)."""
     cargo = _find_cargo()
     if cargo is None:
         _unavailable("cargo was not found (not on PATH, not in $CARGO_HOME/bin or ~/.cargo/bin)")
     target = target.resolve()
     cmd = [cargo, "build", "--release", "--locked", "--manifest-path", str(harness_dir / "Cargo.toml"),
            "--target-dir", str(target)]
+    _say(config, f"[interop] cargo build --release of {harness_dir.name} ({binary_name}): several minutes "
+                 "the first time, seconds once built")
     started = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, cwd=harness_dir)
@@ -85,7 +105,7 @@ def _build(harness_dir: Path, binary_name: str, target: Path) -> Path:
         _unavailable(f"cargo reported success but {binary} does not exist")
     build_seconds = time.monotonic() - started
     if build_seconds > 5:
-        print(f"\n[interop] built {binary_name} in {build_seconds:.1f} s", file=sys.stderr)
+        _say(config, f"[interop] built {binary_name} in {build_seconds:.1f} s")
     return binary
 
 
@@ -99,9 +119,9 @@ def _target_dir(harness_dir: Path, shared_subdir: str | None) -> Path:
 
 
 @pytest.fixture(scope="session")
-def harness_bin() -> Path:
+def harness_bin(pytestconfig) -> Path:
     """Path of the built ``apr-interop`` binary (built once per session)."""
-    return _build(HARNESS_DIR, "apr-interop", _target_dir(HARNESS_DIR, None))
+    return _build(pytestconfig, HARNESS_DIR, "apr-interop", _target_dir(HARNESS_DIR, None))
 
 
 class Harness:
@@ -189,9 +209,10 @@ CRYPTO_BINARY_NAME = "apr-crypto-interop"
 
 
 @pytest.fixture(scope="session")
-def crypto_harness_bin() -> Path:
+def crypto_harness_bin(pytestconfig) -> Path:
     """Path of the built ``apr-crypto-interop`` binary (built once per session)."""
-    return _build(CRYPTO_HARNESS_DIR, CRYPTO_BINARY_NAME, _target_dir(CRYPTO_HARNESS_DIR, "harness-crypto"))
+    return _build(pytestconfig, CRYPTO_HARNESS_DIR, CRYPTO_BINARY_NAME,
+                  _target_dir(CRYPTO_HARNESS_DIR, "harness-crypto"))
 
 
 # --- the third harness: Burn's Burnpack format ---------------------------------------------
@@ -207,9 +228,10 @@ BURNPACK_BINARY_NAME = "burnpack-interop"
 
 
 @pytest.fixture(scope="session")
-def burnpack_bin() -> Path:
+def burnpack_bin(pytestconfig) -> Path:
     """Path of the built ``burnpack-interop`` binary (built once per session)."""
-    return _build(BURNPACK_HARNESS_DIR, BURNPACK_BINARY_NAME, _target_dir(BURNPACK_HARNESS_DIR, "harness-burnpack"))
+    return _build(pytestconfig, BURNPACK_HARNESS_DIR, BURNPACK_BINARY_NAME,
+                  _target_dir(BURNPACK_HARNESS_DIR, "harness-burnpack"))
 
 
 @pytest.fixture
