@@ -376,6 +376,8 @@ def _f32_llama_gguf(path):
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_file_type(0)  # ALL_F32
     writer.add_block_count(1)
+    writer.add_head_count(4)  # GGUF -> .apr puts attn_q's rows in Hugging Face's order: it needs the heads
+    writer.add_head_count_kv(4)
     writer.add_tensor("blk.0.attn_q.weight", np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32))
     writer.add_tensor("blk.0.attn_norm.weight", np.ones(64, np.float32))
     writer.write_header_to_file()

@@ -317,3 +317,182 @@ def test_wordpiece_vocabulary_and_special_tokens():
     assert back["tokenizer.json"]["model"]["vocab"] == vocab
     assert back["config.json"]["type_vocab_size"] == 2 and back["config.json"]["architectures"] == ["BertModel"]
     assert back["tokenizer_config.json"]["do_lower_case"] is False
+
+
+# --- canonical names in .apr (issue 26 item 3) ----------------------------------
+def _apr(path):
+    with aprfast.open(path) as f:
+        return {n: f.get_tensor(n) for n in f.keys()}, dict(f.metadata)
+
+
+def _same_files(a, b):
+    assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+    for path in a.iterdir():
+        assert path.read_bytes() == (b / path.name).read_bytes(), path.name
+
+
+def test_canonical_tables_are_the_name_mappers_and_gpt2s():
+    from aprfast.convert import names
+
+    for family in ("llama", "bert"):
+        for canonical, sources in names.rules(family):
+            for naming in ("hf", "gguf"):
+                if sources[naming] is None:
+                    continue
+                concrete = sources[naming].replace("{n}", "3").replace("{w}", "weight").replace("[model.]", "")
+                concrete = concrete.replace("[bert.]", "")
+                want = canonical.replace("{n}", "3").replace("{w}", "weight")
+                assert hf_arch.canonical_name(family, naming, concrete) == want
+    assert hf_arch.canonical_name("llama", "gguf", "blk.2.attn_q_norm.weight") == "layers.2.attn.q_norm.weight"
+    for canonical, hf, gg in hf_arch.GPT2_CANONICAL:
+        want = canonical.replace("{n}", "1").replace("{w}", "bias")
+        assert hf_arch.canonical_name("gpt2", "hf", hf.replace("{n}", "1").replace("{w}", "bias")) == want
+        if gg is not None:
+            assert hf_arch.canonical_name("gpt2", "gguf", gg.replace("{n}", "1").replace("{w}", "bias")) == want
+            # the GGUF table and the canonical one agree on the Hugging Face name
+            assert hf_arch.gguf_to_hf_name(gg.replace("{n}", "1").replace("{w}", "bias"), "gpt2") == \
+                hf.replace("{n}", "1").replace("{w}", "bias")
+    assert hf_arch.canonical_name("gpt2", "hf", "vision.x") is None
+
+
+def test_hugging_face_to_apr_is_canonical_and_a_hub(tmp_path):
+    tensors = _model_dir(tmp_path / "hf")
+    report = aprfast.convert(tmp_path / "hf", tmp_path / "m.apr")
+    assert report["names"]["direction"] == "hf-to-apr" and report["names"]["permuted"] == []
+    stored, metadata = _apr(tmp_path / "m.apr")
+    assert "token_embedding" in stored and "layers.1.attn.out_proj.weight" in stored
+    assert "model.embed_tokens.weight" not in stored
+    # Hugging Face's row order: the same bytes under the canonical name
+    q = tensors["model.layers.1.self_attn.q_proj.weight"]
+    assert stored["layers.1.attn.q_proj.weight"].tobytes() == q.tobytes()
+    record = metadata[hf_arch.CANONICAL_KEY]
+    assert record["from"] == "hf" and record["arch"] == "llama" and record["rows"] == {}
+    assert record["names"]["token_embedding"] == "model.embed_tokens.weight" and record["directory"] == "hf"
+    assert metadata[hf_arch.HF_FILES_KEY]["config.json"]["model_type"] == "llama"
+    # .apr -> GGUF is HF -> GGUF, byte for byte; .apr -> safetensors gives Hugging Face's names back
+    aprfast.convert(tmp_path / "hf", tmp_path / "direct.gguf")
+    aprfast.convert(tmp_path / "m.apr", tmp_path / "via.gguf")
+    assert (tmp_path / "via.gguf").read_bytes() == (tmp_path / "direct.gguf").read_bytes()
+    aprfast.convert(tmp_path / "m.apr", tmp_path / "back.safetensors")
+    back = safetensors_numpy.load_file(tmp_path / "back.safetensors")
+    assert sorted(back) == sorted(tensors) and all(back[n].tobytes() == tensors[n].tobytes() for n in tensors)
+    # names="keep": today's container conversion, names as they are and no record
+    aprfast.convert(tmp_path / "hf", tmp_path / "kept.apr", names="keep")
+    stored, metadata = _apr(tmp_path / "kept.apr")
+    assert sorted(stored) == sorted(tensors) and hf_arch.CANONICAL_KEY not in metadata
+
+
+def test_gguf_to_apr_is_canonical_in_hugging_faces_row_order(tmp_path):
+    tensors = _model_dir(tmp_path / "hf")
+    aprfast.convert(tmp_path / "hf", tmp_path / "m.gguf")
+    report = aprfast.convert(tmp_path / "m.gguf", tmp_path / "m.apr")
+    assert report["names"]["direction"] == "gguf-to-apr" and len(report["names"]["permuted"]) == 4
+    stored, metadata = _apr(tmp_path / "m.apr")
+    for hf_name, canonical in (("model.layers.0.self_attn.q_proj.weight", "layers.0.attn.q_proj.weight"),
+                               ("model.layers.1.self_attn.k_proj.weight", "layers.1.attn.k_proj.weight"),
+                               ("lm_head.weight", "lm_head.weight"), ("model.norm.weight", "norm.weight")):
+        assert stored[canonical].tobytes() == tensors[hf_name].tobytes(), canonical  # un-permuted
+    record = metadata[hf_arch.CANONICAL_KEY]
+    assert record["from"] == "gguf" and record["rows"] == {"layers.0.attn.q_proj.weight": 2,
+                                                           "layers.0.attn.k_proj.weight": 1,
+                                                           "layers.1.attn.q_proj.weight": 2,
+                                                           "layers.1.attn.k_proj.weight": 1}
+    assert metadata["general.architecture"] == "llama"  # the GGUF's keys, all kept
+    # GGUF -> .apr -> GGUF: the same bytes; GGUF -> .apr -> HF: what GGUF -> HF gives
+    aprfast.convert(tmp_path / "m.apr", tmp_path / "back.gguf")
+    assert (tmp_path / "back.gguf").read_bytes() == (tmp_path / "m.gguf").read_bytes()
+    aprfast.convert(tmp_path / "m.gguf", f"{tmp_path / 'direct'}/")
+    aprfast.convert(tmp_path / "m.apr", f"{tmp_path / 'via'}/")
+    _same_files(tmp_path / "direct", tmp_path / "via")
+
+
+def test_quantized_gguf_rows_move_as_whole_blocks_through_apr(tmp_path):
+    w = np.random.default_rng(4).standard_normal((8, 64)).astype(np.float32)
+    writer = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "llama")
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_tensor("blk.0.attn_q.weight", gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0),
+                      raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    aprfast.convert(tmp_path / "q.gguf", tmp_path / "q.apr", validate="off")
+    stored, _ = _apr(tmp_path / "q.apr")
+    back_order = np.argsort(hf_arch.rope_rows(8, 2))
+    assert stored["layers.0.attn.q_proj.weight"].data.tobytes() == quantize(w[back_order], "Q8_0").data.tobytes()
+    aprfast.convert(tmp_path / "q.apr", tmp_path / "q-back.gguf", validate="off")
+    assert (tmp_path / "q-back.gguf").read_bytes() == (tmp_path / "q.gguf").read_bytes()
+
+
+def test_gpt2_in_apr_is_held_as_linear_weights(tmp_path):
+    tensors = _gpt2_dir(tmp_path / "hf")
+    aprfast.convert(tmp_path / "hf", tmp_path / "m.apr")
+    stored, metadata = _apr(tmp_path / "m.apr")
+    assert np.array_equal(stored["layers.1.attn.qkv_proj.weight"], tensors["transformer.h.1.attn.c_attn.weight"].T)
+    assert np.array_equal(stored["layers.0.fc2.bias"], tensors["transformer.h.0.mlp.c_proj.bias"])
+    assert sorted(metadata[hf_arch.CANONICAL_KEY]["transposed"]) == sorted(
+        f"layers.{i}.{n}.weight" for i in range(2) for n in ("attn.qkv_proj", "attn.out_proj", "fc1", "fc2"))
+    aprfast.convert(tmp_path / "m.apr", tmp_path / "back.safetensors")
+    back = safetensors_numpy.load_file(tmp_path / "back.safetensors")
+    assert sorted(back) == sorted(tensors) and all(back[n].tobytes() == tensors[n].tobytes() for n in tensors)
+    aprfast.convert(tmp_path / "hf", tmp_path / "direct.gguf")
+    aprfast.convert(tmp_path / "m.apr", tmp_path / "via.gguf")
+    assert (tmp_path / "via.gguf").read_bytes() == (tmp_path / "direct.gguf").read_bytes()
+    # from GGUF: no transposition (GGUF holds Linear weights too), and back the same bytes
+    aprfast.convert(tmp_path / "direct.gguf", tmp_path / "g.apr")
+    from_gguf, _ = _apr(tmp_path / "g.apr")
+    assert sorted(from_gguf) == sorted(s for s in stored)  # the same canonical names and layout
+    assert all(from_gguf[n].tobytes() == stored[n].tobytes() for n in stored)
+    aprfast.convert(tmp_path / "g.apr", tmp_path / "g.gguf")
+    assert (tmp_path / "g.gguf").read_bytes() == (tmp_path / "direct.gguf").read_bytes()
+
+
+def test_bert_task_model_names_come_back_exactly(tmp_path):
+    rng = np.random.default_rng(3)
+    tensors = {"bert.embeddings.word_embeddings.weight": rng.standard_normal((8, 4)).astype(np.float32) * 0.03,
+               "bert.embeddings.LayerNorm.gamma": np.ones(4, np.float32),
+               "bert.pooler.dense.weight": rng.standard_normal((4, 4)).astype(np.float32) * 0.03,
+               "cls.predictions.bias": np.zeros(8, np.float32),
+               "cls.seq_relationship.weight": rng.standard_normal((2, 4)).astype(np.float32) * 0.03}
+    (tmp_path / "hf").mkdir()
+    safetensors_numpy.save_file(tensors, tmp_path / "hf" / "model.safetensors")
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    aprfast.convert(tmp_path / "hf", tmp_path / "m.apr", validate="off")
+    stored, metadata = _apr(tmp_path / "m.apr")
+    assert sorted(stored) == ["cls.seq_relationship.weight", "embeddings.layer_norm.weight", "mlm.bias",
+                              "pooler.dense.weight", "token_embedding"]  # no canonical name: kept
+    aprfast.convert(tmp_path / "m.apr", tmp_path / "back.safetensors", validate="off")
+    back = safetensors_numpy.load_file(tmp_path / "back.safetensors")
+    assert sorted(back) == sorted(tensors) and all(back[n].tobytes() == tensors[n].tobytes() for n in tensors)
+
+
+def test_gguf_without_head_counts_keeps_its_names_in_apr(tmp_path):
+    writer = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "llama")
+    writer.add_tensor("blk.0.attn_q.weight", np.ones((8, 4), np.float32))
+    writer.add_tensor("blk.0.ffn_up.weight", np.ones((8, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.warns(hf_arch.ModelConversionWarning, match="head_count"):
+        aprfast.convert(tmp_path / "x.gguf", tmp_path / "x.apr", validate="off")
+    stored, metadata = _apr(tmp_path / "x.apr")
+    assert sorted(stored) == ["blk.0.attn_q.weight", "blk.0.ffn_up.weight"] and hf_arch.CANONICAL_KEY not in metadata
+    aprfast.convert(tmp_path / "x.apr", tmp_path / "y.gguf", validate="off")
+    assert (tmp_path / "y.gguf").read_bytes() == (tmp_path / "x.gguf").read_bytes()
+
+
+def test_a_damaged_canonical_record_is_refused_before_anything_is_written(tmp_path):
+    w = np.ones((4, 8), np.float32)
+    record = {"from": "gguf", "names": {"a": "x", "b": "x"}}
+    aprfast.save_file({"a": w, "b": w}, tmp_path / "two.apr", metadata={hf_arch.CANONICAL_KEY: record})
+    with pytest.raises(aprfast.LayoutError, match="two tensors"):
+        aprfast.convert(tmp_path / "two.apr", tmp_path / "two.gguf", validate="off")
+    record = {"from": "gguf", "names": {}, "rows": {"a": 3}}  # 4 rows are not 2 x 3 heads x ...
+    aprfast.save_file({"a": w}, tmp_path / "rows.apr", metadata={hf_arch.CANONICAL_KEY: record})
+    with pytest.raises(aprfast.LayoutError, match="heads"):
+        aprfast.convert(tmp_path / "rows.apr", tmp_path / "rows.gguf", validate="off")
+    assert not (tmp_path / "two.gguf").exists() and not (tmp_path / "rows.gguf").exists()
+    # names="keep": the container as it is
+    aprfast.convert(tmp_path / "two.apr", tmp_path / "kept.gguf", validate="off", names="keep")

@@ -90,7 +90,8 @@ def add_conversion_arguments(p, *, source_help: str) -> None:
                    help="map Hugging Face / GGUF / ONNX tensor names to the canonical .apr names (auto: detect)")
     p.add_argument("--names", choices=("auto", "keep"), default="auto",
                    help="auto (default): a Hugging Face model to GGUF gets llama.cpp's names, rows and keys, a GGUF "
-                        "to safetensors Hugging Face's, config.json and tokenizer; keep: names, rows and keys as "
+                        "to safetensors Hugging Face's, config.json and tokenizer, either to .apr the canonical "
+                        "names (and an .apr converts as the model it came from); keep: names, rows and keys as "
                         "they are")
     p.add_argument("--max-shard-size", metavar="SIZE", help="write a sharded safetensors checkpoint (e.g. 5GB)")
     p.add_argument("--no-tokenizer", action="store_true", help="do not embed a sibling tokenizer.json")

@@ -597,12 +597,15 @@ def convert(source, destination, *, to=None, quantize=None, precision=None, comp
     a Hugging Face checkpoint and GGUF gives what the destination's engine loads
     (``convert.hf_arch``, docs/FORMAT.md "Model conversions"): a safetensors model
     whose directory holds a ``config.json`` of a known architecture (LLaMA, Mistral,
-    Qwen2, Qwen3) becomes a GGUF llama.cpp runs (its tensor names, the Q/K rotary row
+    Qwen2, Qwen3, GPT-2, BERT) becomes a GGUF llama.cpp runs (its tensor names, the Q/K rotary row
     order, the hyper-parameters and tokenizer as typed keys, norms in F32), and a GGUF
     of such an architecture becomes a Hugging Face directory (``config.json``,
     ``generation_config.json``, tokenizer files beside the weights; GGML blocks
-    dequantized to F32) that transformers loads.  "keep" (and any ``arch=``) leaves
-    names, rows and keys as they are: a container conversion.
+    dequantized to F32) that transformers loads; either to ``.apr`` gets the canonical
+    names of seed 001 §10.8 in Hugging Face's row order, with what gives the source
+    back (``aprfast.canonical``), and such an ``.apr`` converts as the model it was
+    made from (docs/FORMAT.md "Canonical names in .apr").  "keep" (and any ``arch=``)
+    leaves names, rows and keys as they are: a container conversion.
     ``precision`` ("f32", "f16", "bf16") converts float tensors and dequantizes packed
     ones.  ``quantize`` (a type such as "Q8_0"; per-layer rules ``{glob: type | None}``,
     first match wins, unmatched kept; or ``callable(name, shape) -> type | None``;
@@ -741,6 +744,9 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
     src = open_source(source, tokenizer=tokenizer, verify=verify)
     model = side = None
     try:
+        if naming == "auto" and arch is None and kind != "apr":
+            # an .apr under canonical names converts as the model it was made from
+            src = _hf.restore_source_names(src)
         select = _repack_selector(kind, quantize, prefixes, rename)
         if select is not None:  # compressed-tensors MXFP4 weights as GGML MXFP4 blocks (a bit repack)
             src = _ct.repack_mxfp4(src, select)
@@ -759,7 +765,7 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
         pairs = _plan(src, rename, precision, quantize, prefixes, mapping, optimizer, model)
         if _ct.METADATA_KEY in (src.metadata or {}):  # the records name the tensors as they are written
             src.metadata = _ct.renamed_records(src.metadata, {spec.name: out.name for spec, out in pairs})
-        if model is not None:
+        if model is not None and kind != "apr":
             outs = [out for _, out in pairs]
             src.metadata = model.metadata(outs)
             side = model.side_files(outs)
@@ -774,6 +780,8 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
             _hf.write_side_files(side, _hf.side_file_dir(destination), force=force, check_only=True)
         if isinstance(quantize, _MixPlan) and kind == "gguf":
             src.metadata = _mix_metadata(src.metadata or {}, quantize.mix)
+        if model is not None and kind == "apr":  # canonical names: what gives the source back
+            src.metadata = dict(src.metadata, **{_hf.CANONICAL_KEY: model.record(pairs)})
         if mapping is not None and mapping.arch:
             src.metadata = dict(src.metadata, **{NAME_MAPPING_KEY: mapping.metadata()})
         log.debug("convert %s (%s, %d tensors, %d bytes) -> %s (%s): %d tensors written", source, src.format,
@@ -877,7 +885,7 @@ def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None, 
                 if rows is not None and spec.name in rows:  # the rotary row order of the destination's engine
                     value = _hf.permute_rows(value, rows[spec.name])
                 if spec.name in transposed:  # GPT-2's Conv1D weights: [in, out] in Hugging Face
-                    value, spec = _transposed(value, spec)
+                    value, spec = _hf.transpose_value(value, spec)
                 values = _convert_tensor(value, spec, outs, optimizer, gate, validator)
                 for out, value in zip(outs, values):
                     writer.add(out.name, value)
@@ -895,20 +903,6 @@ def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None, 
         writer.abort()
         raise
     return total
-
-
-def _transposed(value, spec: Spec):
-    """A 2-D tensor value and its spec, transposed.  Packed blocks are dequantized first
-    (a block never spans a column); other raw bytes (BF16 without ml_dtypes) move as
-    whole elements."""
-    if isinstance(value, RawTensor) and value.dtype.packed:
-        value, spec = _float_values(value), Spec(spec.name, _dtypes.by_name("F32"), spec.shape)
-    shape = tuple(reversed(spec.shape))
-    if isinstance(value, RawTensor):
-        elements = value.data.reshape(spec.shape[0], spec.shape[1], -1).transpose(1, 0, 2)
-        return RawTensor(value.dtype, shape, np.ascontiguousarray(elements).reshape(-1)), \
-            Spec(spec.name, spec.dtype, shape)
-    return np.ascontiguousarray(np.asarray(value).reshape(spec.shape).T), Spec(spec.name, spec.dtype, shape)
 
 
 def _check_source(src, cause=None) -> None:

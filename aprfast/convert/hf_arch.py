@@ -25,9 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import dtypes as _dtypes
 from ..errors import CorruptError, LayoutError
 from ..io.atomic import AtomicFile
+from ..numerics.quantization import dequantize as _dequantize
 from ..tensors import RawTensor
+from . import names as _names
 from . import spm as _spm
 from ._common import DestinationExistsError, Spec
 from .gguf import TYPES_KEY, gguf_metadata
@@ -36,7 +39,8 @@ from .tokenizer import _read_json
 
 __all__ = ["ARCHS", "TENSORS", "HFArch", "ModelConversionWarning", "arch_for_config", "arch_for_gguf",
            "read_model_dir", "hf_to_gguf_name", "gguf_to_hf_name", "rope_rows", "permute_rows", "gguf_keys",
-           "gguf_tensor_dtype", "file_type", "hf_files", "PRE_TOKENIZER_REGEX", "HF_CONFIG_KEY", "llama_cpp_names"]
+           "gguf_tensor_dtype", "file_type", "hf_files", "PRE_TOKENIZER_REGEX", "HF_CONFIG_KEY", "llama_cpp_names",
+           "CANONICAL_KEY", "GPT2_CANONICAL", "canonical_name", "transpose_value", "restore_source_names"]
 
 
 class ModelConversionWarning(UserWarning):
@@ -224,6 +228,64 @@ ARCHS.update({
     "bert": HFArch("bert", "bert", "BertModel", "bert-bge", False, False, "bert"),
 })
 _BY_GGUF.update({"gpt2": ARCHS["gpt2"], "bert": ARCHS["bert"]})
+
+
+# --- canonical .apr names (seed 001 §10.8; issue 26 item 3) -------------------------
+#: .apr metadata key of a model written under its canonical names: what gives the
+#: source back (``{"arch", "model_type", "from", "names", "rows", "transposed"}``,
+#: docs/FORMAT.md "Canonical names in .apr").
+CANONICAL_KEY = "aprfast.canonical"
+
+#: GPT-2's canonical names (seed 001 §10.8 has no GPT-2 table): (canonical, Hugging
+#: Face, GGUF or None).  Its block is Whisper's decoder block without cross-attention,
+#: so the LayerNorms take Whisper's words (``self_attn_layer_norm`` before attention,
+#: ``final_layer_norm`` before the MLP, ``layer_norm`` after the stack) and the MLP its
+#: ``fc1``/``fc2``; the attention projections take LLaMA's and BERT's ``attn.*_proj``
+#: (fused: ``qkv_proj``).  Weights are held as a Linear's, ``[out, in]`` (GGUF's layout;
+#: Hugging Face's Conv1D stores the transpose).
+GPT2_CANONICAL = (
+    ("token_embedding", "transformer.wte.weight", "token_embd.weight"),
+    ("positional_embedding", "transformer.wpe.weight", "position_embd.weight"),
+    ("layer_norm.{w}", "transformer.ln_f.{w}", "output_norm.{w}"),
+    ("lm_head.weight", "lm_head.weight", "output.weight"),
+    ("layers.{n}.self_attn_layer_norm.{w}", "transformer.h.{n}.ln_1.{w}", "blk.{n}.attn_norm.{w}"),
+    ("layers.{n}.attn.qkv_proj.{w}", "transformer.h.{n}.attn.c_attn.{w}", "blk.{n}.attn_qkv.{w}"),
+    ("layers.{n}.attn.out_proj.{w}", "transformer.h.{n}.attn.c_proj.{w}", "blk.{n}.attn_output.{w}"),
+    ("layers.{n}.final_layer_norm.{w}", "transformer.h.{n}.ln_2.{w}", "blk.{n}.ffn_norm.{w}"),
+    ("layers.{n}.fc1.{w}", "transformer.h.{n}.mlp.c_fc.{w}", "blk.{n}.ffn_up.{w}"),
+    ("layers.{n}.fc2.{w}", "transformer.h.{n}.mlp.c_proj.{w}", "blk.{n}.ffn_down.{w}"),
+    # the causal-mask buffers of older checkpoints (llama.cpp has none)
+    ("layers.{n}.attn.causal_mask", "transformer.h.{n}.attn.bias", None),
+    ("layers.{n}.attn.masked_bias", "transformer.h.{n}.attn.masked_bias", None),
+)
+_GPT2_TO_CANONICAL = {naming: [(_regex(pattern), canonical) for canonical, *columns in GPT2_CANONICAL
+                               for pattern in [columns[i]] if pattern is not None]
+                      for i, naming in enumerate(("hf", "gguf"))}
+
+
+def canonical_name(family: str, naming: str, name: str):
+    """The canonical ``.apr`` name (seed 001 §10.8) of a tensor named ``name`` in
+    ``naming`` ("hf" or "gguf") of an architecture ``family`` (:attr:`HFArch.family`),
+    or None when no rule knows it.  LLaMA's and BERT's tables are the ``arch=`` mapper's
+    (:func:`aprfast.convert.names.map_name`), GPT-2's :data:`GPT2_CANONICAL`."""
+    if family == "gpt2":
+        out = _apply(_GPT2_TO_CANONICAL[naming], name)
+        return None if out is _UNKNOWN else out
+    return _names.map_name(family, name)[0]
+
+
+def transpose_value(value, spec: Spec):
+    """A 2-D tensor value and its spec, transposed.  Packed blocks are dequantized to
+    F32 first (a block never spans a column); other raw bytes (BF16 without ml_dtypes)
+    move as whole elements."""
+    if isinstance(value, RawTensor) and value.dtype.packed:
+        value, spec = _dequantize(value), Spec(spec.name, _dtypes.by_name("F32"), spec.shape)
+    shape = tuple(reversed(spec.shape))
+    if isinstance(value, RawTensor):
+        elements = value.data.reshape(spec.shape[0], spec.shape[1], -1).transpose(1, 0, 2)
+        return RawTensor(value.dtype, shape, np.ascontiguousarray(elements).reshape(-1)), \
+            Spec(spec.name, spec.dtype, shape)
+    return np.ascontiguousarray(np.asarray(value).reshape(spec.shape).T), Spec(spec.name, spec.dtype, shape)
 
 
 def _gpt2_hparams(config: dict) -> list:
@@ -1419,22 +1481,45 @@ def _hf_sentencepiece(kv: dict, tokens: list, types) -> dict:
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
+def _to_canonical(naming: str):
+    def to_dest(name, family):
+        out = canonical_name(family, naming, name)
+        return ... if out is None else out
+    return to_dest
+
+
+#: direction -> (the source's naming, the destination's name of a source tensor)
+_DIRECTIONS = {"hf-to-gguf": ("hf", hf_to_gguf_name), "gguf-to-hf": ("gguf", gguf_to_hf_name),
+               "hf-to-apr": ("hf", _to_canonical("hf")), "gguf-to-apr": ("gguf", _to_canonical("gguf"))}
+
+
 class ModelConversion:
     """What a model conversion does on top of the container one: ``direction`` is
-    "hf-to-gguf" or "gguf-to-hf"; :meth:`name` the destination's name of a source
-    tensor (None: dropped), ``rows`` the row order of each source tensor whose rows
-    move (the rotary permutation), :meth:`out_dtype` the dtype an engine needs,
-    :meth:`metadata` the destination's metadata once the output tensors are known,
-    :meth:`finish` the side files of a Hugging Face directory."""
+    "hf-to-gguf", "gguf-to-hf", or "hf-to-apr"/"gguf-to-apr" (the canonical ``.apr``
+    names and layout: Hugging Face's row order, Linear weights ``[out, in]``);
+    :meth:`name` the destination's name of a source tensor (None: dropped), ``rows``
+    the row order of each source tensor whose rows move (the rotary permutation),
+    ``transposed`` the source tensors transposed (GPT-2's Conv1D weights),
+    :meth:`out_dtype` the dtype an engine needs, :meth:`metadata` the destination's
+    metadata once the output tensors are known, :meth:`side_files` the side files of a
+    Hugging Face directory, :meth:`record` what an ``.apr`` records to give the source
+    back."""
 
     def __init__(self, direction: str, arch: HFArch, source, files: dict | None = None, kv: dict | None = None):
         self.direction, self.arch, self.files = direction, arch, files or {}
-        self.unknown, self.rows = [], {}
+        self.unknown, self.rows, self.heads = [], {}, {}
         self._kv = kv or {}
         self._source_path = source.path
-        to_dest = hf_to_gguf_name if direction == "hf-to-gguf" else gguf_to_hf_name
+        #: the Hugging Face directory's name (general.name without a _name_or_path): an
+        #: .apr made from it records it, so .apr -> GGUF writes the same bytes
+        self._dir_name = getattr(source, "hf_dir_name", None) or \
+            os.path.basename(os.path.dirname(os.path.abspath(source.path)))
+        naming, to_dest = _DIRECTIONS[direction]
+        self._from = naming
+        self._to_apr = direction.endswith("-to-apr")
         self._names = {}
-        #: source tensors transposed on the way (GPT-2's Conv1D weights)
+        #: source tensors transposed on the way (GPT-2's Conv1D weights: stored [in, out]
+        #: in Hugging Face, [out, in] in GGUF and in the canonical .apr layout)
         self.transposed = set()
         for spec in source.specs:
             out = to_dest(spec.name, arch.family)
@@ -1442,15 +1527,15 @@ class ModelConversion:
                 self.unknown.append(spec.name)
                 out = spec.name
             self._names[spec.name] = out
-            hf_name = spec.name if direction == "hf-to-gguf" else out
+            hf_name = spec.name if naming == "hf" else (out if direction == "gguf-to-hf" else None)
             if arch.family == "gpt2" and len(spec.shape) == 2 and CONV1D.match(hf_name or ""):
                 self.transposed.add(spec.name)
-        if self.unknown:
+        if self.unknown and not self._to_apr:  # an .apr keeps them, and gives them back
             shown = ", ".join(repr(n) for n in self.unknown[:5]) + (", ..." if len(self.unknown) > 5 else "")
             warnings.warn(f"{len(self.unknown)} tensor name(s) of this {arch.model_type} model have no "
                           f"{'llama.cpp' if direction == 'hf-to-gguf' else 'Hugging Face'} name, kept as they are "
                           f"(the engine will not use them): {shown}", ModelConversionWarning, stacklevel=4)
-        if arch.permute:
+        if arch.permute and direction != "hf-to-apr":  # .apr holds Hugging Face's row order
             self._plan_rows(source.specs)
         #: tensors the destination's engine needs that the source has no tensor for
         self.generated = generated_tensors(arch, self.files["config.json"]) if direction == "hf-to-gguf" else {}
@@ -1474,7 +1559,7 @@ class ModelConversion:
         return rope
 
     def _heads(self):
-        if self.direction == "hf-to-gguf":
+        if self._from == "hf":
             config = self.files["config.json"]
             n_head = _int(config, "num_attention_heads", required=True)
             return n_head, _int(config, "num_key_value_heads") or n_head
@@ -1486,14 +1571,17 @@ class ModelConversion:
         return n_head, _kv_int(self._kv, f"{a}.attention.head_count_kv") or n_head
 
     def _plan_rows(self, specs) -> None:
-        n_head, n_kv = self._heads()
+        heads = None
         for spec in specs:
             gguf_name = self._names[spec.name] if self.direction == "hf-to-gguf" else spec.name
             m = re.match(r"^blk\.\d+\.attn_([qk])\.(weight|bias)$", gguf_name or "")
             if m is None or not spec.shape:
                 continue
-            order = rope_rows(spec.shape[0], n_head if m.group(1) == "q" else n_kv)
+            heads = heads or self._heads()  # asked only of a model with Q/K tensors
+            n = heads[0] if m.group(1) == "q" else heads[1]
+            order = rope_rows(spec.shape[0], n)
             self.rows[spec.name] = order if self.direction == "hf-to-gguf" else np.argsort(order)
+            self.heads[spec.name] = n
 
     def report(self) -> dict:
         """What ``convert()`` returns under ``names``: ``arch`` (general.architecture),
@@ -1501,7 +1589,7 @@ class ModelConversion:
         ``unknown`` (kept), ``permuted`` (source tensors whose rows moved) and
         ``transposed`` (source tensors transposed: GPT-2's Conv1D weights)."""
         return {"arch": self.arch.gguf, "model": self.arch.model_type, "direction": self.direction,
-                "detected": True, "reason": "from config.json" if self.direction == "hf-to-gguf"
+                "detected": True, "reason": "from config.json" if self._from == "hf"
                 else "from general.architecture",
                 "renamed": sum(1 for s, d in self._names.items() if d is not None and s != d),
                 "dropped": sorted(s for s, d in self._names.items() if d is None),
@@ -1516,16 +1604,43 @@ class ModelConversion:
         """The dtype name an engine needs for output tensor ``name``, or None to keep."""
         if self.direction == "hf-to-gguf":
             return gguf_tensor_dtype(name, shape, dtype_name)
+        if self._to_apr:
+            return None  # .apr holds every dtype
         return "F32" if packed else None  # transformers cannot load GGML blocks
+
+    def record(self, pairs) -> dict:
+        """What an ``.apr`` written under the canonical names records under
+        :data:`CANONICAL_KEY` to give the source back (:func:`restore_source_names`):
+        ``names`` (output name -> the source's, for each tensor renamed), ``rows``
+        (output name -> heads: the source held these rows in llama.cpp's rotary order),
+        ``transposed`` (output names the source held transposed), ``from`` (the source's
+        naming, "hf" or "gguf"), ``arch``, ``model_type`` and, from Hugging Face,
+        ``directory`` (the directory's name: a GGUF's ``general.name``)."""
+        names, rows, transposed = {}, {}, []
+        for spec, out in pairs:
+            if out.name != self._names.get(spec.name):  # renamed again (rename=) or a low-rank factor
+                continue
+            if out.name != spec.name:
+                names[out.name] = spec.name
+            if spec.name in self.heads:
+                rows[out.name] = self.heads[spec.name]
+            if spec.name in self.transposed:
+                transposed.append(out.name)
+        out = {"arch": self.arch.gguf, "model_type": self.arch.model_type, "from": self._from,
+               "names": names, "rows": rows, "transposed": transposed}
+        if self._from == "hf":
+            out["directory"] = self._dir_name
+        return out
 
     def metadata(self, specs) -> dict:
         """The destination's metadata: typed GGUF keys (``gguf.kv_types`` holds their
-        types, which the GGUF writer honours) or safetensors' ``{"format": "pt"}``."""
+        types, which the GGUF writer honours) or safetensors' ``{"format": "pt"}``
+        (an ``.apr`` keeps the source's metadata, with :meth:`record`)."""
         if self.direction == "gguf-to-hf":
             return {"format": "pt"}
         name = self.files["config.json"].get("_name_or_path")
         if not isinstance(name, str) or not name:
-            name = os.path.basename(os.path.dirname(os.path.abspath(self._source_path))) or self.arch.model_type
+            name = self._dir_name or self.arch.model_type
         triples = gguf_keys(self.arch, self.files, file_type(specs), name)
         out = {key: value for key, _, value in triples}
         out["gguf.kv_types"] = {key: vtype for key, vtype, _ in triples}
@@ -1595,11 +1710,14 @@ def _apr_hf_files(metadata):
 
 def plan_model(source, kind: str, destination):
     """The ModelConversion for ``source`` -> a ``kind`` destination, or None when it is
-    a container conversion (not Hugging Face <-> GGUF, or an architecture with no
-    table: warned when the source says what it is).  An .apr source converts as the
-    model it was made from: a Hugging Face one (:data:`HF_FILES_KEY`) to GGUF, a GGUF
-    one (its ``gguf.kv_types``) to Hugging Face."""
+    a container conversion (not Hugging Face <-> GGUF or either to ``.apr``, or an
+    architecture with no table: warned when the source says what it is).  An .apr
+    source converts as the model it was made from (seen through
+    :func:`restore_source_names` first): a Hugging Face one (:data:`HF_FILES_KEY`) to
+    GGUF, a GGUF one (its ``gguf.kv_types``) to Hugging Face."""
     fmt = getattr(source, "format", None)
+    if kind == "apr":
+        return _to_apr(source) if fmt != "apr" else None
     if fmt == "apr":
         metadata = source.metadata or {}
         if kind == "gguf" and _apr_hf_files(metadata) is not None:
@@ -1613,6 +1731,101 @@ def plan_model(source, kind: str, destination):
     if kind == "safetensors" and fmt == "gguf":
         return _from_gguf(source, source.gguf_metadata)
     return None
+
+
+def _to_apr(source):
+    """The canonical names of a Hugging Face directory of a known ``model_type`` or a
+    GGUF of a known ``general.architecture``, else None (names kept).  A GGUF that
+    cannot give Hugging Face's Q/K row order (no head count) keeps its names, warned."""
+    if getattr(source, "format", None) == "gguf":
+        kv = source.gguf_metadata
+        arch = arch_for_gguf(kv)
+        if arch is None:
+            return None
+        try:
+            return ModelConversion("gguf-to-apr", arch, source, kv=kv)
+        except (CorruptError, LayoutError) as exc:
+            warnings.warn(f"the {arch.gguf} GGUF's attn_q/attn_k rows cannot be put in Hugging Face's order "
+                          f"({exc}): the .apr keeps the GGUF's names and rows", ModelConversionWarning, stacklevel=4)
+            return None
+    files = _hf_dir_files(source)
+    arch = arch_for_config(files["config.json"]) if files else None
+    return ModelConversion("hf-to-apr", arch, source, files=files) if arch is not None else None
+
+
+class _Restored:
+    """An ``.apr`` written under the canonical names, seen as the source it was made
+    from (:func:`restore_source_names`): its names, rows and layout, its metadata
+    without :data:`CANONICAL_KEY`; everything else is the ``.apr``'s."""
+
+    def __init__(self, source, record: dict):
+        self._source = source
+        names, rows, transposed = (record.get(k) for k in ("names", "rows", "transposed"))
+        names = names if isinstance(names, dict) else {}
+        rows = rows if isinstance(rows, dict) else {}
+        transposed = set(transposed) if isinstance(transposed, list) else set()
+        self._plan = {}
+        self.specs = []
+        for spec in source.specs:
+            name = names.get(spec.name, spec.name)
+            name = name if isinstance(name, str) else spec.name
+            if name in self._plan:  # a damaged or edited record: two tensors, one name
+                raise LayoutError(f"the .apr's {CANONICAL_KEY} gives two tensors the source name {name!r} "
+                                  f"({self._plan[name][0].name!r} and {spec.name!r}); convert it with "
+                                  "names='keep'", path=getattr(source, "path", None))
+            heads = rows.get(spec.name)
+            heads = heads if type(heads) is int and heads > 0 and len(spec.shape) >= 1 else None
+            flip = spec.name in transposed and len(spec.shape) == 2
+            out = Spec(name, spec.dtype, spec.shape, spec.size)
+            if flip:
+                out = Spec(name, _dtypes.by_name("F32") if spec.dtype.packed else spec.dtype,
+                           tuple(reversed(spec.shape)))
+            self._plan[out.name] = (spec, heads, flip)
+            self.specs.append(out)
+        self.metadata = {k: v for k, v in (source.metadata or {}).items() if k != CANONICAL_KEY}
+        directory = record.get("directory")
+        #: the Hugging Face directory the .apr was made from (its GGUF's general.name)
+        self.hf_dir_name = directory if isinstance(directory, str) and directory else None
+
+    def read(self, spec, scratch=None):
+        """The tensor as the source held it: rows back in llama.cpp's rotary order,
+        GPT-2's Conv1D weights back to ``[in, out]``."""
+        original, heads, flip = self._plan[spec.name]
+        value = self._source.read(original, scratch)
+        if heads is not None:
+            value = permute_rows(value, rope_rows(original.shape[0], heads))
+        if flip:
+            value = transpose_value(value, original)[0]
+        return value
+
+    def raw_range(self, spec):
+        """The ``.apr``'s bytes of a tensor only renamed, else None."""
+        original, heads, flip = self._plan[spec.name]
+        if heads is not None or flip or not hasattr(self._source, "raw_range"):
+            return None
+        return self._source.raw_range(original)
+
+    def tensors(self, wanted=None):
+        for spec in self.specs:
+            if wanted is None or spec.name in wanted:
+                yield spec.name, self.read(spec)
+
+    def close(self) -> None:
+        self._source.close()
+
+    def __getattr__(self, name):
+        return getattr(self._source, name)
+
+
+def restore_source_names(source):
+    """An ``.apr`` source with a :data:`CANONICAL_KEY` record seen as the model it was
+    made from (names, Q/K rows, GPT-2's Conv1D layout, metadata), so that converting it
+    gives exactly what converting that model directly gives; any other source as it
+    is.  A tensor the record does not name keeps its name (renamed or added since)."""
+    record = (source.metadata or {}).get(CANONICAL_KEY)
+    if getattr(source, "format", None) != "apr" or not isinstance(record, dict):
+        return source
+    return _Restored(source, record)
 
 
 def _from_hf(source, files):

@@ -84,6 +84,9 @@ def _llama():
         ("layers.{n}.attn_norm.weight", "[model.]layers.{n}.input_layernorm.weight", "blk.{n}.attn_norm.weight"),
         ("layers.{n}.mlp_norm.weight", "[model.]layers.{n}.post_attention_layernorm.weight", "blk.{n}.ffn_norm.weight"),
         ("layers.{n}.attn.rotary_emb.inv_freq", "[model.]layers.{n}.self_attn.rotary_emb.inv_freq", None),
+        # Qwen3's per-head RMSNorms on the queries and keys
+        ("layers.{n}.attn.q_norm.weight", "[model.]layers.{n}.self_attn.q_norm.weight", "blk.{n}.attn_q_norm.weight"),
+        ("layers.{n}.attn.k_norm.weight", "[model.]layers.{n}.self_attn.k_norm.weight", "blk.{n}.attn_k_norm.weight"),
     ]
     for apr, hf, gguf in (("q", "q", "q"), ("k", "k", "k"), ("v", "v", "v"), ("out", "o", "output")):
         table.append((f"layers.{{n}}.attn.{apr}_proj.{{w}}", f"[model.]layers.{{n}}.self_attn.{hf}_proj.{{w}}",
@@ -264,6 +267,7 @@ _SIGNS = (
     ("bert", (r"(?m)^token_type_embedding$", r"(?m)^layers\.\d+\.attn_layer_norm\.")),
     ("bert", (r"(?m)^token_types\.weight$", r"(?m)^blk\.\d+\.attn_output_norm\.")),
     ("gpt2", (r"\bh\.\d+\.attn\.c_attn",)),
+    ("gpt2", (r"(?m)^layers\.\d+\.attn\.qkv_proj\.",)),  # the canonical names (convert.hf_arch)
 )
 #: GGUF ``general.architecture`` values that are one of ours.
 _GGUF_ARCHS = {"whisper": "whisper", "llama": "llama", "bert": "bert", "gpt2": "gpt2"}

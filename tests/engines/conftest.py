@@ -49,6 +49,18 @@ def transformers_lib():
 
 
 @pytest.fixture(scope="session")
+def transformers_gguf(transformers_lib):
+    """transformers able to load a GGUF (``from_pretrained(dir, gguf_file=...)``): it
+    needs the ``gguf`` package, and ``accelerate`` for the model."""
+    try:
+        import accelerate  # noqa: F401
+        import gguf  # noqa: F401
+    except ImportError as exc:
+        unavailable(f"transformers' GGUF loader needs gguf and accelerate ({exc})")
+    return transformers_lib
+
+
+@pytest.fixture(scope="session")
 def llama_cpp_lib():
     try:
         import llama_cpp

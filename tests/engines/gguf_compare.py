@@ -55,3 +55,22 @@ def differences(ours_path, ref_path, allow_extra=("aprfast.",)) -> list:
         elif ours[key] != ref[key]:
             out.append(f"key {key}: {ours[key]!r:.120} vs reference {ref[key]!r:.120}")
     return out
+
+
+def same_files(a, b) -> None:
+    """Two directories hold the same files, byte for byte (GGUF -> .apr -> HF against
+    GGUF -> HF)."""
+    from pathlib import Path
+
+    a, b = Path(a), Path(b)
+    assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+    for path in a.iterdir():
+        assert path.read_bytes() == (b / path.name).read_bytes(), path.name
+
+
+def apr_names(path) -> set:
+    """The tensor names of an .apr file."""
+    import aprfast
+
+    with aprfast.open(path) as f:
+        return set(f.keys())

@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 import pytest
 import tiny_models
-from gguf_compare import differences
+from gguf_compare import apr_names, differences, same_files
 from gguf_compare import read as read_gguf
 
 import aprfast
@@ -135,14 +135,18 @@ def test_q8_0_gguf_to_hugging_face(gpt2, converted, transformers_lib, tmp_path):
 
 @pytest.mark.parametrize("quantize", [None, "Q8_0"])
 def test_through_apr(quantize, gpt2, converted, transformers_lib, tmp_path):
-    """HF -> .apr -> GGUF is HF -> GGUF; GGUF -> .apr -> GGUF the same bytes, and
+    """HF -> .apr -> GGUF is HF -> GGUF (byte for byte); GGUF -> .apr -> GGUF the same bytes, and
     GGUF -> .apr -> HF is GGUF -> HF."""
     aprfast.convert(gpt2[0], tmp_path / "model.apr")
+    assert "layers.0.attn.qkv_proj.weight" in apr_names(tmp_path / "model.apr")  # the canonical names
     aprfast.convert(tmp_path / "model.apr", tmp_path / "model.gguf", quantize=quantize)
-    assert differences(tmp_path / "model.gguf", converted(quantize)) == []
+    assert (tmp_path / "model.gguf").read_bytes() == converted(quantize).read_bytes()
     if quantize is None:
         aprfast.convert(converted(), tmp_path / "from-gguf.apr")
+        assert "layers.0.attn.qkv_proj.weight" in apr_names(tmp_path / "from-gguf.apr")
         aprfast.convert(tmp_path / "from-gguf.apr", tmp_path / "back.gguf")
         assert (tmp_path / "back.gguf").read_bytes() == converted().read_bytes()
         aprfast.convert(tmp_path / "from-gguf.apr", f"{tmp_path / 'hf'}/")
+        aprfast.convert(converted(), f"{tmp_path / 'direct'}/")
+        same_files(tmp_path / "hf", tmp_path / "direct")
         _check_hugging_face(tmp_path / "hf", gpt2, transformers_lib)

@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 import pytest
 import tiny_models
-from gguf_compare import differences
+from gguf_compare import apr_names, differences, same_files
 from gguf_compare import read as read_gguf
 
 import aprfast
@@ -148,18 +148,22 @@ def test_names_keep_is_a_container_conversion(arch, tiny_model, tmp_path):
 @pytest.mark.parametrize("quantize", [None, "Q8_0"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_through_apr_to_gguf(arch, quantize, tiny_model, converted, tmp_path):
-    """HF -> .apr -> GGUF is HF -> GGUF: the .apr records the model's files."""
+    """HF -> .apr -> GGUF is HF -> GGUF, byte for byte: the .apr holds the canonical
+    names (seed 001 §10.8) in Hugging Face's row order and records the model's files."""
     directory, _ = tiny_model(arch)
     aprfast.convert(directory, tmp_path / "model.apr")
+    assert {"token_embedding", "layers.0.attn.q_proj.weight", "layers.1.mlp.down_proj.weight"} <= \
+        apr_names(tmp_path / "model.apr")
     report = aprfast.convert(tmp_path / "model.apr", tmp_path / "model.gguf", quantize=quantize)
     assert report["names"]["direction"] == "hf-to-gguf"
-    assert differences(tmp_path / "model.gguf", converted(arch, quantize)) == []
+    assert (tmp_path / "model.gguf").read_bytes() == converted(arch, quantize).read_bytes()
 
 
 @pytest.mark.parametrize("which", ["aprfast", "reference"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_gguf_through_apr(arch, which, tiny_model, converted, reference_converter, transformers_lib, tmp_path):
-    """GGUF -> .apr -> GGUF gives the same bytes; GGUF -> .apr -> HF is GGUF -> HF."""
+    """GGUF -> .apr -> GGUF gives the same bytes; GGUF -> .apr -> HF is GGUF -> HF (the
+    same files); the .apr holds the canonical names."""
     from safetensors.numpy import load_file
 
     directory, original = tiny_model(arch)
@@ -167,9 +171,12 @@ def test_gguf_through_apr(arch, which, tiny_model, converted, reference_converte
     if which == "reference":
         gguf_path = reference_converter(directory, tmp_path / "reference.gguf", "f32", _pre(gguf_path))
     aprfast.convert(gguf_path, tmp_path / "model.apr")
+    assert "layers.0.attn.q_proj.weight" in apr_names(tmp_path / "model.apr")
     aprfast.convert(tmp_path / "model.apr", tmp_path / "back.gguf")
     assert (tmp_path / "back.gguf").read_bytes() == gguf_path.read_bytes()
     aprfast.convert(tmp_path / "model.apr", f"{tmp_path / 'hf'}/")
+    aprfast.convert(gguf_path, f"{tmp_path / 'direct'}/")
+    same_files(tmp_path / "hf", tmp_path / "direct")
     model, problems = _load(transformers_lib, tmp_path / "hf")
     assert problems == {}
     assert np.abs(tiny_models.hf_logits(model) - tiny_models.hf_logits(original)).max() <= LOGIT_TOLERANCE

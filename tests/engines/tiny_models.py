@@ -66,17 +66,17 @@ def make_tokenizer(directory, specials, pre) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs).save_pretrained(directory)
 
 
-def make_model(arch: str, directory, seed: int = 0, sizes=None):
+def make_model(arch: str, directory, seed: int = 0, sizes=None, **overrides):
     """Save the tiny ``arch`` checkpoint (and its tokenizer) in ``directory``; returns the
-    model (eval mode, float32).  ``sizes`` overrides config values (hidden_size,
-    num_hidden_layers, ...: the K-quant mix tests need rows of 256)."""
+    model (eval mode, float32).  ``overrides`` (and ``sizes``, a dict of the same) go
+    into its config: e.g. Qwen3's ``head_dim``, or rows of 256 for the K-quant mixes."""
     import torch
     import transformers
 
     if arch in OTHER_ARCHS:
-        return OTHER_ARCHS[arch](directory, seed)
+        return OTHER_ARCHS[arch](directory, seed, **overrides)
 
-    config_cls, model_cls, overrides, specials, pre = ARCHS[arch]
+    config_cls, model_cls, _, specials, pre = ARCHS[arch]
     make_tokenizer(directory, specials, pre)
     from transformers import PreTrainedTokenizerFast
 
@@ -85,6 +85,7 @@ def make_model(arch: str, directory, seed: int = 0, sizes=None):
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                   rms_norm_eps=1e-6, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                   tie_word_embeddings=False)
+    params.update(ARCHS[arch][2])
     params.update(overrides)
     params.update(sizes or {})
     config = getattr(transformers, config_cls)(**params)
@@ -143,19 +144,19 @@ def _perturb(model, torch) -> None:
                 param.normal_(0.0, 0.02)
 
 
-def make_gpt2(directory, seed: int = 0):
+def make_gpt2(directory, seed: int = 0, n_positions: int = 256):
     """The tiny GPT-2 (``GPT2LMHeadModel``: Conv1D weights stored transposed, fused
     ``c_attn``, learned positions, tied output).  ``n_ctx`` is in config.json as in the
     Hub's GPT-2 checkpoints (transformers 5 no longer writes it; the reference converter
-    reads it)."""
+    reads it), equal to ``n_positions``."""
     import torch
     import transformers
     from transformers import PreTrainedTokenizerFast
 
     make_gpt2_tokenizer(directory)
     tok = PreTrainedTokenizerFast.from_pretrained(directory)
-    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
-                                     n_ctx=256, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=n_positions,
+                                     n_ctx=n_positions, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     torch.manual_seed(seed)
     model = transformers.GPT2LMHeadModel(config).eval()
     _perturb(model, torch)
