@@ -9,13 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.torch import load_file, save_file  # noqa: E402, I001
 from test_compressed_tensors import build, reference, torch  # noqa: F401 - skips without the packages
 
 import aprfast
 from aprfast.numerics.compressed import METADATA_KEY
 from aprfast.tools.diff import diff_models
 from aprfast.tools.quality import quality_report
+
+# safetensors.torch needs torch: imported after test_compressed_tensors skipped without it
+_st_torch = pytest.importorskip("safetensors.torch")
+load_file, save_file = _st_torch.load_file, _st_torch.save_file
 
 
 @pytest.fixture(scope="module")
