@@ -1,7 +1,8 @@
 /* Quantizers of the GGML block types beyond quant.c's Q8_0, Q4_0 and Q4_1 (see
  * quant_ggml.h): Q5_0, Q5_1, TQ1_0, TQ2_0 and MXFP4 bit-identical with gguf-py's
  * NumPy quantize_blocks, and the K-quants, bit-identical with ggml's reference
- * quantizers (quantize_row_q*_K_ref, no importance matrix), which gguf-py lacks.
+ * quantizers (quantize_row_q*_K_ref, no importance matrix), which gguf-py lacks,
+ * and ggml's Q8_K (quantize_row_q8_K_ref), the K-quants' int8 dot-product operand.
  *
  * The rules quant.c states at its top hold here too: every float operation is
  * float32 in the oracle's order, one rounding each (no FMA contraction, see
@@ -319,7 +320,7 @@ static void mxfp4_quantize_block(const float *x, uint8_t *y)
 
 
 /* ------------------------------------------------------------------------ */
-/* K-quants (ggml's quantize_row_q4_K_ref, _q5_K_ref, _q6_K_ref).            */
+/* K-quants (ggml's quantize_row_q4_K_ref, _q5_K_ref, _q6_K_ref, _q8_K_ref).  */
 /* ggml's reference is float C compiled without FMA; the code below is our  */
 /* own, doing the same float32 operations in the same order.                */
 
@@ -837,6 +838,43 @@ static void q6_k_quantize_block(const float *x, uint8_t *y)
     store_u16le(y + 208, d16);
 }
 
+/* Q8_K (ggml's quantize_row_q8_K_ref): the int8 operand of ggml's K-quant dot
+ * products, not a weight type.  d = 1 / (-127 / max), max the first value of the
+ * largest |x| (NaN never compares greater, so NaNs are skipped); q = min(127,
+ * nearest_int(iscale * x)) kept to its low byte as ggml's int -> int8 store does
+ * (NaN: the low 22 payload bits, capped at 127; +-inf and the 0 * inf NaN: 0);
+ * bsums[k] = the sum of q[16k .. 16k + 15].  An all-zero block (max|x| == 0) is
+ * all zero bytes: ggml zeroes d and qs there and leaves bsums as they were, which
+ * for a zeroed destination is 0 too. */
+static void q8_k_quantize_block(const float *x, uint8_t *y)
+{
+    float amax = 0, max = 0;
+    for (int j = 0; j < QK_K; j++) {
+        float ax = fabsf(x[j]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[j];
+        }
+    }
+    if (amax == 0.0f) {
+        memset(y, 0, 292);
+        return;
+    }
+    float iscale = -127.0f / max;
+    uint8_t *qs = y + 4;
+    for (int j = 0; j < QK_K; j++) {
+        int v = nearest_int(iscale * x[j]);
+        qs[j] = (uint8_t)((v < 127 ? v : 127) & 0xff);
+    }
+    for (int k = 0; k < QK_K / 16; k++) {
+        int sum = 0; /* of the int8 values: at most 16 * 128 in size, an int16 */
+        for (int i = 0; i < 16; i++)
+            sum += (int)(qs[16 * k + i] ^ 0x80u) - 0x80;
+        store_u16le(y + 260 + 2 * k, (uint16_t)(sum & 0xffff));
+    }
+    store_u32le(y, f32_bits(1 / iscale));
+}
+
 /* ------------------------------------------------------------------------ */
 /* Dispatch.                                                                */
 
@@ -857,6 +895,7 @@ BLOCKS_FN(q3_k, QK_K, 110)
 BLOCKS_FN(q4_k, QK_K, 144)
 BLOCKS_FN(q5_k, QK_K, 176)
 BLOCKS_FN(q6_k, QK_K, 210)
+BLOCKS_FN(q8_k, QK_K, 292)
 
 apr_ggml_quantize_fn apr_ggml_quantizer(int type)
 {
@@ -881,6 +920,8 @@ apr_ggml_quantize_fn apr_ggml_quantizer(int type)
         return q5_k_quantize_blocks;
     case APR_QT_Q6_K:
         return q6_k_quantize_blocks;
+    case APR_QT_Q8_K:
+        return q8_k_quantize_blocks;
     default:
         return NULL;
     }

@@ -155,3 +155,23 @@ def test_type_from_the_config_file_and_missing_type(model, tmp_path, monkeypatch
     assert result["type"] == "Q8_0"
     result = run_json(capsys, str(src), "-o", str(tmp_path / "cli.apr"), "--type", "q4_0")  # command line wins
     assert result["type"] == "Q4_0"
+
+
+def test_q8_k_quantizes_whole_256_rows_and_keeps_the_others(tmp_path, rng, capsys):
+    """Q8_K (ggml's int8 dot-product operand, issue 27 item 3) through the CLI: the bytes are
+    the API's; rows that are not whole 256-blocks stay as they were, with the reason."""
+    src, out = tmp_path / "m.apr", tmp_path / "q8k.apr"
+    wide = (0.05 * rng.standard_normal((8, 256))).astype(np.float32)
+    narrow = (0.05 * rng.standard_normal((8, 64))).astype(np.float32)
+    aprfast.save_file({"a.weight": wide, "b.weight": narrow}, src, layout="apr2")
+    result = run_json(capsys, str(src), "-o", str(out), "--type", "q8_k")
+    entry = result["tensors"]["a.weight"]
+    assert entry["type"] == "Q8_K" and entry["bits_per_weight"] == 9.125
+    rmse, worst = expected_error(wide, "q8_k")
+    assert entry["rmse"] == pytest.approx(rmse, rel=1e-9) and entry["max_abs_error"] == pytest.approx(worst)
+    assert result["tensors"]["b.weight"]["type"] is None
+    assert "multiple of 256" in result["tensors"]["b.weight"]["reason"]
+    with aprfast.open(out) as f:
+        assert f.info("a.weight").dtype_name == "Q8_K"
+        assert bytes(np.asarray(f.get_tensor("a.weight").data)) == bytes(np.asarray(quantize(wide, "q8_k").data))
+        np.testing.assert_array_equal(f.get_tensor("b.weight"), narrow)

@@ -1,4 +1,5 @@
-"""K-quant quantizers (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) give the bytes of ggml's reference quantizers.
+"""K-quant quantizers (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, and Q8_K, the int8 operand of ggml's K-quant
+dot products) give the bytes of ggml's reference quantizers.
 
 gguf-py cannot quantize K-quants, so the oracle is ggml's own C: ``quantize_row_q4_K_ref``
 and its siblings (what ``ggml_quantize_chunk`` runs without an importance matrix) in the
@@ -8,7 +9,11 @@ Where llama-cpp-python is missing these tests skip with the reason, unless
 
 Blocks holding a NaN are compared only between the compiled kernels and ggml: which of
 two NaNs a float operation returns there follows the compiler's operand order
-(docs/FORMAT.md), which the pure twin does not reproduce.
+(docs/FORMAT.md), which the pure twin does not reproduce.  Q8_K is the exception: no
+operation of its sees two NaNs, so both backends give ggml's bytes for NaN blocks too.
+
+ggml's Q8_K leaves the 16 sums of an all-zero block as they were in the destination;
+the oracle's destination is zeroed, so it writes 0 there, as aprfast does.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from aprfast import _quant as q
 from aprfast import backend
 
 F32 = np.float32
-K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K")
 PATHS = q.available_paths()
 
 
@@ -141,7 +146,7 @@ def test_k_quantize_matches_ggml_on_any_bits(ggml, type_name):
     """Random float32 bit patterns: NaN, inf, subnormals, every exponent."""
     bits = np.random.default_rng(zlib.crc32(type_name.encode()) + 1).integers(0, 2**32, 256 * 32, np.uint32)
     x = bits.view(F32).copy()
-    if backend == "python":
+    if backend == "python" and type_name != "Q8_K":
         x[np.isnan(x)] = 0  # (see the module notes)
     assert_same(ours(type_name, x), ggml_quantize(ggml, type_name, x), type_name)
 
@@ -158,9 +163,60 @@ def test_k_quantize_round_trip_and_refusals(type_name):
     qt = aprfast.quantize(x, type_name.lower())
     assert qt.dtype.name == type_name and qt.shape == (4, 256)
     back = aprfast.dequantize(qt)
-    bound = {"Q2_K": 0.8, "Q3_K": 0.4, "Q4_K": 0.2, "Q5_K": 0.1, "Q6_K": 0.05}[type_name]
+    bound = {"Q2_K": 0.8, "Q3_K": 0.4, "Q4_K": 0.2, "Q5_K": 0.1, "Q6_K": 0.05, "Q8_K": 0.005}[type_name]
     assert np.max(np.abs(back - x) / np.max(np.abs(x), axis=1, keepdims=True)) < bound
     with pytest.raises(aprfast.LayoutError, match="multiple of 256"):
         aprfast.quantize(np.zeros((2, 128), F32), type_name)
     with pytest.raises(ValueError, match="block size 256"):
         q.quantize(type_name, np.zeros(300, F32), np.zeros(1000, np.uint8))
+
+
+def q8_k_blocks() -> dict:
+    """Blocks on Q8_K's own edges: which value gives the scale, NaNs with every payload
+    size, infinities next to NaNs, and the int8 wrap of nearest_int's out-of-range values."""
+    base = np.linspace(-1, 1, 256, dtype=F32)
+    nan = np.array([0x7FC00000, 0xFFC00001, 0x7F80007E, 0x7FFFFFFF, 0xFFBFFFFF], np.uint32).view(F32)
+    idx = np.arange(256)
+    return {
+        "tie, positive first": np.where(idx == 10, F32(2), np.where(idx == 20, F32(-2), base)).astype(F32),
+        "tie, negative first": np.where(idx == 10, F32(-2), np.where(idx == 20, F32(2), base)).astype(F32),
+        "NaN payloads": np.where(idx % 50 == 0, np.resize(nan, 256), base).astype(F32),
+        "NaN first": np.concatenate([nan[:1], base[1:]]).astype(F32),
+        "all NaN": np.resize(nan, 256).astype(F32),
+        "NaN and zeros": np.where(idx == 9, nan[3], F32(0)).astype(F32),
+        "inf and NaN": np.where(idx == 3, F32(-np.inf), np.where(idx == 4, nan[1], base)).astype(F32),
+        "-max float and subnormals": np.where(idx == 0, -np.finfo(F32).max, idx.astype(np.uint32).view(F32)),
+        "rounding ties": np.where(idx == 0, F32(-127), (idx % 254).astype(F32) - F32(126.5)).astype(F32),
+    }
+
+
+@pytest.mark.parametrize("block_name", list(q8_k_blocks()))
+def test_q8_k_matches_ggml_on_its_edge_blocks_on_both_backends(ggml, block_name):
+    from aprfast._pure import _quant as pure
+
+    block = q8_k_blocks()[block_name]
+    padded = np.concatenate([random_input(3, 1), block, random_input(4, 1)])
+    for x in (block, padded):
+        want = ggml_quantize(ggml, "Q8_K", x)
+        assert_same(ours("Q8_K", x), want, block_name)
+        out = np.full(want.size, 0xA5, np.uint8)
+        with np.errstate(all="ignore"):
+            pure.quantize("Q8_K", x, out)
+        assert_same(out, want, f"pure {block_name}")
+
+
+def test_q8_k_layout_sums_and_dequantize():
+    """d is an f32 at byte 0, then 256 int8 q, then 16 int16 sums of 16 q each; x ~= d * q."""
+    x = random_input(13, blocks=3)
+    raw = ours("Q8_K", x).reshape(3, 292)
+    d = raw[:, :4].copy().view("<f4")[:, 0]
+    qs = raw[:, 4:260].view(np.int8)
+    sums = raw[:, 260:].copy().view("<i2")
+    assert np.array_equal(sums, qs.astype(np.int64).reshape(3, 16, 16).sum(axis=2))
+    amax_at = np.argmax(np.abs(x.reshape(3, 256)), axis=1)
+    assert np.array_equal(qs[np.arange(3), amax_at], np.full(3, -127))  # the scale's value is -127
+    back = np.empty(x.size, F32)
+    q.dequantize("Q8_K", raw.reshape(-1), back)
+    assert np.array_equal(back.reshape(3, 256), d[:, None] * qs.astype(F32))
+    zero = ours("Q8_K", np.zeros(256, F32))
+    assert not zero.any()

@@ -214,9 +214,10 @@ def quant_inputs(draw):
 @settings(deadline=None)
 def test_quantize_gives_the_compiled_bytes(case):
     name, x = case
-    if name.endswith("_K"):
+    if name.endswith("_K") and name != "Q8_K":
         # Which of two NaNs a K-quant's float operation keeps follows the compiler's operand
-        # order (docs/FORMAT.md); the twin gives the compiled bytes for every other input.
+        # order (docs/FORMAT.md); the twin gives the compiled bytes for every other input
+        # (Q8_K's operations never see two NaNs: NaN blocks are compared too).
         x = np.where(np.isnan(x), np.float32(0), x)
     n = pure_quant.quantized_nbytes(name, x.size)
     ours, theirs = np.full(n, 0xAA, np.uint8), np.full(n, 0x55, np.uint8)

@@ -386,7 +386,7 @@ def test_read_only_out_is_refused():
 
 def test_registry_describes_every_type():
     bpw = {"Q8_0": 8.5, "Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q5_1": 6.0, "Q4_K": 4.5, "Q6_K": 6.5625,
-           "APR_Q4": 4.5, "APR_Q8": 8.0, "Q8_TENSOR": 8.0}
+           "APR_Q4": 4.5, "APR_Q8": 8.0, "Q8_TENSOR": 8.0, "Q8_K": 9.125}
     assert set(bpw) <= set(Q.quant_types())
     for name, bits in bpw.items():
         kind = Q.quant_type(name)

@@ -2,8 +2,8 @@
 the portable kernels of csrc/quant.c as NumPy operations on whole arrays of blocks.
 
 GGML types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 and the K-quants Q2_K,
-Q3_K, Q4_K, Q5_K, Q6_K both ways; the others dequantize only) give the same bytes and floats as
-llama.cpp's gguf-py (ggml's reference C where gguf-py has none: the K-quant quantizers,
+Q3_K, Q4_K, Q5_K, Q6_K, and Q8_K both ways; the others dequantize only) give the same bytes and floats as
+llama.cpp's gguf-py (ggml's reference C where gguf-py has none: the K-quant and Q8_K quantizers,
 Q8_1, Q8_K and Q1_0's dequantizers); the APR types (APR_Q8, APR_Q4,
 APR_FQ8_0, APR_FQ4_0) the same as aprender's Rust code; Q8_TENSOR is aprfast's
 per-tensor int8 with a zero point.  The byte layouts are in csrc/quant.h, the rounding
@@ -43,7 +43,7 @@ _TABLE = {
     "Q2_K": (QK_K, 84, 0, False, True),
     "Q3_K": (QK_K, 110, 0, False, True),
     "Q5_K": (QK_K, 176, 0, False, True),
-    "Q8_K": (QK_K, 292, 0, False, False),
+    "Q8_K": (QK_K, 292, 0, False, True),
     "IQ2_XXS": (QK_K, 66, 0, False, False),
     "IQ2_XS": (QK_K, 74, 0, False, False),
     "IQ3_XXS": (QK_K, 98, 0, False, False),
@@ -519,6 +519,24 @@ def _q6_k_blocks(x):
     return out
 
 
+def _q8_k_blocks(x):
+    """Q8_K (csrc/quantize_ggml.c's notes): d = 1 / (-127 / max), max the first value of
+    the largest |x| (NaN skipped); q = min(127, nearest_int(iscale * x)), its low byte;
+    16 int16 sums of 16 q each; an all-zero block is all zero bytes."""
+    absx = np.where(np.isnan(x), F32(0), np.abs(x))  # NaN never wins the C's `>`
+    amax = absx.max(axis=1)
+    first = np.argmax(absx == amax[:, None], axis=1)  # ties: the first one, as `>` keeps it
+    mx = x[np.arange(x.shape[0]), first]
+    zero = amax == 0
+    iscale = (F32(-127) / np.where(zero, F32(1), mx)).astype(F32)
+    q = (np.minimum(_nearest(iscale[:, None] * x), 127) & 0xFF).astype(np.uint8)
+    sums = q.view(np.int8).astype(np.int64).reshape(-1, 16, 16).sum(axis=2)
+    d = (F32(1) / iscale).astype("<f4")
+    out = np.concatenate([d[:, None].view(np.uint8), q, sums.astype("<i2").view(np.uint8)], axis=1)
+    out[zero] = 0
+    return out
+
+
 def _apr_q4_blocks(x, count):
     """APR_Q4: scale = max|x| / 7 (1.0 if 0) in f32, stored as f16; q from the f32 scale;
     nibbles past ``count`` stay 0."""
@@ -613,7 +631,7 @@ def _q8_tensor(x):
 _BLOCK_QUANTIZERS = {"Q8_0": _q8_0_blocks, "Q4_0": _q4_0_blocks, "Q4_1": _q4_1_blocks, "Q5_0": _q5_0_blocks,
                      "Q5_1": _q5_1_blocks, "TQ1_0": _tq1_0_blocks, "TQ2_0": _tq2_0_blocks, "MXFP4": _mxfp4_blocks,
                      "Q2_K": _q2_k_blocks, "Q3_K": _q3_k_blocks, "Q4_K": _q4_k_blocks, "Q5_K": _q5_k_blocks,
-                     "Q6_K": _q6_k_blocks}
+                     "Q6_K": _q6_k_blocks, "Q8_K": _q8_k_blocks}
 _PARTIAL_QUANTIZERS = {"APR_Q4": _apr_q4_blocks, "APR_FQ8_0": _apr_fq8_0_blocks, "APR_FQ4_0": _apr_fq4_0_blocks}
 
 
@@ -1152,6 +1170,11 @@ def quantize_q6_k(src, out, *, threads=0, path=None):
     _quantize("Q6_K", src, out, threads, path)
 
 
+def quantize_q8_k(src, out, *, threads=0, path=None):
+    """GGML Q8_K (ggml's quantize_row_q8_K_ref, bit for bit; len(src) a multiple of 256; 292 bytes a block)."""
+    _quantize("Q8_K", src, out, threads, path)
+
+
 def quantize_apr_q8(src, out, *, threads=0, path=None):
     """apr-format's AprQ8: f32 scale then one int8 per element (no bytes if empty)."""
     _quantize("APR_Q8", src, out, threads, path)
@@ -1220,7 +1243,7 @@ def quantized_nbytes(type_name, n):
 
 def can_quantize(type_name):
     """True if ``quantize`` supports the type (the APR types and the GGML types with a
-    quantizer: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4, Q4_K, Q5_K, Q6_K)."""
+    quantizer: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K)."""
     return _TABLE[list(TYPES)[_type_id(type_name)]][4]
 
 

@@ -226,9 +226,10 @@ class Q5_K(_Kernel):
 
 
 class Q8_K(_Kernel):
-    """GGML Q8_K super-blocks of 256 with an f32 scale (dequantize only, as ggml)."""
+    """GGML Q8_K super-blocks of 256: an f32 scale d = max/-127, int8 q and 16 sums of 16
+    (ggml's reference quantizer; the int8 side of ggml's K-quant dot products, not a weight type)."""
 
-    name, bits, symmetric = "Q8_K", 8, True
+    name, bits, symmetric, _quantizer = "Q8_K", 8, True, "quantize_q8_k"
 
 
 class IQ2_XXS(_Kernel):
