@@ -3,10 +3,14 @@ tensors become rows of one strided array) and AprFile.get_tensors' batched reads
 
 from __future__ import annotations
 
+import gc
+
+import hostile_builders as hb
 import numpy as np
 import pytest
 
 import aprfast
+from aprfast import RawTensor
 from aprfast.errors import TensorNotFoundError
 from aprfast.files import reader
 
@@ -60,8 +64,8 @@ def test_eager_load_of_interleaved_small_tensors(tmp_path, layout, backend):
 
 
 def test_runs_match_the_mapped_views(tmp_path):
-    """tensors_in over a buffer of the data section gives what views of the map give
-    (the pure twin runs the same test in the suite's pure-backend pass)."""
+    """tensors_in over a buffer of the data section gives what views of the map, made
+    one by one, give (the pure twin runs the same test in the suite's pure-backend pass)."""
     want = _moe(layers=2, experts=5)
     path = tmp_path / "moe.apr"
     aprfast.save_file(want, path)
@@ -72,11 +76,93 @@ def test_runs_match_the_mapped_views(tmp_path):
         got = parsed.entries.tensors_in(parsed.data_start, arena.base, parsed.data_start,
                                         reader._plain_dtypes(parsed.ids), reader._maker_for(parsed.ids))
     with aprfast.open(path) as f:
-        views = f.tensors()
+        views = {name: f.get_tensor(name) for name in f.keys()}
     assert list(got) == list(views)
     for name in views:
         np.testing.assert_array_equal(np.asarray(getattr(got[name], "data", got[name])),
                                       np.asarray(getattr(views[name], "data", views[name])))
+
+
+def _same_view(got, one):
+    """``got`` (from tensors()) is what get_tensor gave as ``one``: the same type, bytes,
+    dtype, shape and flags."""
+    assert type(got) is type(one)
+    if not isinstance(one, np.ndarray):  # QuantizedTensor, RawTensor: same bytes
+        assert got.shape == one.shape and got.dtype == one.dtype
+        assert np.asarray(got.data).tobytes() == np.asarray(one.data).tobytes()
+        return
+    assert got.dtype == one.dtype and got.shape == one.shape and got.strides == one.strides
+    np.testing.assert_array_equal(got, one)
+    assert not got.flags.owndata and got.flags.c_contiguous
+    assert got.flags.writeable == one.flags.writeable
+    if got.nbytes:
+        assert got.ctypes.data == one.ctypes.data  # the same bytes of the map: a view, not a copy
+
+
+@pytest.mark.parametrize("layout", ["aprender", "apr2"])
+def test_mapped_tensors_in_one_pass(tmp_path, layout):
+    """tensors() of a mapped file (load_file's default) builds every view in one pass
+    (_index.Entries.tensors_in over the map): the same views get_tensor makes one by
+    one, read-only, keeping the map alive after the file is closed."""
+    want = _moe(quantized=layout == "apr2")
+    if layout == "apr2":  # one storage under two names
+        want["tied.a"] = want["tied.b"] = np.arange(12, dtype=np.float32).reshape(3, 4)
+    path = tmp_path / "moe.apr"
+    aprfast.save_file(want, path, layout=layout)
+    with aprfast.open(path) as f:
+        views = f.tensors()
+        one_by_one = {name: f.get_tensor(name) for name in f.keys()}
+    assert list(views) == list(one_by_one) == sorted(want)
+    for name in views:
+        _same_view(views[name], one_by_one[name])
+        if isinstance(views[name], np.ndarray):
+            assert not views[name].flags.writeable
+    # rows of one run share one base (compiled: the run's strided array; pure: the map)
+    assert views["l0.experts.0.gate"].base is views["l2.experts.9.gate"].base
+    loaded = aprfast.load_file(path)  # the handle is closed on return
+    del views, one_by_one
+    gc.collect()
+    for name, value in want.items():  # the map lives as long as the arrays do
+        if isinstance(value, aprfast.QuantizedTensor):
+            assert np.asarray(loaded[name].data).tobytes() == np.asarray(value.data).tobytes()
+            continue
+        np.testing.assert_array_equal(loaded[name], value)
+        assert loaded[name].dtype == np.asarray(value).dtype
+    with pytest.raises(ValueError, match="read-only"):
+        loaded["l0.experts.0.gate"][0, 0] = 1
+
+
+def test_tensors_of_a_writable_buffer_are_writable_as_get_tensor_gives_them():
+    want = _moe(layers=1, experts=4, quantized=False)
+    blob = bytearray(aprfast.save(want))
+    with aprfast.open(blob) as f:
+        views = f.tensors()
+        for name in f.keys():
+            _same_view(views[name], f.get_tensor(name))
+    assert views["l0.experts.1.up"].flags.writeable
+    views["l0.experts.1.up"][0, 0] = 7  # the caller's buffer, as get_tensor's view would write
+    with aprfast.open(blob) as f:
+        assert f.get_tensor("l0.experts.1.up")[0, 0] == 7
+        for neighbour in ("l0.experts.0.up", "l0.experts.2.up", "l0.experts.1.gate"):
+            np.testing.assert_array_equal(f.get_tensor(neighbour), want[neighbour])
+
+
+@pytest.mark.parametrize("layout", [hb.APRENDER, hb.APR2])
+def test_mapped_tensors_with_an_unknown_dtype(layout):
+    """An unknown dtype id (unknown_dtypes="raw") between runs of plain tensors: a
+    RawTensor of its bytes, the runs around it views as before."""
+    parts = hb.honest(layout, {f"a{i}": np.full(4, i, np.float32) for i in range(6)})
+    parts.entries.insert(3, hb.Entry("a2x", 200, (3,), len(parts.data), 6))
+    parts.data += hb.pad(b"\x01\x02\x03\x04\x05\x06")
+    data = hb.build(layout, parts)
+    with aprfast.open(data, unknown_dtypes="raw") as f:
+        views = f.tensors()
+        for name in f.keys():
+            _same_view(views[name], f.get_tensor(name))
+    assert isinstance(views["a2x"], RawTensor) and views["a2x"].dtype_id == 200
+    assert views["a2x"].data.tobytes() == b"\x01\x02\x03\x04\x05\x06"
+    assert [views[f"a{i}"][0] for i in range(6)] == list(range(6))
+    assert aprfast.load(data, unknown_dtypes="raw")["a2x"].data.tobytes() == views["a2x"].data.tobytes()
 
 
 def test_twenty_thousand_tensors(tmp_path):
