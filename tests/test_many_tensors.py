@@ -201,6 +201,12 @@ def test_get_tensors_batches_reads(tmp_path, mode, monkeypatch):
             assert len(reads) <= 3  # not one read per tensor
         copies = f.get_tensors(names, copy=True)
         assert all(v.flags.writeable for v in copies.values() if isinstance(v, np.ndarray))
+        assert all(v.ctypes.data % 64 == 0 for v in copies.values() if isinstance(v, np.ndarray) and v.nbytes)
         with pytest.raises(TensorNotFoundError):
             f.get_tensors(["l0.norm", "nope"])
         assert f.get_tensors([]) == {}
+    gc.collect()  # the handle is closed: each array's base keeps its buffer alive
+    for name in ("l1.experts.3.up", "far", "l0.norm"):
+        np.testing.assert_array_equal(copies[name], want[name])
+        if mode != "mmap":
+            np.testing.assert_array_equal(got[name], want[name])

@@ -432,13 +432,22 @@ class AprFile(TensorMapping):
     def _read_span(self, lo, hi, members, names, rows, out) -> None:
         """One read of bytes [lo, hi) and the tensors ``members`` (positions in
         ``names``/``rows``) as views of it."""
-        arena = self._arena(lo, hi - lo)
-        if hi > lo:
-            if self._source.zero_copy:
-                _memory.copy_into(arena, self._mapped()[lo:hi])
-            else:
-                self._source.readinto(lo, arena)
-        buffer, start = _base_and_start(arena)
+        source = self._source
+        # an AlignedBuffer straight away where no direct-I/O placement is needed: the
+        # uint8 array around it and _base_and_start's address arithmetic cost more than
+        # the read of a small tensor
+        if source.zero_copy:
+            buffer, start = _memory.copy_range(self._mapped(), lo, hi - lo, max(self.alignment, 64)), 0
+        elif not source.direct_align:
+            buffer, start = _memory.AlignedBuffer(hi - lo, max(self.alignment, 64),
+                                                  filled_by_read=source.reads_by_pread), 0
+            if hi > lo:
+                source.readinto(lo, buffer)
+        else:
+            arena = self._arena(lo, hi - lo)
+            if hi > lo:
+                source.readinto(lo, arena)
+            buffer, start = _base_and_start(arena)
         for i in members:
             type_id, offset, size, shape = rows[i]
             make = self._makers.get(type_id) or self.array_maker(type_id)
