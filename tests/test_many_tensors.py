@@ -4,15 +4,17 @@ tensors become rows of one strided array) and AprFile.get_tensors' batched reads
 from __future__ import annotations
 
 import gc
+import os
 
 import hostile_builders as hb
 import numpy as np
 import pytest
 
 import aprfast
-from aprfast import RawTensor
-from aprfast.errors import TensorNotFoundError
+from aprfast import RawTensor, _memory
+from aprfast.errors import CorruptError, TensorNotFoundError
 from aprfast.files import reader
+from aprfast.io import sources
 
 
 def _moe(layers=3, experts=10, quantized=True):
@@ -165,6 +167,29 @@ def test_mapped_tensors_with_an_unknown_dtype(layout):
     assert aprfast.load(data, unknown_dtypes="raw")["a2x"].data.tobytes() == views["a2x"].data.tobytes()
 
 
+@pytest.mark.parametrize("kind", ["file", "stream"])
+def test_readinto_many(tmp_path, kind):
+    """Source.readinto_many (get_tensors' buffered reads): each buffer filled from its
+    offset; every range checked before anything is read; a file that shrank is corrupt."""
+    data = bytes(range(256)) * 16
+    path = tmp_path / "bytes"
+    path.write_bytes(data)
+    with open(path, "rb") as fh:
+        source = sources.FileSource(fh.fileno(), str(path)) if kind == "file" else sources.StreamSource(fh)
+        first, second, empty = bytearray(10), _memory.AlignedBuffer(300, 64), bytearray()
+        source.readinto_many([(5, first), (3000, second), (4096, empty)])
+        assert bytes(first) == data[5:15] and bytes(second) == data[3000:3300]
+        untouched = bytearray(4)
+        with pytest.raises(CorruptError):
+            source.readinto_many([(0, untouched), (4090, bytearray(8))])
+        assert untouched == bytearray(4)
+        if kind == "file":
+            os.truncate(path, 100)  # the size checked at open no longer holds
+            with pytest.raises(CorruptError, match="shrank"):
+                source.readinto_many([(0, bytearray(4)), (200, bytearray(8))])
+        source.close()
+
+
 def test_twenty_thousand_tensors(tmp_path):
     rng = np.random.default_rng(1)
     want = {f"e.{i:05d}": rng.standard_normal(int(rng.integers(1, 4)) * 16, dtype=np.float32) for i in range(20000)}
@@ -189,6 +214,9 @@ def test_get_tensors_batches_reads(tmp_path, mode, monkeypatch):
         original = type(source).readinto
         monkeypatch.setattr(type(source), "readinto",
                             lambda self, offset, out, **kw: reads.append(offset) or original(self, offset, out, **kw))
+        many = type(source).readinto_many
+        monkeypatch.setattr(type(source), "readinto_many",
+                            lambda self, pieces: reads.extend(o for o, _ in pieces) or many(self, pieces))
         got = f.get_tensors(names)
         assert list(got) == ["l1.experts.3.up", "far", "l0.norm", "scalar", "q"]
         for name in got:
