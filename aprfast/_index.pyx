@@ -15,6 +15,7 @@ import numpy as np
 from collections.abc import Mapping, Sequence
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.dict cimport PyDict_SetItem
 from cpython.list cimport PyList_GET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 cimport cython
@@ -22,6 +23,19 @@ from libc.stdint cimport int8_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
 from .errors import CorruptError, LimitError, UnknownDTypeError, VersionError
+
+cdef extern from *:
+    """
+    /* a dict with room for n entries from the start: no rehash while an eager load
+       fills it (CPython's _PyDict_NewPresized, as Cython's own dict literals use) */
+    #if CYTHON_COMPILING_IN_CPYTHON && !CYTHON_COMPILING_IN_LIMITED_API
+    #define apr_dict_presized(n) ((n) <= 8 ? PyDict_New() : _PyDict_NewPresized(n))
+    #else
+    #define apr_dict_presized(n) PyDict_New()
+    #endif
+    """
+    dict apr_dict_presized(Py_ssize_t n)
+
 
 # Size rules per dtype id (see aprfast.dtypes.DType.nbytes).
 cdef enum:
@@ -432,7 +446,7 @@ cdef class Entries:
         tensors and other dtype ids go through ``make_one(type_id, shape, buffer, start,
         size)``, one by one.
         """
-        cdef Py_ssize_t i, j, k, P, s = 0, q, nl, n = self.count, nruns = 0
+        cdef Py_ssize_t i, j, k, P, s = 0, q, nl, n = self.count
         cdef int64_t d
         cdef const uint8_t *p = self._p
         cdef bint plain[256]
@@ -440,7 +454,7 @@ cdef class Entries:
             plain[k] = k in dtypes
         cols = np.empty((max(n, 1), 7), np.int64)
         # per entry: its start in the index, key length (0: not chainable), offset, size,
-        # next in chain (-1), previous in chain (-1), run << 32 | position
+        # next in chain (-1), previous in chain (-1), unused (same_key reads rows of 7)
         cdef int64_t[:, ::1] e = cols
         cdef const int64_t *E = &e[0, 0]
         for i in range(n):
@@ -478,28 +492,26 @@ cdef class Entries:
                     e[i, 4] = j
                     e[j, 5] = i
                     break
-        # runs: each chain from its head; everything else a run of one
-        heads = []
+        # runs: each chain from its head (a row of one strided array each), everything
+        # else alone; every tensor lands in ``made`` at its index position, then the dict
+        # (sized for n at once) takes them in index order
+        cdef list made = [None] * n
+        cdef list rows
+        cdef Py_ssize_t count
         for i in range(n):
             if e[i, 5] >= 0:
                 continue
-            k = 0
-            j = i
-            while j >= 0:
-                e[j, 6] = (<int64_t>nruns << 32) | k
-                k += 1
-                j = e[j, 4]
-            heads.append((i, k))
-            nruns += 1
-        made = [None] * nruns
-        for r in range(nruns):
-            i, count = heads[r]
             s = e[i, 0]
             type_id = p[s + 2 + name_len_at(p, s)]
             shape = shape_at(p, s)
-            if count == 1:
-                made[r] = [make_one(type_id, shape, buffer, e[i, 2], e[i, 3])]
+            if e[i, 4] < 0:
+                made[i] = make_one(type_id, shape, buffer, e[i, 2], e[i, 3])
                 continue
+            count = 0
+            j = i
+            while j >= 0:
+                count += 1
+                j = e[j, 4]
             dtype = dtypes[type_id]
             inner = []
             step = dtype.itemsize
@@ -507,16 +519,17 @@ cdef class Entries:
                 inner.append(step)
                 step *= dim
             stride = e[e[i, 4], 2] - e[i, 2]
-            whole = np.ndarray((count,) + shape, dtype, buffer, e[i, 2], (stride,) + tuple(reversed(inner)))
-            made[r] = list(whole)
-        out = {}
+            rows = list(np.ndarray((count,) + shape, dtype, buffer, e[i, 2], (stride,) + tuple(reversed(inner))))
+            k = 0
+            j = i
+            while j >= 0:
+                made[j] = <object>PyList_GET_ITEM(rows, k)
+                k += 1
+                j = e[j, 4]
+        cdef dict out = apr_dict_presized(n)
         s = 0
-        cdef int64_t where
-        cdef object row
         for i in range(n):
-            where = e[i, 6]
-            row = <object>PyList_GET_ITEM(<list>made[<Py_ssize_t>(where >> 32)], <Py_ssize_t>(where & 0xFFFFFFFF))
-            out[name_at(p, s)] = row
+            PyDict_SetItem(out, name_at(p, s), <object>PyList_GET_ITEM(made, i))
             s = next_entry(p, s, self._tail)
         return out
 

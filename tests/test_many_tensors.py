@@ -3,12 +3,18 @@ tensors become rows of one strided array) and AprFile.get_tensors' batched reads
 
 from __future__ import annotations
 
+import gc
+import os
+
+import hostile_builders as hb
 import numpy as np
 import pytest
 
 import aprfast
-from aprfast.errors import TensorNotFoundError
+from aprfast import RawTensor, _memory
+from aprfast.errors import CorruptError, TensorNotFoundError
 from aprfast.files import reader
+from aprfast.io import sources
 
 
 def _moe(layers=3, experts=10, quantized=True):
@@ -60,8 +66,8 @@ def test_eager_load_of_interleaved_small_tensors(tmp_path, layout, backend):
 
 
 def test_runs_match_the_mapped_views(tmp_path):
-    """tensors_in over a buffer of the data section gives what views of the map give
-    (the pure twin runs the same test in the suite's pure-backend pass)."""
+    """tensors_in over a buffer of the data section gives what views of the map, made
+    one by one, give (the pure twin runs the same test in the suite's pure-backend pass)."""
     want = _moe(layers=2, experts=5)
     path = tmp_path / "moe.apr"
     aprfast.save_file(want, path)
@@ -72,11 +78,116 @@ def test_runs_match_the_mapped_views(tmp_path):
         got = parsed.entries.tensors_in(parsed.data_start, arena.base, parsed.data_start,
                                         reader._plain_dtypes(parsed.ids), reader._maker_for(parsed.ids))
     with aprfast.open(path) as f:
-        views = f.tensors()
+        views = {name: f.get_tensor(name) for name in f.keys()}
     assert list(got) == list(views)
     for name in views:
         np.testing.assert_array_equal(np.asarray(getattr(got[name], "data", got[name])),
                                       np.asarray(getattr(views[name], "data", views[name])))
+
+
+def _same_view(got, one):
+    """``got`` (from tensors()) is what get_tensor gave as ``one``: the same type, bytes,
+    dtype, shape and flags."""
+    assert type(got) is type(one)
+    if not isinstance(one, np.ndarray):  # QuantizedTensor, RawTensor: same bytes
+        assert got.shape == one.shape and got.dtype == one.dtype
+        assert np.asarray(got.data).tobytes() == np.asarray(one.data).tobytes()
+        return
+    assert got.dtype == one.dtype and got.shape == one.shape and got.strides == one.strides
+    np.testing.assert_array_equal(got, one)
+    assert not got.flags.owndata and got.flags.c_contiguous
+    assert got.flags.writeable == one.flags.writeable
+    if got.nbytes:
+        assert got.ctypes.data == one.ctypes.data  # the same bytes of the map: a view, not a copy
+
+
+@pytest.mark.parametrize("layout", ["aprender", "apr2"])
+def test_mapped_tensors_in_one_pass(tmp_path, layout):
+    """tensors() of a mapped file (load_file's default) builds every view in one pass
+    (_index.Entries.tensors_in over the map): the same views get_tensor makes one by
+    one, read-only, keeping the map alive after the file is closed."""
+    want = _moe(quantized=layout == "apr2")
+    if layout == "apr2":  # one storage under two names
+        want["tied.a"] = want["tied.b"] = np.arange(12, dtype=np.float32).reshape(3, 4)
+    path = tmp_path / "moe.apr"
+    aprfast.save_file(want, path, layout=layout)
+    with aprfast.open(path) as f:
+        views = f.tensors()
+        one_by_one = {name: f.get_tensor(name) for name in f.keys()}
+    assert list(views) == list(one_by_one) == sorted(want)
+    for name in views:
+        _same_view(views[name], one_by_one[name])
+        if isinstance(views[name], np.ndarray):
+            assert not views[name].flags.writeable
+    # rows of one run share one base (compiled: the run's strided array; pure: the map)
+    assert views["l0.experts.0.gate"].base is views["l2.experts.9.gate"].base
+    loaded = aprfast.load_file(path)  # the handle is closed on return
+    del views, one_by_one
+    gc.collect()
+    for name, value in want.items():  # the map lives as long as the arrays do
+        if isinstance(value, aprfast.QuantizedTensor):
+            assert np.asarray(loaded[name].data).tobytes() == np.asarray(value.data).tobytes()
+            continue
+        np.testing.assert_array_equal(loaded[name], value)
+        assert loaded[name].dtype == np.asarray(value).dtype
+    with pytest.raises(ValueError, match="read-only"):
+        loaded["l0.experts.0.gate"][0, 0] = 1
+
+
+def test_tensors_of_a_writable_buffer_are_writable_as_get_tensor_gives_them():
+    want = _moe(layers=1, experts=4, quantized=False)
+    blob = bytearray(aprfast.save(want))
+    with aprfast.open(blob) as f:
+        views = f.tensors()
+        for name in f.keys():
+            _same_view(views[name], f.get_tensor(name))
+    assert views["l0.experts.1.up"].flags.writeable
+    views["l0.experts.1.up"][0, 0] = 7  # the caller's buffer, as get_tensor's view would write
+    with aprfast.open(blob) as f:
+        assert f.get_tensor("l0.experts.1.up")[0, 0] == 7
+        for neighbour in ("l0.experts.0.up", "l0.experts.2.up", "l0.experts.1.gate"):
+            np.testing.assert_array_equal(f.get_tensor(neighbour), want[neighbour])
+
+
+@pytest.mark.parametrize("layout", [hb.APRENDER, hb.APR2])
+def test_mapped_tensors_with_an_unknown_dtype(layout):
+    """An unknown dtype id (unknown_dtypes="raw") between runs of plain tensors: a
+    RawTensor of its bytes, the runs around it views as before."""
+    parts = hb.honest(layout, {f"a{i}": np.full(4, i, np.float32) for i in range(6)})
+    parts.entries.insert(3, hb.Entry("a2x", 200, (3,), len(parts.data), 6))
+    parts.data += hb.pad(b"\x01\x02\x03\x04\x05\x06")
+    data = hb.build(layout, parts)
+    with aprfast.open(data, unknown_dtypes="raw") as f:
+        views = f.tensors()
+        for name in f.keys():
+            _same_view(views[name], f.get_tensor(name))
+    assert isinstance(views["a2x"], RawTensor) and views["a2x"].dtype_id == 200
+    assert views["a2x"].data.tobytes() == b"\x01\x02\x03\x04\x05\x06"
+    assert [views[f"a{i}"][0] for i in range(6)] == list(range(6))
+    assert aprfast.load(data, unknown_dtypes="raw")["a2x"].data.tobytes() == views["a2x"].data.tobytes()
+
+
+@pytest.mark.parametrize("kind", ["file", "stream"])
+def test_readinto_many(tmp_path, kind):
+    """Source.readinto_many (get_tensors' buffered reads): each buffer filled from its
+    offset; every range checked before anything is read; a file that shrank is corrupt."""
+    data = bytes(range(256)) * 16
+    path = tmp_path / "bytes"
+    path.write_bytes(data)
+    with open(path, "rb") as fh:
+        source = sources.FileSource(fh.fileno(), str(path)) if kind == "file" else sources.StreamSource(fh)
+        first, second, empty = bytearray(10), _memory.AlignedBuffer(300, 64), bytearray()
+        source.readinto_many([(5, first), (3000, second), (4096, empty)])
+        assert bytes(first) == data[5:15] and bytes(second) == data[3000:3300]
+        untouched = bytearray(4)
+        with pytest.raises(CorruptError):
+            source.readinto_many([(0, untouched), (4090, bytearray(8))])
+        assert untouched == bytearray(4)
+        if kind == "file":
+            os.truncate(path, 100)  # the size checked at open no longer holds
+            with pytest.raises(CorruptError, match="shrank"):
+                source.readinto_many([(0, bytearray(4)), (200, bytearray(8))])
+        source.close()
 
 
 def test_twenty_thousand_tensors(tmp_path):
@@ -103,6 +214,9 @@ def test_get_tensors_batches_reads(tmp_path, mode, monkeypatch):
         original = type(source).readinto
         monkeypatch.setattr(type(source), "readinto",
                             lambda self, offset, out, **kw: reads.append(offset) or original(self, offset, out, **kw))
+        many = type(source).readinto_many
+        monkeypatch.setattr(type(source), "readinto_many",
+                            lambda self, pieces: reads.extend(o for o, _ in pieces) or many(self, pieces))
         got = f.get_tensors(names)
         assert list(got) == ["l1.experts.3.up", "far", "l0.norm", "scalar", "q"]
         for name in got:
@@ -115,6 +229,12 @@ def test_get_tensors_batches_reads(tmp_path, mode, monkeypatch):
             assert len(reads) <= 3  # not one read per tensor
         copies = f.get_tensors(names, copy=True)
         assert all(v.flags.writeable for v in copies.values() if isinstance(v, np.ndarray))
+        assert all(v.ctypes.data % 64 == 0 for v in copies.values() if isinstance(v, np.ndarray) and v.nbytes)
         with pytest.raises(TensorNotFoundError):
             f.get_tensors(["l0.norm", "nope"])
         assert f.get_tensors([]) == {}
+    gc.collect()  # the handle is closed: each array's base keeps its buffer alive
+    for name in ("l1.experts.3.up", "far", "l0.norm"):
+        np.testing.assert_array_equal(copies[name], want[name])
+        if mode != "mmap":
+            np.testing.assert_array_equal(got[name], want[name])

@@ -415,34 +415,54 @@ class AprFile(TensorMapping):
             return {name: self.get_tensor(name, copy) for name in names}
         out = dict.fromkeys(names)
         order = sorted(range(len(rows)), key=lambda i: rows[i][1])
+        spans = []  # (lo, hi, positions in names/rows): one read each
         span = []
         lo = hi = None
         for i in order:
             offset, size = rows[i][1], rows[i][2]
             if span and offset - hi > _BATCH_GAP:
-                self._read_span(lo, hi, span, names, rows, out)
+                spans.append((lo, hi, span))
                 span = []
             if not span:
                 lo = hi = offset
             span.append(i)
             hi = max(hi, offset + size)
-        self._read_span(lo, hi, span, names, rows, out)
+        spans.append((lo, hi, span))
+        source = self._source
+        if source.zero_copy or source.direct_align:
+            for lo, hi, members in spans:
+                self._read_span(lo, hi, members, names, rows, out)
+            return out
+        # buffered reads: an AlignedBuffer per span and one call into the source for all
+        # of them (spread tensors are a read each: the per-read Python work is what counts)
+        alignment = max(self.alignment, 64)
+        buffers = [_memory.AlignedBuffer(hi - lo, alignment, filled_by_read=source.reads_by_pread)
+                   for lo, hi, _members in spans]
+        source.readinto_many([(lo, buffer) for (lo, hi, _members), buffer in zip(spans, buffers) if hi > lo])
+        for (lo, _hi, members), buffer in zip(spans, buffers):
+            self._place(buffer, -lo, members, names, rows, out)
         return out
 
     def _read_span(self, lo, hi, members, names, rows, out) -> None:
         """One read of bytes [lo, hi) and the tensors ``members`` (positions in
         ``names``/``rows``) as views of it."""
-        arena = self._arena(lo, hi - lo)
+        if self._source.zero_copy:  # a copy from the map, into an AlignedBuffer straight away
+            self._place(_memory.copy_range(self._mapped(), lo, hi - lo, max(self.alignment, 64)), -lo,
+                        members, names, rows, out)
+            return
+        arena = self._arena(lo, hi - lo)  # placed for direct I/O
         if hi > lo:
-            if self._source.zero_copy:
-                _memory.copy_into(arena, self._mapped()[lo:hi])
-            else:
-                self._source.readinto(lo, arena)
+            self._source.readinto(lo, arena)
         buffer, start = _base_and_start(arena)
+        self._place(buffer, start - lo, members, names, rows, out)
+
+    def _place(self, buffer, shift, members, names, rows, out) -> None:
+        """The tensors ``members`` as views of ``buffer``, file offset ``o`` at its byte
+        ``o + shift``."""
         for i in members:
             type_id, offset, size, shape = rows[i]
             make = self._makers.get(type_id) or self.array_maker(type_id)
-            out[names[i]] = make(shape, buffer, start + offset - lo, size)
+            out[names[i]] = make(shape, buffer, offset + shift, size)
 
     def _table(self, name):
         """The checked block-table header of a compressed tensor (read once)."""
@@ -539,7 +559,14 @@ class AprFile(TensorMapping):
             ...     f.tensors(copy=True)
             {'w': array([0., 0.], dtype=float32)}
         """
-        return {name: self.get_tensor(name, copy) for name in self._file.names}
+        f = self._file
+        if not copy and self._source.zero_copy and f.security is None and not getattr(f.entries, "compressed", 0) \
+                and hasattr(f.entries, "tensors_in"):
+            # views of the map, O(1) Python work per tensor (what load_file's default
+            # returns): as get_tensor gives them, read-only unless the buffer is writable
+            return f.entries.tensors_in(f.data_start, self._mapped(), 0, _plain_dtypes(f.ids),
+                                        _maker_for(f.ids))
+        return {name: self.get_tensor(name, copy) for name in f.names}
 
     # --- integrity and lifetime ---------------------------------------------------
     def verify(self) -> None:

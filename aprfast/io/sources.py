@@ -99,6 +99,16 @@ class Source:
         finally:
             self._leave()
 
+    def readinto_many(self, pieces) -> None:
+        """Fill the writable byte buffer of each ``(offset, out)`` of ``pieces`` from its
+        offset, as :meth:`readinto` does (no CRC): the batched reads of
+        ``get_tensors``.  Every range is checked before anything is read."""
+        pieces = list(pieces)
+        for offset, out in pieces:
+            self.check_range(offset, memoryview(out).nbytes)
+        for offset, out in pieces:
+            self.readinto(offset, out)
+
     def _readinto(self, offset, out, threads, crc):
         _memory.copy_into(out, self._read(offset, out.nbytes), threads)
         return None if crc is None else crc32(out, crc, threads=threads)
@@ -269,6 +279,32 @@ class FileSource(Source):
             if self._direct is not None:
                 return self._direct.readinto(offset, out, threads, crc)
             return _memory.pread_into(self._fd, offset, out, threads, crc)
+
+    def readinto_many(self, pieces) -> None:
+        """:meth:`Source.readinto_many` with one entry into the source and a ``pread``
+        each, without readinto's per-call Python work (direct I/O reads piece by piece)."""
+        if self._direct is not None:
+            return super().readinto_many(pieces)
+        views = []
+        for offset, out in pieces:  # every range checked before anything is read
+            view = memoryview(out)
+            if view.format != "B" or view.ndim != 1:
+                view = view.cast("B")
+            self.check_range(offset, view.nbytes)
+            views.append((offset, view))
+        self._enter()
+        try:
+            offset = n = 0
+            try:
+                for offset, view in views:
+                    n = view.nbytes
+                    _memory.pread_into(self._fd, offset, view, 1, None)
+            except (EOFError, OSError):
+                with _read_errors(self.path, n, offset):
+                    raise
+        finally:
+            self._leave()
+        return None
 
     @property
     def direct_how(self) -> str | None:
