@@ -51,20 +51,6 @@
 /* ------------------------------------------------------------------------ */
 /* Bytes and bits.                                                          */
 
-static inline uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static inline float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 static inline uint16_t load_u16le(const uint8_t *p)
 {
     return (uint16_t)(p[0] | (unsigned)p[1] << 8);

@@ -29,13 +29,6 @@
 #define QK 32
 #define QK_K 256
 
-static inline float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 static inline uint16_t load_u16le(const uint8_t *p)
 {
     return (uint16_t)(p[0] | p[1] << 8);
@@ -59,13 +52,6 @@ static inline float f16_to_f32(uint16_t h)
         return bits_f32(sign | (exp + 112u) << 23 | mant << 13);
     float v = (float)mant * 5.9604644775390625e-8f;
     return sign ? -v : v;
-}
-
-static inline uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
 }
 
 /* v * (negative ? -1.0f : 1.0f) as the hardware multiplies: the sign flips

@@ -36,20 +36,6 @@
 #define HALF_BITS 0x3f000000u
 #define F16_DEFAULT_NAN 0x7e00u
 
-static inline uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static inline float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 static inline uint32_t abs_bits(float x)
 {
     return f32_bits(x) & 0x7fffffffu;
@@ -361,149 +347,86 @@ static inline int clamp_int(int v, int lo, int hi)
 }
 
 /* Asymmetric levels 0..nmax for n values with weights w: scale and offset by a
- * weighted least-squares search over nstep + 1 trial inverse scales
- * (ggml's make_qkx2_quants with use_mad false).  Returns the scale; *neg_min is
- * minus the offset (>= 0 unless the search made it so). */
-static float fit_levels_with_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
-                                 float rmin, float rdelta, int nstep)
-{
-    uint8_t trial[32];
-    float lo = x[0], hi = x[0];
-    float sum_w = w[0];
-    float sum_x = sum_w * x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] < lo)
-            lo = x[i];
-        if (x[i] > hi)
-            hi = x[i];
-        sum_w += w[i];
-        sum_x += w[i] * x[i];
-    }
-    if (lo > 0)
-        lo = 0;
-    if (hi == lo) {
-        memset(L, 0, (size_t)n);
-        *neg_min = -lo;
-        return 0.0f;
-    }
-    float iscale = (float)nmax / (hi - lo);
-    float scale = 1 / iscale;
-    float best = 0;
-    for (int i = 0; i < n; i++) {
-        int l = clamp_int(nearest_int(iscale * (x[i] - lo)), 0, nmax);
-        L[i] = (uint8_t)l;
-        float diff = scale * (float)L[i] + lo - x[i];
-        diff = diff * diff;
-        best += w[i] * diff;
-    }
-    for (int step = 0; step <= nstep; step++) {
-        iscale = (rmin + rdelta * (float)step + (float)nmax) / (hi - lo);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; i++) {
-            int l = clamp_int(nearest_int(iscale * (x[i] - lo)), 0, nmax);
-            trial[i] = (uint8_t)l;
-            float fl = (float)l;
-            sum_l += w[i] * fl;
-            sum_l2 += w[i] * fl * fl;
-            sum_xl += w[i] * fl * x[i];
-        }
-        float det = sum_w * sum_l2 - sum_l * sum_l;
-        if (det > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
-            }
-            float err = 0;
-            for (int i = 0; i < n; i++) {
-                float diff = this_scale * (float)trial[i] + this_min - x[i];
-                diff = diff * diff;
-                err += w[i] * diff;
-            }
-            if (err < best) {
-                memcpy(L, trial, (size_t)n);
-                best = err;
-                scale = this_scale;
-                lo = this_min;
-            }
-        }
-    }
-    *neg_min = -lo;
-    return scale;
+ * weighted least-squares search over nstep + 1 trial inverse scales (ggml's
+ * make_qkx2_quants; ERROR is the per-value error: squared without use_mad, Q4_K/Q5_K's,
+ * absolute with it, Q2_K's).  Returns the scale; *neg_min is minus the offset (>= 0
+ * unless the search made it so).  Two functions from one body rather than a flag:
+ * which NaN a float operation keeps depends on the code the compiler makes
+ * (docs/FORMAT.md), and a runtime flag changed Q5_K's bytes for NaN inputs. */
+#define SQUARED_ERROR(d) ((d) * (d))
+#define ABSOLUTE_ERROR(d) fabsf(d)
+#define DEFINE_FIT_LEVELS_WITH_MIN(NAME, ERROR)                                                                                     \
+static float NAME(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min, float rmin, float rdelta, int nstep) \
+{                                                                                                                                   \
+    uint8_t trial[32];                                                                                                              \
+    float lo = x[0], hi = x[0];                                                                                                     \
+    float sum_w = w[0];                                                                                                             \
+    float sum_x = sum_w * x[0];                                                                                                     \
+    for (int i = 1; i < n; i++) {                                                                                                   \
+        if (x[i] < lo)                                                                                                              \
+            lo = x[i];                                                                                                              \
+        if (x[i] > hi)                                                                                                              \
+            hi = x[i];                                                                                                              \
+        sum_w += w[i];                                                                                                              \
+        sum_x += w[i] * x[i];                                                                                                       \
+    }                                                                                                                               \
+    if (lo > 0)                                                                                                                     \
+        lo = 0;                                                                                                                     \
+    if (hi == lo) {                                                                                                                 \
+        memset(L, 0, (size_t)n);                                                                                                    \
+        *neg_min = -lo;                                                                                                             \
+        return 0.0f;                                                                                                                \
+    }                                                                                                                               \
+    float iscale = (float)nmax / (hi - lo);                                                                                         \
+    float scale = 1 / iscale;                                                                                                       \
+    float best = 0;                                                                                                                 \
+    for (int i = 0; i < n; i++) {                                                                                                   \
+        int l = clamp_int(nearest_int(iscale * (x[i] - lo)), 0, nmax);                                                              \
+        L[i] = (uint8_t)l;                                                                                                          \
+        float diff = scale * (float)L[i] + lo - x[i];                                                                               \
+        diff = ERROR(diff);                                                                                                         \
+        best += w[i] * diff;                                                                                                        \
+    }                                                                                                                               \
+    for (int step = 0; step <= nstep; step++) {                                                                                     \
+        iscale = (rmin + rdelta * (float)step + (float)nmax) / (hi - lo);                                                           \
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;                                                                                    \
+        for (int i = 0; i < n; i++) {                                                                                               \
+            int l = clamp_int(nearest_int(iscale * (x[i] - lo)), 0, nmax);                                                          \
+            trial[i] = (uint8_t)l;                                                                                                  \
+            float fl = (float)l;                                                                                                    \
+            sum_l += w[i] * fl;                                                                                                     \
+            sum_l2 += w[i] * fl * fl;                                                                                               \
+            sum_xl += w[i] * fl * x[i];                                                                                             \
+        }                                                                                                                           \
+        float det = sum_w * sum_l2 - sum_l * sum_l;                                                                                 \
+        if (det > 0) {                                                                                                              \
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;                                                              \
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;                                                               \
+            if (this_min > 0) {                                                                                                     \
+                this_min = 0;                                                                                                       \
+                this_scale = sum_xl / sum_l2;                                                                                       \
+            }                                                                                                                       \
+            float err = 0;                                                                                                          \
+            for (int i = 0; i < n; i++) {                                                                                           \
+                float diff = this_scale * (float)trial[i] + this_min - x[i];                                                        \
+                diff = ERROR(diff);                                                                                                 \
+                err += w[i] * diff;                                                                                                 \
+            }                                                                                                                       \
+            if (err < best) {                                                                                                       \
+                memcpy(L, trial, (size_t)n);                                                                                        \
+                best = err;                                                                                                         \
+                scale = this_scale;                                                                                                 \
+                lo = this_min;                                                                                                      \
+            }                                                                                                                       \
+        }                                                                                                                           \
+    }                                                                                                                               \
+    *neg_min = -lo;                                                                                                                 \
+    return scale;                                                                                                                   \
 }
 
-/* fit_levels_with_min by weighted absolute error (make_qkx2_quants with use_mad, Q2_K's).
- * A copy rather than a flag: which NaN a float operation keeps depends on the code the
- * compiler makes (docs/FORMAT.md), and a flag changed Q5_K's for NaN inputs. */
-static float fit_levels_with_min_abs(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
-                                     float rmin, float rdelta, int nstep)
-{
-    uint8_t trial[32];
-    float lo = x[0], hi = x[0];
-    float sum_w = w[0];
-    float sum_x = sum_w * x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] < lo)
-            lo = x[i];
-        if (x[i] > hi)
-            hi = x[i];
-        sum_w += w[i];
-        sum_x += w[i] * x[i];
-    }
-    if (lo > 0)
-        lo = 0;
-    if (hi == lo) {
-        memset(L, 0, (size_t)n);
-        *neg_min = -lo;
-        return 0.0f;
-    }
-    float iscale = (float)nmax / (hi - lo);
-    float scale = 1 / iscale;
-    float best = 0;
-    for (int i = 0; i < n; i++) {
-        int l = clamp_int(nearest_int(iscale * (x[i] - lo)), 0, nmax);
-        L[i] = (uint8_t)l;
-        float diff = scale * (float)L[i] + lo - x[i];
-        diff = fabsf(diff);
-        best += w[i] * diff;
-    }
-    for (int step = 0; step <= nstep; step++) {
-        iscale = (rmin + rdelta * (float)step + (float)nmax) / (hi - lo);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; i++) {
-            int l = clamp_int(nearest_int(iscale * (x[i] - lo)), 0, nmax);
-            trial[i] = (uint8_t)l;
-            float fl = (float)l;
-            sum_l += w[i] * fl;
-            sum_l2 += w[i] * fl * fl;
-            sum_xl += w[i] * fl * x[i];
-        }
-        float det = sum_w * sum_l2 - sum_l * sum_l;
-        if (det > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
-            }
-            float err = 0;
-            for (int i = 0; i < n; i++) {
-                float diff = this_scale * (float)trial[i] + this_min - x[i];
-                diff = fabsf(diff);
-                err += w[i] * diff;
-            }
-            if (err < best) {
-                memcpy(L, trial, (size_t)n);
-                best = err;
-                scale = this_scale;
-                lo = this_min;
-            }
-        }
-    }
-    *neg_min = -lo;
-    return scale;
-}
+DEFINE_FIT_LEVELS_WITH_MIN(fit_levels_with_min, SQUARED_ERROR)
+DEFINE_FIT_LEVELS_WITH_MIN(fit_levels_with_min_abs, ABSOLUTE_ERROR)
+
 
 /* Symmetric levels -nmax..nmax-1 (stored + nmax) for n values, weighted by x^2:
  * the scale of the best of 19 trial inverse scales around -nmax / max (ggml's
