@@ -185,19 +185,25 @@ def _q4_0_blocks(x):
     return np.concatenate([_u16_bytes(_f16(d)), _pack_split(q)], axis=1)
 
 
-def _q4_1_blocks(x):
+def _blocks_with_min(x, levels, quant, pack):
+    """Q4_1 / Q5_1: d = (max - min) / levels and m = min per block (the default NaN for
+    both in a block holding a NaN, whose quants are 0), quants ``quant((x - m) / d + 0.5)``."""
     nan = _abs_bits(x).max(axis=1) > INF_BITS
     clean = np.where(nan[:, None], F32(0), x)
     rows = np.arange(x.shape[0])
     # The first element equal to the extreme (llama.cpp's strict compares): only a zero's sign depends on it.
     lo = clean[rows, (clean == clean.min(axis=1)[:, None]).argmax(axis=1)]
     hi = clean[rows, (clean == clean.max(axis=1)[:, None]).argmax(axis=1)]
-    d = (hi - lo) / F32(15)
-    q = _numpy_nibble((clean - lo[:, None]) * _inv(d)[:, None] + F32(0.5))
+    d = (hi - lo) / F32(levels)
+    q = quant((clean - lo[:, None]) * _inv(d)[:, None] + F32(0.5))
     q[nan] = 0
     dh = np.where(nan, F16_DEFAULT_NAN, _f16(d))
     mh = np.where(nan, F16_DEFAULT_NAN, _f16(lo))
-    return np.concatenate([_u16_bytes(dh), _u16_bytes(mh), _pack_split(q)], axis=1)
+    return np.concatenate([_u16_bytes(dh), _u16_bytes(mh), pack(q)], axis=1)
+
+
+def _q4_1_blocks(x):
+    return _blocks_with_min(x, 15, _numpy_nibble, _pack_split)
 
 
 def _numpy_q5(t):
@@ -219,17 +225,7 @@ def _q5_0_blocks(x):
 
 
 def _q5_1_blocks(x):
-    nan = _abs_bits(x).max(axis=1) > INF_BITS
-    clean = np.where(nan[:, None], F32(0), x)
-    rows = np.arange(x.shape[0])
-    lo = clean[rows, (clean == clean.min(axis=1)[:, None]).argmax(axis=1)]
-    hi = clean[rows, (clean == clean.max(axis=1)[:, None]).argmax(axis=1)]
-    d = (hi - lo) / F32(31)
-    q = _numpy_q5((clean - lo[:, None]) * _inv(d)[:, None] + F32(0.5))
-    q[nan] = 0
-    dh = np.where(nan, F16_DEFAULT_NAN, _f16(d))
-    mh = np.where(nan, F16_DEFAULT_NAN, _f16(lo))
-    return np.concatenate([_u16_bytes(dh), _u16_bytes(mh), _pack_q5(q)], axis=1)
+    return _blocks_with_min(x, 31, _numpy_q5, _pack_q5)
 
 
 def _ternary(x):
