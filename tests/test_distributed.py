@@ -44,13 +44,23 @@ class _Counter:
         self.bytes = 0
 
     def install(self, setattr_):
+        """Count what a FileSource reads: ``_readinto`` and the batched ``readinto_many``
+        (get_tensors' spans), which preads without it."""
         original = sources.FileSource._readinto
+        original_many = sources.FileSource.readinto_many
 
         def counting(source, offset, out, threads, crc):
             self.bytes += out.nbytes
             return original(source, offset, out, threads, crc)
 
+        def counting_many(source, pieces):
+            pieces = list(pieces)
+            if source._direct is None:  # else each piece goes through _readinto, counted there
+                self.bytes += sum(memoryview(out).nbytes for _, out in pieces)
+            return original_many(source, pieces)
+
         setattr_(sources.FileSource, "_readinto", counting)
+        setattr_(sources.FileSource, "readinto_many", counting_many)
 
 
 def _sharded_model(tmp_path):
@@ -223,12 +233,12 @@ def _rank_worker(rank, world_size, port, path, out_dir):
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         counter = _Counter()
-        original = sources.FileSource._readinto
+        original, original_many = sources.FileSource._readinto, sources.FileSource.readinto_many
         counter.install(lambda obj, name, value: setattr(obj, name, value))
         try:
             parts = load_shard(path, rules=MODEL_RULES, framework="pt", mode="pread")
         finally:
-            sources.FileSource._readinto = original
+            sources.FileSource._readinto, sources.FileSource.readinto_many = original, original_many
         full = aprfast.load_file(path)
         checked = []
         for name, value in parts.items():
