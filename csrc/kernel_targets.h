@@ -45,4 +45,34 @@ static inline float bits_f32(uint32_t u)
     return f;
 }
 
+/* Little-endian fields of the block structs, and |x| as bits (NaN above 0x7f800000). */
+static inline uint16_t load_u16le(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (unsigned)p[1] << 8);
+}
+
+static inline uint32_t load_u32le(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline void store_u16le(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static inline void store_u32le(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static inline uint32_t abs_bits(float x)
+{
+    return f32_bits(x) & 0x7fffffffu;
+}
+
 #endif /* APR_KERNEL_TARGETS_H */

@@ -49,33 +49,6 @@
 #define QK_K 256  /* elements in a K-quant super-block */
 
 /* ------------------------------------------------------------------------ */
-/* Bytes and bits.                                                          */
-
-static inline uint16_t load_u16le(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (unsigned)p[1] << 8);
-}
-
-static inline uint32_t load_u32le(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static inline void store_u16le(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static inline void store_u32le(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
-/* ------------------------------------------------------------------------ */
 /* float16.                                                                 */
 
 /* numpy.float16 of the quiet NaN 0x7fc00000 that NumPy's max/min return. */
@@ -140,12 +113,6 @@ static inline float f16_to_f32(uint16_t h)
 /* (SSE2 on x86-64, NEON on AArch64).                                       */
 
 #define INF_BITS 0x7f800000u
-
-/* Bits of |x|.  For non-NaN x they order like |x|; a NaN's are above inf's. */
-static inline uint32_t abs_bits(float x)
-{
-    return f32_bits(x) & 0x7fffffffu;
-}
 
 /* An int32 key that orders like the float for every non-NaN x (-0 < +0). */
 static inline int32_t order_key(float x)

@@ -29,16 +29,6 @@
 #define QK 32
 #define QK_K 256
 
-static inline uint16_t load_u16le(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static inline uint32_t load_u32le(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* float16 bits -> float32, exact; a NaN's payload moves up 13 bits (NumPy; the
  * same function as quant.c's). */
 static inline float f16_to_f32(uint16_t h)

@@ -36,25 +36,6 @@
 #define HALF_BITS 0x3f000000u
 #define F16_DEFAULT_NAN 0x7e00u
 
-static inline uint32_t abs_bits(float x)
-{
-    return f32_bits(x) & 0x7fffffffu;
-}
-
-static inline void store_u16le(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static inline void store_u32le(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
 /* float32 -> float16 bits as NumPy's astype(float16): nearest even, subnormals
  * kept, overflow to inf, a NaN keeps its sign and top payload bits. */
 static uint16_t numpy_f32_to_f16(float f)
