@@ -44,11 +44,28 @@ _FP_PACKED = ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quanti
 _FLOAT8 = ("F8_E4M3", "F8_E5M2")
 
 
+#: Dimensions a compressed-tensors weight may have: a Linear's [out, in], or experts
+#: stacked [E, out, in] (MoE), each expert quantized as its own 2-D weight.
+WEIGHT_NDIMS = (2, 3)
+
+
 def _logical_shape(fmt: str, shape) -> tuple:
-    rows, cols = shape
+    cols = shape[-1]
     if fmt == "mxfp6-pack-quantized":
-        return rows, cols * 4 // 3
-    return rows, cols * FORMATS[fmt][2]
+        return (*shape[:-1], cols * 4 // 3)
+    return (*shape[:-1], cols * FORMATS[fmt][2])
+
+
+def _lead(shape) -> tuple:
+    """The expert dimensions of a weight's shape (() for a 2-D weight)."""
+    return tuple(shape[:-2])
+
+
+def _count(lead) -> int:
+    n = 1
+    for d in lead:
+        n *= d
+    return n
 
 
 def _int_bits(name: str, record: dict) -> int:
@@ -65,26 +82,27 @@ def _packed_shape(name: str, record: dict, shape, info, read) -> tuple:
     """The logical shape of a pack-quantized weight: its ``weight_shape`` tensor's two
     values (``read``), each checked against the packed words; without ``read`` (an
     import's check, tensor specs only) the columns the scales or the words imply."""
-    rows, words = shape
+    words = shape[-1]
     bits = _int_bits(name, record)
     shape_name = record.get("weight_shape")
     found = info(shape_name) if isinstance(shape_name, str) else None
     if found is None:
         raise CorruptError(f"compressed-tensors weight {name!r}: its weight_shape tensor {shape_name!r} is missing")
-    if found[0] not in _SHAPE_DTYPES or tuple(found[1]) != (2,):
+    if found[0] not in _SHAPE_DTYPES or tuple(found[1]) != (len(shape),):
         raise CorruptError(f"compressed-tensors weight_shape {shape_name!r} of {name!r} is {found[0]} of shape "
-                           f"{list(found[1])}; it must be I64 or I32 of shape [2]")
+                           f"{list(found[1])}; it must be I64 or I32 of shape [{len(shape)}]")
     if read is None:
         g = record.get("group_size")
         scale = info(record.get("scale")) if isinstance(record.get("scale"), str) else None
-        if record.get("strategy") in ("group", "tensor_group") and type(g) is int and scale and len(scale[1]) == 2:
-            return rows, scale[1][1] * g
-        return rows, words * 32 // bits
+        if (record.get("strategy") in ("group", "tensor_group") and type(g) is int and scale
+                and len(scale[1]) == len(shape)):
+            return (*shape[:-1], scale[1][-1] * g)
+        return (*shape[:-1], words * 32 // bits)
     value = np.asarray(read(shape_name)).reshape(-1)
     logical = tuple(int(v) for v in value)
-    if logical[0] != rows or logical[1] < 1 or -(-logical[1] * bits // 32) != words:
+    if logical[:-1] != tuple(shape[:-1]) or logical[-1] < 1 or -(-logical[-1] * bits // 32) != words:
         raise CorruptError(f"compressed-tensors weight {name!r}: weight_shape {list(logical)} does not fit its "
-                           f"[{rows}, {words}] words of {bits}-bit values")
+                           f"{list(shape)} words of {bits}-bit values")
     return logical
 
 
@@ -119,17 +137,25 @@ def unpack_int32_stream(data, rows: int, count: int, bits: int) -> np.ndarray:
 
 
 def _scale_shape(record: dict, shape) -> tuple:
-    """The scale shapes compressed-tensors makes for ``record``'s strategy."""
-    rows, cols = shape
+    """The scale shapes compressed-tensors makes for ``record``'s strategy; a 3-D
+    (experts) weight's scales have its leading dimension too, as each expert's 2-D
+    scales stacked (a per-tensor scale: one for all, or one an expert)."""
+    lead, (rows, cols) = _lead(shape), shape[-2:]
     strategy = record.get("strategy")
     if strategy in ("group", "tensor_group"):
-        return ((rows, cols // record["group_size"]),)
+        return ((*lead, rows, cols // record["group_size"]),)
     if strategy == "channel":
-        return ((rows, 1), (rows,))
+        return ((*lead, rows, 1), (*lead, rows))
     if strategy == "block":
         bh, bw = record["block_structure"]
-        return ((-(-rows // bh), -(-cols // bw)),)
-    return ((1,), (), (1, 1))  # tensor
+        return ((*lead, -(-rows // bh), -(-cols // bw)),)
+    return ((1,), (), (1, 1)) + (((*lead, 1, 1),) if lead else ())  # tensor
+
+
+def _global_shapes(shape) -> tuple:
+    """A global scale's shapes: one value, or (experts) one an expert."""
+    lead = _lead(shape)
+    return ((1,), ()) + ((lead, (*lead, 1)) if lead else ())
 
 
 def check_record(name: str, record, info, read=None) -> tuple:
@@ -163,20 +189,20 @@ def check_record(name: str, record, info, read=None) -> tuple:
     if found is None:
         raise CorruptError(f"compressed-tensors weight {name!r} is missing")
     dtype, shape = found[0], tuple(found[1])
-    if dtype not in weight_dtypes or len(shape) != 2:
+    if dtype not in weight_dtypes or len(shape) not in WEIGHT_NDIMS:
         raise CorruptError(f"compressed-tensors {fmt} weight {name!r} is {dtype} of shape {list(shape)}; "
-                           f"it must be a 2-D {' or '.join(weight_dtypes)} tensor")
-    if fmt == "mxfp6-pack-quantized" and shape[1] % 3:
-        raise CorruptError(f"compressed-tensors {fmt} weight {name!r} has {shape[1]} bytes a row, not whole "
+                           f"it must be a 2-D (or 3-D: experts) {' or '.join(weight_dtypes)} tensor")
+    if fmt == "mxfp6-pack-quantized" and shape[-1] % 3:
+        raise CorruptError(f"compressed-tensors {fmt} weight {name!r} has {shape[-1]} bytes a row, not whole "
                            "groups of 3 (4 values)")
     packed_ints = fmt == "pack-quantized"
     logical = _packed_shape(name, record, shape, info, read) if packed_ints else _logical_shape(fmt, shape)
     strategy = record.get("strategy")
     if strategy in ("group", "tensor_group"):
         g = record.get("group_size")
-        if type(g) is not int or g <= 0 or logical[1] % g:
+        if type(g) is not int or g <= 0 or logical[-1] % g:
             raise CorruptError(f"compressed-tensors weight {name!r}: group_size {g!r} does not divide its "
-                               f"{logical[1]} columns")
+                               f"{logical[-1]} columns")
     elif strategy == "block":
         block = record.get("block_structure")
         if (not isinstance(block, list) or len(block) != 2
@@ -197,9 +223,9 @@ def check_record(name: str, record, info, read=None) -> tuple:
                            f"{' or '.join(want_dtypes)} of shape "
                            f"{' or '.join(str(list(s)) for s in _scale_shape(record, logical))}")
     zp_shapes = _scale_shape(record, logical)
-    if packed_ints and strategy in ("group", "channel"):  # pack_to_int32(zero_point, packed_dim=0)
-        zp_shapes = ((-(-logical[0] * record["num_bits"] // 32), zp_shapes[0][1]),)
-    for key, shapes in (("global_scale", ((1,), ())), ("zero_point", zp_shapes)):
+    if packed_ints and strategy in ("group", "channel"):  # pack_to_int32(zero_point, packed_dim=0), per expert
+        zp_shapes = ((*_lead(logical), -(-logical[-2] * record["num_bits"] // 32), zp_shapes[0][-1]),)
+    for key, shapes in (("global_scale", _global_shapes(logical)), ("zero_point", zp_shapes)):
         other = record.get(key)
         if other is None:
             if key == "global_scale" and strategy == "tensor_group":
@@ -294,10 +320,12 @@ def _ints(data, rows: int, count: int, bits: int) -> np.ndarray:
 
 
 def _codes(fmt: str, weight, shape, bits=None) -> np.ndarray:
-    """Exact float32 values of the quantized weight (fp4/fp6 codes, fp8, int8, packed ints)."""
+    """Exact float32 values of the quantized weight (fp4/fp6 codes, fp8, int8, packed
+    ints), of its logical ``shape`` (each row of a packed weight starts a byte or word)."""
+    rows = _count(shape[:-1])
     if fmt == "pack-quantized":
         data = weight.data if isinstance(weight, RawTensor) else np.asarray(weight)
-        return _ints(data, shape[0], shape[1], bits).astype(np.float32)
+        return _ints(data, rows, shape[-1], bits).astype(np.float32).reshape(shape)
     if fmt in _FP_PACKED:
         kind = "F4_E2M1" if "fp4" in fmt else "F6_E2M3"
         data = np.ascontiguousarray(weight.data if isinstance(weight, RawTensor) else weight).view(np.uint8)
@@ -308,8 +336,40 @@ def _codes(fmt: str, weight, shape, bits=None) -> np.ndarray:
     return _float_values(weight)
 
 
+def _compact(values: np.ndarray, record: dict, n: int, rows: int, cols: int) -> np.ndarray:
+    """A scale (or zero point) as ``[n, a, b]``: each of the ``n`` experts' 2-D scales
+    (a per-tensor one: ``[1, 1, 1]``, or ``[n, 1, 1]`` one an expert)."""
+    strategy = record["strategy"]
+    if strategy in ("group", "tensor_group"):
+        return values.reshape(n, rows, -1)
+    if strategy == "channel":
+        return values.reshape(n, rows, 1)
+    if strategy == "block":
+        bh, bw = record["block_structure"]
+        return values.reshape(n, -(-rows // bh), -(-cols // bw))
+    return values.reshape(-1, 1, 1)
+
+
+def _expand(values: np.ndarray, record: dict, rows: int, cols: int) -> np.ndarray:
+    """A compact ``[n, a, b]`` scale repeated over the values it scales (groups,
+    blocks); channel and tensor scales broadcast as they are."""
+    strategy = record["strategy"]
+    if strategy in ("group", "tensor_group"):
+        return np.repeat(values, record["group_size"], axis=2)
+    if strategy == "block":
+        bh, bw = record["block_structure"]
+        return np.repeat(np.repeat(values, bh, axis=1), bw, axis=2)[:, :rows, :cols]
+    return values
+
+
 def weight_values(name: str, record: dict, get, info) -> np.ndarray:
     """The values compressed-tensors' decompression gives for the weight ``name``.
+
+    A 3-D weight (MoE experts stacked ``[E, out, in]``, scales ``[E, ...]``) gives each
+    expert's values as its own 2-D weight decompresses (compressed-tensors itself
+    decompresses 3-D FP8 per tensor/channel, MXFP8 and pack-quantized weights; NVFP4,
+    MXFP4, MXFP6 and FP8 blocks it takes only 2-D, and they are decompressed here
+    expert by expert as it decompresses each 2-D slice).
 
     Args:
         name: The weight tensor's name.
@@ -330,8 +390,10 @@ def weight_values(name: str, record: dict, get, info) -> np.ndarray:
         >>> # see tests/test_compressed_tensors.py: checkpoints compressed-tensors writes
     """
     shape = check_record(name, record, info, get)
-    fmt, strategy = record["format"], record["strategy"]
-    q = _codes(fmt, get(name), shape, record.get("num_bits"))
+    fmt = record["format"]
+    lead, (rows, cols) = _lead(shape), shape[-2:]
+    n = _count(lead)
+    q = _codes(fmt, get(name), shape, record.get("num_bits")).reshape(n, rows, cols)
     scale_t = get(record["scale"])
     if FORMATS[fmt][3]:  # MX: E8M0 exponents -> bfloat16 powers of two
         exps = np.asarray(scale_t).astype(np.int64) - 127
@@ -343,42 +405,34 @@ def weight_values(name: str, record: dict, get, info) -> np.ndarray:
         s = _float_values(scale_t)
         s_dtype = "BF16" if fmt == "nvfp4-pack-quantized" else stored  # nvfp4: scale.to(bfloat16)
         s = _round(s, s_dtype)
+    s = _compact(np.asarray(s).reshape(-1), record, n, rows, cols)
     compute = s_dtype
     if record.get("global_scale") is not None:
         g_t = get(record["global_scale"])
-        g = _float_values(g_t).reshape(-1)[:1]
+        g = _float_values(g_t).reshape(-1)
+        g = g[:1].reshape(1, 1, 1) if g.size == 1 else g.reshape(n, 1, 1)  # one, or one an expert
         if info(record["global_scale"])[1]:  # a 0-d tensor does not take part in promotion
             compute = _promote(s_dtype, _dtype_name(g_t))
         wide = np.float64 if compute == "F64" else np.float32
         s = _round(s.astype(wide) / g.astype(wide), compute)
     wide = np.float64 if compute == "F64" else np.float32
-    s = s.astype(wide).reshape(-1)
-    rows, cols = shape
-    if strategy in ("group", "tensor_group"):
-        s = np.repeat(s.reshape(rows, -1), record["group_size"], axis=1)
-    elif strategy == "channel":
-        s = s.reshape(rows, 1)
-    elif strategy == "block":
-        bh, bw = record["block_structure"]
-        s = np.repeat(np.repeat(s.reshape(-(-rows // bh), -(-cols // bw)), bh, axis=0), bw, axis=1)[:rows, :cols]
-    else:
-        s = s.reshape(1, 1)
+    s = _expand(s.astype(wide), record, rows, cols)
     x = _round(q.astype(wide), compute)
     if record.get("zero_point") is not None:
         zp_t = get(record["zero_point"])
-        if fmt == "pack-quantized" and strategy in ("group", "channel"):  # packed along the rows
+        if fmt == "pack-quantized" and record["strategy"] in ("group", "channel"):  # packed along each expert's rows
             words = np.asarray(zp_t).astype("<i4")
-            zp = _ints(np.ascontiguousarray(words.T), words.shape[1], rows, record["num_bits"]).T
-            zp_t = zp.astype(np.float32)
+            words = words.reshape(n, words.shape[-2], words.shape[-1])
+            groups = words.shape[2]
+            zp = _ints(np.ascontiguousarray(words.transpose(0, 2, 1)), n * groups, rows, record["num_bits"])
+            zp_t = zp.reshape(n, groups, rows).transpose(0, 2, 1).astype(np.float32)
         zp = _round(_float_values(zp_t).astype(wide), compute)
-        zp = zp.reshape(s.shape if strategy != "group" and strategy != "tensor_group" else (rows, -1))
-        if strategy in ("group", "tensor_group"):
-            zp = np.repeat(zp, record["group_size"], axis=1)
+        zp = _expand(_compact(zp.reshape(-1), record, n, rows, cols), record, rows, cols)
         x = _round(x - zp, compute)
     with np.errstate(over="ignore", invalid="ignore"):
         values = _round(x * s, compute)
     values = _round(values, output_dtype(record, compute))
-    assert element_count(values.shape) == rows * cols
+    assert element_count(values.shape) == n * rows * cols
     return values.reshape(shape)
 
 
@@ -433,7 +487,7 @@ def ct_mxfp4_to_ggml(name: str, packed, scale, shape) -> np.ndarray:
         name: The weight's name (for errors).
         packed: Its ``weight_packed`` tensor, uint8 ``[rows, cols / 2]``.
         scale: Its ``weight_scale`` tensor, uint8 E8M0 exponents ``[rows, cols / 32]``.
-        shape: The logical ``(rows, cols)``.
+        shape: The logical ``(rows, cols)`` (or ``(experts, rows, cols)``).
 
     Returns:
         ``rows * cols / 32 * 17`` bytes of ``block_mxfp4``.
@@ -448,14 +502,14 @@ def ct_mxfp4_to_ggml(name: str, packed, scale, shape) -> np.ndarray:
         >>> blocks[:3].tolist()  # e, then qs[0] = values 0 and 16 (codes 1, 1), qs[1] = values 1 and 17 (2, 2)
         [127, 17, 34]
     """
-    rows, cols = shape
+    rows, cols = _count(shape[:-1]), shape[-1]  # experts' rows one after the other
     if cols % MXFP4_BLOCK:
         raise CorruptError(f"compressed-tensors MXFP4 weight {name!r} has {cols} columns, not whole groups of 32")
     nb = rows * cols // MXFP4_BLOCK
     codes, exps = _u8(packed), _u8(scale)
     if codes.size != nb * 16 or exps.size != nb:
         raise CorruptError(f"compressed-tensors MXFP4 weight {name!r}: {codes.size} packed bytes and {exps.size} "
-                           f"scales, but a [{rows}, {cols}] weight has {nb * 16} and {nb}")
+                           f"scales, but a {list(shape)} weight has {nb * 16} and {nb}")
     _refuse_nan_scale(name, exps, "group")
     pairs = codes.reshape(nb, 16)
     values = np.empty((nb, MXFP4_BLOCK), np.uint8)  # one code a byte, in row order
@@ -474,10 +528,11 @@ def ggml_mxfp4_to_ct(name: str, blocks, shape) -> tuple:
     Args:
         name: The tensor's name (for errors).
         blocks: ``block_mxfp4`` bytes of a ``(rows, cols)`` tensor.
-        shape: ``(rows, cols)``.
+        shape: ``(rows, cols)`` (or with a leading experts dimension).
 
     Returns:
-        uint8 arrays ``[rows, cols / 2]`` and ``[rows, cols / 32]``.
+        uint8 arrays ``[rows, cols / 2]`` and ``[rows, cols / 32]`` (leading
+        dimensions kept).
 
     Raises:
         CorruptError: ``blocks`` of the wrong size.
@@ -489,11 +544,11 @@ def ggml_mxfp4_to_ct(name: str, blocks, shape) -> tuple:
         >>> packed[0, :2].tolist(), scale.tolist()
         ([17, 17], [[127]])
     """
-    rows, cols = shape
+    rows, cols = _count(shape[:-1]), shape[-1]
     nb = rows * cols // MXFP4_BLOCK
     data = _u8(blocks)
     if cols % MXFP4_BLOCK or data.size != nb * 17:
-        raise CorruptError(f"MXFP4 tensor {name!r}: {data.size} bytes are not the blocks of a [{rows}, {cols}] tensor")
+        raise CorruptError(f"MXFP4 tensor {name!r}: {data.size} bytes are not the blocks of a {list(shape)} tensor")
     b = data.reshape(nb, 17)
     exps = b[:, 0]
     _refuse_nan_scale(name, exps, "block")
@@ -502,7 +557,8 @@ def ggml_mxfp4_to_ct(name: str, blocks, shape) -> tuple:
     values[:, :16] = qs & 0x0F
     values[:, 16:] = qs >> 4
     packed = values[:, 0::2] | (values[:, 1::2] << 4)
-    return packed.reshape(rows, cols // 2), exps.reshape(rows, cols // MXFP4_BLOCK).copy()
+    lead = tuple(shape[:-1])
+    return packed.reshape(*lead, cols // 2), exps.reshape(*lead, cols // MXFP4_BLOCK).copy()
 
 
 def mxfp4_quantization_config(modules) -> dict:
