@@ -396,18 +396,36 @@ def _selects_mxfp4(quantize, name: str, shape) -> bool:
     return choice is not None and quant_type(choice).dtype.name == "MXFP4"
 
 
-def _repack_selector(kind, quantize, prefixes, rename):
+def _repack_selector(kind, quantize, prefixes, rename, precision=None):
     """Which compressed-tensors MXFP4 weights read as GGML MXFP4 blocks: all of them for
-    a GGUF destination (it holds nothing else), else those ``quantize=`` gives MXFP4 by
-    their name after ``strip_prefix`` and ``rename`` (``<module>.weight``); None: none."""
-    if kind == "gguf":
+    a GGUF destination given neither ``precision=`` nor ``quantize=`` (a lossless
+    repack), else those ``quantize=`` gives MXFP4 by their name after ``strip_prefix``
+    and ``rename`` (``<module>.weight``); None: none."""
+    if kind == "gguf" and precision is None and quantize is None:
         return lambda name, shape: True
-    if quantize is None:
+    if quantize is None or isinstance(quantize, Mix):  # a mix's types are planned later, from the values
         return None
 
     def select(name, shape):
         out = _renamed(rename, _strip(name, prefixes), name)
         return out is not None and _selects_mxfp4(quantize, out, shape)
+    return select
+
+
+def _dequant_selector(kind, precision, quantize, prefixes, rename):
+    """Which compressed-tensors weights (those :func:`_repack_selector` left) read as
+    their values (docs/FORMAT.md "compressed-tensors"): every one for a GGUF destination
+    (it cannot hold the packed layout) or with ``precision=``; else those ``quantize=``
+    gives a type by their name after ``strip_prefix`` and ``rename``; None: none."""
+    if kind == "gguf" or precision is not None or isinstance(quantize, Mix):
+        return True
+    if quantize is None:
+        return None
+    f32 = _dtypes.by_name("F32")
+
+    def select(name, shape):
+        out = _renamed(rename, _strip(name, prefixes), name)
+        return out is not None and _quant_dtype(quantize, Spec(out, f32, shape), out) is not None
     return select
 
 
@@ -747,9 +765,12 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
         if naming == "auto" and arch is None and kind != "apr":
             # an .apr under canonical names converts as the model it was made from
             src = _hf.restore_source_names(src)
-        select = _repack_selector(kind, quantize, prefixes, rename)
+        select = _repack_selector(kind, quantize, prefixes, rename, precision)
         if select is not None:  # compressed-tensors MXFP4 weights as GGML MXFP4 blocks (a bit repack)
             src = _ct.repack_mxfp4(src, select)
+        select = _dequant_selector(kind, precision, quantize, prefixes, rename)
+        if select is not None:  # the other compressed-tensors weights as their values
+            src = _ct.dequantize_weights(src, select)
         if naming == "auto" and arch is None:
             model = _hf.plan_model(src, kind, destination)
             if model is not None and model.generated:  # llama.cpp's rope_freqs, made from config.json

@@ -1,15 +1,22 @@
-"""Importing checkpoints in the compressed-tensors layout (vLLM, llm-compressor): the
+"""Checkpoints in the compressed-tensors layout (vLLM, llm-compressor): the
 ``quantization_config`` of ``config.json`` is read, each quantized weight is matched to
 its config group and its scale tensors, checked, and recorded in the ``.apr`` metadata
 (:data:`aprfast.numerics.compressed.METADATA_KEY`), so that ``get_tensor(name,
 dequantize=True)`` gives the values compressed-tensors' decompression gives.  The
 tensors themselves are kept as they are.
+
+A conversion that needs the values (a GGUF destination, ``precision=``, ``quantize=``
+choosing the weight) reads each weight through :class:`DequantizedSource`: one plain
+tensor ``<module>.weight`` of those values, its scale tensors and record gone, the
+``quantization_config`` no longer describing it (docs/FORMAT.md "compressed-tensors").
 """
 
 from __future__ import annotations
 
 import functools
 import os
+
+import numpy as np
 
 from .. import dtypes as _dtypes
 from ..errors import CorruptError, LayoutError
@@ -21,14 +28,16 @@ from ..numerics.compressed import (
     ggml_mxfp4_to_ct,
     mxfp4_quantization_config,
     mxfp4_repackable,
+    values_dtype,
     weight_values,
 )
-from ..tensors import QuantizedTensor
+from ..tensors import QuantizedTensor, RawTensor
 from ._common import DestinationExistsError, Spec, read_exact
 from .patterns import compile_pattern
 
 __all__ = ["records_for", "source_records", "records_of", "source_values", "logical_shapes", "METADATA_KEY",
-           "repack_mxfp4", "MXFP4Source", "mxfp4_layout",
+           "repack_mxfp4", "MXFP4Source", "dequantize_weights", "DequantizedSource", "without_config",
+           "ACTIVATION_TENSORS", "mxfp4_layout",
            "MXFP4LayoutWriter", "layout_side_files", "renamed_records"]
 
 #: Most characters of one target / ignore pattern (a regex from the file: bounded).
@@ -270,6 +279,202 @@ class MXFP4Source:
 
     def close(self) -> None:
         self._src.close()
+
+
+#: A quantized module's activation parameters (static input/output quantization): a
+#: module whose weight is dequantized leaves them too, as its config entry goes.
+ACTIVATION_TENSORS = ("input_scale", "input_zero_point", "input_global_scale", "output_scale",
+                      "output_zero_point")
+
+
+# --- the values instead of the packed layout (docs/FORMAT.md "compressed-tensors") ----
+def dequantize_weights(src, select):
+    """``src`` with the compressed-tensors weights ``select`` takes read as their values
+    (a :class:`DequantizedSource`), or ``src`` itself when it takes none.
+
+    Args:
+        src: A convert source (``specs``, ``metadata``, ``read``).
+        select: ``select(name, shape) -> bool`` by the name the weight gets
+            (``<module>.weight``) and its logical shape; or True: every weight, each
+            one aprfast must decode (a GGUF destination cannot hold the packed layout).
+
+    Returns:
+        A source.
+
+    Raises:
+        CorruptError: A record whose tensors are missing or of the wrong shape (named).
+        LayoutError: With ``select=True``, a weight in a format aprfast cannot decode;
+            or the weight's new name is already a tensor's.
+    """
+    records = records_of(src)
+    if not records:
+        return src
+    specs = {spec.name: spec for spec in src.specs}
+
+    def info(name):
+        spec = specs.get(name) if isinstance(name, str) else None
+        return None if spec is None else (spec.dtype.name, tuple(spec.shape))
+
+    def read(name):
+        return src.read(specs[name])
+
+    chosen = {}
+    for packed, record in records.items():
+        if select is not True and (not isinstance(record, dict) or record.get("format") not in FORMATS):
+            continue  # kept as it is, as it came; its values are refused when asked for
+        shape = check_record(packed, record, info, read)
+        name = packed[:-len("_packed")] if packed.endswith("_packed") else packed
+        if name != packed and name in specs:
+            raise LayoutError(f"compressed-tensors weight {packed!r} becomes {name!r}, which the source holds "
+                              "already")
+        if select is True or select(name, shape):
+            chosen[packed] = (name, shape, values_dtype(record, info), record)
+    if not chosen:
+        return src
+    kept = set()  # tensors a weight left compressed still needs
+    for packed, record in records.items():
+        if packed not in chosen and isinstance(record, dict):
+            kept.update(record.get(key) for key in _TENSOR_FIELDS)
+    dropped = {record[key] for _, _, _, record in chosen.values() for key in _TENSOR_FIELDS
+               if isinstance(record.get(key), str)}
+    for _, _, _, record in chosen.values():  # a plain weight's module quantizes no activations either
+        module = record["scale"].rsplit(".", 1)[0] if isinstance(record.get("scale"), str) else None
+        dropped.update(f"{module}.{kind}" for kind in ACTIVATION_TENSORS if f"{module}.{kind}" in specs)
+    dropped -= kept
+    return DequantizedSource(src, chosen, dropped, keep=len(chosen) < len(records))
+
+
+def without_config(config, modules, keep: bool):
+    """``config`` (a config.json object) whose ``quantization_config`` no longer
+    describes the dequantized ``modules``: gone when no quantized weight is left
+    (``keep`` False), else with the modules added to its ``ignore`` list, so that
+    transformers loads their plain weights as they are.
+
+    Args:
+        config: The config.json object (any value: returned as it is unless a
+            compressed-tensors one).
+        modules: The module names whose weights are now plain.
+        keep: Whether other weights stay compressed.
+
+    Returns:
+        The config, a new object when changed.
+
+    Example:
+        >>> qc = {"quant_method": "compressed-tensors", "ignore": ["lm_head"]}
+        >>> without_config({"quantization_config": qc}, ["proj"], keep=True)["quantization_config"]["ignore"]
+        ['lm_head', 'proj']
+        >>> without_config({"quantization_config": qc, "model_type": "llama"}, ["proj"], keep=False)
+        {'model_type': 'llama'}
+    """
+    qc = config.get("quantization_config") if isinstance(config, dict) else None
+    if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
+        return config
+    config = dict(config)
+    if not keep:
+        del config["quantization_config"]
+        return config
+    ignore = qc.get("ignore") if isinstance(qc.get("ignore"), list) else []
+    config["quantization_config"] = dict(qc, ignore=list(ignore) + sorted(set(modules) - set(ignore)))
+    return config
+
+
+class DequantizedSource:
+    """A source whose chosen compressed-tensors weights read as one plain tensor
+    ``<module>.weight`` each: the values compressed-tensors' decompression gives
+    (:func:`aprfast.numerics.compressed.weight_values`), in the dtype that holds them
+    exactly (bfloat16 for NVFP4/MXFP4/MXFP6/MXFP8, else the scale's).  Their scale,
+    global scale, zero point and weight_shape tensors, their modules' activation scales
+    (:data:`ACTIVATION_TENSORS`) and their records leave, and the
+    ``quantization_config`` of the model files (an .apr's recorded config.json, or the
+    one beside a safetensors source, as :meth:`edit_model_files` gives it) stops
+    describing them.  Everything else is the wrapped source's."""
+
+    def __init__(self, src, chosen: dict, dropped: set, keep: bool):
+        self._src = src
+        self._keep = keep
+        by_name = {spec.name: spec for spec in src.specs}
+        self._parts = {}
+        specs = []
+        for spec in src.specs:
+            if spec.name in chosen:
+                name, shape, dtype, record = chosen[spec.name]
+                self._parts[name] = (spec.name, record, dtype)
+                specs.append(Spec(name, _dtypes.by_name(dtype), shape))
+            elif spec.name not in dropped:
+                specs.append(spec)
+        self.specs = specs
+        self._specs = by_name
+        self.modules = sorted(name[:-len(".weight")] if name.endswith(".weight") else name
+                              for name, _, _, _ in chosen.values())
+        metadata = dict(src.metadata or {})
+        block = metadata.get(METADATA_KEY)
+        if isinstance(block, dict) and isinstance(block.get("weights"), dict):
+            left = {k: v for k, v in block["weights"].items() if k not in chosen}
+            if left:
+                qc = without_config({"quantization_config": block.get("quantization_config")}, self.modules, True)
+                metadata[METADATA_KEY] = dict(block, weights=left, quantization_config=qc["quantization_config"])
+            else:
+                del metadata[METADATA_KEY]
+        from .hf_arch import HF_FILES_KEY
+
+        files = metadata.get(HF_FILES_KEY)
+        if isinstance(files, dict) and isinstance(files.get("config.json"), dict):
+            metadata[HF_FILES_KEY] = self.edit_model_files(files)
+        self.metadata = metadata
+
+    def __getattr__(self, name):
+        return getattr(self._src, name)
+
+    def edit_model_files(self, files: dict) -> dict:
+        """The model files (``{"config.json": {...}, ...}``) with the quantization_config
+        adjusted for the dequantized weights (:func:`without_config`)."""
+        if not isinstance(files, dict) or "config.json" not in files:
+            return files
+        inner = getattr(self._src, "edit_model_files", None)
+        files = inner(files) if inner is not None else files
+        return dict(files, **{"config.json": without_config(files["config.json"], self.modules, self._keep)})
+
+    def read(self, spec, scratch=None):
+        parts = self._parts.get(spec.name)
+        if parts is None:
+            return self._src.read(spec, scratch)
+        packed, record, dtype = parts
+
+        def info(tensor):
+            found = self._specs.get(tensor) if isinstance(tensor, str) else None
+            return None if found is None else (found.dtype.name, tuple(found.shape))
+
+        values = weight_values(packed, record, lambda tensor: self._src.read(self._specs[tensor]), info)
+        return _exactly(values, dtype, spec)
+
+    def raw_range(self, spec):
+        if spec.name in self._parts:
+            return None
+        raw_range = getattr(self._src, "raw_range", None)
+        return raw_range(spec) if raw_range is not None else None
+
+    def tensors(self, wanted=None):
+        for spec in self.specs:
+            if wanted is None or spec.name in wanted:
+                yield spec.name, self.read(spec)
+
+    def close(self) -> None:
+        self._src.close()
+
+
+def _exactly(values, dtype: str, spec):
+    """``values`` (float32, or float64) in ``dtype``, which holds each of them exactly:
+    a bfloat16 value is the upper half of its float32 bits (NaN payloads kept)."""
+    if dtype == "BF16":
+        bits = (np.ascontiguousarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        if _dtypes.bfloat16 is not None:
+            return bits.view(_dtypes.bfloat16)
+        return RawTensor(spec.dtype, spec.shape, bits)
+    if dtype == "F16":
+        return values.astype(np.float16)
+    if dtype == "F64":
+        return values.astype(np.float64)
+    return values.astype(np.float32)
 
 
 def mxfp4_layout(specs) -> dict:

@@ -1674,13 +1674,17 @@ HF_FILES_KEY = "aprfast.hf_files"
 
 
 def _hf_dir_files(source):
-    """The model files beside a safetensors source, or None when it has no config.json."""
+    """The model files beside a safetensors source, or None when it has no config.json;
+    a source that changes what they say (``edit_model_files``: compressed-tensors
+    weights read as their values) gives them as changed."""
     if getattr(source, "format", None) not in ("safetensors", "safetensors-sharded"):
         return None
     directory = os.path.dirname(os.path.abspath(source.path))
     if not os.path.isfile(os.path.join(directory, "config.json")):
         return None
-    return read_model_dir(directory)
+    files = read_model_dir(directory)
+    edit = getattr(source, "edit_model_files", None)
+    return edit(files) if edit is not None else files
 
 
 def apr_record(source) -> dict:

@@ -19,8 +19,8 @@ from ..dtypes import SUBBYTE_FLOATS, element_count, subbyte_values
 from ..errors import CorruptError, LayoutError
 from ..tensors import RawTensor
 
-__all__ = ["METADATA_KEY", "FORMATS", "check_record", "weight_values", "output_dtype", "unpack_int32_stream",
-           "mxfp4_repackable",
+__all__ = ["METADATA_KEY", "FORMATS", "WEIGHT_NDIMS", "check_record", "weight_values", "values_dtype",
+           "output_dtype", "unpack_int32_stream", "mxfp4_repackable",
            "ct_mxfp4_to_ggml", "ggml_mxfp4_to_ct", "mxfp4_quantization_config"]
 
 #: .apr metadata key: ``{"quantization_config": {...}, "weights": {packed name: record}}``.
@@ -312,6 +312,33 @@ def output_dtype(record: dict, scale_dtype: str) -> str:
     if fmt in _FP_PACKED or FORMATS[fmt][3]:
         return "BF16"
     return scale_dtype
+
+
+def values_dtype(record: dict, info) -> str:
+    """The dtype that holds every value :func:`weight_values` gives for ``record``'s
+    weight exactly: what compressed-tensors decompresses it to (bfloat16 for the packed
+    FP4/FP6 and MX formats, else the scale's dtype, promoted with a global scale's).
+
+    Args:
+        record: A checked record (see :func:`check_record`).
+        info: ``info(tensor_name)`` -> ``(dtype name, shape)``.
+
+    Returns:
+        "BF16", "F16", "F32" or "F64".
+
+    Example:
+        >>> values_dtype({"format": "float-quantized", "scale": "s"}, lambda name: ("F16", (8, 1)))
+        'F16'
+    """
+    fmt = record["format"]
+    if fmt in _FP_PACKED or FORMATS[fmt][3]:
+        return "BF16"
+    compute = info(record["scale"])[0]
+    if record.get("global_scale") is not None:
+        dtype, shape = info(record["global_scale"])
+        if shape:  # a 0-d tensor does not take part in promotion
+            compute = _promote(compute, dtype)
+    return compute
 
 
 def _ints(data, rows: int, count: int, bits: int) -> np.ndarray:
