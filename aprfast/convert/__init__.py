@@ -234,7 +234,9 @@ def _float_values(value):
     return value
 
 
-def _transform(value, src: Spec, out: Spec):
+def _transform(value, src: Spec, out: Spec, ggml: bool = False):
+    """``value`` as ``out`` holds it; ``ggml``: a GGUF destination, whose BF16 NaNs are
+    rounded as ggml and gguf-py round them (docs/FORMAT.md "BF16 NaNs")."""
     if out.dtype is src.dtype:
         return value
     values = _float_values(value)
@@ -244,14 +246,14 @@ def _transform(value, src: Spec, out: Spec):
         return to_float32(values) if values.dtype.itemsize == 2 else np.asarray(values, np.float32)
     if out.dtype.name == "F16":
         return to_float16(values)
-    result = to_bfloat16(values)
+    result = to_bfloat16(values, ggml=ggml)
     return result if result.dtype != np.uint16 else RawTensor(out.dtype, out.shape, result)
 
 
 _FLOAT_DTYPES = {np.dtype(np.float16): "F16", np.dtype(np.float32): "F32", np.dtype(np.float64): "F64"}
 
 
-def _convert_tensor(value, spec: Spec, outs, optimizer, gate, validator) -> list:
+def _convert_tensor(value, spec: Spec, outs, optimizer, gate, validator, ggml: bool = False) -> list:
     """The value(s) written for one source tensor (``outs``: one spec, or a factored
     tensor's two): pruned or factored (``optimize``), then precision/quantize, each
     checked (``validator``: NaN/Inf and §10.9 first), then the drift of a lossy change
@@ -259,7 +261,7 @@ def _convert_tensor(value, spec: Spec, outs, optimizer, gate, validator) -> list
     op, name = optimizer.op(spec.name) if optimizer is not None else (None, None)
     if op is None:
         (out,) = outs
-        result = validator.check(out.name, _transform(value, spec, out))
+        result = validator.check(out.name, _transform(value, spec, out, ggml))
         if gate is not None and gate.active and _lossy(spec.dtype, out.dtype):
             gate.measure(out.name, numeric_values(value), numeric_values(result),
                          "quantize" if out.dtype.packed else "precision")
@@ -269,7 +271,7 @@ def _convert_tensor(value, spec: Spec, outs, optimizer, gate, validator) -> list
         source = to_float32(source)
     parts = optimizer.apply(op, name, source)
     results = [validator.check(o.name, _transform(p, Spec(o.name, _dtypes.by_name(_FLOAT_DTYPES[p.dtype]),
-                                                          p.shape), o))
+                                                          p.shape), o, ggml))
                for p, o in zip(parts, outs)]
     if gate is not None and gate.active:
         decoded = [numeric_values(r).reshape(o.shape) for r, o in zip(results, outs)]
@@ -825,7 +827,7 @@ def _convert(source, destination, kind, precision, quantize, prefixes, validator
                 writer = _ct.MXFP4LayoutWriter(writer, layout)
             total = _stream(src, writer, pairs, progress, validator, optimizer, gate,
                             model.rows if model is not None else None,
-                            model.transposed if model is not None else None)
+                            model.transposed if model is not None else None, ggml=kind == "gguf")
         if side:
             _hf.write_side_files(side, _hf.side_file_dir(destination), force=True, durable=durable)
     finally:
@@ -889,7 +891,8 @@ def _grouped(pairs):
     return groups
 
 
-def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None, rows=None, transposed=None) -> int:
+def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None, rows=None, transposed=None,
+            ggml=False) -> int:
     groups = _grouped(pairs)
     total = sum(spec.nbytes for spec, _ in groups)
     done, scratch = 0, Scratch()
@@ -907,7 +910,7 @@ def _stream(src, writer, pairs, progress, validator, optimizer=None, gate=None, 
                     value = _hf.permute_rows(value, rows[spec.name])
                 if spec.name in transposed:  # GPT-2's Conv1D weights: [in, out] in Hugging Face
                     value, spec = _hf.transpose_value(value, spec)
-                values = _convert_tensor(value, spec, outs, optimizer, gate, validator)
+                values = _convert_tensor(value, spec, outs, optimizer, gate, validator, ggml)
                 for out, value in zip(outs, values):
                     writer.add(out.name, value)
             done += spec.nbytes

@@ -93,8 +93,9 @@ def compare_values(fa: np.ndarray, fb: np.ndarray, threads: int, chunk: int = CH
     max_abs = 0.0
     dot_ab = dot_aa = dot_bb = dot_dd = 0.0
     for start in range(0, fa.size, chunk):
-        a = fa[start:start + chunk].astype(np.float64)
-        b = fb[start:start + chunk].astype(np.float64)
+        with np.errstate(invalid="ignore"):  # a signalling NaN widened raises the invalid flag
+            a = fa[start:start + chunk].astype(np.float64)
+            b = fb[start:start + chunk].astype(np.float64)
         same = (a == b) | (np.isnan(a) & np.isnan(b))  # the same infinity or both NaN count as equal
         with np.errstate(invalid="ignore", over="ignore"):
             delta = np.where(same, 0.0, a - b)

@@ -92,16 +92,21 @@ def to_float16(array, out=None, *, threads: int = 0) -> np.ndarray:
     return result
 
 
-def to_bfloat16(array, out=None, *, threads: int = 0) -> np.ndarray:
+def to_bfloat16(array, out=None, *, threads: int = 0, ggml: bool = False) -> np.ndarray:
     """``array`` (float32, float64, float16 or bfloat16) rounded to bfloat16: an
     ``ml_dtypes.bfloat16`` array, or its ``uint16`` bits without ml_dtypes.
 
-    Bit for bit what ``array.astype(ml_dtypes.bfloat16)`` gives.
+    Bit for bit what ``array.astype(ml_dtypes.bfloat16)`` gives; with ``ggml``, what
+    gguf-py's ``quants.quantize(array, BF16)`` and ggml's ``ggml_compute_fp32_to_bf16``
+    give: the same but for NaNs, which keep their sign and the upper 16 bits of their
+    float32 payload with the quiet bit set (``(bits >> 16) | 0x40``) instead of becoming
+    the quiet NaN of their sign (docs/FORMAT.md "BF16 NaNs").
 
     Args:
         array: A floating-point array (or anything ``numpy.asarray`` takes).
         out: An array to write the result into (bfloat16, or ``uint16`` bits).
         threads: Most threads to use (0: the cores idle at the call).
+        ggml: NaNs as ggml and gguf-py round them (for GGUF files).
 
     Returns:
         A bfloat16 (or ``uint16``) array of ``array``'s shape (``out`` when given).
@@ -124,7 +129,20 @@ def to_bfloat16(array, out=None, *, threads: int = 0) -> np.ndarray:
         bits[...] = values.reshape(-1).view(_BITS)
     else:  # float64 goes through float32, exactly as ml_dtypes converts it
         _half.f32_to_bf16(_flat(_widened(values, threads)), bits, threads=threads)
+    if ggml:
+        _ggml_nans(values, bits)
     return result
+
+
+def _ggml_nans(values: np.ndarray, bits: np.ndarray) -> None:
+    """Rewrite the NaNs of ``bits`` (the bfloat16 of ``values``) as ggml makes them:
+    ``(f32_bits >> 16) | 0x40``, the float32 bits of each NaN as NumPy widens or narrows
+    it to float32 (as gguf-py does before it rounds)."""
+    nan = (bits & 0x7FFF) > 0x7F80
+    if nan.any():
+        with np.errstate(invalid="ignore"):  # a signalling NaN narrowed raises the invalid flag
+            wide = np.ascontiguousarray(values.reshape(-1)[nan]).astype(np.float32).view(np.uint32)
+        bits[nan] = ((wide >> 16) | 0x40).astype(np.uint16)
 
 
 def to_float32(array, out=None, *, threads: int = 0, dtype=None) -> np.ndarray:
