@@ -138,6 +138,9 @@ def _ggml_nans(values: np.ndarray, bits: np.ndarray) -> None:
     """Rewrite the NaNs of ``bits`` (the bfloat16 of ``values``) as ggml makes them:
     ``(f32_bits >> 16) | 0x40``, the float32 bits of each NaN as NumPy widens or narrows
     it to float32 (as gguf-py does before it rounds)."""
+    if bits.size == 0 or (int(bits.max()) <= 0xFF80 and int(bits.view(np.int16).max()) <= 0x7F80):
+        return  # no NaN: two SIMD reductions, no temporaries (negative NaNs are the largest
+        # uint16 patterns, 0xFF81-0xFFFF; positive ones the largest int16, 0x7F81-0x7FFF)
     nan = (bits & 0x7FFF) > 0x7F80
     if nan.any():
         with np.errstate(invalid="ignore"):  # a signalling NaN narrowed raises the invalid flag
