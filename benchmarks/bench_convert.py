@@ -3,6 +3,7 @@
     python benchmarks/bench_convert.py            # a 512 MiB model, 5 rounds
     python benchmarks/bench_convert.py --quick    # 32 MiB, 3 rounds
     python benchmarks/bench_convert.py --quick --sharded-gib 2   # and a 2 GiB sharded checkpoint
+    python benchmarks/bench_convert.py --mixed-only   # only the mixed K/IQ GGUF rows
 
 Rows (issue #12's targets):
 
@@ -12,6 +13,13 @@ Rows (issue #12's targets):
   ``GGUFWriter`` copying the same file once (GGUF -> GGUF: one read, one write, so the
   round trip, which writes the model twice, starts at a 2x handicap); the model half
   float32, half Q8_0 blocks.
+* GGUF -> .apr of a GGUF of mixed K and IQ types (Q2_K, Q3_K, Q5_K, IQ1_S, IQ2_XXS, IQ2_XS,
+  IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0) against the same call on a Q4_K_M-like
+  GGUF (Q4_K, attn_v/ffn_down-style tensors Q6_K) of the same byte size (issue #27's
+  target: the same speed), without validation and with convert's default statistics
+  (which decode every block); half the model's size in quantized bytes.  The types
+  aprfast quantizes hold aprfast.quantize's blocks of random normal values, the others
+  random bytes under a valid f16 scale of 0.01.
 * peak RSS above the imports, in a fresh process per sample, for the first row's tools
   (the streaming converter, validating as by default, should stay near the largest
   tensor, 1/16 of the model; issue #12's bound: the largest tensor plus 64 MiB).
@@ -42,6 +50,8 @@ import timing
 from timing import Row, Samples, Table, interleaved
 
 import aprfast
+from aprfast.dtypes import by_name
+from aprfast.numerics.quantization import quant_type
 
 MiB = 1 << 20
 N_TENSORS = 16
@@ -72,6 +82,75 @@ def make_gguf(path, total):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+#: The mixed GGUF's types (a tensor each, cycled) and the Q4_K_M one's.
+MIXED_TYPES = ("Q2_K", "Q3_K", "Q5_K", "IQ1_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
+               "TQ1_0")
+Q4_K_M_TYPES = ("Q4_K", "Q4_K", "Q4_K", "Q6_K")
+
+
+def make_quantized_gguf(path, nbytes, types):
+    """A GGUF of N_TENSORS tensors of rows of 1024 values, tensor i of ``types[i % len]``,
+    each about ``nbytes / N_TENSORS`` bytes: blocks aprfast.quantize makes of random
+    normal values, or (for the types it cannot quantize) random bytes whose f16 scale
+    at byte 0 of each block is 0.01."""
+    rng = np.random.default_rng(2)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("bench")
+    for i in range(N_TENSORS):
+        name = types[i % len(types)]
+        elems, block_bytes = by_name(name).block_elems, by_name(name).block_bytes
+        row_bytes = 1024 // elems * block_bytes
+        rows = max(1, nbytes // N_TENSORS // row_bytes)
+        if quant_type(name).can_quantize:
+            raw = np.asarray(aprfast.quantize(rng.standard_normal((rows, 1024), dtype=np.float32), name).data)
+            raw = raw.reshape(rows, row_bytes)
+        else:
+            raw = rng.integers(0, 256, (rows * 1024 // elems, block_bytes), dtype=np.uint8)
+            raw[:, :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+            raw = raw.reshape(rows, row_bytes)
+        w.add_tensor(f"blk.{i}.weight", raw, raw_dtype=getattr(gguf.GGMLQuantizationType, name))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def mixed_rows(table, d, total, rounds):
+    """GGUF -> .apr of mixed K/IQ types vs the same call on a Q4_K_M-like GGUF of the same size."""
+    make_quantized_gguf(f"{d}/mixed.gguf", total // 2, MIXED_TYPES)
+    make_quantized_gguf(f"{d}/q4km.gguf", total // 2, Q4_K_M_TYPES)
+    aprfast.convert(f"{d}/mixed.gguf", f"{d}/mx.apr", durable=False, validate="off")
+    with aprfast.open(f"{d}/mx.apr") as f:  # every type there, every block decodes to finite values
+        assert sorted({f.info(n).dtype_name for n in f.keys()}) == sorted(MIXED_TYPES)
+        for name in f.keys():
+            assert np.isfinite(f.get_tensor(name, dequantize=True)).all(), name
+    if hasattr(os, "sync"):
+        os.sync()
+    mixed_size, q4_size = os.path.getsize(f"{d}/mixed.gguf"), os.path.getsize(f"{d}/q4km.gguf")
+    same = "the same call on a Q4_K_M GGUF of this size"
+    by_hand = "GGUFReader + GGUFWriter (one GGUF -> GGUF copy)"
+    for label, validate in (("off", "off"), ("strict", "strict")):
+        mx = interleaved({"mixed": lambda v=validate: aprfast.convert(f"{d}/mixed.gguf", f"{d}/mx.apr", durable=False,
+                                                                      validate=v),
+                          same: lambda v=validate: aprfast.convert(f"{d}/q4km.gguf", f"{d}/q4.apr", durable=False,
+                                                                   validate=v),
+                          by_hand: lambda: gguf_by_hand(f"{d}/mixed.gguf", f"{d}/mh.gguf")},
+                         rounds, setup=remover(f"{d}/mx.apr", f"{d}/q4.apr", f"{d}/mh.gguf"))
+        table.add(Row(f"GGUF of mixed K/IQ types -> .apr, validate=\"{label}\"", timing.fmt_bytes(mixed_size),
+                      mx["mixed"], {by_hand: mx[by_hand]}, {same: mx[same]}))
+    values = {}
+    for which in ("mixed", "q4km"):
+        reader = gguf.GGUFReader(f"{d}/{which}.gguf")
+        values[which] = sum(int(t.n_elements) for t in reader.tensors)
+        del reader
+    table.notes.append(f"mixed K/IQ GGUF: {', '.join(MIXED_TYPES)}, {N_TENSORS} tensors cycling through them, "
+                       f"{timing.fmt_bytes(mixed_size)}, {values['mixed'] / 1e6:.0f} M values; the Q4_K_M-like "
+                       f"GGUF (Q4_K, every fourth tensor Q6_K) {timing.fmt_bytes(q4_size)}, "
+                       f"{values['q4km'] / 1e6:.0f} M values (validate=\"strict\" decodes and measures every "
+                       f"value, so its time follows the values, not the bytes)")
+    remover(f"{d}/mixed.gguf", f"{d}/q4km.gguf")()
 
 
 def gguf_by_hand(src, dst):
@@ -227,12 +306,18 @@ def main():
     parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
     parser.add_argument("--sharded-gib", type=float, default=None,
                         help="size of the sharded-checkpoint row in GiB (default: 2, or 0 = none with --quick)")
+    parser.add_argument("--mixed-only", action="store_true", help="only the mixed K/IQ GGUF -> .apr rows")
     args = parser.parse_args()
     sharded_gib = args.sharded_gib if args.sharded_gib is not None else (0 if args.quick else 2)
     total = (32 if args.quick else 512) * MiB
     rounds = 3 if args.quick else args.rounds
     versions = f"safetensors {timing.version('safetensors')}, gguf {timing.version('gguf')}"
     table = Table("Conversions: aprfast.convert vs each format's library by hand", "by hand", versions=versions)
+    if args.mixed_only:
+        with tempfile.TemporaryDirectory(dir=os.environ.get("APRFAST_BENCH_DIR")) as d:
+            mixed_rows(table, d, total, rounds)
+        table.finish(args.md_out)
+        return
     with tempfile.TemporaryDirectory(dir=os.environ.get("APRFAST_BENCH_DIR")) as d:
         tensors = make_safetensors(f"{d}/m.safetensors", total)
         make_gguf(f"{d}/m.gguf", total)
@@ -275,6 +360,8 @@ def main():
         table.add(Row(".apr -> GGUF", gsize, gg["to_gguf"], {by_hand: gg[by_hand]}))
         table.add(Row("GGUF -> .apr -> GGUF (two conversions, two full writes)", gsize, gg["both"],
                       {by_hand: gg[by_hand]}))
+
+        mixed_rows(table, d, total, rounds)
 
         peaks = peak_rss("convert", f"{d}/m.safetensors", f"{d}/r.apr", rounds)
         bound = total // N_TENSORS + 64 * MiB  # issue #12: the largest tensor plus 64 MiB

@@ -2,7 +2,10 @@
  * quant_ggml.h): Q5_0, Q5_1, TQ1_0, TQ2_0 and MXFP4 bit-identical with gguf-py's
  * NumPy quantize_blocks, and the K-quants, bit-identical with ggml's reference
  * quantizers (quantize_row_q*_K_ref, no importance matrix), which gguf-py lacks,
- * and ggml's Q8_K (quantize_row_q8_K_ref), the K-quants' int8 dot-product operand.
+ * ggml's Q8_K (quantize_row_q8_K_ref), the K-quants' int8 dot-product operand, and
+ * IQ4_NL and IQ4_XS as ggml's quantize_iq4_nl / quantize_iq4_xs without an importance
+ * matrix (what ggml_quantize_chunk runs; not quantize_row_iq4_nl_ref, which skips
+ * the scale search).
  *
  * The rules quant.c states at its top hold here too: every float operation is
  * float32 in the oracle's order, one rounding each (no FMA contraction, see
@@ -780,6 +783,135 @@ static void q8_k_quantize_block(const float *x, uint8_t *y)
 }
 
 /* ------------------------------------------------------------------------ */
+/* IQ4_NL and IQ4_XS (ggml's quantize_iq4_nl / quantize_iq4_xs without an     */
+/* importance matrix: what ggml_quantize_chunk and llama-quantize run; ntry 7). */
+
+/* ggml's kvalues_iq4nl: the sixteen non-linear levels, ascending. */
+static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* The level nearest x (ggml's best_index_int8 over IQ4_VALUES): a binary search, then
+ * the lower neighbour only when strictly nearer.  NaN lands on 15, as ggml's does. */
+static inline int iq4_index(float x)
+{
+    if (x <= (float)IQ4_VALUES[0])
+        return 0;
+    if (x >= (float)IQ4_VALUES[15])
+        return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (x < (float)IQ4_VALUES[mid])
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return x - (float)IQ4_VALUES[hi - 1] < (float)IQ4_VALUES[hi] - x ? hi - 1 : hi;
+}
+
+/* The scale of one 32-value sub-block, weights x^2 (ggml's quantize_row_iq4_nl_impl,
+ * first loop): from -max/-127 the weighted least-squares scale of the levels chosen,
+ * then fifteen trial inverse scales (k - 127) / max, k = -7..7, each kept when its
+ * weighted fit sumqx^2 / sumq2 beats the best.  0 for a sub-block whose largest |x|
+ * is below 1e-15 (NaN never counts as largest). */
+static float iq4_fit(const float *x)
+{
+    float w[QK];
+    float amax = 0, max = 0;
+    for (int j = 0; j < QK; j++) {
+        w[j] = x[j] * x[j];
+        float ax = fabsf(x[j]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[j];
+        }
+    }
+    if (amax < 1e-15f)
+        return 0.0f;
+    float d = -max / (float)IQ4_VALUES[0];
+    float id = 1 / d;
+    float sumqx = 0, sumq2 = 0;
+    for (int j = 0; j < QK; j++) {
+        float q = (float)IQ4_VALUES[iq4_index(id * x[j])];
+        sumqx += w[j] * q * x[j];
+        sumq2 += w[j] * q * q;
+    }
+    d = sumq2 > 0 ? sumqx / sumq2 : 0.0f;
+    float best = d * sumqx;
+    for (int itry = -7; itry <= 7; itry++) {
+        id = (float)(itry + IQ4_VALUES[0]) / max;
+        sumqx = sumq2 = 0;
+        for (int j = 0; j < QK; j++) {
+            float q = (float)IQ4_VALUES[iq4_index(id * x[j])];
+            sumqx += w[j] * q * x[j];
+            sumq2 += w[j] * q * q;
+        }
+        if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+            d = sumqx / sumq2;
+            best = d * sumqx;
+        }
+    }
+    return d;
+}
+
+/* Nibbles of 32 levels: element j low, j + 16 high. */
+static void iq4_pack(const uint8_t L[QK], uint8_t *qs)
+{
+    for (int j = 0; j < QK / 2; j++)
+        qs[j] = (uint8_t)(L[j] | L[j + QK / 2] << 4);
+}
+
+/* IQ4_NL: f16 d = the fitted scale, then each level the nearest to x / d (the float32
+ * scale, before its f16 rounding). */
+static void iq4_nl_quantize_block(const float *x, uint8_t *y)
+{
+    float d = iq4_fit(x);
+    float id = d != 0.0f ? 1 / d : 0.0f; /* NaN is true in ggml's `d ? 1/d : 0` too */
+    uint8_t L[QK];
+    for (int j = 0; j < QK; j++)
+        L[j] = (uint8_t)iq4_index(id * x[j]);
+    store_u16le(y, ggml_f32_to_f16(d));
+    iq4_pack(L, y + 2);
+}
+
+/* IQ4_XS: eight sub-blocks fitted as IQ4_NL's, d = -max_scale / 32 (max_scale the
+ * scale of largest magnitude, the first of equals), 6-bit scales
+ * clamp(nearest(sc / d), -32, 31) + 32 (low nibbles in scales_l, two per byte, high
+ * two bits in scales_h at bit 2 * sub-block), each level the nearest to x / (d * l)
+ * with the float32 d. */
+static void iq4_xs_quantize_block(const float *x, uint8_t *y)
+{
+    float sc[8];
+    float max_scale = 0, amax_scale = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        sc[ib] = iq4_fit(x + QK * ib);
+        float a = fabsf(sc[ib]);
+        if (a > amax_scale) {
+            amax_scale = a;
+            max_scale = sc[ib];
+        }
+    }
+    float d = -max_scale / 32;
+    float id = d != 0.0f ? 1 / d : 0.0f;
+    uint16_t scales_h = 0;
+    uint8_t *scales_l = y + 4, *qs = y + 8;
+    memset(scales_l, 0, 4);
+    for (int ib = 0; ib < 8; ib++) {
+        int l = clamp_int(nearest_int(id * sc[ib]), -32, 31);
+        float dl = d * (float)l;
+        float idl = dl != 0.0f ? 1 / dl : 0.0f;
+        uint8_t L[QK];
+        for (int j = 0; j < QK; j++)
+            L[j] = (uint8_t)iq4_index(idl * x[QK * ib + j]);
+        iq4_pack(L, qs + 16 * ib);
+        l += 32;
+        scales_l[ib / 2] = (uint8_t)(scales_l[ib / 2] | (l & 0xf) << 4 * (ib % 2));
+        scales_h = (uint16_t)(scales_h | (l >> 4) << 2 * ib);
+    }
+    store_u16le(y, ggml_f32_to_f16(d));
+    store_u16le(y + 2, scales_h);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Dispatch.                                                                */
 
 #define BLOCKS_FN(name, elems, bytes)                                               \
@@ -800,6 +932,8 @@ BLOCKS_FN(q4_k, QK_K, 144)
 BLOCKS_FN(q5_k, QK_K, 176)
 BLOCKS_FN(q6_k, QK_K, 210)
 BLOCKS_FN(q8_k, QK_K, 292)
+BLOCKS_FN(iq4_nl, QK, 18)
+BLOCKS_FN(iq4_xs, QK_K, 136)
 
 apr_ggml_quantize_fn apr_ggml_quantizer(int type)
 {
@@ -826,6 +960,10 @@ apr_ggml_quantize_fn apr_ggml_quantizer(int type)
         return q6_k_quantize_blocks;
     case APR_QT_Q8_K:
         return q8_k_quantize_blocks;
+    case APR_QT_IQ4_NL:
+        return iq4_nl_quantize_blocks;
+    case APR_QT_IQ4_XS:
+        return iq4_xs_quantize_blocks;
     default:
         return NULL;
     }

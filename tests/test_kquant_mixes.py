@@ -13,7 +13,8 @@ import pytest
 import aprfast
 from aprfast.cli import main
 from aprfast.convert import open_source, tensor_mix_types
-from aprfast.numerics.mixes import MIXES, MixParams, mix, mix_params, mix_types, quantizable
+from aprfast.errors import LayoutError
+from aprfast.numerics.mixes import MIXES, NOT_OFFERED, MixParams, mix, mix_params, mix_types, quantizable
 
 #: llama.cpp's use_more_bits(i, 10): the first eighth, the last eighth, every third between.
 MORE_BITS_10 = {0, 3, 6, 8, 9}
@@ -37,7 +38,8 @@ def llama(n_layer=10, hidden=256, ff=512, vocab=64, tied=False, kv=128):
 def test_names_and_file_types():
     assert {n: m.ftype for n, m in MIXES.items()} == {
         "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12, "Q3_K_L": 13,
-        "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18}
+        "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30,
+        "TQ1_0": 36, "TQ2_0": 37, "MXFP4_MOE": 38}
     assert mix("q4_k_m").name == "Q4_K_M" and mix("Q6_K").base == "Q6_K"
     assert mix("Q6_K", suffixed_only=True) is None and mix("Q4_K") is None and mix(3) is None
 
@@ -104,6 +106,74 @@ def test_hyper_parameters():
     # Hugging Face config.json
     assert mix_params(config={"model_type": "mistral", "num_hidden_layers": 4, "num_attention_heads": 8,
                               "num_key_value_heads": 2}) == MixParams("llama", 4, 8, 2, 0)
+
+
+def moe(n_expert=4, n_layer=2, hidden=256):
+    """llama() with Mixtral's 3-D experts and routers instead of the dense MLP."""
+    out = [(n, s) for n, s in llama(n_layer=n_layer, hidden=hidden) if ".ffn_" not in n or "norm" in n]
+    for i in range(n_layer):
+        out += [(f"blk.{i}.ffn_gate_inp.weight", (n_expert, hidden))]
+        out += [(f"blk.{i}.ffn_{t}_exps.weight", (n_expert, hidden, hidden)) for t in ("gate", "up", "down")]
+    return out
+
+
+def test_iq4_mixes():
+    for name in ("IQ4_NL", "IQ4_XS"):
+        types = mix_types(name, llama(), MixParams("llama", 10, 4, 2))  # grouped-query factor 2
+        assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == name
+        assert [types[f"blk.{i}.ffn_down.weight"] for i in range(10)] == ["Q5_K"] + [name] * 9  # i < 10/8
+        assert {types[f"blk.{i}.attn_v.weight"] for i in range(10)} == {name}
+        gqa4 = mix_types(name, llama(), MixParams("llama", 10, 8, 2))
+        assert {gqa4[f"blk.{i}.attn_v.weight"] for i in range(10)} == {"Q5_K"}
+        odd = mix_types(name, llama(n_layer=2, hidden=96, ff=200, kv=48))
+        assert odd["blk.0.attn_q.weight"] == "IQ4_NL" and odd["blk.0.ffn_down.weight"] == "F16"
+        assert odd["output.weight"] == "Q8_0"  # 96: Q8_0 (IQ4_XS's blocks) or Q6_K's fallback (IQ4_NL)
+        eight = mix_types(name, moe(8, n_layer=10), MixParams("llama", 10, 4, 2, 8))
+        assert eight["blk.0.attn_output.weight"] == "Q5_K" and eight["blk.0.attn_v.weight"] == "Q8_0"
+        assert eight["blk.0.ffn_down_exps.weight"] == "Q5_K" and eight["blk.1.ffn_up_exps.weight"] == name
+
+
+def test_ternary_mixes():
+    for name in ("TQ1_0", "TQ2_0"):
+        types = mix_types(name, llama())
+        assert types["token_embd.weight"] == "Q4_K" and types["output.weight"] == "Q6_K"
+        assert {types[n] for n, s in llama() if len(s) == 2} - {"Q4_K", "Q6_K"} == {name}
+        assert mix_types(name, llama(tied=True))["token_embd.weight"] == "Q6_K"
+        assert mix_types(name, llama(n_layer=2, hidden=96))["blk.0.attn_q.weight"] == "Q4_0"
+
+
+def test_mxfp4_moe_mix():
+    types = mix_types("MXFP4_MOE", moe())
+    assert types["output.weight"] == types["token_embd.weight"] == types["blk.0.attn_q.weight"] == "Q8_0"
+    assert {types[f"blk.{i}.ffn_{t}_exps.weight"] for i in range(2) for t in ("gate", "up", "down")} == {"MXFP4"}
+    assert types["blk.0.ffn_gate_inp.weight"] is None  # the router is never quantized
+    assert types["blk.0.ffn_norm.weight"] is None
+    assert mix_types("MXFP4_MOE", moe(n_expert=1))["blk.0.ffn_up_exps.weight"] == "Q8_0"  # ne[2] == 1
+    dense = mix_types("MXFP4_MOE", llama())
+    assert {dense[n] for n, s in llama() if len(s) == 2} == {"Q8_0"}
+    assert MIXES["MXFP4_MOE"].types == ("MXFP4", "Q8_0") and MIXES["MXFP4_MOE"].suffixed
+
+
+@pytest.mark.parametrize("name", sorted(NOT_OFFERED))
+def test_mixes_not_offered_say_why(name):
+    with pytest.raises(LayoutError, match=f"{name} mix is not offered: .*(importance matrix|quantizer|file type)"):
+        mix(name)
+    with pytest.raises(LayoutError, match="not offered"):
+        mix_types(name, llama())
+    if name in ("Q2_K_S", "IQ2_M", "IQ3_XS", "IQ3_M"):  # not GGML type names: a mix whatever the destination
+        with pytest.raises(LayoutError, match="not offered"):
+            mix(name, suffixed_only=True)
+    else:
+        assert mix(name, suffixed_only=True) is None
+
+
+def test_cli_refuses_mixes_not_offered_as_usage_errors(gguf_model, tmp_path, capsys):
+    src, _ = gguf_model
+    assert main(["convert", str(src), str(tmp_path / "x.gguf"), "--quantize", "q2_k_s"]) == 2
+    assert "Q2_K_S mix is not offered: needs an importance matrix" in capsys.readouterr().err
+    assert main(["quantize", str(src), str(tmp_path / "x.apr"), "--type", "iq3_m"]) == 2
+    assert "no IQ3_S quantizer" in capsys.readouterr().err
+    assert not (tmp_path / "x.gguf").exists() and not (tmp_path / "x.apr").exists()
 
 
 def test_what_is_never_quantized():

@@ -2,8 +2,9 @@
 the portable kernels of csrc/quant.c as NumPy operations on whole arrays of blocks.
 
 GGML types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 and the K-quants Q2_K,
-Q3_K, Q4_K, Q5_K, Q6_K, and Q8_K both ways; the others dequantize only) give the same bytes and floats as
-llama.cpp's gguf-py (ggml's reference C where gguf-py has none: the K-quant and Q8_K quantizers,
+Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL and IQ4_XS both ways; the others dequantize only) give the same
+bytes and floats as llama.cpp's gguf-py (ggml's reference C where gguf-py has none: the K-quant, Q8_K
+and IQ4 quantizers,
 Q8_1, Q8_K and Q1_0's dequantizers); the APR types (APR_Q8, APR_Q4,
 APR_FQ8_0, APR_FQ4_0) the same as aprender's Rust code; Q8_TENSOR is aprfast's
 per-tensor int8 with a zero point.  The byte layouts are in csrc/quant.h, the rounding
@@ -48,10 +49,10 @@ _TABLE = {
     "IQ2_XS": (QK_K, 74, 0, False, False),
     "IQ3_XXS": (QK_K, 98, 0, False, False),
     "IQ1_S": (QK_K, 50, 0, False, False),
-    "IQ4_NL": (QK, 18, 0, False, False),
+    "IQ4_NL": (QK, 18, 0, False, True),
     "IQ3_S": (QK_K, 110, 0, False, False),
     "IQ2_S": (QK_K, 82, 0, False, False),
-    "IQ4_XS": (QK_K, 136, 0, False, False),
+    "IQ4_XS": (QK_K, 136, 0, False, True),
     "IQ1_M": (QK_K, 56, 0, False, False),
     "TQ1_0": (QK_K, 54, 0, False, True),
     "TQ2_0": (QK_K, 66, 0, False, True),
@@ -533,6 +534,74 @@ def _q8_k_blocks(x):
     return out
 
 
+# --- IQ4_NL / IQ4_XS (ggml's quantize_iq4_nl / quantize_iq4_xs, no importance matrix) -----
+#: ggml's kvalues_iq4nl, ascending.
+_IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], F32)
+
+
+def _iq4_index(v):
+    """ggml's best_index_int8 over the IQ4 levels: the interval holding v, then the lower
+    end only when strictly nearer; NaN gives 15 as ggml's binary search does."""
+    v = np.asarray(v, F32)
+    hi = np.clip(np.searchsorted(_IQ4_VALUES, v, side="right"), 1, 15)
+    idx = np.where(v - _IQ4_VALUES[hi - 1] < _IQ4_VALUES[hi] - v, hi - 1, hi)
+    idx = np.where(v <= _IQ4_VALUES[0], 0, idx)
+    return np.where((v >= _IQ4_VALUES[15]) | np.isnan(v), 15, idx)
+
+
+def _iq4_fit(x):
+    """The scale of each 32-value row (csrc/quantize_ggml.c's iq4_fit): weights x^2, the
+    least-squares scale of the levels from -max/-127, then 15 trial inverse scales."""
+    w = x * x
+    big = _running_max(x, np.abs)
+    tiny = np.abs(big) < F32(1e-15)
+    big = np.where(tiny, F32(1), big).astype(F32)
+
+    def sums(inv):
+        q = _IQ4_VALUES[_iq4_index(inv[:, None] * x)]
+        wq = w * q
+        return _wsum(wq, x), _wsum(wq, q)
+
+    sumqx, sumq2 = sums(F32(1) / (-big / F32(-127)))
+    pos = sumq2 > 0
+    d = np.where(pos, sumqx / np.where(pos, sumq2, F32(1)), F32(0)).astype(F32)
+    best = (d * sumqx).astype(F32)
+    for itry in range(-7, 8):
+        sqx, sq2 = sums((F32(itry - 127) / big).astype(F32))
+        take = (sq2 > 0) & (sqx * sqx > best * sq2)
+        d = np.where(take, sqx / np.where(take, sq2, F32(1)), d).astype(F32)
+        best = np.where(take, d * sqx, best).astype(F32)
+    return np.where(tiny, F32(0), d).astype(F32)
+
+
+def _inv_or_zero(d):
+    """ggml's ``d ? 1/d : 0`` (a NaN d is true there)."""
+    return np.where(d != 0, F32(1) / np.where(d != 0, d, F32(1)), F32(0)).astype(F32)
+
+
+def _iq4_nl_blocks(x):
+    """IQ4_NL: f16 d | 16 nibble bytes (levels nearest x / d, the float32 d)."""
+    d = _iq4_fit(x)
+    L = _iq4_index(_inv_or_zero(d)[:, None] * x)
+    return np.concatenate([_u16_bytes(_ggml_f16(d)), _pack_split(L)], axis=1)
+
+
+def _iq4_xs_blocks(x):
+    """IQ4_XS: f16 d | u16 scales_h | 4 B scales_l | 128 nibble bytes."""
+    blocks = x.shape[0]
+    xs = x.reshape(-1, 32)
+    sc = _iq4_fit(xs).reshape(blocks, 8)
+    d = (-_running_max(sc, np.abs) / F32(32)).astype(F32)
+    ls = np.clip(_nearest(_inv_or_zero(d)[:, None] * sc), -32, 31)
+    dl = (d[:, None] * ls.astype(F32)).reshape(-1)
+    L = _iq4_index(_inv_or_zero(dl)[:, None] * xs)
+    six = ls + 32
+    scales_l = ((six[:, 0::2] & 0xF) | (six[:, 1::2] & 0xF) << 4).astype(np.uint8)
+    scales_h = ((six >> 4) << (2 * np.arange(8))).sum(axis=1)
+    return np.concatenate([_u16_bytes(_ggml_f16(d)), _u16_bytes(scales_h), scales_l,
+                           _pack_split(L).reshape(blocks, 128)], axis=1)
+
+
 def _apr_q4_blocks(x, count):
     """APR_Q4: scale = max|x| / 7 (1.0 if 0) in f32, stored as f16; q from the f32 scale;
     nibbles past ``count`` stay 0."""
@@ -627,7 +696,8 @@ def _q8_tensor(x):
 _BLOCK_QUANTIZERS = {"Q8_0": _q8_0_blocks, "Q4_0": _q4_0_blocks, "Q4_1": _q4_1_blocks, "Q5_0": _q5_0_blocks,
                      "Q5_1": _q5_1_blocks, "TQ1_0": _tq1_0_blocks, "TQ2_0": _tq2_0_blocks, "MXFP4": _mxfp4_blocks,
                      "Q2_K": _q2_k_blocks, "Q3_K": _q3_k_blocks, "Q4_K": _q4_k_blocks, "Q5_K": _q5_k_blocks,
-                     "Q6_K": _q6_k_blocks, "Q8_K": _q8_k_blocks}
+                     "Q6_K": _q6_k_blocks, "Q8_K": _q8_k_blocks, "IQ4_NL": _iq4_nl_blocks,
+                     "IQ4_XS": _iq4_xs_blocks}
 _PARTIAL_QUANTIZERS = {"APR_Q4": _apr_q4_blocks, "APR_FQ8_0": _apr_fq8_0_blocks, "APR_FQ4_0": _apr_fq4_0_blocks}
 
 
@@ -1171,6 +1241,16 @@ def quantize_q8_k(src, out, *, threads=0, path=None):
     _quantize("Q8_K", src, out, threads, path)
 
 
+def quantize_iq4_nl(src, out, *, threads=0, path=None):
+    """GGML IQ4_NL (ggml's quantize_iq4_nl without an importance matrix, bit for bit; 18 bytes a block of 32)."""
+    _quantize("IQ4_NL", src, out, threads, path)
+
+
+def quantize_iq4_xs(src, out, *, threads=0, path=None):
+    """GGML IQ4_XS (ggml's quantize_iq4_xs without an importance matrix, bit for bit; 136 bytes a block of 256)."""
+    _quantize("IQ4_XS", src, out, threads, path)
+
+
 def quantize_apr_q8(src, out, *, threads=0, path=None):
     """apr-format's AprQ8: f32 scale then one int8 per element (no bytes if empty)."""
     _quantize("APR_Q8", src, out, threads, path)
@@ -1239,7 +1319,8 @@ def quantized_nbytes(type_name, n):
 
 def can_quantize(type_name):
     """True if ``quantize`` supports the type (the APR types and the GGML types with a
-    quantizer: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K)."""
+    quantizer: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
+    IQ4_NL, IQ4_XS)."""
     return _TABLE[list(TYPES)[_type_id(type_name)]][4]
 
 

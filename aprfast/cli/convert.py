@@ -220,11 +220,14 @@ def quantize_help() -> str:
 
 
 def _quant_name(text: str) -> str:
-    from ..errors import UnknownDTypeError
+    from ..errors import LayoutError, UnknownDTypeError
     from ..numerics.mixes import MIXES, mix
     from ..numerics.quantization import quant_type, quant_types
 
-    found = mix(text, suffixed_only=True)  # llama.cpp's Q4_K_M, Q5_K_S, ...: aprfast.convert plans it
+    try:
+        found = mix(text, suffixed_only=True)  # llama.cpp's Q4_K_M, Q5_K_S, ...: aprfast.convert plans it
+    except LayoutError as exc:  # a llama.cpp file type aprfast does not offer (Q2_K_S, IQ3_M, ...)
+        raise UsageError(f"--quantize {text}: {exc.message}") from None
     if found is not None:
         for type_name in found.types:
             try:

@@ -20,6 +20,7 @@ import fnmatch
 import os
 
 from ..dtypes import element_count
+from ..errors import LayoutError
 from ..files.integrity import CheckedReader
 from ..layouts.aprender import COUNT_KEYS, tensor_counts
 from ..numerics.mixes import MIXES, mix
@@ -121,7 +122,10 @@ def selector(default, rules, quantize_1d: bool):
 
 def _mix_or_none(name):
     """The llama.cpp mix ``--type`` names (Q4_K_M, ...), each type it uses checked."""
-    found = mix(name, suffixed_only=True)
+    try:
+        found = mix(name, suffixed_only=True)
+    except LayoutError as exc:  # a llama.cpp file type aprfast does not offer (Q2_K_S, IQ3_M, ...)
+        raise UsageError(f"--type {name}: {exc.message}") from None
     if found is not None:
         for type_name in found.types:
             _type_or_keep(type_name, f"--type {name}: its type")

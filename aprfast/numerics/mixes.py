@@ -25,8 +25,14 @@ What the rules read, in the order llama.cpp reads it:
   blocks of the base type;
 * the per-category rules of ``llama_tensor_get_type_impl``;
 * a type whose blocks do not divide the row length falls back (``tensor_type_fallback``):
-  Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K to Q4_0, and to F16 when even
-  32 does not divide the row.
+  Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K/TQ1_0/TQ2_0 to Q4_0, IQ4_XS to
+  IQ4_NL, and to F16 when even 32 does not divide the row.
+
+MXFP4_MOE gives the 3-D expert tensors (more than one matrix along GGML's ``ne[2]``)
+MXFP4 and every other quantizable tensor, output included, Q8_0.  The file types that
+need an importance matrix (Q2_K_S, IQ1_*, IQ2_*, IQ3_XXS, IQ3_XS) or a quantizer aprfast
+lacks (IQ3_S, IQ3_M, Q1_0) are refused by :func:`mix` with the reason
+(:data:`NOT_OFFERED`).
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Mix", "MIXES", "MixParams", "mix", "mix_types", "mix_params", "quantizable"]
+from ..errors import LayoutError
+
+__all__ = ["Mix", "MIXES", "NOT_OFFERED", "MixParams", "mix", "mix_types", "mix_params", "quantizable"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,7 @@ class Mix:
     def types(self) -> tuple:
         """Every GGML type the rules may give a tensor of this mix (F16 aside), sorted."""
         found = {self.base, "Q8_0", *_EXTRA.get(self.name, ())}
-        if self.base != "Q8_0":
+        if self.base not in ("Q8_0", "MXFP4"):  # MXFP4_MOE's output is Q8_0
             found.add("Q6_K")
         found |= {_FALLBACK[t] for t in found if t in _FALLBACK}
         return tuple(sorted(found))
@@ -66,14 +74,35 @@ class Mix:
 
 
 #: llama-quantize's names -> mixes.  ``Q3_K``, ``Q4_K`` and ``Q5_K`` are its aliases of
-#: the _M mixes; here they stay GGML type names (see :func:`mix`).  Q2_K_S needs an
-#: importance matrix (llama.cpp refuses it without one), so it is not offered.
+#: the _M mixes; here they stay GGML type names (see :func:`mix`).  The file types that
+#: are not offered are in :data:`NOT_OFFERED`, each with the reason.
 MIXES = {m.name: m for m in (
     Mix("Q4_0", 2, "Q4_0"), Mix("Q4_1", 3, "Q4_1"), Mix("Q8_0", 7, "Q8_0"), Mix("Q5_0", 8, "Q5_0"),
     Mix("Q5_1", 9, "Q5_1"), Mix("Q2_K", 10, "Q2_K"), Mix("Q3_K_S", 11, "Q3_K"), Mix("Q3_K_M", 12, "Q3_K"),
     Mix("Q3_K_L", 13, "Q3_K"), Mix("Q4_K_S", 14, "Q4_K"), Mix("Q4_K_M", 15, "Q4_K"), Mix("Q5_K_S", 16, "Q5_K"),
-    Mix("Q5_K_M", 17, "Q5_K"), Mix("Q6_K", 18, "Q6_K"),
+    Mix("Q5_K_M", 17, "Q5_K"), Mix("Q6_K", 18, "Q6_K"), Mix("IQ4_NL", 25, "IQ4_NL"), Mix("IQ4_XS", 30, "IQ4_XS"),
+    Mix("TQ1_0", 36, "TQ1_0"), Mix("TQ2_0", 37, "TQ2_0"), Mix("MXFP4_MOE", 38, "MXFP4"),
 )}
+
+_IMATRIX = ("needs an importance matrix: llama-quantize refuses it without one (tensor_requires_imatrix: "
+            "its {types} tensors), and aprfast quantizes without one")
+#: llama.cpp file types ``llama-quantize`` offers that aprfast does not, and why
+#: (llama.cpp 0.3.36's ``llama_ftype_get_default_type`` and ``tensor_requires_imatrix``).
+NOT_OFFERED = {
+    "Q2_K_S": _IMATRIX.format(types="Q2_K"),
+    "IQ2_XXS": _IMATRIX.format(types="IQ2_XXS"),
+    "IQ2_XS": _IMATRIX.format(types="IQ2_XS"),
+    "IQ2_S": _IMATRIX.format(types="IQ2_XS"),
+    "IQ2_M": _IMATRIX.format(types="IQ2_S"),
+    "IQ1_S": _IMATRIX.format(types="IQ1_S"),
+    "IQ1_M": _IMATRIX.format(types="IQ1_M"),
+    "IQ3_XXS": _IMATRIX.format(types="IQ3_XXS"),
+    "IQ3_XS": _IMATRIX.format(types="IQ3_XXS attn_q/attn_k"),
+    "IQ3_S": "needs no importance matrix, but aprfast has no IQ3_S quantizer (its grid search is not written yet)",
+    "IQ3_M": "needs no importance matrix, but aprfast has no IQ3_S quantizer (its grid search is not written yet)",
+    "Q1_0": "aprfast has no Q1_0 quantizer",
+    "NVFP4": "llama-quantize itself has no NVFP4 file type to write (llama_ftype_get_default_type refuses it)",
+}
 
 
 def mix(name, *, suffixed_only: bool = False):
@@ -87,6 +116,11 @@ def mix(name, *, suffixed_only: bool = False):
     Returns:
         The :class:`Mix`, or None.
 
+    Raises:
+        LayoutError: ``name`` is a llama.cpp file type aprfast does not offer
+            (:data:`NOT_OFFERED`, the reason in the message), unless it is also a GGML
+            type name and ``suffixed_only`` asks for mixes alone.
+
     Examples:
         >>> from aprfast.numerics.mixes import mix
         >>> mix("q4_k_m")
@@ -98,7 +132,10 @@ def mix(name, *, suffixed_only: bool = False):
         return name
     if not isinstance(name, str):
         return None
-    found = MIXES.get(name.strip().upper())
+    key = name.strip().upper()
+    found = MIXES.get(key)
+    if found is None and key in NOT_OFFERED and not (suffixed_only and key in _TYPE_NAMES):
+        raise LayoutError(f"llama.cpp's {key} mix is not offered: {NOT_OFFERED[key]}")
     if found is not None and suffixed_only and not found.suffixed:
         return None
     return found
@@ -241,12 +278,19 @@ def _more_bits(i: int, n: int) -> bool:
 
 #: Types a mix's rules use beyond its base, output's Q6_K and Q8_0 (70B, 8 experts).
 _EXTRA = {"Q2_K": ("Q3_K", "Q4_K", "Q5_K"), "Q3_K_S": ("Q5_K",), "Q3_K_M": ("Q4_K", "Q5_K"),
-          "Q3_K_L": ("Q4_K", "Q5_K"), "Q4_K_S": ("Q5_K",), "Q4_K_M": ("Q5_K",), "Q4_0": (), "Q4_1": ()}
+          "Q3_K_L": ("Q4_K", "Q5_K"), "Q4_K_S": ("Q5_K",), "Q4_K_M": ("Q5_K",), "Q4_0": (), "Q4_1": (),
+          "IQ4_NL": ("Q5_K",), "IQ4_XS": ("Q5_K",), "TQ1_0": ("Q4_K",), "TQ2_0": ("Q4_K",)}
 #: GGML block sizes of the types the rules name.
 _BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "Q2_K": 256, "Q3_K": 256, "Q4_K": 256,
-          "Q5_K": 256, "Q6_K": 256}
-#: tensor_type_fallback: a 256-block type whose blocks do not divide the row.
-_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+          "Q5_K": 256, "Q6_K": 256, "IQ4_NL": 32, "IQ4_XS": 256, "TQ1_0": 256, "TQ2_0": 256, "MXFP4": 32}
+#: tensor_type_fallback: a 256-block type whose blocks do not divide the row (a 32-block
+#: type that does not fit goes to F16).
+_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL",
+             "TQ1_0": "Q4_0", "TQ2_0": "Q4_0"}
+#: Names of NOT_OFFERED that are GGML type names too.
+_TYPE_NAMES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "IQ3_XXS", "IQ3_S", "Q1_0", "NVFP4")
+#: 8-expert models: attn_output -> Q5_K for these mixes.
+_MOE8_O = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS")
 
 
 class _State:
@@ -270,23 +314,32 @@ def _layer(state: _State, params: MixParams, counter: int, name: str):
     return counter, state.n_layer
 
 
-def _pick(m: Mix, state: _State, params: MixParams, name: str, row: int, category: str) -> str:  # noqa: C901
+def _pick(m: Mix, state: _State, params: MixParams, name: str, shape: tuple, category: str) -> str:  # noqa: C901
     """``llama_tensor_get_type_impl`` for the mixes of :data:`MIXES` (no importance
     matrix, no overrides)."""
-    ftype, arch, t = m.name, params.arch, m.base
+    ftype, arch, t, row = m.name, params.arch, m.base, shape[-1]
     falcon = arch == "falcon"
     if category == "output" or (state.tied and category == "token_embd"):
-        if falcon or row % _BLOCK[t]:
+        if ftype == "MXFP4_MOE" or falcon or row % _BLOCK[t]:
             return "Q8_0"
         return t if t == "Q8_0" else "Q6_K"
+    if ftype == "MXFP4_MOE":
+        # expert tensors (GGML's ne[2] > 1: the third dimension from the row) -> MXFP4, the rest Q8_0;
+        # BailingMoE3's 3-D MLA projections are not experts
+        experts = len(shape) >= 3 and shape[-3] > 1
+        if experts and (arch != "bailingmoe3" or category in ("up", "gate", "down")):
+            return "MXFP4"
+        return "Q8_0"
     if category == "token_embd":
-        return t
+        return "Q4_K" if ftype in ("TQ1_0", "TQ2_0") else t
     if category in _ATTN_V:
         if ftype == "Q2_K":
             t = "Q4_K" if params.n_gqa >= 4 else "Q3_K"
         elif ftype == "Q3_K_M":
             t = "Q5_K" if state.i_attention_wv < 2 else "Q4_K"
         elif ftype == "Q3_K_L":
+            t = "Q5_K"
+        elif ftype in ("IQ4_NL", "IQ4_XS") and params.n_gqa >= 4:
             t = "Q5_K"
         elif ftype in ("Q4_K_M", "Q5_K_M") and _more_bits(state.i_attention_wv, state.n_attention_wv):
             t = "Q6_K"
@@ -313,6 +366,8 @@ def _pick(m: Mix, state: _State, params: MixParams, name: str, row: int, categor
                 t = "Q6_K" if i < n // 16 else ("Q5_K" if _more_bits(i, n) else "Q4_K")
             elif _more_bits(i, n):
                 t = "Q6_K"
+        elif ftype in ("IQ4_NL", "IQ4_XS") and i < n // 8:  # (llama.cpp: without an importance matrix)
+            t = "Q5_K"
         elif ftype == "Q5_K_M" and _more_bits(i, n):
             t = "Q6_K"
         elif ftype == "Q4_K_S" and not falcon and i < n // 8:
@@ -321,7 +376,7 @@ def _pick(m: Mix, state: _State, params: MixParams, name: str, row: int, categor
     elif category == "o":
         if not falcon:
             if params.n_expert == 8:
-                if ftype in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M"):
+                if ftype in _MOE8_O:
                     t = "Q5_K"
             elif ftype == "Q2_K":
                 t = "Q3_K"
@@ -397,6 +452,5 @@ def mix_types(m, tensors, params: MixParams | None = None) -> dict:
         if not quantizable(name, shape):
             out[name] = None
             continue
-        row = shape[-1]
-        out[name] = _fallback(_pick(found, state, params, name, row, _category(name)), row)
+        out[name] = _fallback(_pick(found, state, params, name, shape, _category(name)), shape[-1])
     return {name: out[name] for name in names}

@@ -275,15 +275,17 @@ class IQ1_M(_Kernel):
 
 
 class IQ4_NL(_Kernel):
-    """GGML IQ4_NL: blocks of 32, 4-bit indices into 16 non-linear values (dequantize only)."""
+    """GGML IQ4_NL: blocks of 32, 4-bit indices into 16 non-linear values, an f16 scale fitted by
+    weighted least squares (ggml's quantize_iq4_nl without an importance matrix)."""
 
-    name, bits, symmetric = "IQ4_NL", 4, True
+    name, bits, symmetric, _quantizer = "IQ4_NL", 4, True, "quantize_iq4_nl"
 
 
 class IQ4_XS(_Kernel):
-    """GGML IQ4_XS: IQ4_NL's values in super-blocks of 256, a 6-bit scale per 32 (dequantize only)."""
+    """GGML IQ4_XS: IQ4_NL's values in super-blocks of 256, a 6-bit scale per 32 (ggml's
+    quantize_iq4_xs without an importance matrix)."""
 
-    name, bits, symmetric = "IQ4_XS", 4, True
+    name, bits, symmetric, _quantizer = "IQ4_XS", 4, True, "quantize_iq4_xs"
 
 
 class TQ1_0(_Kernel):

@@ -8,7 +8,10 @@ tool calls), without an importance matrix, on aprfast's F32 GGUF of tiny LLaMA a
 Qwen2 models built with transformers: one whose rows are all whole 256-blocks (10
 layers, so that the "more bits" layers of attn_v and ffn_down differ from the others),
 one with a tied output (token_embd takes output's rule), and one whose rows are not
-(96 and 200: the fallbacks to Q5_0/Q5_1/Q8_0 and F16).
+(96 and 200: the fallbacks to Q5_0/Q5_1/Q8_0/IQ4_NL and F16).  MoE models (MXFP4_MOE's
+expert tensors, the 8-expert rules) are compared GGUF -> GGUF from a tiny Mixtral-style
+F32 GGUF written with gguf-py (``tiny_models.make_moe_gguf``): aprfast converts no
+Hugging Face MoE model.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ MODELS = {
     "odd": ("llama", dict(hidden_size=96, intermediate_size=200, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2)),
 }
-MIX_NAMES = ("Q4_K_M", "Q5_K_M", "Q4_K_S", "Q5_K_S", "Q6_K", "Q8_0", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q2_K")
+MIX_NAMES = ("Q4_K_M", "Q5_K_M", "Q4_K_S", "Q5_K_S", "Q6_K", "Q8_0", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q2_K", "IQ4_NL",
+             "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4_MOE")
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +112,27 @@ def test_mix_types_are_llama_quantizes(llama_cpp_lib, f32_gguf, tmp_path):
             types = mix_types(mix_name, shapes, params)
             got = {name: types[name] or tensors[name][0] for name in types}
             assert got == {name: t for name, (t, _, _) in reference.items()}, (which, mix_name)
+
+
+@pytest.fixture(scope="module")
+def moe_gguf(tmp_path_factory):
+    done = {}
+
+    def get(n_expert):
+        if n_expert not in done:
+            out = tmp_path_factory.mktemp(f"gguf-moe-{n_expert}") / "moe-f32.gguf"
+            done[n_expert] = tiny_models.make_moe_gguf(out, n_expert=n_expert)
+        return done[n_expert]
+
+    return get
+
+
+@pytest.mark.parametrize("n_expert", (4, 8))
+@pytest.mark.parametrize("mix_name", MIX_NAMES)
+def test_moe_gguf_to_gguf_mix_is_llama_quantize(n_expert, mix_name, llama_cpp_lib, moe_gguf, tmp_path):
+    """3-D expert tensors: MXFP4 under MXFP4_MOE (everything else Q8_0), the layer from the
+    name for ffn_down, and with 8 experts attn_v/attn_k in Q8_0 and attn_output in Q5_K."""
+    reference = llama_quantize(llama_cpp_lib, moe_gguf(n_expert), tmp_path / "reference.gguf", mix_name)
+    ours = tmp_path / "ours.gguf"
+    aprfast.convert(moe_gguf(n_expert), ours, quantize=mix_name, max_drift=None)
+    assert differences(ours, reference) == []

@@ -270,3 +270,49 @@ def make_sentencepiece_model(directory, kind: str = "model", seed: int = 0, **ov
                 param.normal_(0.0, 0.3)
     model.save_pretrained(directory)
     return model
+
+
+def make_moe_gguf(path, n_expert: int = 4, seed: int = 0, n_layer: int = 2, hidden: int = 256, n_ff: int = 256):
+    """A tiny Mixtral-style MoE GGUF (llama.cpp's ``llama`` architecture with
+    ``expert_count``) in F32, written with gguf-py: per layer a router
+    (``ffn_gate_inp``, kept unquantized by llama-quantize) and 3-D expert tensors
+    ``ffn_{gate,up,down}_exps`` of ``n_expert`` matrices each, the rest as a dense
+    LLaMA's.  aprfast converts no Hugging Face MoE model, so the MoE mixes
+    (MXFP4_MOE, the 8-expert rules) are compared from this file: only its keys and
+    shapes matter to llama-quantize, which reads the hyper-parameters, not the vocabulary."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(n_layer)
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(hidden // 4)
+    writer.add_expert_count(n_expert)
+    writer.add_expert_used_count(2)
+    writer.add_file_type(0)
+
+    def weight(*shape):
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    writer.add_tensor("token_embd.weight", weight(VOCAB, hidden))
+    writer.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    writer.add_tensor("output.weight", weight(VOCAB, hidden))
+    kv = hidden // 2
+    for i in range(n_layer):
+        for name, shape in (("attn_norm", (hidden,)), ("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)),
+                            ("attn_v", (kv, hidden)), ("attn_output", (hidden, hidden)), ("ffn_norm", (hidden,)),
+                            ("ffn_gate_inp", (n_expert, hidden)), ("ffn_gate_exps", (n_expert, n_ff, hidden)),
+                            ("ffn_up_exps", (n_expert, n_ff, hidden)), ("ffn_down_exps", (n_expert, hidden, n_ff))):
+            data = np.ones(shape, np.float32) if len(shape) == 1 else weight(*shape)
+            writer.add_tensor(f"blk.{i}.{name}.weight", data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
