@@ -52,6 +52,26 @@ int apr_preallocate(int fd, uint64_t size);
 int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
                      size_t align);
 
+/* apr_pread_direct with the engine named:
+ * - APR_ENGINE_URING: io_uring (uring.h), depth reads of chunk bytes in flight from the
+ *   calling thread (0: the defaults), nthreads unused; where no ring can be set up
+ *   (ENOSYS, EPERM under seccomp or kernel.io_uring_disabled, the "io_uring" fallback
+ *   forced), where the ring refuses the reads (EINVAL, EOPNOTSUPP) and for a range with
+ *   no whole block landing aligned in dst, the threads, without a word;
+ * - APR_ENGINE_THREADS: nthreads threads, each one blocking pread in flight;
+ * - APR_ENGINE_AUTO: APR_ENGINE_DEFAULT for ranges of at least 8 MiB of whole blocks,
+ *   the threads below (a ring's set-up costs more than it saves there).
+ * apr_direct_engine_last() tells the engine the calling thread's last call used. */
+#define APR_ENGINE_AUTO 0
+#define APR_ENGINE_URING 1
+#define APR_ENGINE_THREADS 2
+/* Which engine reads a large range by default: the one that measured faster (cold
+ * 504 MiB on the development VM; docs/performance.md, benchmarks/README.md). */
+#define APR_ENGINE_DEFAULT APR_ENGINE_URING
+int apr_pread_direct_engine(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
+                            size_t align, int engine, unsigned depth, size_t chunk);
+int apr_direct_engine_last(void);
+
 /* Sample whether the pages of fd's first size bytes are in the page cache: samples
  * pages spread evenly over the file (mincore on a shared read-only map).  Returns the
  * number of sampled pages resident (0..samples), or -1 where mincore is unavailable
