@@ -288,86 +288,88 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
             inflight++;
             next++;
         }
-        if (inflight == 0)
-            break;
-        int rc = ring_enter(&r, 0);
-        if (rc) {
-            /* the kernel took none of what is queued: those reads never start */
-            if (!status)
-                status = rc;
-            inflight -= r.pending;
-            r.pending = 0;
-            if (inflight == 0)
-                break;
+        if (r.pending) {
+            int rc = ring_enter(&r, 0);
+            if (rc) {
+                /* the kernel took none of what is queued: those reads never start */
+                if (!status)
+                    status = rc;
+                inflight -= r.pending;
+                r.pending = 0;
+            }
         }
-        /* the CRC of what is complete, while the rest is read */
-        while (crc && crc_next < n && done[crc_next]) {
+        /* reap what has completed; then refill the ring before anything else */
+        unsigned head = *r.cq_head, tail = __atomic_load_n(r.cq_tail, __ATOMIC_ACQUIRE);
+        if (head != tail) {
+            for (; head != tail; head++) {
+                struct io_uring_cqe *cqe = &r.cqes[head & *r.cq_mask];
+                size_t index = (size_t)cqe->user_data;
+                int res = cqe->res;
+                slot *s = &slots[index];
+                if (res == -EINTR || res == -EAGAIN) {
+                    if (status == 0) {
+                        queue_read(&r, fd, s, index);
+                        continue;
+                    }
+                    res = -EAGAIN;
+                }
+                if (res > 0 && (size_t)res > s->left)
+                    res = -EIO; /* more than asked for: never trust it */
+                if (res > 0) {
+                    s->pos += (uint64_t)res;
+                    s->buf += res;
+                    s->left -= (size_t)res;
+                    s->need = s->need > (size_t)res ? s->need - (size_t)res : 0;
+                    if (s->need && status == 0) {
+                        queue_read(&r, fd, s, index); /* a short read: ask for the rest */
+                        continue;
+                    }
+                }
+                s->busy = 0;
+                inflight--;
+                if (res < 0) {
+                    if (!status)
+                        status = -res;
+                    continue;
+                }
+                if (s->need) {
+                    if (!status)
+                        status = -1; /* the file ended first */
+                    continue;
+                }
+                uint64_t lo, hi;
+                unit_range(&pl, s->unit, &lo, &hi);
+                if (pl.head && s->unit == 0)
+                    memcpy(dst, head_block + (offset - (pl.a0 - align)), (size_t)(hi - lo));
+                else if (pl.tail && s->unit == n - 1)
+                    memcpy(dst + (lo - offset), tail_block, (size_t)(hi - lo));
+                done[s->unit] = 1;
+            }
+            __atomic_store_n(r.cq_head, head, __ATOMIC_RELEASE);
+            continue;
+        }
+        /* nothing new: the CRC of the next piece in file order, while the rest is read
+         * (one piece at a time, so completions are reaped and replaced in between) */
+        if (crc && status == 0 && crc_next < n && done[crc_next]) {
             uint64_t lo, hi;
             unit_range(&pl, crc_next, &lo, &hi);
-            if (status == 0)
-                value = apr_crc32(value, dst + (lo - offset), (size_t)(hi - lo));
+            value = apr_crc32(value, dst + (lo - offset), (size_t)(hi - lo));
             crc_next++;
+            continue;
         }
-        unsigned head = *r.cq_head;
-        if (head == __atomic_load_n(r.cq_tail, __ATOMIC_ACQUIRE)) {
-            rc = ring_enter(&r, 1);
-            if (rc) {
-                /* Reads in flight still write into dst: never return before they end.
-                 * Their completions are posted whatever happens to the wait, so look
-                 * again after a pause (the pause's system call runs the kernel's
-                 * pending completion work too). */
-                if (!status && rc != EAGAIN && rc != EBUSY)
-                    status = rc;
-                struct timespec pause = {0, 1000000};
-                nanosleep(&pause, NULL);
-            }
+        if (inflight == 0)
+            break;
+        int rc = ring_enter(&r, 1);
+        if (rc) {
+            /* Reads in flight still write into dst: never return before they end.
+             * Their completions are posted whatever happens to the wait, so look
+             * again after a pause (the pause's system call runs the kernel's
+             * pending completion work too). */
+            if (!status && rc != EAGAIN && rc != EBUSY)
+                status = rc;
+            struct timespec pause = {0, 1000000};
+            nanosleep(&pause, NULL);
         }
-        unsigned tail = __atomic_load_n(r.cq_tail, __ATOMIC_ACQUIRE);
-        for (; head != tail; head++) {
-            struct io_uring_cqe *cqe = &r.cqes[head & *r.cq_mask];
-            size_t index = (size_t)cqe->user_data;
-            int res = cqe->res;
-            slot *s = &slots[index];
-            if (res == -EINTR || res == -EAGAIN) {
-                if (status == 0) {
-                    queue_read(&r, fd, s, index);
-                    continue;
-                }
-                res = -EAGAIN;
-            }
-            if (res > 0 && (size_t)res > s->left)
-                res = -EIO; /* more than asked for: never trust it */
-            if (res > 0) {
-                s->pos += (uint64_t)res;
-                s->buf += res;
-                s->left -= (size_t)res;
-                s->need = s->need > (size_t)res ? s->need - (size_t)res : 0;
-                if (s->need && status == 0) {
-                    queue_read(&r, fd, s, index); /* a short read: ask for the rest */
-                    continue;
-                }
-            }
-            s->busy = 0;
-            inflight--;
-            if (res < 0) {
-                if (!status)
-                    status = -res;
-                continue;
-            }
-            if (s->need) {
-                if (!status)
-                    status = -1; /* the file ended first */
-                continue;
-            }
-            uint64_t lo, hi;
-            unit_range(&pl, s->unit, &lo, &hi);
-            if (pl.head && s->unit == 0)
-                memcpy(dst, head_block + (offset - (pl.a0 - align)), (size_t)(hi - lo));
-            else if (pl.tail && s->unit == n - 1)
-                memcpy(dst + (lo - offset), tail_block, (size_t)(hi - lo));
-            done[s->unit] = 1;
-        }
-        __atomic_store_n(r.cq_head, head, __ATOMIC_RELEASE);
     }
     if (status == 0 && crc) {
         while (crc_next < n) {

@@ -23,7 +23,8 @@ extern "C" {
  * "io_uring" fallback is forced (APR_FALLBACK_URING): the caller reads another way. */
 #define APR_URING_UNAVAILABLE (-2)
 /* Reads in flight, and the most bytes one read asks for (a power of two >= align).
- * Measured on the development VM (benchmarks/README.md, "direct engines"). */
+ * On the development VM depths of 8-32 and reads of 4-16 MiB read a cold 504 MiB
+ * alike (within 3%); 32 reads of 1 MiB took 6% longer. */
 #define APR_URING_DEPTH 16u
 #define APR_URING_CHUNK ((size_t)4 << 20)
 
