@@ -15,10 +15,11 @@ Per platform:
   replaced since), read by :func:`aprfast._memory.pread_direct` in aligned blocks by
   one of two engines (``APRFAST_DIRECT_ENGINE``, :data:`ENGINES`):
 
-  - ``io_uring`` (Linux with io_uring; the default for reads of 8 MiB or more, where it
-    measured faster: docs/performance.md): the calling thread keeps 16 reads of 4 MiB
-    in flight on a ring of its own, straight into the arrays, and takes the CRC of
-    the completed ones in file order while the rest are read;
+  - ``io_uring`` (Linux with io_uring; the default for reads of 8 MiB or more: level
+    with the threads in a loop, 1.15-1.35x faster in a fresh process, cold 504 MiB,
+    docs/performance.md): the calling thread keeps 16 reads of 4 MiB in flight on a
+    ring of its own, straight into the arrays, and takes the CRC of the completed ones
+    in file order while the rest are read;
   - ``threads``: eight threads, one blocking ``pread`` in flight each, each taking the
     CRC of its own pieces (combined after).  Where no ring can be set up (no io_uring,
     ``EPERM`` under seccomp or ``kernel.io_uring_disabled``, the ``io_uring`` fallback
