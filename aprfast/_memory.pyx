@@ -48,12 +48,19 @@ cdef extern from "pio.h" nogil:
     int apr_preallocate(int fd, uint64_t size)
     int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
                          size_t align)
+    int apr_pread_direct_engine(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
+                                size_t align, int engine, unsigned depth, size_t chunk)
+    int apr_direct_engine_last()
     int apr_page_cache_sample(int fd, uint64_t size, int samples)
+    int APR_ENGINE_AUTO, APR_ENGINE_URING, APR_ENGINE_THREADS
+
+cdef extern from "uring.h" nogil:
+    int apr_uring_available()
 
 cdef extern from "fallbacks.h" nogil:
     void apr_set_fallbacks(unsigned int flags)
     unsigned int apr_fallbacks()
-    unsigned int APR_FALLBACK_PREAD, APR_FALLBACK_FALLOCATE, APR_FALLBACK_MADVISE
+    unsigned int APR_FALLBACK_PREAD, APR_FALLBACK_FALLOCATE, APR_FALLBACK_MADVISE, APR_FALLBACK_URING
 
 cdef extern from "lz4block.h" nogil:
     int apr_lz4_block_decode(const uint8_t *src, size_t srclen, uint8_t *dst, size_t dstlen, size_t *where)
@@ -208,29 +215,63 @@ def pread_to_bytes(int fd, unsigned long long offset, Py_ssize_t n, int threads=
     return out, (None if crc is None else value)
 
 
+#: The engines ``pread_direct`` takes by name (csrc/pio.h apr_pread_direct_engine).
+DIRECT_ENGINES = ("auto", "io_uring", "threads")
+
+
 def pread_direct(int fd, unsigned long long offset, uint8_t[::1] dst, int threads=0, crc=None,
-                 size_t align=4096):
+                 size_t align=4096, str engine="auto", unsigned int depth=0, size_t chunk=0):
     """``pread_into`` for a descriptor opened with ``O_DIRECT``: any ``dst`` and
     ``offset``; the aligned blocks go straight into ``dst`` when ``dst``'s address and
     ``offset`` are congruent modulo ``align``, partial blocks (and every block
-    otherwise) through an aligned bounce buffer.  ``threads`` <= 0: 8 (the reads wait
-    on the device).  Returns the running CRC if ``crc`` is given.
+    otherwise) through an aligned bounce buffer.  Returns the running CRC if ``crc``
+    is given.
+
+    ``engine``: "io_uring" (``depth`` reads of ``chunk`` bytes in flight from this
+    thread, 0: the defaults; where no ring can be set up, or ``dst`` is not congruent,
+    the threads without a word), "threads" (``threads`` <= 0: 8, one blocking read
+    each) or "auto" (the faster for large ranges, csrc/pio.h).  The engine that ran:
+    :func:`direct_engine_last`.
 
     Raises EOFError if the file ends first and OSError for read errors (EINVAL: the
     filesystem refused direct I/O)."""
     cdef size_t n = dst.shape[0]
     cdef uint32_t value = 0 if crc is None else crc
     cdef uint32_t *crc_ptr = NULL if crc is None else &value
-    cdef int rc = 0
+    cdef int rc = 0, which
+    if engine == "auto":
+        which = APR_ENGINE_AUTO
+    elif engine == "io_uring":
+        which = APR_ENGINE_URING
+    elif engine == "threads":
+        which = APR_ENGINE_THREADS
+    else:
+        raise ValueError(f"pread_direct: no engine {engine!r}; known: {', '.join(DIRECT_ENGINES)}")
     if n == 0:
         return None if crc is None else value
     with nogil:
-        rc = apr_pread_direct(fd, &dst[0], offset, n, threads, crc_ptr, align)
+        rc = apr_pread_direct_engine(fd, &dst[0], offset, n, threads, crc_ptr, align, which, depth, chunk)
     if rc == -1:
         raise EOFError(f"file ended before {n} bytes at offset {offset} were read")
     if rc:
         raise OSError(rc, os.strerror(rc))
     return None if crc is None else value
+
+
+def direct_engine_last():
+    """The engine the calling thread's last ``pread_direct`` used: "io_uring" or
+    "threads"."""
+    return "io_uring" if apr_direct_engine_last() == APR_ENGINE_URING else "threads"
+
+
+def uring_available():
+    """True when an io_uring ring can be set up here now (Linux with io_uring, not
+    refused by seccomp or ``kernel.io_uring_disabled``, the "io_uring" fallback not
+    forced)."""
+    cdef int ok
+    with nogil:
+        ok = apr_uring_available()
+    return ok != 0
 
 
 def page_cache_sample(int fd, unsigned long long size, int samples=16):
@@ -320,13 +361,15 @@ def preallocate(int fd, unsigned long long size):
 
 
 #: The C paths a fallback can be forced on (aprfast._platform; docs/PORTABILITY.md).
-FALLBACKS = {"pread": APR_FALLBACK_PREAD, "fallocate": APR_FALLBACK_FALLOCATE, "madvise": APR_FALLBACK_MADVISE}
+FALLBACKS = {"pread": APR_FALLBACK_PREAD, "fallocate": APR_FALLBACK_FALLOCATE, "madvise": APR_FALLBACK_MADVISE,
+             "io_uring": APR_FALLBACK_URING}
 
 
 def set_fallbacks(names):
     """Make the C code take the fallback path of each named call ("pread": lseek + read
-    under a lock, "fallocate": no preallocation, "madvise": no memory advice), as on a
-    platform without it; an empty set restores the normal paths."""
+    under a lock, "fallocate": no preallocation, "madvise": no memory advice,
+    "io_uring": no io_uring ring, as where io_uring_setup fails), as on a platform
+    without it; an empty set restores the normal paths."""
     cdef unsigned int flags = 0
     for name in names:
         if name not in FALLBACKS:

@@ -18,7 +18,8 @@ the device (as this guest sees it) delivers.
 Rows (aprfast | safetensors | the best other peer | limit):
 
 * cold eager load into owned arrays: ``aprfast.load_file(backend=...)`` with "direct"
-  (O_DIRECT), "auto" (``mmap=False``: picks direct for a cold file) and "pread" |
+  (O_DIRECT; also with each engine of direct reads forced: io_uring and the threaded
+  preads, ``APRFAST_DIRECT_ENGINE``), "auto" (``mmap=False``: picks direct for a cold file) and "pread" |
   ``safetensors.numpy.load_file`` (mmap and pread back ends) | ``torch.load``,
   tensorizer ``TensorDeserializer`` (its own format, to CPU), Run:ai
   ``SafetensorsStreamer`` (tensors cloned out of its reused buffer), fastsafetensors
@@ -109,11 +110,15 @@ def slice_model(scale: float) -> dict:
     return {"big": np.random.default_rng(2).standard_normal((rows, 4096), dtype=np.float32)}
 
 
-def prepare(directory: str, name: str, tensors: dict) -> dict:
-    """Each tool's own format of the same tensors."""
+def prepare(directory: str, name: str, tensors: dict, peers: bool = True) -> dict:
+    """Each tool's own format of the same tensors (``peers=False``: aprfast's and
+    safetensors' only)."""
     files = {"apr": os.path.join(directory, f"{name}.apr"), "st": os.path.join(directory, f"{name}.safetensors")}
     aprfast.save_file(tensors, files["apr"], durable=False)
     st_numpy.save_file(tensors, files["st"])
+    if not peers:
+        os.sync()
+        return files
     if torch is not None:
         tt = {k: torch.from_numpy(v) for k, v in tensors.items()}
         files["pt"] = os.path.join(directory, f"{name}.pt")
@@ -140,17 +145,39 @@ def prepare(directory: str, name: str, tensors: dict) -> dict:
 
 
 # --- the loads, by tool (shared with the fresh-process children) -----------------------
+def _engine(engine, fn):
+    """``fn`` with direct reads forced onto one engine ("io_uring" or "threads")."""
+    from aprfast.io.direct import ENGINE_ENV
+
+    def call():
+        before = os.environ.get(ENGINE_ENV)
+        os.environ[ENGINE_ENV] = engine
+        try:
+            return fn()
+        finally:
+            if before is None:
+                os.environ.pop(ENGINE_ENV, None)
+            else:
+                os.environ[ENGINE_ENV] = before
+    return call
+
+
 def eager_tools(files: dict) -> dict:
     """name -> (function, the files it reads)."""
     apr, st = files["apr"], files["st"]
     tools = {
         "aprfast.load_file(backend='direct')": (lambda: aprfast.load_file(apr, backend="direct"), [apr]),
+        # the two engines of direct reads, each forced (aprfast.io.direct.ENGINE_ENV)
+        "aprfast.load_file(backend='direct'), engine io_uring": (
+            _engine("io_uring", lambda: aprfast.load_file(apr, backend="direct")), [apr]),
+        "aprfast.load_file(backend='direct'), engine threads": (
+            _engine("threads", lambda: aprfast.load_file(apr, backend="direct")), [apr]),
         "aprfast.load_file(mmap=False) (auto)": (lambda: aprfast.load_file(apr, mmap=False), [apr]),
         "aprfast.load_file(backend='pread')": (lambda: aprfast.load_file(apr, backend="pread"), [apr]),
         "safetensors.numpy.load_file": (lambda: st_numpy.load_file(st), [st]),
         "safetensors.numpy.load_file(backend='pread')": (lambda: st_numpy.load_file(st, backend="pread"), [st]),
     }
-    if torch is not None:
+    if torch is not None and "pt" in files:
         pt = files["pt"]
         tools["torch.load"] = (lambda: torch.load(pt, weights_only=True), [pt])
     if "tensors" in files:
@@ -160,13 +187,13 @@ def eager_tools(files: dict) -> dict:
             with TensorDeserializer(files["tensors"], device="cpu") as d:
                 return dict(d)
         tools["tensorizer TensorDeserializer"] = (tensorizer_load, [files["tensors"]])
-    if runai is not None:
+    if runai is not None and "pt" in files:  # (prepare(peers=False) writes no peer formats)
         def runai_load():
             with runai.SafetensorsStreamer() as s:
                 s.stream_file(st)
                 return {k: v.clone() for k, v in s.get_tensors()}  # its buffer is reused
         tools["Run:ai SafetensorsStreamer (+ clone)"] = (runai_load, [st])
-    if fastsafetensors is not None:
+    if fastsafetensors is not None and "pt" in files:
         def fastst_load():
             with fastsafetensors.fastsafe_open(filenames=[st], nogds=True, device="cpu", debug_log=False) as f:
                 return {k: f.get_tensor(k).clone() for k in f.keys()}
@@ -192,7 +219,7 @@ def one_tensor_tools(files: dict, name: str) -> dict:
     tools = {"aprfast.open + get_tensor(copy=True)": (apr_one, [apr]),
              "aprfast.open(backend='direct') + get_tensor": (lambda: apr_one(backend="direct"), [apr]),
              "safe_open(np) get_tensor": (st_np, [st])}
-    if torch is not None:
+    if torch is not None and "pt" in files:
         pt = files["pt"]
         tools["torch.load(mmap=True)[name].clone()"] = (
             lambda: torch.load(pt, mmap=True, weights_only=True)[name].clone(), [pt])
@@ -224,7 +251,7 @@ def slice_tools(files: dict, rows: int) -> dict:
     tools = {"aprfast.open + get_slice": (apr_slice, [apr]),
              "aprfast.open(backend='direct') + get_slice": (lambda: apr_slice(backend="direct"), [apr]),
              "safe_open(np) get_slice": (st_slice, [st])}
-    if torch is not None:
+    if torch is not None and "pt" in files:
         pt = files["pt"]
         tools["torch.load(mmap=True) slice .clone()"] = (
             lambda: torch.load(pt, mmap=True, weights_only=True)["big"][:rows].clone(), [pt])
@@ -413,8 +440,27 @@ def child(tool, files_json):
     print(json.dumps({"seconds": seconds, "peak_above": peak, "cached": cached}))
 
 
+def fresh_engine_rows(table, name, files, size, tools, rounds):
+    """The engines of direct reads, each cold in ``rounds`` fresh processes (round-robin):
+    the load then also populates fresh memory for its arrays, which the loop rows reuse."""
+    seconds = {k: Samples() for k in tools}
+    for _ in range(rounds):
+        for tool in tools:
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", tool, json.dumps(files)],
+                                 capture_output=True, text=True)
+            if out.returncode != 0:
+                table.skip(f"{name}: fresh-process {tool}", out.stderr.strip().splitlines()[-1][:200])
+                continue
+            seconds[tool].append(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+    seconds = {k: v for k, v in seconds.items() if v}
+    uring = next((k for k in seconds if k.endswith("engine io_uring")), None)
+    if uring is not None:  # the threads in the limit column: shown for scale, never a loss
+        table.add(Row(f"{name}: cold eager load in a fresh process — {uring}", size, seconds.pop(uring), {}, {},
+                      seconds))
+
+
 def memory_rows(table, name, files, size, nbytes, rounds):
-    tools = list(eager_tools(files))
+    tools = [t for t in eager_tools(files) if ", engine " not in t]  # the engines hold the same memory
     peak = {k: Samples() for k in tools}
     cached = {k: Samples() for k in tools}
     total = {k: Samples() for k in tools}
@@ -452,7 +498,9 @@ def main():
     parser.add_argument("--memory-rounds", type=int, default=2, help="fresh processes per tool (memory rows)")
     parser.add_argument("--huge", action="store_true", help="also the 4 GiB model (eager and memory rows)")
     parser.add_argument("--only", default="eager,memory,one,slice,save",
-                        help="comma list of row groups: eager, memory, one, slice, save")
+                        help="comma list of row groups: eager, memory, one, slice, save; engines (not by "
+                             "default: the eager rows hold it): aprfast's two engines of direct reads and fio "
+                             "alone, without the peers, so many rounds fit in a short run")
     parser.add_argument("--dir", default=None, help="where to write the files (default: a temp dir on the disk "
                         "holding the temp dir; must not be tmpfs for cold rows to mean anything)")
     parser.add_argument("--md-out", default=None)
@@ -494,12 +542,19 @@ def main():
             nbytes = sum(v.nbytes for v in tensors.values())
             size = f"{nbytes / MiB:.0f} MiB"
             print(f"--- {name}: {len(tensors)} tensors, {size}", flush=True)
-            files = prepare(directory, name, tensors)
+            files = prepare(directory, name, tensors, peers=bool(only - {"engines"}))
             if "eager" in only:
                 limit = cold.fio_limit(files["apr"])
                 cold.run(f"{name}: cold eager load, owned arrays", size, eager_tools(files),
                          "aprfast.load_file(backend='direct')",
                          ["safetensors.numpy.load_file", "safetensors.numpy.load_file(backend='pread')"], limit)
+            if "engines" in only:
+                limit = cold.fio_limit(files["apr"])
+                ours = "aprfast.load_file(backend='direct')"
+                tools = {k: v for k, v in eager_tools(files).items() if k.startswith(ours)}
+                cold.run(f"{name}: cold eager load, direct engines", size, tools,
+                         "aprfast.load_file(backend='direct')", [], limit)
+                fresh_engine_rows(table, name, files, size, [k for k in tools if ", engine " in k], args.memory_rounds)
             if "memory" in only:
                 memory_rows(table, name, files, size, nbytes, args.memory_rounds)
             if "one" in only and name == "large":

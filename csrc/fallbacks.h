@@ -14,7 +14,8 @@ extern "C" {
 #define APR_FALLBACK_PREAD 1u     /* positional reads by lseek + read under one lock (pio.c) */
 #define APR_FALLBACK_FALLOCATE 2u /* no preallocation: ENOSYS (pio.c) */
 #define APR_FALLBACK_MADVISE 4u   /* no memory advice: MADV_HUGEPAGE, MADV_FREE (buffers.c) */
-#define APR_FALLBACK_ALL 7u
+#define APR_FALLBACK_URING 8u    /* no io_uring: as where io_uring_setup fails (uring.c) */
+#define APR_FALLBACK_ALL 15u
 
 void apr_set_fallbacks(unsigned int flags);
 unsigned int apr_fallbacks(void);

@@ -5,6 +5,7 @@
 #include "buffers.h"
 #include "crc32.h"
 #include "parallel.h"
+#include "uring.h"
 
 #include <errno.h>
 #include <string.h>
@@ -404,11 +405,11 @@ static void direct_worker(void *arg)
     p->status = direct_piece(p);
 }
 
-int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
-                     size_t align)
+/* The threads engine: nthreads threads, each reading its share of whole chunks with
+ * blocking preads, one in flight each. */
+static int direct_threads(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
+                          size_t align, int fresh, apr_fresh_state pages)
 {
-    if (align == 0 || (align & (align - 1)) || align > APR_DIRECT_CHUNK)
-        return EINVAL;
     uint64_t end = offset + len;
     /* whole chunks per piece, so each piece's direct reads start aligned */
     uint64_t first = offset / APR_DIRECT_CHUNK, last = (end + APR_DIRECT_CHUNK - 1) / APR_DIRECT_CHUNK;
@@ -419,9 +420,6 @@ int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthr
     if ((uint64_t)n > chunks)
         n = (int)chunks;
     dpiece pieces[MAX_THREADS];
-    apr_fresh_state pages;
-    memset(&pages, 0, sizeof pages);
-    int fresh = apr_fresh_claim(dst, len, &pages);
     uint64_t at = offset;
     for (int i = 0; i < n; i++) {
         uint64_t stop = i == n - 1 ? end : (first + chunks * (uint64_t)(i + 1) / (uint64_t)n) * APR_DIRECT_CHUNK;
@@ -460,6 +458,57 @@ int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthr
     return 0;
 }
 
+/* Reads the io_uring engine takes when the caller lets the library choose: below
+ * this a ring's set-up (a system call and three maps) buys nothing over the threads. */
+#define URING_MIN ((size_t)8 << 20)
+
+static __thread int last_engine = APR_ENGINE_THREADS;
+
+int apr_direct_engine_last(void)
+{
+    return last_engine;
+}
+
+int apr_pread_direct_engine(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
+                            size_t align, int engine, unsigned depth, size_t chunk)
+{
+    if (align == 0 || (align & (align - 1)) || align > APR_DIRECT_CHUNK)
+        return EINVAL;
+    apr_fresh_state pages;
+    memset(&pages, 0, sizeof pages);
+    int fresh = apr_fresh_claim(dst, len, &pages);
+    int status = APR_URING_UNAVAILABLE;
+    uint64_t a0 = (offset + align - 1) & ~(uint64_t)(align - 1), a1 = (offset + len) & ~(uint64_t)(align - 1);
+    int congruent = (((uintptr_t)dst - (uintptr_t)offset) & (align - 1)) == 0;
+    /* io_uring where the range has whole blocks that land aligned in dst (a read that
+     * is all bounce buffer gains nothing from depth); the threads otherwise */
+    int uring = engine == APR_ENGINE_URING || (engine == APR_ENGINE_AUTO && APR_ENGINE_DEFAULT == APR_ENGINE_URING
+                                               && a1 > a0 && a1 - a0 >= URING_MIN);
+    if (uring && congruent && a1 > a0) {
+        status = apr_uring_read(fd, dst, offset, len, crc, align, depth, chunk, fresh ? &pages : NULL);
+        /* refused by this ring but maybe not by a plain pread (an old kernel's io_uring on
+         * this filesystem): the threads try, and say EINVAL themselves if O_DIRECT is
+         * what the filesystem refuses */
+        if (status == EINVAL || status == EOPNOTSUPP)
+            status = APR_URING_UNAVAILABLE;
+    }
+    if (status == APR_URING_UNAVAILABLE) {
+        last_engine = APR_ENGINE_THREADS;
+        status = direct_threads(fd, dst, offset, len, nthreads, crc, align, fresh, pages); /* finishes pages */
+    } else {
+        last_engine = APR_ENGINE_URING;
+        if (fresh)
+            apr_fresh_finish(&pages);
+    }
+    return status;
+}
+
+int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
+                     size_t align)
+{
+    return apr_pread_direct_engine(fd, dst, offset, len, nthreads, crc, align, APR_ENGINE_AUTO, 0, 0);
+}
+
 int apr_page_cache_sample(int fd, uint64_t size, int samples)
 {
     long page = sysconf(_SC_PAGESIZE);
@@ -495,6 +544,18 @@ int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthr
 {
     (void)fd; (void)dst; (void)offset; (void)len; (void)nthreads; (void)crc; (void)align;
     return ENOSYS;
+}
+
+int apr_pread_direct_engine(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
+                            size_t align, int engine, unsigned depth, size_t chunk)
+{
+    (void)engine; (void)depth; (void)chunk;
+    return apr_pread_direct(fd, dst, offset, len, nthreads, crc, align);
+}
+
+int apr_direct_engine_last(void)
+{
+    return APR_ENGINE_THREADS;
 }
 
 int apr_page_cache_sample(int fd, uint64_t size, int samples)

@@ -46,11 +46,34 @@ int apr_preallocate(int fd, uint64_t size);
  * thread.  nthreads <= 0 picks APR_DIRECT_THREADS (the reads wait on the device, not
  * on a core).  crc as for apr_pread_exact, computed by each thread over its pieces.
  * Returns 0, an errno value (EINVAL: the filesystem refused direct I/O; the caller
- * reads again without it), or -1 if the file ended first.  Not on Windows (ENOSYS). */
+ * reads again without it), or -1 if the file ended first.  Not on Windows (ENOSYS).
+ * The engine is APR_ENGINE_AUTO's choice (below): for a large range, io_uring where a
+ * ring can be set up, one reading thread, nthreads unused. */
 #define APR_DIRECT_THREADS 8
 #define APR_DIRECT_CHUNK ((size_t)4 << 20)
 int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
                      size_t align);
+
+/* apr_pread_direct with the engine named:
+ * - APR_ENGINE_URING: io_uring (uring.h), depth reads of chunk bytes in flight from the
+ *   calling thread (0: the defaults), nthreads unused; where no ring can be set up
+ *   (ENOSYS, EPERM under seccomp or kernel.io_uring_disabled, the "io_uring" fallback
+ *   forced), where the ring refuses the reads (EINVAL, EOPNOTSUPP) and for a range with
+ *   no whole block landing aligned in dst, the threads, without a word;
+ * - APR_ENGINE_THREADS: nthreads threads, each one blocking pread in flight;
+ * - APR_ENGINE_AUTO: APR_ENGINE_DEFAULT for ranges of at least 8 MiB of whole blocks,
+ *   the threads below (a ring's set-up costs more than it saves there).
+ * apr_direct_engine_last() tells the engine the calling thread's last call used. */
+#define APR_ENGINE_AUTO 0
+#define APR_ENGINE_URING 1
+#define APR_ENGINE_THREADS 2
+/* Which engine reads a large range by default: cold 504 MiB on the development VM,
+ * io_uring was level with the threads in a loop and 1.15-1.35x faster in a fresh
+ * process (docs/performance.md, "Direct reads: io_uring or threads"). */
+#define APR_ENGINE_DEFAULT APR_ENGINE_URING
+int apr_pread_direct_engine(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
+                            size_t align, int engine, unsigned depth, size_t chunk);
+int apr_direct_engine_last(void);
 
 /* Sample whether the pages of fd's first size bytes are in the page cache: samples
  * pages spread evenly over the file (mincore on a shared read-only map).  Returns the

@@ -53,7 +53,7 @@ def _same_arrays(a: dict, b: dict) -> None:
 def test_force_names_every_fallback_and_restores(fallbacks):
     fallbacks("all")
     assert _platform.forced() == frozenset(_platform.NAMES)
-    assert _memory.fallbacks() == {"pread", "fallocate", "madvise"}
+    assert _memory.fallbacks() == {"pread", "fallocate", "madvise", "io_uring"}
     assert not any(_platform.uses(name) for name in _platform.NAMES)
     fallbacks([])
     assert _platform.forced() == frozenset() and _memory.fallbacks() == frozenset()
@@ -214,7 +214,7 @@ def test_environment_variable_forces_the_fallbacks_in_a_new_process(tmp_path, rn
     done = _child(script, path, tmp_path / "copy.apr", APRFAST_FALLBACKS="all")
     assert done.returncode == 0, done.stderr
     forced, c_forced, digest = done.stdout.splitlines()
-    assert forced == repr(sorted(_platform.NAMES)) and c_forced == repr(["fallocate", "madvise", "pread"])
+    assert forced == repr(sorted(_platform.NAMES)) and c_forced == repr(["fallocate", "io_uring", "madvise", "pread"])
     assert digest == hashlib.sha256(b"".join(tensors[k].tobytes() for k in sorted(tensors))).hexdigest()
     assert _digest(tmp_path / "copy.apr") == _digest(path)
     bad = _child("import aprfast", APRFAST_FALLBACKS="pread,bogus")

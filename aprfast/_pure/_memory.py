@@ -183,10 +183,23 @@ def _seek_read(fd: int, into: memoryview, at: int) -> int:
     return len(data)
 
 
-def pread_direct(fd, offset, dst, threads=0, crc=None, align=4096):
+#: The engines ``pread_direct`` takes by name; this backend reads with one thread whatever
+#: is named (it has no io_uring).
+DIRECT_ENGINES = ("auto", "io_uring", "threads")
+
+
+def pread_direct(fd, offset, dst, threads=0, crc=None, align=4096, engine="auto", depth=0, chunk=0):
     """``pread_into`` for a descriptor opened with ``O_DIRECT``: every read is of whole
     ``align``-aligned blocks into an aligned bounce buffer, then copied into ``dst``.
+    ``engine``, ``depth`` and ``chunk`` are checked and otherwise ignored: the one
+    engine here is a thread's plain reads ("threads").
     Raises EOFError if the file ends first and OSError for read errors."""
+    if not isinstance(engine, str):
+        raise TypeError(f"Argument 'engine' has incorrect type (expected str, got {type(engine).__name__})")
+    if engine not in DIRECT_ENGINES:
+        raise ValueError(f"pread_direct: no engine {engine!r}; known: {', '.join(DIRECT_ENGINES)}")
+    check_uint(depth, 32, "unsigned int")
+    check_uint(chunk, 64, "size_t")
     fd = check_int(fd, 32, "int")
     offset = check_uint(offset, 64, "unsigned PY_LONG_LONG")
     align = check_uint(align, 64, "size_t")
@@ -204,6 +217,16 @@ def pread_direct(fd, offset, dst, threads=0, crc=None, align=4096):
     finally:
         bounce.close()
     return None if value is None else crc32(out, value)
+
+
+def direct_engine_last():
+    """The engine the last ``pread_direct`` used: always "threads" here."""
+    return "threads"
+
+
+def uring_available():
+    """False: the pure backend has no io_uring."""
+    return False
 
 
 def page_cache_sample(fd, size, samples=16):
@@ -288,14 +311,15 @@ def preallocate(fd, size) -> int:
 
 
 #: The paths a fallback can be forced on (aprfast.io.platform; docs/PORTABILITY.md).
-FALLBACKS = {"pread": 1, "fallocate": 2, "madvise": 4}
+FALLBACKS = {"pread": 1, "fallocate": 2, "madvise": 4, "io_uring": 8}
 _forced: frozenset = frozenset()
 
 
 def set_fallbacks(names) -> None:
     """Take the fallback path of each named call ("pread": lseek + read under a lock,
-    "fallocate": no preallocation, "madvise": no memory advice), as on a platform
-    without it; an empty set restores the normal paths."""
+    "fallocate": no preallocation, "madvise": no memory advice, "io_uring": no ring,
+    which this backend never has), as on a platform without it; an empty set restores
+    the normal paths."""
     global _forced
     names = list(names)
     for name in names:

@@ -12,8 +12,18 @@ Per platform:
 
 - Linux and the BSDs: a second descriptor opened with ``O_DIRECT`` (through
   ``/proc/self/fd`` when there is one, so it is the same file even if the path was
-  replaced since), read by :func:`aprfast._memory.pread_direct` in aligned blocks, eight
-  reads in flight, the CRC taken by each thread over its pieces.
+  replaced since), read by :func:`aprfast._memory.pread_direct` in aligned blocks by
+  one of two engines (``APRFAST_DIRECT_ENGINE``, :data:`ENGINES`):
+
+  - ``io_uring`` (Linux with io_uring; the default for reads of 8 MiB or more: level
+    with the threads in a loop, 1.15-1.35x faster in a fresh process, cold 504 MiB,
+    docs/performance.md): the calling thread keeps 16 reads of 4 MiB in flight on a
+    ring of its own, straight into the arrays, and takes the CRC of the completed ones
+    in file order while the rest are read;
+  - ``threads``: eight threads, one blocking ``pread`` in flight each, each taking the
+    CRC of its own pieces (combined after).  Where no ring can be set up (no io_uring,
+    ``EPERM`` under seccomp or ``kernel.io_uring_disabled``, the ``io_uring`` fallback
+    forced) and for small reads, without a word.
 - macOS: ``F_NOCACHE`` on the second descriptor (no alignment rules), read by the
   normal parallel ``pread``.
 - Where the filesystem refuses direct I/O (``EINVAL`` at open or at the first read:
@@ -36,7 +46,8 @@ import os
 from .. import _memory
 from . import platform as _platform
 
-__all__ = ["ALIGN", "WINDOW", "DirectReader", "open_direct", "drop_cached", "DropBehind", "choose_backend",
+__all__ = ["ALIGN", "WINDOW", "ENGINES", "ENGINE_ENV", "engine_from_env",
+           "DirectReader", "open_direct", "drop_cached", "DropBehind", "choose_backend",
            "filesystem_type", "is_network_filesystem", "available_memory", "cached_fraction", "BACKENDS"]
 
 #: The alignment direct reads keep (file offset, length and address): every common
@@ -49,6 +60,13 @@ WINDOW = 64 << 20
 READ_AHEAD = 2 << 20
 #: What ``backend=`` takes on the loaders.
 BACKENDS = ("auto", "mmap", "pread", "direct")
+
+#: The engines of direct reads (csrc/pio.h apr_pread_direct_engine): "auto" is io_uring
+#: for reads of 8 MiB or more where a ring can be set up, the threads otherwise.
+ENGINES = ("auto", "io_uring", "threads")
+#: The environment variable that forces one engine (tests, benchmarks, a kernel whose
+#: io_uring misbehaves): read when a file is opened with ``backend="direct"``.
+ENGINE_ENV = "APRFAST_DIRECT_ENGINE"
 
 # Filesystem types whose reads cross a network: page-faulting a map there crawls, and
 # the page cache is a second copy of what the server holds.
@@ -109,6 +127,23 @@ def open_direct(fd: int, path=None):
     return reopened, "nocache"
 
 
+def engine_from_env() -> str:
+    """The direct-read engine :data:`ENGINE_ENV` names, "auto" when it is unset or empty.
+
+    Raises:
+        ValueError: The variable names no engine of :data:`ENGINES`.
+
+    Examples:
+        >>> from aprfast.io.direct import ENGINES, engine_from_env
+        >>> engine_from_env() in ENGINES
+        True
+    """
+    value = os.environ.get(ENGINE_ENV, "").strip().lower() or "auto"
+    if value not in ENGINES:
+        raise ValueError(f"{ENGINE_ENV}={value!r}: no such direct-read engine; known: {', '.join(ENGINES)}")
+    return value
+
+
 def drop_cached(fd: int, offset: int = 0, n: int = 0) -> bool:
     """Ask the kernel to drop the clean cached pages of ``[offset, offset + n)`` of
     ``fd`` (``n=0``: to the end) and start the writeback of dirty ones: True when the
@@ -135,11 +170,15 @@ class DirectReader:
     """Reads of one file around the page cache (see the module's docstring).
 
     ``fd`` is the file's ordinary descriptor (kept by the caller); a second descriptor
-    is opened for the direct reads and closed by :meth:`close`.  Safe from several
-    threads at once.
+    is opened for the direct reads and closed by :meth:`close`.  ``engine`` (one of
+    :data:`ENGINES`; None: :func:`engine_from_env`) picks how ``O_DIRECT`` reads are
+    made.  Safe from several threads at once.
     """
 
-    def __init__(self, fd: int, path=None):
+    def __init__(self, fd: int, path=None, engine: str | None = None):
+        self.engine = engine_from_env() if engine is None else engine
+        if self.engine not in ENGINES:
+            raise ValueError(f"no direct-read engine {self.engine!r}; known: {', '.join(ENGINES)}")
         self._fd = fd
         self.path = path
         self._direct, self.how = open_direct(fd, path)
@@ -155,7 +194,7 @@ class DirectReader:
         if direct is not None:  # small reads (header, index) too: a buffered one reads ahead
             try:
                 if self.how == "o_direct":
-                    return _memory.pread_direct(direct, offset, out, threads, crc, ALIGN)
+                    return _memory.pread_direct(direct, offset, out, threads, crc, ALIGN, self.engine)
                 return _memory.pread_into(direct, offset, out, threads, crc)
             except OSError as exc:
                 if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):

@@ -14,7 +14,10 @@ compare their bytes with the normal paths': ``all`` or a comma list of
 - ``dir_fsync``: no ``fsync`` of a directory after a rename (Windows cannot open one);
 - ``o_direct``: no direct I/O: ``backend="direct"`` reads buffered and drops the pages
   it read from the cache with ``posix_fadvise`` (aprfast.io.direct), as on a
-  filesystem that refuses ``O_DIRECT``.
+  filesystem that refuses ``O_DIRECT``;
+- ``io_uring``: no io_uring ring (C: as where ``io_uring_setup`` fails: ENOSYS, EPERM
+  under seccomp or ``kernel.io_uring_disabled``): direct reads take the threads
+  engine (csrc/pio.c).
 
 :func:`force` does the same from code (tests).  ``WINDOWS`` is true on Windows, where
 the fallbacks are taken because the calls do not exist, whatever is forced.
@@ -32,9 +35,9 @@ __all__ = ["WINDOWS", "NAMES", "ENV", "forced", "force", "uses", "pread", "pread
 
 WINDOWS = os.name == "nt"
 ENV = "APRFAST_FALLBACKS"
-#: Every fallback that can be forced; the first three are C paths too (aprfast._memory).
-NAMES = ("pread", "fallocate", "madvise", "o_tmpfile", "copy_file_range", "dir_fsync", "o_direct")
-_C_NAMES = ("pread", "fallocate", "madvise")
+#: Every fallback that can be forced; those of ``_C_NAMES`` are C paths (aprfast._memory).
+NAMES = ("pread", "fallocate", "madvise", "o_tmpfile", "copy_file_range", "dir_fsync", "o_direct", "io_uring")
+_C_NAMES = ("pread", "fallocate", "madvise", "io_uring")
 # Win32 errors of a rename over a file another handle has open or mapped.
 _IN_USE_WINERRORS = {5, 32, 1224}  # ERROR_ACCESS_DENIED, ERROR_SHARING_VIOLATION, ERROR_USER_MAPPED_FILE
 
@@ -85,6 +88,10 @@ def uses(name: str) -> bool:
         return hasattr(os, "O_TMPFILE")
     if name == "o_direct":
         return not WINDOWS
+    if name == "io_uring":
+        from .. import _memory
+
+        return _memory.uring_available()
     return True  # fallocate, madvise: decided where they are called
 
 

@@ -1,0 +1,412 @@
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "uring.h"
+#include "crc32.h"
+#include "fallbacks.h"
+
+#include <errno.h>
+#include <string.h>
+
+/* Only where the kernel's header and the C library's system call numbers are there:
+ * no liburing, nothing to link, and no code at all on other platforms. */
+#if defined(__linux__) && defined(__has_include)
+#if __has_include(<linux/io_uring.h>) && __has_include(<sys/syscall.h>)
+#include <sys/syscall.h>
+#if defined(__NR_io_uring_setup) && defined(__NR_io_uring_enter)
+#define APR_HAVE_URING 1
+#endif
+#endif
+#endif
+
+#ifdef APR_HAVE_URING
+#include <linux/io_uring.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Populated this much at a time in a fresh destination, as pio.c does. */
+#define FRESH_STEP ((size_t)2 << 20)
+
+typedef struct {
+    int fd;
+    unsigned *sq_head, *sq_tail, *sq_mask, *sq_array;
+    unsigned *cq_head, *cq_tail, *cq_mask;
+    struct io_uring_sqe *sqes;
+    struct io_uring_cqe *cqes;
+    void *sq_map, *cq_map, *sqe_map;
+    size_t sq_size, cq_size, sqe_size;
+    unsigned pending; /* queued in the SQ ring, not yet taken by the kernel */
+} ring;
+
+static int sys_setup(unsigned entries, struct io_uring_params *p)
+{
+    return (int)syscall(__NR_io_uring_setup, entries, p);
+}
+
+static int sys_enter(int fd, unsigned submit, unsigned wait, unsigned flags)
+{
+    return (int)syscall(__NR_io_uring_enter, fd, submit, wait, flags, NULL, 0);
+}
+
+static void ring_close(ring *r)
+{
+    if (r->sqe_map && r->sqe_map != MAP_FAILED)
+        munmap(r->sqe_map, r->sqe_size);
+    if (r->cq_map && r->cq_map != MAP_FAILED && r->cq_map != r->sq_map)
+        munmap(r->cq_map, r->cq_size);
+    if (r->sq_map && r->sq_map != MAP_FAILED)
+        munmap(r->sq_map, r->sq_size);
+    if (r->fd >= 0)
+        close(r->fd);
+    r->fd = -1;
+}
+
+/* 0, or APR_URING_UNAVAILABLE (anything that stops a ring being set up). */
+static int ring_open(ring *r, unsigned entries)
+{
+    struct io_uring_params p;
+    memset(r, 0, sizeof *r);
+    memset(&p, 0, sizeof p);
+    r->fd = -1;
+    if (apr_fallbacks() & APR_FALLBACK_URING)
+        return APR_URING_UNAVAILABLE;
+    int fd = sys_setup(entries, &p);
+    if (fd < 0)
+        return APR_URING_UNAVAILABLE;
+    r->fd = fd;
+    r->sq_size = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+    r->cq_size = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+    int single = 0;
+#ifdef IORING_FEAT_SINGLE_MMAP
+    single = (p.features & IORING_FEAT_SINGLE_MMAP) != 0; /* 5.4+: one map holds both rings */
+#endif
+    if (single && r->cq_size > r->sq_size)
+        r->sq_size = r->cq_size;
+    r->sq_map = mmap(NULL, r->sq_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_SQ_RING);
+    if (r->sq_map == MAP_FAILED)
+        goto fail;
+    if (single) {
+        r->cq_map = r->sq_map;
+        r->cq_size = r->sq_size;
+    } else {
+        r->cq_map = mmap(NULL, r->cq_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_CQ_RING);
+        if (r->cq_map == MAP_FAILED)
+            goto fail;
+    }
+    r->sqe_size = p.sq_entries * sizeof(struct io_uring_sqe);
+    r->sqe_map = mmap(NULL, r->sqe_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_SQES);
+    if (r->sqe_map == MAP_FAILED)
+        goto fail;
+    uint8_t *sq = r->sq_map, *cq = r->cq_map;
+    r->sq_head = (unsigned *)(sq + p.sq_off.head);
+    r->sq_tail = (unsigned *)(sq + p.sq_off.tail);
+    r->sq_mask = (unsigned *)(sq + p.sq_off.ring_mask);
+    r->sq_array = (unsigned *)(sq + p.sq_off.array);
+    r->cq_head = (unsigned *)(cq + p.cq_off.head);
+    r->cq_tail = (unsigned *)(cq + p.cq_off.tail);
+    r->cq_mask = (unsigned *)(cq + p.cq_off.ring_mask);
+    r->cqes = (struct io_uring_cqe *)(cq + p.cq_off.cqes);
+    r->sqes = r->sqe_map;
+    /* slot i of the submission array always names entry i: entries are used in ring order */
+    for (unsigned i = 0; i < p.sq_entries; i++)
+        r->sq_array[i] = i;
+    return 0;
+fail:
+    ring_close(r);
+    return APR_URING_UNAVAILABLE;
+}
+
+/* Hand the queued entries to the kernel and, with wait, block until a completion is
+ * there.  0 or an errno value. */
+static int ring_enter(ring *r, int wait)
+{
+    for (;;) {
+        unsigned flags = wait ? IORING_ENTER_GETEVENTS : 0;
+        if (!r->pending && !wait)
+            return 0;
+        int got = sys_enter(r->fd, r->pending, wait ? 1 : 0, flags);
+        if (got >= 0) {
+            r->pending -= (unsigned)got < r->pending ? (unsigned)got : r->pending;
+            if (!r->pending || wait)
+                return 0;
+            continue;
+        }
+        if (errno == EINTR)
+            continue;
+        /* EAGAIN/EBUSY: the kernel is short of resources or completions are piling up;
+         * wait for one (the completions are reaped by the caller) and try again */
+        if ((errno == EAGAIN || errno == EBUSY) && !wait) {
+            wait = 1;
+            continue;
+        }
+        return errno;
+    }
+}
+
+typedef struct {
+    uint64_t pos;    /* file offset of the next byte */
+    uint8_t *buf;    /* where it goes */
+    size_t left;     /* bytes asked for still to come */
+    size_t need;     /* of those, bytes that must come (the rest may lie past the end) */
+    size_t unit;     /* the piece of the range this read fills */
+    struct iovec iov;
+    int busy;
+} slot;
+
+typedef struct {
+    uint64_t offset, end;  /* the range asked for */
+    uint64_t a0, a1;       /* its whole aligned blocks */
+    uint64_t first;        /* a0 / chunk */
+    size_t chunk, body;    /* chunk bytes; pieces of [a0, a1) */
+    int head, tail;        /* a partial block at the start / the end */
+} plan;
+
+static size_t units(const plan *pl)
+{
+    return (size_t)pl->head + pl->body + (size_t)pl->tail;
+}
+
+/* The file bytes [*lo, *hi) of unit u, in order: the head's partial block, the aligned
+ * pieces ending on multiples of chunk, the tail's partial block. */
+static void unit_range(const plan *pl, size_t u, uint64_t *lo, uint64_t *hi)
+{
+    if (pl->head && u == 0) {
+        *lo = pl->offset;
+        *hi = pl->a0;
+        return;
+    }
+    u -= (size_t)pl->head;
+    if (u >= pl->body) {
+        *lo = pl->a1;
+        *hi = pl->end;
+        return;
+    }
+    uint64_t lo_ = (pl->first + u) * pl->chunk, hi_ = lo_ + pl->chunk;
+    *lo = lo_ > pl->a0 ? lo_ : pl->a0;
+    *hi = hi_ < pl->a1 ? hi_ : pl->a1;
+}
+
+static void queue_read(ring *r, int fd, slot *s, size_t index)
+{
+    unsigned tail = *r->sq_tail; /* only this thread writes the tail */
+    struct io_uring_sqe *sqe = &r->sqes[tail & *r->sq_mask];
+    memset(sqe, 0, sizeof *sqe);
+    s->iov.iov_base = s->buf;
+    s->iov.iov_len = s->left;
+    /* READV is there since 5.1, READ only since 5.6; one vector costs nothing more */
+    sqe->opcode = IORING_OP_READV;
+    sqe->fd = fd;
+    sqe->off = s->pos;
+    sqe->addr = (uint64_t)(uintptr_t)&s->iov;
+    sqe->len = 1;
+    sqe->user_data = (uint64_t)index;
+    __atomic_store_n(r->sq_tail, tail + 1, __ATOMIC_RELEASE);
+    r->pending++;
+}
+
+int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *crc, size_t align,
+                   unsigned depth, size_t chunk, apr_fresh_state *pages)
+{
+    if (depth == 0)
+        depth = APR_URING_DEPTH;
+    if (depth > 256)
+        depth = 256;
+    if (chunk == 0)
+        chunk = APR_URING_CHUNK;
+    if (align == 0 || (align & (align - 1)) || chunk < align || (chunk & (chunk - 1)) || chunk > ((size_t)1 << 30))
+        return EINVAL;
+    if ((((uintptr_t)dst - (uintptr_t)offset) & (align - 1)) != 0)
+        return EINVAL;
+    plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.offset = offset;
+    pl.end = offset + len;
+    pl.a0 = (offset + align - 1) & ~(uint64_t)(align - 1);
+    pl.a1 = pl.end & ~(uint64_t)(align - 1);
+    if (len == 0 || pl.end < offset || pl.a1 <= pl.a0)
+        return EINVAL; /* no whole block: the caller reads it another way */
+    pl.chunk = chunk;
+    pl.first = pl.a0 / chunk;
+    pl.body = (size_t)((pl.a1 + chunk - 1) / chunk - pl.first);
+    pl.head = pl.a0 > offset;
+    pl.tail = pl.end > pl.a1;
+    size_t n = units(&pl);
+
+    ring r;
+    if (ring_open(&r, depth))
+        return APR_URING_UNAVAILABLE;
+    slot *slots = calloc(depth, sizeof *slots);
+    uint8_t *done = calloc(n, 1);
+    void *bounce = NULL;
+    int status = 0;
+    if (slots == NULL || done == NULL || posix_memalign(&bounce, align, 2 * align)) {
+        bounce = NULL;
+        status = ENOMEM;
+        goto out;
+    }
+    uint8_t *head_block = bounce, *tail_block = (uint8_t *)bounce + align;
+    uint8_t *populated = dst;
+    uint32_t value = crc ? *crc : 0;
+    size_t next = 0, crc_next = 0;
+    unsigned inflight = 0;
+    for (;;) {
+        /* fill the free slots with the next pieces, in file order */
+        for (unsigned i = 0; i < depth && status == 0 && next < n && inflight < depth; i++) {
+            slot *s = &slots[i];
+            if (s->busy)
+                continue;
+            uint64_t lo, hi;
+            unit_range(&pl, next, &lo, &hi);
+            if (pages) {
+                uint8_t *need = dst + (hi - offset);
+                while (populated < need) {
+                    uint8_t *step = (uint8_t *)(((uintptr_t)populated + FRESH_STEP) & ~(uintptr_t)(FRESH_STEP - 1));
+                    apr_fresh_populate(pages, populated, (size_t)(step - populated));
+                    populated = step;
+                }
+            }
+            s->unit = next;
+            s->busy = 1;
+            if (pl.head && next == 0) {
+                s->pos = pl.a0 - align;
+                s->buf = head_block;
+                s->left = s->need = align;
+            } else if (pl.tail && next == n - 1) {
+                s->pos = pl.a1;
+                s->buf = tail_block;
+                s->left = align;
+                s->need = (size_t)(pl.end - pl.a1); /* the block may end with the file */
+            } else {
+                s->pos = lo;
+                s->buf = dst + (lo - offset);
+                s->left = s->need = (size_t)(hi - lo);
+            }
+            queue_read(&r, fd, s, i);
+            inflight++;
+            next++;
+        }
+        if (r.pending) {
+            int rc = ring_enter(&r, 0);
+            if (rc) {
+                /* the kernel took none of what is queued: those reads never start */
+                if (!status)
+                    status = rc;
+                inflight -= r.pending;
+                r.pending = 0;
+            }
+        }
+        /* reap what has completed; then refill the ring before anything else */
+        unsigned head = *r.cq_head, tail = __atomic_load_n(r.cq_tail, __ATOMIC_ACQUIRE);
+        if (head != tail) {
+            for (; head != tail; head++) {
+                struct io_uring_cqe *cqe = &r.cqes[head & *r.cq_mask];
+                size_t index = (size_t)cqe->user_data;
+                int res = cqe->res;
+                slot *s = &slots[index];
+                if (res == -EINTR || res == -EAGAIN) {
+                    if (status == 0) {
+                        queue_read(&r, fd, s, index);
+                        continue;
+                    }
+                    res = -EAGAIN;
+                }
+                if (res > 0 && (size_t)res > s->left)
+                    res = -EIO; /* more than asked for: never trust it */
+                if (res > 0) {
+                    s->pos += (uint64_t)res;
+                    s->buf += res;
+                    s->left -= (size_t)res;
+                    s->need = s->need > (size_t)res ? s->need - (size_t)res : 0;
+                    if (s->need && status == 0) {
+                        queue_read(&r, fd, s, index); /* a short read: ask for the rest */
+                        continue;
+                    }
+                }
+                s->busy = 0;
+                inflight--;
+                if (res < 0) {
+                    if (!status)
+                        status = -res;
+                    continue;
+                }
+                if (s->need) {
+                    if (!status)
+                        status = -1; /* the file ended first */
+                    continue;
+                }
+                uint64_t lo, hi;
+                unit_range(&pl, s->unit, &lo, &hi);
+                if (pl.head && s->unit == 0)
+                    memcpy(dst, head_block + (offset - (pl.a0 - align)), (size_t)(hi - lo));
+                else if (pl.tail && s->unit == n - 1)
+                    memcpy(dst + (lo - offset), tail_block, (size_t)(hi - lo));
+                done[s->unit] = 1;
+            }
+            __atomic_store_n(r.cq_head, head, __ATOMIC_RELEASE);
+            continue;
+        }
+        /* nothing new: the CRC of the next piece in file order, while the rest is read
+         * (one piece at a time, so completions are reaped and replaced in between) */
+        if (crc && status == 0 && crc_next < n && done[crc_next]) {
+            uint64_t lo, hi;
+            unit_range(&pl, crc_next, &lo, &hi);
+            value = apr_crc32(value, dst + (lo - offset), (size_t)(hi - lo));
+            crc_next++;
+            continue;
+        }
+        if (inflight == 0)
+            break;
+        int rc = ring_enter(&r, 1);
+        if (rc) {
+            /* Reads in flight still write into dst: never return before they end.
+             * Their completions are posted whatever happens to the wait, so look
+             * again after a pause (the pause's system call runs the kernel's
+             * pending completion work too). */
+            if (!status && rc != EAGAIN && rc != EBUSY)
+                status = rc;
+            struct timespec pause = {0, 1000000};
+            nanosleep(&pause, NULL);
+        }
+    }
+    if (status == 0 && crc) {
+        while (crc_next < n) {
+            uint64_t lo, hi;
+            unit_range(&pl, crc_next, &lo, &hi);
+            value = apr_crc32(value, dst + (lo - offset), (size_t)(hi - lo));
+            crc_next++;
+        }
+        *crc = value;
+    }
+out:
+    free(bounce);
+    free(done);
+    free(slots);
+    ring_close(&r);
+    return status;
+}
+
+int apr_uring_available(void)
+{
+    ring r;
+    if (ring_open(&r, 1))
+        return 0;
+    ring_close(&r);
+    return 1;
+}
+
+#else /* no io_uring here */
+int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *crc, size_t align,
+                   unsigned depth, size_t chunk, apr_fresh_state *pages)
+{
+    (void)fd; (void)dst; (void)offset; (void)len; (void)crc; (void)align; (void)depth; (void)chunk; (void)pages;
+    return APR_URING_UNAVAILABLE;
+}
+
+int apr_uring_available(void)
+{
+    return 0;
+}
+#endif

@@ -1,0 +1,272 @@
+"""The two engines of direct reads (csrc/pio.c apr_pread_direct_engine): io_uring
+(csrc/uring.c) and the threaded preads, each forced, and the fallback from the first to
+the second where no ring can be set up (the "io_uring" fallback forced, as under a
+seccomp filter or with kernel.io_uring_disabled).
+
+Each engine gives the same bytes and the same running CRC for unaligned offsets,
+lengths and buffers, small chunks (many reads in flight, short reads at the end of the
+file), files being appended to, files shorter than asked (EOFError, CorruptError
+through the loaders) and tmpfs; ``APRFAST_DIRECT_ENGINE`` picks the engine of
+``backend="direct"``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import zlib
+
+import numpy as np
+import pytest
+
+import aprfast
+from aprfast import _memory
+from aprfast._pure import _memory as pure_memory
+from aprfast.errors import CorruptError
+from aprfast.io import direct, platform
+
+ALIGN = direct.ALIGN
+URING = _memory.uring_available()
+ENGINES = ("io_uring", "threads")
+
+
+@pytest.fixture
+def blob(tmp_path):
+    data = np.random.default_rng(7).integers(0, 256, (3 << 20) + 1234, dtype=np.uint8)  # ends inside a block
+    path = tmp_path / "blob"
+    data.tofile(path)
+    fd, how = direct.open_direct(os.open(path, os.O_RDONLY), str(path))
+    if fd is None:
+        pytest.skip(f"direct I/O {how}")
+    try:
+        yield fd, data, path
+    finally:
+        os.close(fd)
+
+
+def _dst(n, shift, whole=None):
+    if whole is None:
+        whole = np.frombuffer(_memory.AlignedBuffer(n + 2 * ALIGN, ALIGN), np.uint8)
+    return whole[shift:shift + n]
+
+
+def _expected_engine(engine, at, n, shift):
+    """The engine that must run: io_uring only where a ring exists and whole blocks of
+    the range land aligned in the buffer."""
+    whole_block = -(-at // ALIGN) * ALIGN < (at + n) // ALIGN * ALIGN
+    congruent = shift % ALIGN == at % ALIGN
+    return "io_uring" if engine == "io_uring" and URING and whole_block and congruent else "threads"
+
+
+@pytest.fixture
+def no_uring():
+    previous = platform.force(["io_uring"])
+    yield
+    platform.force(previous)
+
+
+# --- the primitive ----------------------------------------------------------------------
+@pytest.mark.parametrize("engine", ENGINES)
+def test_each_engine_reads_any_range_with_the_crc_of_zlib(blob, engine):
+    fd, data, _ = blob
+    rng = np.random.default_rng(3)
+    cases = [(0, data.size, 0), (data.size - 5000, 5000, (data.size - 5000) % ALIGN), (4095, 4097, 4095),
+             (ALIGN, 2 << 20, 0), (1, ALIGN, 1), (10, 3 * ALIGN, 10), (0, data.size, 5)]
+    for _ in range(30):
+        n = int(rng.integers(1, 3 << 20)) if rng.random() < 0.6 else int(rng.integers(1, 20000))
+        at = int(rng.integers(0, data.size - n + 1))
+        cases.append((at, n, at % ALIGN))  # congruent: io_uring runs
+        cases.append((at, n, int(rng.integers(0, ALIGN))))
+    for at, n, shift in cases:
+        whole = np.frombuffer(_memory.AlignedBuffer(n + 2 * ALIGN, ALIGN), np.uint8)
+        whole[:] = 0x5A  # the bytes around the range must stay so: no read lands outside it
+        dst = _dst(n, shift, whole)
+        depth = int(rng.choice([0, 1, 2, 3, 32]))
+        chunk = int(rng.choice([0, ALIGN, 64 << 10, 1 << 20]))  # small chunks: many reads in flight
+        crc = _memory.pread_direct(fd, at, dst, int(rng.integers(0, 4)), 11, ALIGN, engine, depth, chunk)
+        assert _memory.direct_engine_last() == _expected_engine(engine, at, n, shift), (at, n, shift)
+        np.testing.assert_array_equal(dst, data[at:at + n])
+        assert not np.any(whole[:shift] != 0x5A) and not np.any(whole[shift + n:] != 0x5A), (at, n, shift)
+        assert crc == zlib.crc32(data[at:at + n], 11)
+        assert _memory.pread_direct(fd, at, dst, 0, None, ALIGN, engine, depth, chunk) is None
+
+
+def test_the_engines_and_the_pure_twin_agree_on_bytes_and_crc(blob):
+    fd, data, _ = blob
+    at, n = 4096 * 3 + 17, data.size - 4096 * 3 - 17 - 99
+    got = {}
+    for name, call in (("io_uring", lambda d: _memory.pread_direct(fd, at, d, 0, 0, ALIGN, "io_uring", 4, 64 << 10)),
+                       ("threads", lambda d: _memory.pread_direct(fd, at, d, 3, 0, ALIGN, "threads")),
+                       ("auto", lambda d: _memory.pread_direct(fd, at, d, 0, 0)),
+                       ("pure", lambda d: pure_memory.pread_direct(fd, at, d, 0, 0))):
+        dst = _dst(n, at % ALIGN)
+        got[name] = (call(dst), dst.tobytes())
+    assert len(set(got.values())) == 1
+    assert got["threads"][0] == zlib.crc32(data[at:at + n])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("chunk", [0, ALIGN])
+def test_a_file_shorter_than_asked_is_eof_for_each_engine(blob, engine, chunk):
+    fd, data, _ = blob
+    size = data.size
+    tail_block = size // ALIGN * ALIGN
+    for at, n in ((tail_block - 2 * ALIGN, 2 * ALIGN + size % ALIGN + 1),  # one byte past the end
+                  (ALIGN, size),  # many blocks past it
+                  (0, size + 3 * ALIGN)):
+        dst = _dst(n, at % ALIGN)
+        with pytest.raises(EOFError):
+            _memory.pread_direct(fd, at, dst, 0, 0, ALIGN, engine, 0, chunk)
+        assert _memory.direct_engine_last() == _expected_engine(engine, at, n, at % ALIGN)
+    with pytest.raises(EOFError):  # at the very end: nothing at all to read
+        _memory.pread_direct(fd, tail_block + ALIGN, _dst(ALIGN, 0), 0, None, ALIGN, engine)
+
+
+def test_no_ring_falls_back_to_the_threads_without_a_word(blob, no_uring):
+    fd, data, _ = blob
+    assert not _memory.uring_available()
+    assert not platform.uses("io_uring")
+    for engine in ("io_uring", "auto"):
+        dst = _dst(data.size, 0)
+        crc = _memory.pread_direct(fd, 0, dst, 0, 0, ALIGN, engine, 0, 64 << 10)
+        assert _memory.direct_engine_last() == "threads"
+        np.testing.assert_array_equal(dst, data)
+        assert crc == zlib.crc32(data)
+
+
+@pytest.mark.skipif(not URING, reason="no io_uring ring can be set up here")
+def test_auto_takes_io_uring_for_large_reads_and_the_threads_for_small_ones(tmp_path):
+    data = np.random.default_rng(5).integers(0, 256, 9 << 20, dtype=np.uint8)
+    path = tmp_path / "big"
+    data.tofile(path)
+    fd, how = direct.open_direct(os.open(path, os.O_RDONLY), str(path))
+    if fd is None:
+        pytest.skip(f"direct I/O {how}")
+    try:
+        dst = _dst(data.size, 0)
+        _memory.pread_direct(fd, 0, dst)
+        assert _memory.direct_engine_last() == "io_uring"
+        np.testing.assert_array_equal(dst, data)
+        _memory.pread_direct(fd, 0, dst[:1 << 20])
+        assert _memory.direct_engine_last() == "threads"
+    finally:
+        os.close(fd)
+
+
+def test_engine_names_are_checked(blob):
+    fd, _, _ = blob
+    for impl in (_memory, pure_memory):
+        with pytest.raises(ValueError, match="no engine 'spdk'"):
+            impl.pread_direct(fd, 0, np.zeros(10, np.uint8), engine="spdk")
+    assert _memory.DIRECT_ENGINES == pure_memory.DIRECT_ENGINES == direct.ENGINES
+    assert pure_memory.uring_available() is False and pure_memory.direct_engine_last() == "threads"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_file_being_appended_to_reads_what_was_there(tmp_path, engine):
+    data = np.random.default_rng(9).integers(0, 256, (2 << 20) + 333, dtype=np.uint8)
+    path = tmp_path / "growing"
+    data.tofile(path)
+    fd, how = direct.open_direct(os.open(path, os.O_RDONLY), str(path))
+    if fd is None:
+        pytest.skip(f"direct I/O {how}")
+    stop = threading.Event()
+
+    def append():
+        with open(path, "ab", buffering=0) as f:
+            while not stop.is_set():
+                f.write(b"\xa5" * 12345)
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    try:
+        for i in range(20):
+            at = (i * 4099) % (1 << 20)
+            n = data.size - at
+            dst = _dst(n, at % ALIGN)
+            crc = _memory.pread_direct(fd, at, dst, 2, 0, ALIGN, engine, 4, 64 << 10)
+            np.testing.assert_array_equal(dst, data[at:])
+            assert crc == zlib.crc32(data[at:])
+    finally:
+        stop.set()
+        writer.join()
+        os.close(fd)
+
+
+# --- through the loaders ----------------------------------------------------------------
+def _model():
+    rng = np.random.default_rng(0)
+    out = {f"t.{i:02d}": rng.standard_normal((int(rng.integers(1, 300)), 37), dtype=np.float32) for i in range(6)}
+    out["big"] = rng.standard_normal((2500, 1100), dtype=np.float32)  # ~10.5 MiB: io_uring under "auto"
+    out["bytes"] = rng.integers(0, 256, 4099, dtype=np.uint8)  # ends the file off a block boundary
+    return out
+
+
+def _same(got, want):
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value)
+
+
+@pytest.mark.parametrize("engine", ["auto", *ENGINES])
+def test_the_environment_variable_picks_the_engine_of_backend_direct(tmp_path, monkeypatch, engine):
+    want = _model()
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path)
+    monkeypatch.setenv(direct.ENGINE_ENV, engine)
+    _same(aprfast.load_file(path, backend="direct"), want)
+    with aprfast.open(path, backend="direct") as f:
+        assert f._source._direct.engine == engine
+        _same(f.load_all(), want)
+        f.verify()
+        np.testing.assert_array_equal(f.get_slice("big")[7:900:3, 5:], want["big"][7:900:3, 5:])
+
+
+def test_an_unknown_engine_in_the_environment_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "m.apr"
+    aprfast.save_file({"a": np.arange(10)}, path)
+    monkeypatch.setenv(direct.ENGINE_ENV, "spdk")
+    with pytest.raises(ValueError, match="APRFAST_DIRECT_ENGINE"):
+        aprfast.load_file(path, backend="direct")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_loads_without_a_ring_and_with_o_direct_refused_give_the_tensors(tmp_path, monkeypatch, engine):
+    want = _model()
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path)
+    monkeypatch.setenv(direct.ENGINE_ENV, engine)
+    for forced in (["io_uring"], ["o_direct"], ["io_uring", "o_direct"]):
+        previous = platform.force(forced)
+        try:
+            _same(aprfast.load_file(path, backend="direct"), want)
+        finally:
+            platform.force(previous)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_file_that_shrinks_while_open_is_corrupt_for_each_engine(tmp_path, monkeypatch, engine):
+    want = {"w": np.arange(3 << 20, dtype=np.float32)}  # 12 MiB: io_uring reads it
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path)
+    monkeypatch.setenv(direct.ENGINE_ENV, engine)
+    with aprfast.open(path, backend="direct") as f:
+        os.truncate(path, 5 << 20)
+        with pytest.raises(CorruptError):
+            f.load_all()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no tmpfs at /dev/shm")
+def test_each_engine_on_tmpfs(monkeypatch, engine):
+    """tmpfs refused O_DIRECT before Linux 6.6 (the buffered fallback reads) and accepts
+    it since (the engine reads): the tensors either way."""
+    want = _model()
+    path = os.path.join("/dev/shm", f"aprfast-engine-{os.getpid()}.apr")
+    monkeypatch.setenv(direct.ENGINE_ENV, engine)
+    try:
+        aprfast.save_file(want, path)
+        _same(aprfast.load_file(path, backend="direct"), want)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
