@@ -1254,6 +1254,9 @@ static int threads_for(int nthreads, size_t len)
 static uint32_t crc32_threaded(int path, uint32_t crc, const uint8_t *buf, size_t len, int nthreads)
 {
     crc_piece pieces[PARALLEL_MAX_THREADS];
+    /* the callers pass two or more; saying so lets gcc see pieces[0] is always set */
+    if (nthreads < 2 || nthreads > PARALLEL_MAX_THREADS)
+        return ~crc32_raw_on(path, ~crc, buf, len);
     /* Piece lengths are multiples of 64 (the last takes the remainder), so an
      * aligned buffer gives aligned pieces for the vector kernels. */
     size_t step = len / (size_t)nthreads & ~(size_t)63;

@@ -294,7 +294,35 @@ void apr_copy(uint8_t *dst, const uint8_t *src, size_t len, int nthreads)
 }
 
 /* --- direct I/O ------------------------------------------------------------------ */
-#ifndef _WIN32
+/* The same code reads a Linux/BSD O_DIRECT descriptor and a Windows handle opened with
+ * FILE_FLAG_NO_BUFFERING (aprfast.io.direct): both want sector-aligned offsets,
+ * lengths and addresses, and read_at is pread or ReadFile at an offset. */
+#ifdef _MSC_VER
+#define APR_THREAD_LOCAL __declspec(thread)
+#else
+#define APR_THREAD_LOCAL __thread
+#endif
+#ifdef _WIN32
+static void *aligned_block(size_t align, size_t size)
+{
+    return _aligned_malloc(size, align);
+}
+static void aligned_release(void *p)
+{
+    _aligned_free(p);
+}
+#else
+static void *aligned_block(size_t align, size_t size)
+{
+    void *mem = NULL;
+    return posix_memalign(&mem, align, size) ? NULL : mem;
+}
+static void aligned_release(void *p)
+{
+    free(p);
+}
+#endif
+
 typedef struct {
     int fd;
     uint8_t *dst;            /* where file byte ``offset`` goes */
@@ -336,10 +364,9 @@ static int bounce_range(dpiece *p, uint64_t u0, uint64_t u1)
     uint64_t b1 = (u1 + a - 1) & ~(uint64_t)(a - 1);
     int err = 0;
     if (p->bounce == NULL) {
-        void *mem = NULL;
-        if (posix_memalign(&mem, a, APR_DIRECT_CHUNK + 2 * a))
+        p->bounce = aligned_block(a, APR_DIRECT_CHUNK + 2 * a);
+        if (p->bounce == NULL)
             return ENOMEM;
-        p->bounce = mem;
     }
     long long got = direct_read(p->fd, p->bounce, b0, (size_t)(b1 - b0), &err);
     if (got < 0)
@@ -445,7 +472,7 @@ static int direct_threads(int fd, uint8_t *dst, uint64_t offset, size_t len, int
     uint32_t total = crc ? *crc : 0;
     int status = 0;
     for (int i = 0; i < n; i++) {
-        free(pieces[i].bounce);
+        aligned_release(pieces[i].bounce);
         if (pieces[i].status && !status)
             status = pieces[i].status;
         if (crc)
@@ -462,7 +489,7 @@ static int direct_threads(int fd, uint8_t *dst, uint64_t offset, size_t len, int
  * this a ring's set-up (a system call and three maps) buys nothing over the threads. */
 #define URING_MIN ((size_t)8 << 20)
 
-static __thread int last_engine = APR_ENGINE_THREADS;
+static APR_THREAD_LOCAL int last_engine = APR_ENGINE_THREADS;
 
 int apr_direct_engine_last(void)
 {
@@ -509,6 +536,7 @@ int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthr
     return apr_pread_direct_engine(fd, dst, offset, len, nthreads, crc, align, APR_ENGINE_AUTO, 0, 0);
 }
 
+#ifndef _WIN32
 int apr_page_cache_sample(int fd, uint64_t size, int samples)
 {
     long page = sysconf(_SC_PAGESIZE);
@@ -539,25 +567,6 @@ int apr_page_cache_sample(int fd, uint64_t size, int samples)
     return resident;
 }
 #else
-int apr_pread_direct(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
-                     size_t align)
-{
-    (void)fd; (void)dst; (void)offset; (void)len; (void)nthreads; (void)crc; (void)align;
-    return ENOSYS;
-}
-
-int apr_pread_direct_engine(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc,
-                            size_t align, int engine, unsigned depth, size_t chunk)
-{
-    (void)engine; (void)depth; (void)chunk;
-    return apr_pread_direct(fd, dst, offset, len, nthreads, crc, align);
-}
-
-int apr_direct_engine_last(void)
-{
-    return APR_ENGINE_THREADS;
-}
-
 int apr_page_cache_sample(int fd, uint64_t size, int samples)
 {
     (void)fd; (void)size; (void)samples;

@@ -26,9 +26,14 @@ Per platform:
     forced) and for small reads, without a word.
 - macOS: ``F_NOCACHE`` on the second descriptor (no alignment rules), read by the
   normal parallel ``pread``.
+- Windows: a second handle opened by ``CreateFileW`` with ``FILE_FLAG_NO_BUFFERING``
+  (``os.open`` cannot ask for it), made a descriptor by ``msvcrt.open_osfhandle``; its
+  alignment rules (sector-aligned offsets, lengths and addresses) are the ``O_DIRECT``
+  ones, so the same ``pread_direct`` reads it, with ``ReadFile`` at an offset (the
+  threads engine).  Checked under Wine by ``tests/windows/run.sh``, not on Windows
+  itself: a refusal at open or at the first read takes the fallback below.
 - Where the filesystem refuses direct I/O (``EINVAL`` at open or at the first read:
-  FUSE mounts, older tmpfs), on Windows (``FILE_FLAG_NO_BUFFERING`` needs a handle
-  opened for it, which ``os.open`` cannot give) and with the ``o_direct`` fallback
+  FUSE mounts, older tmpfs) and with the ``o_direct`` fallback
   forced (``APRFAST_FALLBACKS=o_direct``): buffered reads of at most 64 MiB at a time,
   each followed by ``posix_fadvise(POSIX_FADV_DONTNEED)`` over what it read (where the
   call exists), so the cache never holds more than one window of the file.
@@ -109,9 +114,11 @@ def open_direct(fd: int, path=None):
             return os.open(target, os.O_RDONLY | flag | getattr(os, "O_CLOEXEC", 0)), "o_direct"
         except OSError as exc:
             return None, f"refused: O_DIRECT open failed ({exc.strerror or exc})"
+    if os.name == "nt":
+        return _open_no_buffering(path)
     try:
         import fcntl
-    except ImportError:  # Windows
+    except ImportError:
         return None, "refused: no direct I/O through os.open on this platform"
     nocache = getattr(fcntl, "F_NOCACHE", None)
     if nocache is None:
@@ -142,6 +149,33 @@ def engine_from_env() -> str:
     if value not in ENGINES:
         raise ValueError(f"{ENGINE_ENV}={value!r}: no such direct-read engine; known: {', '.join(ENGINES)}")
     return value
+
+
+def _open_no_buffering(path):
+    """Windows: ``(descriptor, "o_direct")`` of ``path`` opened with
+    ``FILE_FLAG_NO_BUFFERING``, or ``(None, reason)``."""
+    if path is None:
+        return None, "refused: no path to reopen the file with FILE_FLAG_NO_BUFFERING"
+    import ctypes
+    import msvcrt
+    from ctypes import wintypes
+
+    generic_read, share_all, open_existing = 0x80000000, 0x7, 3
+    no_buffering, sequential_scan = 0x20000000, 0x08000000
+    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+    create = kernel32.CreateFileW
+    create.restype = wintypes.HANDLE
+    create.argtypes = [wintypes.LPCWSTR, wintypes.DWORD, wintypes.DWORD, ctypes.c_void_p,
+                       wintypes.DWORD, wintypes.DWORD, wintypes.HANDLE]
+    handle = create(os.fspath(path), generic_read, share_all, None, open_existing,
+                    no_buffering | sequential_scan, None)
+    if handle is None or handle == ctypes.c_void_p(-1).value:
+        return None, f"refused: FILE_FLAG_NO_BUFFERING open failed (Win32 error {ctypes.get_last_error()})"
+    try:
+        return msvcrt.open_osfhandle(handle, os.O_RDONLY | getattr(os, "O_BINARY", 0)), "o_direct"
+    except OSError as exc:
+        kernel32.CloseHandle(ctypes.c_void_p(handle))
+        return None, f"refused: no descriptor for the unbuffered handle ({exc.strerror or exc})"
 
 
 def drop_cached(fd: int, offset: int = 0, n: int = 0) -> bool:

@@ -1,6 +1,7 @@
 /* A Windows smoke test of csrc/pio.c and csrc/buffers.c: positional reads (one and
  * several threads, with CRC), end of file, preallocation, aligned and mapped buffers
- * through the freed-block cache.  Built with MinGW and run under Wine by
+ * through the freed-block cache, and direct reads (apr_pread_direct) of a handle opened
+ * with FILE_FLAG_NO_BUFFERING, as aprfast.io.direct opens it.  Built with MinGW and run under Wine by
  * tests/windows/run.sh; prints "ok" and exits 0 when everything holds. */
 #include <errno.h>
 #include <fcntl.h>
@@ -9,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#define WIN32_LEAN_AND_MEAN
+#include <windows.h>
 
 #include "buffers.h"
 #include "crc32.h"
@@ -49,6 +52,21 @@ int main(void)
     CHECK(apr_pread_some(fd, back, SIZE, 100, &n) == 0 && n == 0);
     _close(fd);
     CHECK(apr_pread_exact(fd, back, 0, 10, 1, NULL) != 0); /* a closed descriptor is an error */
+
+    /* direct reads: unaligned offset, length and buffer, with CRC, several threads */
+    HANDLE h = CreateFileA(path, GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, NULL,
+                           OPEN_EXISTING, FILE_FLAG_NO_BUFFERING | FILE_FLAG_SEQUENTIAL_SCAN, NULL);
+    CHECK(h != INVALID_HANDLE_VALUE);
+    int dfd = _open_osfhandle((intptr_t)h, _O_RDONLY | _O_BINARY);
+    CHECK(dfd >= 0);
+    memset(back, 0, SIZE);
+    got = 0;
+    want = apr_crc32(0, data + 7, SIZE - 10);
+    CHECK(apr_pread_direct(dfd, back + 3, 7, SIZE - 10, 4, &got, 4096) == 0);
+    CHECK(memcmp(back + 3, data + 7, SIZE - 10) == 0 && got == want);
+    CHECK(apr_pread_direct(dfd, back, 8192, 4096, 1, NULL, 4096) == 0 && memcmp(back, data + 8192, 4096) == 0);
+    CHECK(apr_pread_direct(dfd, back, SIZE - 10, 20, 1, NULL, 4096) == -1); /* the file ends first */
+    _close(dfd);
 
     size_t sizes[] = {100, (size_t)300 << 10, (size_t)40 << 20};
     for (int k = 0; k < 3; k++) {

@@ -12,7 +12,7 @@ for src in csrc/*.c; do
 done
 echo "compiled for Windows: $(ls csrc/*.c | wc -l) files"
 "$CC" -O2 -std=c99 -Wall -Wextra -Icsrc tests/windows/pio_check.c "$out/pio.o" "$out/buffers.o" \
-    "$out/fallbacks.o" "$out/crc32.o" -o "$out/pio_check.exe"
+    "$out/fallbacks.o" "$out/crc32.o" "$out/uring.o" -o "$out/pio_check.exe"
 WINE=$(command -v wine64 || command -v wine || { test -x /usr/lib/wine/wine64 && echo /usr/lib/wine/wine64; } || true)
 if [ -n "$WINE" ]; then
     cd "$out"
