@@ -303,6 +303,17 @@ def fio(path, *, write=False, offset=0, size=None):
     raise RuntimeError(f"fio failed: {last}")
 
 
+def _cache_all(paths):
+    """Read every file of ``paths`` into the page cache and check with mincore that it is."""
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(16 << 20):
+                pass
+        cached, total = pagecache.resident(path)
+        if cached < total:
+            raise RuntimeError(f"{path}: {cached} of {total} pages cached after reading it whole")
+
+
 # --- rows ----------------------------------------------------------------------------------
 class Cold:
     def __init__(self, table: Table, rounds: int, directory: str):
@@ -335,6 +346,21 @@ class Cold:
         self.table.add(row)
         for name, samples in mine.items():
             self.table.add(Row(f"{title} — {name}", size, samples, prim, r, limits))
+        return row
+
+    def run_warm(self, title, size, tools, ours, primary):
+        """Time ``tools`` with every file they read in the page cache (read whole, and
+        checked by mincore, before each call), independent samples: each result is dropped
+        before the next tool runs, so no call reuses what the one before it freed."""
+        fns = {name: fn for name, (fn, _) in tools.items()}
+        setup = {name: (lambda paths=paths: _cache_all(paths)) for name, (_, paths) in tools.items()}
+        r = interleaved(fns, self.rounds, setup=setup, slow=20.0, slow_rounds=min(2, self.rounds), independent=True)
+        mine = {k: r.pop(k) for k in list(r) if k.startswith("aprfast") and k != ours}
+        prim = {k: r.pop(k) for k in primary if k in r}
+        row = Row(title, size, r.pop(ours), prim, {**r})
+        self.table.add(row)
+        for name, samples in mine.items():
+            self.table.add(Row(f"{title} — {name}", size, samples, prim, r))
         return row
 
     def fio_limit(self, path, **kw):
@@ -497,8 +523,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--memory-rounds", type=int, default=2, help="fresh processes per tool (memory rows)")
     parser.add_argument("--huge", action="store_true", help="also the 4 GiB model (eager and memory rows)")
-    parser.add_argument("--only", default="eager,memory,one,slice,save",
-                        help="comma list of row groups: eager, memory, one, slice, save; engines (not by "
+    parser.add_argument("--only", default="eager,warm,memory,one,slice,save",
+                        help="comma list of row groups: eager, memory, one, slice, save; warm: the eager row's "
+                             "tools with the files in the page cache (independent samples); engines (not by "
                              "default: the eager rows hold it): aprfast's two engines of direct reads and fio "
                              "alone, without the peers, so many rounds fit in a short run")
     parser.add_argument("--dir", default=None, help="where to write the files (default: a temp dir on the disk "
@@ -520,7 +547,7 @@ def main():
     versions = ", ".join(f"{pkg} {timing.version(pkg) if mod is not None else 'absent'}" for pkg, mod in peers)
     versions += f", fio {_fio_version()}"
     table = Table("Cold cache: aprfast vs the loaders picked for cold starts (page cache evicted before every "
-                  "sample)", "safetensors (best API)", versions=versions)
+                  "sample; the warm rows read the file into it instead)", "safetensors (best API)", versions=versions)
     for label, why in (("torch", TORCH_WHY), ("tensorizer", TENSORIZER_WHY), ("Run:ai model streamer", RUNAI_WHY),
                        ("fastsafetensors", FASTST_WHY), ("gguf-py", GGUF_WHY)):
         if why:
@@ -548,6 +575,10 @@ def main():
                 cold.run(f"{name}: cold eager load, owned arrays", size, eager_tools(files),
                          "aprfast.load_file(backend='direct')",
                          ["safetensors.numpy.load_file", "safetensors.numpy.load_file(backend='pread')"], limit)
+            if "warm" in only:
+                cold.run_warm(f"{name}: warm eager load (file in the page cache), owned arrays", size,
+                              eager_tools(files), "aprfast.load_file(mmap=False) (auto)",
+                              ["safetensors.numpy.load_file", "safetensors.numpy.load_file(backend='pread')"])
             if "engines" in only:
                 limit = cold.fio_limit(files["apr"])
                 ours = "aprfast.load_file(backend='direct')"
