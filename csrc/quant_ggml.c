@@ -60,7 +60,8 @@ static inline float f16_to_f32(uint16_t h)
  * slower), and the GNU vector extensions zero-extend bytes one at a time; other
  * CPUs take the loops. */
 
-#if defined(__x86_64__) || defined(_M_X64)
+/* APR_NO_SSE2_GROUPS builds the loops instead, to test them on x86-64. */
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(APR_NO_SSE2_GROUPS)
 #include <emmintrin.h>
 #define HAVE_SSE2_GROUPS 1
 #endif
@@ -92,9 +93,10 @@ static ALWAYS_INLINE void signed8(float *restrict y, const uint8_t *lo, const ui
     _mm_storeu_si128((__m128i *)y, _mm_xor_si128(_mm_castps_si128(v0), m0));
     _mm_storeu_si128((__m128i *)(y + 4), _mm_xor_si128(_mm_castps_si128(v1), m1));
 #else
+    /* 0 - bit: all ones or none, a mask rather than a (mispredicted) branch */
     for (int j = 0; j < 4; j++) {
-        y[j] = bits_f32(f32_bits(db * (float)lo[j]) ^ (((signs >> j) & 1u) ? flip : 0u));
-        y[j + 4] = bits_f32(f32_bits(db * (float)hi[j]) ^ (((signs >> (j + 4)) & 1u) ? flip : 0u));
+        y[j] = bits_f32(f32_bits(db * (float)lo[j]) ^ ((0u - ((signs >> j) & 1u)) & flip));
+        y[j + 4] = bits_f32(f32_bits(db * (float)hi[j]) ^ ((0u - ((signs >> (j + 4)) & 1u)) & flip));
     }
 #endif
 }
