@@ -27,6 +27,15 @@ output, one thread: the like-for-like kernel comparison.  Its floats are checked
 to aprfast's first.
 
 Bytes and floats are checked identical to gguf-py's before anything is timed.
+
+``--clock thread`` times every sample by the CPU time of the calling thread
+(``time.thread_time``) instead of the wall clock: on a shared machine other processes
+barely move it, so the ratios settle where wall times swing 2-3x between runs.  Only the
+one-thread rows are timed then (aprfast ``threads=1``, gguf-py's NumPy, llama.cpp's
+to_float, all on the calling thread): the CPU time of a thread a tool starts is not
+the calling thread's, so the ``threads=0`` and 2-thread rows are left out.
+
+    python benchmarks/bench_quant.py --clock thread --quantize '' --dequantize all
 """
 
 from __future__ import annotations
@@ -88,9 +97,14 @@ def ggml_to_float():
     return lookup, None
 TYPES = ("Q8_0", "Q4_0", "Q4_1")
 DEQUANTIZE = ("Q3_K", "Q5_K")
-#: Every dequantize-only type gguf-py 0.19 can dequantize too (Q8_1, Q8_K, Q1_0: it cannot).
-DEQUANTIZE_ALL = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
-                  "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
+#: Every GGML block type aprfast dequantizes: gguf-py 0.19 cannot dequantize Q8_1, Q8_K and
+#: Q1_0 (their rows have llama.cpp's to_float as the only peer, where it has one).
+DEQUANTIZE_ALL = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
+                  "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_NL", "IQ4_XS", "TQ1_0",
+                  "TQ2_0", "MXFP4", "NVFP4", "Q1_0")
+#: What a sample measures (--clock): the wall clock, or the calling thread's CPU time.
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+CLOCK = CLOCKS["wall"]
 LLAMA_TO_FLOAT = ggml_to_float()
 QUANTIZE = {"Q8_0": _quant.quantize_q8_0, "Q4_0": _quant.quantize_q4_0, "Q4_1": _quant.quantize_q4_1}
 
@@ -125,16 +139,20 @@ def bench_type(table, name, x, rounds):
              quiet(lambda: gguf.quants.quantize(x, qtype)) if gguf is not None else None),
             ("dequantize", lambda t: aprfast.dequantize(qt, threads=t),
              quiet(lambda: gguf.quants.dequantize(ref_raw, qtype)) if gguf is not None else None)):
-        tools = {"threads=1": lambda: ours(1), every: lambda: ours(0)}
-        if op == "dequantize":  # 64 MiB of floats: from aprfast's buffer cache, unless it is emptied
-            tools[cold] = lambda: ours(0)
+        tools = {"threads=1": lambda: ours(1)}
+        if CLOCK is CLOCKS["wall"]:  # a thread's CPU time does not count the threads it starts
+            tools[every] = lambda: ours(0)
+            if op == "dequantize":  # 64 MiB of floats: from aprfast's buffer cache, unless it is emptied
+                tools[cold] = lambda: ours(0)
         if theirs is not None:
             tools["gguf"] = theirs
-        r = interleaved(tools, rounds, setup={cold: release_buffer_cache})
+        r = interleaved(tools, rounds, setup={cold: release_buffer_cache}, clock=CLOCK)
         peer = {f"gguf.quants.{op} (1 thread)": r.pop("gguf")} if "gguf" in r else None
         for label, samples in r.items():
             table.add(Row(f"{name} {op}, allocating, aprfast {label}", size, samples, peer))
 
+    if CLOCK is not CLOCKS["wall"]:
+        return
     # the kernels into a preallocated output, 1 vs 2 threads: no peer has out=
     raw = np.empty(_quant.quantized_nbytes(name, n), np.uint8)
     back = np.empty(n, np.float32)
@@ -158,23 +176,34 @@ def bench_dequantize(table, name, nbytes, rounds):
     raw = np.random.default_rng(1).integers(0, 256, blocks * block_bytes, dtype=np.uint8)
     qt = QuantizedTensor(aprfast.dtypes.by_name(name), (blocks // 64, 64 * elems), raw[: blocks // 64 * 64
                                                                                        * block_bytes])
-    tools = {"threads=1": lambda: aprfast.dequantize(qt, threads=1),
-             f"threads=0 (idle cores, up to {_quant.default_threads()})": lambda: aprfast.dequantize(qt, threads=0)}
-    if gguf is not None:
+    tools = {"threads=1": lambda: aprfast.dequantize(qt, threads=1)}
+    if CLOCK is CLOCKS["wall"]:  # a thread's CPU time does not count the threads it starts
+        tools[f"threads=0 (idle cores, up to {_quant.default_threads()})"] = lambda: aprfast.dequantize(qt, threads=0)
+    peer = gguf is not None
+    if peer:
         qtype = getattr(GGMLQuantizationType, name)
         ref = qt.data.reshape(qt.shape[0], -1)
+        try:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                want = gguf.quants.dequantize(ref[:1], qtype)
+        except NotImplementedError:
+            table.skip(f"{name} gguf.quants.dequantize", "gguf-py cannot dequantize this type")
+            peer = False
+    if peer:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             want = gguf.quants.dequantize(ref, qtype)
         if not np.array_equal(aprfast.dequantize(qt).view(np.uint32), want.view(np.uint32)):
             sys.exit(f"{name}: floats differ from gguf-py")
+        del want
 
         def theirs():
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
                 return gguf.quants.dequantize(ref, qtype)
         tools["gguf"] = theirs
-    r = interleaved(tools, rounds)
+    r = interleaved(tools, rounds, clock=CLOCK)
     peer = {"gguf.quants.dequantize (1 thread)": r.pop("gguf")} if "gguf" in r else None
     for label, samples in r.items():
         table.add(Row(f"{name} dequantize, allocating, aprfast {label}", f"{qt.nbytes / MiB:.0f} MiB blocks",
@@ -206,7 +235,7 @@ def bench_to_float(table, name, qt, rounds):
         table.notes.append(f"{name}: llama.cpp's to_float gives the same floats except the sign or quiet bit of "
                            f"{int(differ.sum())} NaNs (docs/FORMAT.md, NaN and infinity)")
     r = interleaved({"aprfast": lambda: _quant.dequantize(name, raw, ours, threads=1),
-                     "llama.cpp": lambda: to_float(raw.ctypes.data, theirs.ctypes.data, n)}, rounds)
+                     "llama.cpp": lambda: to_float(raw.ctypes.data, theirs.ctypes.data, n)}, rounds, clock=CLOCK)
     table.add(Row(f"{name} dequantize into out=, 1 thread, aprfast kernel", f"{qt.nbytes / MiB:.0f} MiB blocks",
                   r["aprfast"], others={"llama.cpp ggml to_float (1 thread)": r["llama.cpp"]}))
 
@@ -274,22 +303,35 @@ def main(argv=None):
     parser.add_argument("--paths", action="store_true", help="also time every SIMD path on one thread")
     parser.add_argument("--md-out", default=None, help="also write the Markdown table to this file")
     parser.add_argument("--dequantize", default=",".join(DEQUANTIZE),
-                        help="dequantize-only types to time (comma-separated, 'all', or '' for none)")
+                        help="types to dequantize from random blocks (comma-separated, 'all', or '' for none)")
+    parser.add_argument("--quantize", default=",".join(TYPES),
+                        help=f"types to quantize and dequantize both ways (of {', '.join(TYPES)}; '' for none)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="what a sample measures: the wall clock (default) or the calling thread's CPU time "
+                             "(steadier on a busy machine; one-thread rows only)")
     args = parser.parse_args(argv)
+    global CLOCK
+    CLOCK = CLOCKS[args.clock]
 
     size = (8 if args.quick else 64) * MiB
     rounds = 3 if args.quick else args.rounds
     x = np.random.default_rng(0).standard_normal(size // 4, dtype=np.float32)
     versions = (f"gguf {timing.version('gguf') if gguf else 'absent'}, quant path {_quant.best_path()} (available: "
                 f"{', '.join(_quant.available_paths())})")
-    table = Table("GGML quantization", "gguf-py (gguf.quants)", versions=versions)
+    title = "GGML quantization" + (", CPU time of the calling thread" if args.clock == "thread" else "")
+    table = Table(title, "gguf-py (gguf.quants)", versions=versions)
     if gguf is None:
         table.skip("gguf-py", GGUF_WHY)
     scaling = core_check()
     table.notes.append(f"core check: 2 threads on independent cache-resident work did {scaling:.2f}x the work of 1"
                        + ("" if scaling >= 1.8 else " — the cores were busy, so thread ratios understate scaling"))
     print(table.notes[-1], flush=True)
-    for name in TYPES:
+    if args.clock != "wall":
+        table.notes.append("--clock thread: every sample is the CPU time of the calling thread (time.thread_time), "
+                           "not wall time; only one-thread rows are timed")
+    for name in (t.upper() for t in args.quantize.split(",") if t):
+        if name not in TYPES:
+            parser.error(f"--quantize: {name} is not one of {', '.join(TYPES)}")
         bench_type(table, name, x, rounds)
     extra = DEQUANTIZE_ALL if args.dequantize == "all" else [t for t in args.dequantize.split(",") if t]
     for name in extra:

@@ -77,48 +77,48 @@ def fmt_bytes(n: float) -> str:
     return f"{_num(n / (1 << 20))} MiB"
 
 
-def _run(fn, number, setup):
+def _run(fn, number, setup, clock=time.perf_counter):
     """One sample: the mean time of ``number`` calls, ``setup`` before each, untimed."""
     if setup is None:
-        start = time.perf_counter()
+        start = clock()
         for _ in range(number):
             fn()
-        return (time.perf_counter() - start) / number
+        return (clock() - start) / number
     total = 0.0
     for _ in range(number):
         setup()
-        start = time.perf_counter()
+        start = clock()
         fn()
-        total += time.perf_counter() - start
+        total += clock() - start
     return total / number
 
 
-def _calibrate(fn, min_sample, setup, first):
+def _calibrate(fn, min_sample, setup, first, clock=time.perf_counter):
     """How many calls make one sample last about ``min_sample`` seconds (1 for slow calls);
     ``first`` is the time of the warm-up call, so a slow call is not run again to learn it."""
     number, elapsed = 1, first
     while min_sample > 0 and elapsed < min_sample and number < 1_000_000:
         number *= max(2, min(10, int(min_sample / max(elapsed, 1e-9)) + 1))
-        elapsed = _run(fn, number, setup) * number
+        elapsed = _run(fn, number, setup, clock) * number
     return number
 
 
-def _once(fn, setup) -> float:
+def _once(fn, setup, clock=time.perf_counter) -> float:
     """One independent sample: ``setup``, one timed call, and its result dropped (and
     garbage collected) after the clock stops, so the next tool starts without it."""
     if setup is not None:
         setup()
     gc.collect()
-    start = time.perf_counter()
+    start = clock()
     result = fn()
-    elapsed = time.perf_counter() - start
+    elapsed = clock() - start
     del result
     gc.collect()
     return elapsed
 
 
 def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None, slow: float | None = None,
-                slow_rounds: int = 3, independent: bool = False) -> dict:
+                slow_rounds: int = 3, independent: bool = False, clock=time.perf_counter) -> dict:
     """Time every tool of ``tools`` (name -> zero-argument callable) round-robin.
 
     ``setup`` is a callable run before every call (of every tool) outside the timed
@@ -132,23 +132,27 @@ def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None
     result is not timed.  Otherwise a sample is a loop of calls of one tool (about
     ``min_sample`` seconds; results freed inside the loop, where each call may reuse
     the last one's buffers).
+
+    ``clock``: what a sample measures; ``time.thread_time`` gives the CPU time of the
+    calling thread, which other processes on a busy machine barely move (for tools whose
+    work runs on the calling thread only: a thread they start is not counted).
     Returns name -> Samples (seconds per call)."""
     setups = setup if isinstance(setup, dict) else {name: setup for name in tools}
     if independent:
         limit = {}
         for name, fn in tools.items():
-            first = _once(fn, setups.get(name))  # warm-up: page cache, first touch, code paths
+            first = _once(fn, setups.get(name), clock)  # warm-up: page cache, first touch, code paths
             limit[name] = slow_rounds if slow is not None and first > slow else rounds
         out = {name: Samples() for name in tools}
         for i in range(rounds):
             for name, fn in tools.items():
                 if i < limit[name]:
-                    out[name].append(_once(fn, setups.get(name)))
+                    out[name].append(_once(fn, setups.get(name), clock))
         return out
     numbers, limit = {}, {}
     for name, fn in tools.items():
-        first = _run(fn, 1, setups.get(name))  # warm-up: page cache, first touch, code paths
-        numbers[name] = _calibrate(fn, min_sample, setups.get(name), first)
+        first = _run(fn, 1, setups.get(name), clock)  # warm-up: page cache, first touch, code paths
+        numbers[name] = _calibrate(fn, min_sample, setups.get(name), first, clock)
         limit[name] = slow_rounds if slow is not None and first > slow else rounds
     out = {name: Samples() for name in tools}
     for i in range(rounds):
@@ -156,7 +160,7 @@ def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None
             if i >= limit[name]:
                 continue
             gc.collect()
-            out[name].append(_run(fn, numbers[name], setups.get(name)))
+            out[name].append(_run(fn, numbers[name], setups.get(name), clock))
     return out
 
 

@@ -10,13 +10,14 @@
  *  - d * q - m keeps the operand order, so of two NaNs the first wins;
  *  - gguf-py multiplies by a float sign of +-1.0.  C compilers may turn x *
  *    -1.0f into -x, which flips a NaN's sign where the multiply would not, so
- *    the sign is applied as apply_sign() below: negation, except for NaN.
+ *    the sign is applied as signed8() below: negation, except for NaN.
  *
  * Q8_1, Q8_K and Q1_0, which gguf-py cannot dequantize, follow ggml's
  * dequantize_row_* (Q8_1 has none there: d * q, its sum s unused).
  *
- * The bodies are written for the compiler to vectorize and are stamped out once
- * per path (portable, AVX2, AVX-512): the same arithmetic on wider registers. */
+ * The bodies are written for the compiler to vectorize (the IQ groups of 8 with
+ * GNU vector extensions, below) and are stamped out once per path (portable,
+ * AVX2, AVX-512): the same arithmetic on wider registers. */
 
 #include "quant_ggml.h"
 #include "quant.h"
@@ -44,15 +45,87 @@ static inline float f16_to_f32(uint16_t h)
     return sign ? -v : v;
 }
 
-/* v * (negative ? -1.0f : 1.0f) as the hardware multiplies: the sign flips
- * unless v is a NaN, which comes back as it is (every v here is a product,
- * so a NaN is already quiet).  Bit operations, no branch: signs are random
- * data, and a mispredicted branch per value costs more than the rest. */
-static inline float apply_sign(float v, uint32_t negative)
+/* ---- Groups of 8 values of the IQ types ----------------------------------
+ * The IQ2/IQ3 types give y = (db * grid) * sign, sign +-1.0: their grids hold no 0,
+ * so db * grid is a NaN exactly when db is one, and a multiply by -1.0 returns a NaN
+ * as it is (quiet already, being a product) and flips the sign of anything else.
+ * The sign is therefore a XOR of the sign bit, with `flip` = 0x80000000 for a
+ * number db and 0 for a NaN db, decided once per scale instead of once per value
+ * (C compilers may turn x * -1.0f into -x, which flips a NaN's sign where the
+ * multiply does not, so the multiply is never written out).
+ *
+ * On x86-64 the 8 values are two SSE2 registers (SSE2 is in every x86-64 CPU, so
+ * the portable kernels use them too; in the AVX2/AVX-512 kernels the compiler
+ * encodes them with VEX).  The compilers leave these 8-wide loops scalar (about 3x
+ * slower), and the GNU vector extensions zero-extend bytes one at a time; other
+ * CPUs take the loops. */
+
+/* APR_NO_SSE2_GROUPS builds the loops instead, to test them on x86-64. */
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(APR_NO_SSE2_GROUPS)
+#include <emmintrin.h>
+#define HAVE_SSE2_GROUPS 1
+#endif
+
+static inline uint32_t sign_flip(float db)
 {
-    uint32_t u = f32_bits(v);
-    uint32_t not_nan = (u & 0x7fffffffu) <= 0x7f800000u;
-    return bits_f32(u ^ (negative & not_nan) << 31);
+    return db == db ? 0x80000000u : 0u;
+}
+
+/* y[j] = db * g[j] (g[0..3] from lo, g[4..7] from hi), sign bit XOR flip where bit
+ * j of signs is set. */
+static ALWAYS_INLINE void signed8(float *restrict y, const uint8_t *lo, const uint8_t *hi, float db, uint32_t signs,
+                                  uint32_t flip)
+{
+#ifdef HAVE_SSE2_GROUPS
+    uint32_t w0, w1;
+    memcpy(&w0, lo, 4);
+    memcpy(&w1, hi, 4);
+    const __m128i zero = _mm_setzero_si128();
+    const __m128i b16 = _mm_unpacklo_epi8(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)w0), _mm_cvtsi32_si128((int)w1)),
+                                          zero);
+    const __m128 scale = _mm_set1_ps(db);
+    const __m128 v0 = _mm_mul_ps(scale, _mm_cvtepi32_ps(_mm_unpacklo_epi16(b16, zero)));
+    const __m128 v1 = _mm_mul_ps(scale, _mm_cvtepi32_ps(_mm_unpackhi_epi16(b16, zero)));
+    const __m128i all = _mm_set1_epi32((int)signs), f = _mm_set1_epi32((int)flip);
+    const __m128i bit0 = _mm_setr_epi32(1, 2, 4, 8), bit1 = _mm_setr_epi32(16, 32, 64, 128);
+    const __m128i m0 = _mm_and_si128(_mm_cmpeq_epi32(_mm_and_si128(all, bit0), bit0), f);
+    const __m128i m1 = _mm_and_si128(_mm_cmpeq_epi32(_mm_and_si128(all, bit1), bit1), f);
+    _mm_storeu_si128((__m128i *)y, _mm_xor_si128(_mm_castps_si128(v0), m0));
+    _mm_storeu_si128((__m128i *)(y + 4), _mm_xor_si128(_mm_castps_si128(v1), m1));
+#else
+    /* 0 - bit: all ones or none, a mask rather than a (mispredicted) branch */
+    for (int j = 0; j < 4; j++) {
+        y[j] = bits_f32(f32_bits(db * (float)lo[j]) ^ ((0u - ((signs >> j) & 1u)) & flip));
+        y[j + 4] = bits_f32(f32_bits(db * (float)hi[j]) ^ ((0u - ((signs >> (j + 4)) & 1u)) & flip));
+    }
+#endif
+}
+
+/* IQ1_S/IQ1_M's delta: 0.125 with the sign bit `sign` (0 or 0x80000000), shifted
+ * there from the block's bit, not chosen (the bits are random data, a mispredicted
+ * branch costs more than the 8 values, and compilers turn a ?: of two constants
+ * into one). */
+static inline float iq1_delta(uint32_t sign)
+{
+    return bits_f32(0x3e000000u | sign);
+}
+
+/* IQ1_S/IQ1_M: y[j] = dl * (g[j] + delta), g in {-1, 0, 1}. */
+static ALWAYS_INLINE void iq1_8(float *restrict y, const int8_t *g, float dl, float delta)
+{
+#ifdef HAVE_SSE2_GROUPS
+    /* sign-extend: each byte into the top of its lane, then an arithmetic shift */
+    const __m128i b = _mm_loadl_epi64((const __m128i *)g);
+    const __m128i w = _mm_unpacklo_epi8(b, b);
+    const __m128 shift = _mm_set1_ps(delta), scale = _mm_set1_ps(dl);
+    const __m128 g0 = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w, w), 24));
+    const __m128 g1 = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w, w), 24));
+    _mm_storeu_ps(y, _mm_mul_ps(scale, _mm_add_ps(g0, shift)));
+    _mm_storeu_ps(y + 4, _mm_mul_ps(scale, _mm_add_ps(g1, shift)));
+#else
+    for (int j = 0; j < 8; j++)
+        y[j] = dl * ((float)g[j] + delta);
+#endif
 }
 
 /* IQ4_NL's non-linear values, and e2m1 doubled (ggml's kvalues_iq4nl, kvalues_mxfp4). */
@@ -117,7 +190,8 @@ static inline void q3_k_scales(const uint8_t *s, int scale[16])
 }
 
 /* Element e = 128j + 32l + m: q = bits 2l.. of qs[32j + m], minus 4 unless bit
- * (4j + l) of hmask[m] is set; y = (d * scale[e / 16]) * q. */
+ * (4j + l) of hmask[m] is set; y = (d * scale[e / 16]) * q.  q is written as the
+ * 3-bit (low | high << 2) - 4, no choice per value, so the loops vectorize. */
 static ALWAYS_INLINE void q3_k_body(const uint8_t *restrict x, float *restrict y, size_t nb)
 {
     for (size_t b = 0; b < nb; b++, x += 110, y += QK_K) {
@@ -133,7 +207,7 @@ static ALWAYS_INLINE void q3_k_body(const uint8_t *restrict x, float *restrict y
                     float *yy = y + 128 * j + 32 * l + 16 * half;
                     const uint8_t *q = qs + 32 * j + 16 * half, *h = hmask + 16 * half;
                     for (int m = 0; m < 16; m++) {
-                        int v = ((q[m] >> (2 * l)) & 3) - (((h[m] >> bit) & 1) ? 0 : 4);
+                        int v = (int)(((q[m] >> (2 * l)) & 3) | ((h[m] >> bit) & 1) << 2) - 4;
                         yy[m] = dl * (float)v;
                     }
                 }
@@ -153,7 +227,9 @@ static inline void k_scales_mins(const uint8_t *s, uint8_t sc[8], uint8_t mn[8])
     }
 }
 
-/* As Q4_K, plus a fifth bit: bit g of qh[m] for element 32g + m. */
+/* As Q4_K, plus a fifth bit: bit g of qh[m] for element 32g + m.  Sub-blocks 2p
+ * and 2p + 1 share their bytes of qs (low and high nibbles) and go in one loop, as
+ * quant.c's Q4_K does: one pass over the bytes, two stores. */
 static ALWAYS_INLINE void q5_k_body(const uint8_t *restrict x, float *restrict y, size_t nb)
 {
     for (size_t b = 0; b < nb; b++, x += 176, y += QK_K) {
@@ -161,14 +237,16 @@ static ALWAYS_INLINE void q5_k_body(const uint8_t *restrict x, float *restrict y
         uint8_t sc[8], mn[8];
         k_scales_mins(x + 4, sc, mn);
         const uint8_t *qh = x + 16, *qs = x + 48;
-        for (int g = 0; g < 8; g++) {
-            const float scale = d * (float)sc[g], offset = dmin * (float)mn[g];
-            const uint8_t *q = qs + 32 * (g / 2);
-            const int shift = 4 * (g % 2);
-            float *yy = y + 32 * g;
+        for (int p = 0; p < 4; p++) {
+            const float d1 = d * (float)sc[2 * p], m1 = dmin * (float)mn[2 * p];
+            const float d2 = d * (float)sc[2 * p + 1], m2 = dmin * (float)mn[2 * p + 1];
+            const uint8_t *q = qs + 32 * p;
+            float *yy = y + 64 * p;
             for (int m = 0; m < 32; m++) {
-                float v = scale * (float)(((q[m] >> shift) & 0x0F) | ((qh[m] >> g) & 1) << 4);
-                yy[m] = v - offset;
+                float lo = d1 * (float)((q[m] & 0x0F) | ((qh[m] >> (2 * p)) & 1) << 4);
+                float hi = d2 * (float)((q[m] >> 4) | ((qh[m] >> (2 * p + 1)) & 1) << 4);
+                yy[m] = lo - m1;
+                yy[m + 32] = hi - m2;
             }
         }
     }
@@ -186,12 +264,10 @@ static ALWAYS_INLINE void iq2_xxs_body(const uint8_t *restrict x, float *restric
             const uint8_t *q = x + 2 + 8 * ib;
             const uint32_t aux = load_u32le(q + 4);
             const float db = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+            const uint32_t flip = sign_flip(db);
             for (int l = 0; l < 4; l++) {
                 const uint8_t *grid = apr_iq2_xxs_grid[q[l]];
-                const uint8_t signs = apr_iq_ksigns[(aux >> (7 * l)) & 127];
-                float *yy = y + 32 * ib + 8 * l;
-                for (int j = 0; j < 8; j++)
-                    yy[j] = apply_sign(db * (float)grid[j], (signs >> j) & 1);
+                signed8(y + 32 * ib + 8 * l, grid, grid + 4, db, apr_iq_ksigns[(aux >> (7 * l)) & 127], flip);
             }
         }
     }
@@ -206,14 +282,12 @@ static ALWAYS_INLINE void iq2_xs_body(const uint8_t *restrict x, float *restrict
         for (int ib = 0; ib < 8; ib++) {
             const float db0 = d * (0.5f + (float)(scales[ib] & 0x0F)) * 0.25f;
             const float db1 = d * (0.5f + (float)(scales[ib] >> 4)) * 0.25f;
+            const uint32_t flip0 = sign_flip(db0), flip1 = sign_flip(db1);
             for (int l = 0; l < 4; l++) {
                 const uint16_t v = load_u16le(x + 2 + 2 * (4 * ib + l));
                 const uint8_t *grid = apr_iq2_xs_grid[v & 511];
-                const uint8_t signs = apr_iq_ksigns[v >> 9];
-                const float db = l < 2 ? db0 : db1;
-                float *yy = y + 32 * ib + 8 * l;
-                for (int j = 0; j < 8; j++)
-                    yy[j] = apply_sign(db * (float)grid[j], (signs >> j) & 1);
+                signed8(y + 32 * ib + 8 * l, grid, grid + 4, l < 2 ? db0 : db1, apr_iq_ksigns[v >> 9],
+                        l < 2 ? flip0 : flip1);
             }
         }
     }
@@ -229,13 +303,11 @@ static ALWAYS_INLINE void iq2_s_body(const uint8_t *restrict x, float *restrict 
         for (int ib = 0; ib < 8; ib++) {
             const float db0 = d * (0.5f + (float)(scales[ib] & 0x0F)) * 0.25f;
             const float db1 = d * (0.5f + (float)(scales[ib] >> 4)) * 0.25f;
+            const uint32_t flip0 = sign_flip(db0), flip1 = sign_flip(db1);
             for (int l = 0; l < 4; l++) {
                 const int i = 4 * ib + l;
                 const uint8_t *grid = apr_iq2_s_grid[qs[i] | ((qh[ib] >> (2 * l)) & 3) << 8];
-                const float db = l < 2 ? db0 : db1;
-                float *yy = y + 8 * i;
-                for (int j = 0; j < 8; j++)
-                    yy[j] = apply_sign(db * (float)grid[j], (signs[i] >> j) & 1);
+                signed8(y + 8 * i, grid, grid + 4, l < 2 ? db0 : db1, signs[i], l < 2 ? flip0 : flip1);
             }
         }
     }
@@ -251,16 +323,10 @@ static ALWAYS_INLINE void iq3_xxs_body(const uint8_t *restrict x, float *restric
         for (int ib = 0; ib < 8; ib++) {
             const uint32_t aux = load_u32le(x + 66 + 4 * ib);
             const float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
-            for (int l = 0; l < 4; l++) {
-                const uint8_t signs = apr_iq_ksigns[(aux >> (7 * l)) & 127];
-                const uint8_t *g1 = apr_iq3_xxs_grid[qs[8 * ib + 2 * l]];
-                const uint8_t *g2 = apr_iq3_xxs_grid[qs[8 * ib + 2 * l + 1]];
-                float *yy = y + 32 * ib + 8 * l;
-                for (int j = 0; j < 4; j++) {
-                    yy[j] = apply_sign(db * (float)g1[j], (signs >> j) & 1);
-                    yy[j + 4] = apply_sign(db * (float)g2[j], (signs >> (j + 4)) & 1);
-                }
-            }
+            const uint32_t flip = sign_flip(db);
+            for (int l = 0; l < 4; l++)
+                signed8(y + 32 * ib + 8 * l, apr_iq3_xxs_grid[qs[8 * ib + 2 * l]],
+                        apr_iq3_xxs_grid[qs[8 * ib + 2 * l + 1]], db, apr_iq_ksigns[(aux >> (7 * l)) & 127], flip);
         }
     }
 }
@@ -274,15 +340,12 @@ static ALWAYS_INLINE void iq3_s_body(const uint8_t *restrict x, float *restrict 
         const uint8_t *qs = x + 2, *qh = x + 66, *signs = x + 74, *scales = x + 106;
         for (int ib = 0; ib < 8; ib++) {
             const float db = d * (float)(1 + 2 * ((scales[ib / 2] >> (4 * (ib % 2))) & 0x0F));
+            const uint32_t flip = sign_flip(db);
             for (int l = 0; l < 4; l++) {
-                const uint8_t s = signs[4 * ib + l];
-                float *yy = y + 32 * ib + 8 * l;
-                for (int half = 0; half < 2; half++) {
-                    const int n = 8 * ib + 2 * l + half;
-                    const uint8_t *grid = apr_iq3_s_grid[qs[n] | ((qh[ib] >> (2 * l + half)) & 1) << 8];
-                    for (int j = 0; j < 4; j++)
-                        yy[4 * half + j] = apply_sign(db * (float)grid[j], (s >> (4 * half + j)) & 1);
-                }
+                const int n = 8 * ib + 2 * l;
+                const uint8_t *g1 = apr_iq3_s_grid[qs[n] | ((qh[ib] >> (2 * l)) & 1) << 8];
+                const uint8_t *g2 = apr_iq3_s_grid[qs[n + 1] | ((qh[ib] >> (2 * l + 1)) & 1) << 8];
+                signed8(y + 32 * ib + 8 * l, g1, g2, db, signs[4 * ib + l], flip);
             }
         }
     }
@@ -298,13 +361,9 @@ static ALWAYS_INLINE void iq1_s_body(const uint8_t *restrict x, float *restrict 
         for (int ib = 0; ib < 8; ib++) {
             const uint16_t h = load_u16le(x + 34 + 2 * ib);
             const float dl = d * (float)(2 * ((h >> 12) & 7) + 1);
-            const float delta = h & 0x8000 ? -0.125f : 0.125f;
-            for (int l = 0; l < 4; l++) {
-                const int8_t *grid = apr_iq1_s_grid[qs[4 * ib + l] | ((h >> (3 * l)) & 7) << 8];
-                float *yy = y + 32 * ib + 8 * l;
-                for (int j = 0; j < 8; j++)
-                    yy[j] = dl * ((float)grid[j] + delta);
-            }
+            const float delta = iq1_delta((uint32_t)(h & 0x8000) << 16);
+            for (int l = 0; l < 4; l++)
+                iq1_8(y + 32 * ib + 8 * l, apr_iq1_s_grid[qs[4 * ib + l] | ((h >> (3 * l)) & 7) << 8], dl, delta);
         }
     }
 }
@@ -323,15 +382,11 @@ static ALWAYS_INLINE void iq1_m_body(const uint8_t *restrict x, float *restrict 
         const float d = f16_to_f32(dh);
         for (int k = 0; k < 16; k++) {
             const float dl = d * (float)(2 * ((sc[k / 4] >> (3 * (k % 4))) & 7) + 1);
-            for (int r = 0; r < 2; r++) {
-                const int n = 2 * k + r;
-                const int nib = (qh[n / 2] >> (4 * (n % 2))) & 0x0F;
-                const int8_t *grid = apr_iq1_s_grid[qs[n] | (nib & 7) << 8];
-                const float delta = nib & 8 ? -0.125f : 0.125f;
-                float *yy = y + 8 * n;
-                for (int j = 0; j < 8; j++)
-                    yy[j] = dl * ((float)grid[j] + delta);
-            }
+            const uint8_t h = qh[k]; /* low nibble: group 2k, high nibble: group 2k + 1 */
+            iq1_8(y + 16 * k, apr_iq1_s_grid[qs[2 * k] | (h & 7) << 8], dl,
+                  iq1_delta((uint32_t)(h & 0x08) << 28));
+            iq1_8(y + 16 * k + 8, apr_iq1_s_grid[qs[2 * k + 1] | ((h >> 4) & 7) << 8], dl,
+                  iq1_delta((uint32_t)(h & 0x80) << 24));
         }
     }
 }
