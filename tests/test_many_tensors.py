@@ -1,5 +1,6 @@
-"""Eager loads of many small tensors (_index.Entries.tensors_in: runs of same-shaped
-tensors become rows of one strided array) and AprFile.get_tensors' batched reads."""
+"""Eager loads of many small tensors (_index.Entries.tensors_in: every array made with
+NumPy's C API in one pass over the index, the pure twin with np.ndarray) and
+AprFile.get_tensors' batched reads."""
 
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ def test_mapped_tensors_in_one_pass(tmp_path, layout):
         _same_view(views[name], one_by_one[name])
         if isinstance(views[name], np.ndarray):
             assert not views[name].flags.writeable
-    # rows of one run share one base (compiled: the run's strided array; pure: the map)
+    # every view has the one base np.ndarray gives a view of the map (the mapped array)
     assert views["l0.experts.0.gate"].base is views["l2.experts.9.gate"].base
     loaded = aprfast.load_file(path)  # the handle is closed on return
     del views, one_by_one
@@ -132,6 +133,52 @@ def test_mapped_tensors_in_one_pass(tmp_path, layout):
         assert loaded[name].dtype == np.asarray(value).dtype
     with pytest.raises(ValueError, match="read-only"):
         loaded["l0.experts.0.gate"][0, 0] = 1
+
+
+_SHAPES = {"a": ((5,), np.float32), "b": ((0, 4), np.int32), "c": ((), np.float64), "d": ((2, 3, 4), np.float16),
+           "e": ((1, 1, 5), np.uint8), "f": ((3,), np.bool_), "g": ((2, 0, 3), np.int64), "h": ((4, 1), np.int16)}
+
+
+@pytest.mark.parametrize("kind", ["aligned", "aligned-memoryview", "bytes", "bytearray", "read-only-array"])
+def test_tensors_in_makes_what_np_ndarray_makes(kind):
+    """Each array tensors_in makes (compiled: NumPy's C API; pure: np.ndarray) is the one
+    np.ndarray(shape, dtype, buffer, offset) makes: dtype, shape, strides, every flag
+    (writable exactly when the buffer is), address and base (a memoryview's object)."""
+    rng = np.random.default_rng(3)
+    want = {name: (rng.standard_normal(shape) * 9).astype(dtype) for name, (shape, dtype) in _SHAPES.items()}
+    blob = aprfast.save(want)
+    with aprfast.open(blob) as f:
+        parsed = f._file
+    section = blob[parsed.data_start:parsed.data_start + parsed.data_len]
+    if kind.startswith("aligned"):
+        owner = _memory.AlignedBuffer(len(section), 64)
+        memoryview(owner)[:] = section
+        buffer = memoryview(owner) if kind == "aligned-memoryview" else owner
+    elif kind == "bytes":
+        buffer = owner = bytes(section)
+    elif kind == "bytearray":
+        buffer = owner = bytearray(section)
+    else:
+        buffer = owner = np.frombuffer(bytes(section), np.uint8)
+    got = parsed.entries.tensors_in(parsed.data_start, buffer, parsed.data_start, reader._plain_dtypes(parsed.ids),
+                                    reader._maker_for(parsed.ids))
+    assert list(got) == sorted(want)
+    for name, value in want.items():
+        _type, offset, _size, shape = parsed.entries.row(parsed.entries.find(name), 0)
+        ref = np.ndarray(shape, value.dtype, buffer, offset)
+        one = got[name]
+        assert type(one) is np.ndarray and one.dtype == ref.dtype and one.shape == ref.shape == value.shape
+        assert one.strides == ref.strides and one.flags == ref.flags
+        assert one.ctypes.data == ref.ctypes.data and one.base is ref.base
+        np.testing.assert_array_equal(one, value)
+    assert got["a"].flags.writeable == (kind not in ("bytes", "read-only-array"))
+    assert got["a"].base is got["d"].base  # one base for all (the pure twin's AlignedBuffer is an ndarray:
+    assert got["a"].base is owner or aprfast.backend == "python"  # NumPy picks its bottom there)
+    # an extent past the buffer is refused as np.ndarray refuses it, not read
+    with pytest.raises(TypeError, match="too small"):
+        last = parsed.entries.row(parsed.entries.find("h"), 0)[1]
+        parsed.entries.tensors_in(parsed.data_start, bytes(section[:last + 4]), parsed.data_start,
+                                  reader._plain_dtypes(parsed.ids), reader._maker_for(parsed.ids))
 
 
 def test_tensors_of_a_writable_buffer_are_writable_as_get_tensor_gives_them():

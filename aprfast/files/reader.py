@@ -851,8 +851,8 @@ def _slice_arena(parsed, arena: np.ndarray, decoded=None) -> dict:
     buffer, shift = _base_and_start(arena)
     base = parsed.data_start - shift
     if not decoded and hasattr(parsed.entries, "tensors_in"):
-        # O(1) Python work per tensor: runs of same-shaped tensors become rows of one
-        # strided array each, in C (_index.Entries.tensors_in)
+        # no Python work per tensor: every array is made in C, with NumPy's C API, in one
+        # pass over the index (_index.Entries.tensors_in)
         return parsed.entries.tensors_in(parsed.data_start, buffer, base, _plain_dtypes(parsed.ids),
                                          _maker_for(parsed.ids))
     makers = {}
