@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_SetItem
+from cpython.list cimport PyList_GET_ITEM
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.memoryview cimport PyMemoryView_Check
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
@@ -348,6 +350,82 @@ def _check_no_overlap(Entries entries):
         prev = cur
 
 
+# --- arrays over a buffer, with NumPy's C API (tensors_in, views_at) -----------------------
+cdef struct DTypes:
+    PyArray_Descr *descr[256]  # borrowed from the caller's dict, which outlives the call
+    Py_ssize_t itemsize[256]
+
+
+cdef int dtype_table(dict dtypes, DTypes *t) except -1:
+    cdef int k
+    memset(t.descr, 0, sizeof(t.descr))
+    for key, value in dtypes.items():
+        k = key
+        if 0 <= k < 256 and isinstance(value, np.dtype):
+            t.descr[k] = <PyArray_Descr *>value
+            t.itemsize[k] = (<object>value).itemsize
+    return 0
+
+
+cdef struct Region:
+    char *data
+    Py_ssize_t length
+    int flags            # NPY_ARRAY_WRITEABLE or 0
+    PyObject *owner      # the arrays' base (borrowed: the buffer, or what its memoryview views)
+
+
+cdef int region_of(object buffer, Region *r) except -1:
+    """The memory of ``buffer``, whether it may be written and the arrays' base, as
+    np.ndarray(buffer=...) finds them (NumPy's PyArray_BufferConverter): the export is
+    released at once, and the object providing it (a memoryview's underlying object) is
+    the base that keeps the memory alive."""
+    cdef Py_buffer view
+    r.flags = NPY_ARRAY_WRITEABLE
+    try:
+        PyObject_GetBuffer(buffer, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+    except Exception:
+        r.flags = 0
+        PyObject_GetBuffer(buffer, &view, PyBUF_ANY_CONTIGUOUS)
+    r.data = <char *>view.buf
+    r.length = view.len
+    PyBuffer_Release(&view)
+    r.owner = <PyObject *>buffer
+    if PyMemoryView_Check(buffer) and PyMemoryView_GET_BASE(buffer) != NULL:
+        r.owner = PyMemoryView_GET_BASE(buffer)
+    return 0
+
+
+cdef object tensor_at(const uint8_t *p, Py_ssize_t s, int64_t start, uint64_t size, Region *r, object buffer,
+                      DTypes *t, object make_one):
+    """The tensor of the entry at byte ``s``, its bytes at byte ``start`` of the region:
+    an array made by NumPy's C API for a plain dtype inside the region, else
+    ``make_one(type_id, shape, buffer, start, size)`` (which refuses what np.ndarray
+    refuses)."""
+    cdef Py_ssize_t nl = name_len_at(p, s), d
+    cdef int type_id = p[s + 2 + nl], nd = p[s + 3 + nl]
+    cdef const uint8_t *dims = p + s + 4 + nl
+    cdef npy_intp shape[64]  # NUMPY_MAX_DIMS: parse_index refuses more for known dtypes
+    cdef uint64_t need, dim
+    # (memory at NULL, an empty buffer's, would make NumPy allocate an array of its own)
+    if t.descr[type_id] != NULL and nd <= NUMPY_MAX_DIMS and r.data != NULL and 0 <= start <= r.length:
+        need = <uint64_t>t.itemsize[type_id]
+        for d in range(nd):
+            dim = le64(dims + 8 * d)
+            shape[d] = <npy_intp>dim
+            if need and dim and need > HUGE / dim:
+                need = HUGE  # past any buffer: make_one reports it as np.ndarray does
+            else:
+                need *= dim
+        if need <= <uint64_t>(r.length - start):
+            Py_INCREF(<object>t.descr[type_id])  # PyArray_NewFromDescr steals it
+            array = PyArray_NewFromDescr(ndarray_type, t.descr[type_id], nd, shape, NULL, r.data + start, r.flags,
+                                         NULL)
+            Py_INCREF(<object>r.owner)  # PyArray_SetBaseObject steals it
+            PyArray_SetBaseObject(<PyArrayObject *>array, r.owner)
+            return array
+    return make_one(type_id, shape_at(p, s), buffer, start, size)
+
+
 # --- reading a parsed index ------------------------------------------------------------
 cdef class Entries:
     """A checked index: its bytes, and where every 16th entry starts.
@@ -468,69 +546,71 @@ cdef class Entries:
         ``np.ndarray`` would refuse), go through ``make_one(type_id, shape, buffer,
         start, size)``, one by one.
         """
-        cdef Py_ssize_t i, s = 0, q, nl, nd, d, n = self.count
+        cdef Py_ssize_t i, s = 0, q, n = self.count
         cdef const uint8_t *p = self._p
-        cdef const uint8_t *dims
-        cdef int k, t, writable = 1
-        cdef int64_t start
-        cdef uint64_t size, need, dim
-        cdef PyArray_Descr *descr[256]
-        cdef Py_ssize_t itemsize[256]
-        cdef npy_intp shape[64]  # NUMPY_MAX_DIMS: parse_index refuses more for known dtypes
-        cdef Py_buffer view
-        cdef char *data
-        cdef Py_ssize_t length
-        memset(descr, 0, sizeof(descr))
-        for key, value in dtypes.items():
-            k = key
-            if 0 <= k < 256 and isinstance(value, np.dtype):
-                descr[k] = <PyArray_Descr *>value  # borrowed: ``dtypes`` holds it for the call
-                itemsize[k] = (<object>value).itemsize
-        # the memory, whether it may be written and the arrays' base, as np.ndarray(buffer=...)
-        # finds them (numpy's PyArray_BufferConverter): the export is released at once, the
-        # object providing it (a memoryview's underlying object) is the base and keeps the
-        # memory alive
-        try:
-            PyObject_GetBuffer(buffer, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
-        except Exception:
-            writable = 0
-            PyObject_GetBuffer(buffer, &view, PyBUF_ANY_CONTIGUOUS)
-        data = <char *>view.buf
-        length = view.len
-        PyBuffer_Release(&view)
-        owner = buffer
-        if PyMemoryView_Check(buffer) and PyMemoryView_GET_BASE(buffer) != NULL:
-            owner = <object>PyMemoryView_GET_BASE(buffer)
-        cdef int flags = NPY_ARRAY_WRITEABLE if writable else 0
+        cdef DTypes table
+        cdef Region region
+        dtype_table(dtypes, &table)
+        region_of(buffer, &region)
         cdef dict out = apr_dict_presized(n)
         for i in range(n):
             q = tail_at(p, s)
-            nl = name_len_at(p, s)
-            t = p[s + 2 + nl]
-            nd = p[s + 3 + nl]
-            start = <int64_t>le64(p + q) + data_start - base
-            size = le64(p + q + 8)
-            if descr[t] != NULL and nd <= NUMPY_MAX_DIMS and start >= 0 and start <= length:
-                dims = p + s + 4 + nl
-                need = <uint64_t>itemsize[t]
-                for d in range(nd):
-                    dim = le64(dims + 8 * d)
-                    shape[d] = <npy_intp>dim
-                    if need and dim and need > HUGE / dim:
-                        need = HUGE  # past any buffer: make_one reports it as np.ndarray does
-                    else:
-                        need *= dim
-                if need <= <uint64_t>(length - start):
-                    Py_INCREF(<object>descr[t])  # PyArray_NewFromDescr steals it
-                    array = PyArray_NewFromDescr(ndarray_type, descr[t], <int>nd, shape, NULL,
-                                                 data + start, flags, NULL)
-                    Py_INCREF(owner)  # PyArray_SetBaseObject steals it
-                    PyArray_SetBaseObject(<PyArrayObject *>array, <PyObject *>owner)
-                    PyDict_SetItem(out, name_at(p, s), array)
-                    s = q + self._tail
-                    continue
-            PyDict_SetItem(out, name_at(p, s), make_one(t, shape_at(p, s), buffer, start, size))
+            PyDict_SetItem(out, name_at(p, s),
+                           tensor_at(p, s, <int64_t>le64(p + q) + data_start - base, le64(p + q + 8), &region, buffer,
+                                     &table, make_one))
             s = q + self._tail
+        return out
+
+    def locate(self, names):
+        """Where the tensors called ``names`` (a list) are: three int64 arrays, each
+        name's position in the index (-1 for a name the index lacks), its offset in the
+        data section and its stored size (0 and 0 when missing), found by binary search
+        in C (get_tensors' first step)."""
+        cdef list wanted = names
+        cdef Py_ssize_t k, i, q, n = len(wanted)
+        positions = np.empty(n, np.int64)
+        offsets = np.zeros(n, np.int64)
+        sizes = np.zeros(n, np.int64)
+        cdef int64_t[::1] pos = positions
+        cdef int64_t[::1] off = offsets
+        cdef int64_t[::1] size = sizes
+        for k in range(n):
+            i = self.find(<object>PyList_GET_ITEM(wanted, k))
+            pos[k] = i
+            if i >= 0:
+                q = tail_at(self._p, self.start(i))
+                off[k] = <int64_t>le64(self._p + q)
+                size[k] = <int64_t>le64(self._p + q + 8)
+        return positions, offsets, sizes
+
+    def views_at(self, const int64_t[::1] positions, const int64_t[::1] starts, const int64_t[::1] region,
+                 list buffers, dict dtypes, object make_one):
+        """A list of tensors, the k-th entry ``positions[k]`` viewing ``buffers[region[k]]``
+        from its byte ``starts[k]``: made as :meth:`tensors_in` makes them (NumPy's C
+        API, each buffer's export looked at once), for get_tensors' batched reads."""
+        cdef Py_ssize_t k, s, q, b, n = positions.shape[0], nb = len(buffers)
+        if starts.shape[0] != n or region.shape[0] != n:
+            raise ValueError("positions, starts and region differ in length")
+        cdef const uint8_t *p = self._p
+        cdef DTypes table
+        dtype_table(dtypes, &table)
+        cdef Region *regions = <Region *>PyMem_Malloc(max(nb, 1) * sizeof(Region))
+        if regions == NULL:
+            raise MemoryError()
+        cdef list out = [None] * n
+        try:
+            for b in range(nb):
+                region_of(<object>PyList_GET_ITEM(buffers, b), &regions[b])
+            for k in range(n):
+                b = region[k]
+                if b < 0 or b >= nb:
+                    raise IndexError(f"region {b} of {nb} buffers")
+                s = self.start(positions[k])
+                q = tail_at(p, s)
+                out[k] = tensor_at(p, s, starts[k], le64(p + q + 8), &regions[b],
+                                   <object>PyList_GET_ITEM(buffers, b), &table, make_one)
+        finally:
+            PyMem_Free(regions)
         return out
 
     def describe(self, int64_t data_start, list dtype_names):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 
 import hostile_builders as hb
 import numpy as np
@@ -285,3 +286,77 @@ def test_get_tensors_batches_reads(tmp_path, mode, monkeypatch):
         np.testing.assert_array_equal(copies[name], want[name])
         if mode != "mmap":
             np.testing.assert_array_equal(got[name], want[name])
+
+
+def _python_calls(fn):
+    """How many Python functions run during fn() (C functions not counted)."""
+    calls = [0]
+
+    def profile(frame, event, arg):
+        if event == "call":
+            calls[0] += 1
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls[0]
+
+
+@pytest.mark.parametrize("mode", ["mmap", "mmap-copy", "pread", "direct"])
+def test_no_python_runs_per_tensor(tmp_path, mode):
+    """get_tensors and an eager load run the same Python code for 20 tensors as for
+    2,000: the names are found, the reads planned and the arrays made in C and NumPy
+    (issue 29 item 6: O(1) Python work per tensor)."""
+    if aprfast.backend == "python":
+        pytest.skip("the pure twins are Python per tensor by nature")
+    want = {f"t.{i:05d}": np.full(16, i, np.float32) for i in range(2000)}
+    path = tmp_path / "many.apr"
+    aprfast.save_file(want, path)
+    names = list(want)
+    mode, copy = ("mmap", True) if mode == "mmap-copy" else (mode, False)
+    with aprfast.open(path, mode=mode) as f:
+        f.get_tensors(names[:3], copy=copy)  # first calls: makers, dtype tables
+        few = _python_calls(lambda: f.get_tensors(names[:20], copy=copy))
+        many = _python_calls(lambda: f.get_tensors(names[::-1], copy=copy))
+        got = f.get_tensors(names[::-1], copy=copy)
+    assert many <= few  # (20 names may take a Python helper 2,000 do not: the small direct arena)
+    assert list(got) == names[::-1]
+    for name in names[::97]:
+        np.testing.assert_array_equal(got[name], want[name])
+        assert got[name].flags.writeable == (copy or mode != "mmap") and got[name].ctypes.data % 64 == 0
+    # (half the tensors: the index still past the first 16 KiB read at open, as the whole one)
+    half = tmp_path / "half.apr"
+    aprfast.save_file({name: want[name] for name in names[:1000]}, half)
+    aprfast.load_file(half, mmap=mode == "mmap")
+    assert _python_calls(lambda: aprfast.load_file(path, mmap=mode == "mmap")) == \
+        _python_calls(lambda: aprfast.load_file(half, mmap=mode == "mmap"))
+
+
+@pytest.mark.parametrize("mode", ["mmap", "mmap-copy", "pread", "direct"])
+def test_get_tensors_gives_what_get_tensor_gives(tmp_path, mode):
+    """Every kind of tensor (plain, 0-d, empty, packed, unknown dtype id) from
+    get_tensors is what get_tensor gives for the name: type, dtype, shape, strides,
+    writability, values; owned arrays 64-byte aligned."""
+    parts = hb.honest(hb.APR2, {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.float64(2.5),
+                                "c": np.zeros((0, 3), np.int32), "d": np.arange(5, dtype=np.int8)})
+    parts.entries.insert(1, hb.Entry("a2", 200, (3,), len(parts.data), 6))
+    parts.data += hb.pad(b"\x01\x02\x03\x04\x05\x06")
+    path = tmp_path / "kinds.apr"
+    path.write_bytes(hb.build(hb.APR2, parts))
+    mode, copy = ("mmap", True) if mode == "mmap-copy" else (mode, False)
+    with aprfast.open(path, mode=mode, unknown_dtypes="raw") as f:
+        names = ["d", "a2", "b", "c", "a"]
+        got = f.get_tensors(names, copy=copy)
+        assert list(got) == names
+        for name in names:
+            one = f.get_tensor(name, copy=copy)
+            assert type(got[name]) is type(one)
+            if isinstance(one, np.ndarray):
+                assert got[name].dtype == one.dtype and got[name].shape == one.shape
+                assert got[name].strides == one.strides and got[name].flags.writeable == one.flags.writeable
+                np.testing.assert_array_equal(got[name], one)
+                if (copy or mode != "mmap") and one.nbytes:
+                    assert got[name].ctypes.data % 64 == 0
+            else:
+                assert np.asarray(got[name].data).tobytes() == np.asarray(one.data).tobytes()

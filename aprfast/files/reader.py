@@ -382,8 +382,10 @@ class AprFile(TensorMapping):
         reads batched: on a file read with ``pread`` or ``direct`` (or with ``copy``),
         the tensors asked for are sorted by offset and those lying within 64 KiB of each
         other are read with one read into one buffer they then view, so 1,000 small
-        tensors cost a few system calls, not 1,000.  Python work per tensor is a lookup
-        and an array view.
+        tensors cost a few system calls, not 1,000.  No Python code runs per tensor: the
+        names are found, the reads planned and the arrays made in C and NumPy calls
+        whose number grows with the reads, not the names (compressed tensors and those of
+        an encrypted or signed file excepted: those are read one by one).
 
         Args:
             names: The tensors' names (an iterable of str; repeats are read once).
@@ -408,61 +410,60 @@ class AprFile(TensorMapping):
         f = self._file
         if not names:
             return {}
-        rows = [f.row(name) for name in names]  # every name checked before anything is read
-        plain = (copy or not self._source.zero_copy) and not getattr(f.entries, "compressed", 0) \
-            and f.security is None
-        if not plain:
+        if getattr(f.entries, "compressed", 0) or f.security is not None:  # decoded or checked tensor by tensor
+            for name in names:  # every name checked before anything is read
+                f.row(name)
             return {name: self.get_tensor(name, copy) for name in names}
-        out = dict.fromkeys(names)
-        order = sorted(range(len(rows)), key=lambda i: rows[i][1])
-        spans = []  # (lo, hi, positions in names/rows): one read each
-        span = []
-        lo = hi = None
-        for i in order:
-            offset, size = rows[i][1], rows[i][2]
-            if span and offset - hi > _BATCH_GAP:
-                spans.append((lo, hi, span))
-                span = []
-            if not span:
-                lo = hi = offset
-            span.append(i)
-            hi = max(hi, offset + size)
-        spans.append((lo, hi, span))
+        # positions, offsets and sizes found in C; spans, reads and arrays in a few calls
+        # whatever the count: no Python bytecode runs per tensor
+        positions, offsets, sizes = f.entries.locate(names)
+        if (positions < 0).any():
+            f.row(names[int(np.argmax(positions < 0))])  # raises TensorNotFoundError
+        offsets += f.data_start
+        dtypes, make_one = _plain_dtypes(f.ids), _maker_for(f.ids)
+        if self._source.zero_copy and not copy:  # views of the map, as tensors() makes them
+            return dict(zip(names, f.entries.views_at(positions, offsets, np.zeros(len(names), np.int64),
+                                                      [self._mapped()], dtypes, make_one)))
+        order = np.argsort(offsets, kind="stable")
+        lo_sorted = offsets[order]
+        hi_sorted = np.maximum.accumulate(lo_sorted + sizes[order])
+        # a new span where a tensor starts more than _BATCH_GAP after everything before it
+        # ends (the running maximum over all earlier tensors is the current span's: a span
+        # begins only past every earlier end)
+        firsts = np.flatnonzero(lo_sorted[1:] - hi_sorted[:-1] > _BATCH_GAP) + 1
+        lasts = np.append(firsts - 1, len(names) - 1)
+        firsts = np.insert(firsts, 0, 0)
+        los, his = lo_sorted[firsts].tolist(), hi_sorted[lasts].tolist()
+        region = np.empty(len(names), np.int64)
+        region[order] = np.repeat(np.arange(len(los), dtype=np.int64), lasts - firsts + 1)
+        buffers, bases = self._read_spans(los, his)
+        starts = offsets - np.asarray(bases, np.int64)[region]
+        return dict(zip(names, f.entries.views_at(positions, starts, region, buffers, dtypes, make_one)))
+
+    def _read_spans(self, los, his):
+        """Bytes ``[los[i], his[i])`` of the file, each range in a buffer of its own:
+        (the buffers, the file offset each one's byte 0 holds)."""
         source = self._source
-        if source.zero_copy or source.direct_align:
-            for lo, hi, members in spans:
-                self._read_span(lo, hi, members, names, rows, out)
-            return out
+        alignment = max(self.alignment, 64)
+        if source.zero_copy:  # copies from the map, into an AlignedBuffer straight away
+            mapped = self._mapped()
+            return [_memory.copy_range(mapped, lo, hi - lo, alignment) for lo, hi in zip(los, his)], los
+        if source.direct_align:  # each placed for direct I/O
+            buffers, bases = [], []
+            for lo, hi in zip(los, his):
+                arena = self._arena(lo, hi - lo)
+                if hi > lo:
+                    source.readinto(lo, arena)
+                buffer, start = _base_and_start(arena)
+                buffers.append(buffer)
+                bases.append(lo - start)
+            return buffers, bases
         # buffered reads: an AlignedBuffer per span and one call into the source for all
         # of them (spread tensors are a read each: the per-read Python work is what counts)
-        alignment = max(self.alignment, 64)
         buffers = [_memory.AlignedBuffer(hi - lo, alignment, filled_by_read=source.reads_by_pread)
-                   for lo, hi, _members in spans]
-        source.readinto_many([(lo, buffer) for (lo, hi, _members), buffer in zip(spans, buffers) if hi > lo])
-        for (lo, _hi, members), buffer in zip(spans, buffers):
-            self._place(buffer, -lo, members, names, rows, out)
-        return out
-
-    def _read_span(self, lo, hi, members, names, rows, out) -> None:
-        """One read of bytes [lo, hi) and the tensors ``members`` (positions in
-        ``names``/``rows``) as views of it."""
-        if self._source.zero_copy:  # a copy from the map, into an AlignedBuffer straight away
-            self._place(_memory.copy_range(self._mapped(), lo, hi - lo, max(self.alignment, 64)), -lo,
-                        members, names, rows, out)
-            return
-        arena = self._arena(lo, hi - lo)  # placed for direct I/O
-        if hi > lo:
-            self._source.readinto(lo, arena)
-        buffer, start = _base_and_start(arena)
-        self._place(buffer, start - lo, members, names, rows, out)
-
-    def _place(self, buffer, shift, members, names, rows, out) -> None:
-        """The tensors ``members`` as views of ``buffer``, file offset ``o`` at its byte
-        ``o + shift``."""
-        for i in members:
-            type_id, offset, size, shape = rows[i]
-            make = self._makers.get(type_id) or self.array_maker(type_id)
-            out[names[i]] = make(shape, buffer, offset + shift, size)
+                   for lo, hi in zip(los, his)]
+        source.readinto_many([(lo, buffer) for lo, hi, buffer in zip(los, his, buffers) if hi > lo])
+        return buffers, los
 
     def _table(self, name):
         """The checked block-table header of a compressed tensor (read once)."""
