@@ -360,3 +360,28 @@ def test_get_tensors_gives_what_get_tensor_gives(tmp_path, mode):
                     assert got[name].ctypes.data % 64 == 0
             else:
                 assert np.asarray(got[name].data).tobytes() == np.asarray(one.data).tobytes()
+
+
+@pytest.mark.parametrize("mode", ["mmap-copy", "pread", "direct"])
+def test_get_tensors_shares_a_buffer_among_small_spans_only(tmp_path, mode):
+    """Spread small tensors are read into one shared buffer (one allocation per call, not
+    one per span), each still 64-byte aligned; a span of 1 MiB or more has a buffer of
+    its own, so keeping a small tensor does not keep a large one's memory."""
+    want = {f"s{i}": np.full(100 + i, i, np.float32) for i in range(6)}
+    for i in range(5):  # 256 KiB between the small ones: a span each
+        want[f"s{i}.gap"] = np.zeros(1 << 16, np.float32)
+    want["s3.h"] = np.arange(1 << 19, dtype=np.float32)  # 2 MiB, after s3.gap and before s3.i (sorted)
+    want["s3.i"] = np.zeros(1 << 16, np.float32)
+    path = tmp_path / "spread.apr"
+    aprfast.save_file(want, path)
+    names = ["s5", "s3.h", "s0", "s2", "s4", "s1", "s3"]
+    mode, copy = ("mmap", True) if mode == "mmap-copy" else (mode, False)
+    with aprfast.open(path, mode=mode) as f:
+        got = f.get_tensors(names, copy=copy)
+    assert list(got) == names
+    for name in names:
+        np.testing.assert_array_equal(got[name], want[name])
+        assert got[name].flags.writeable and got[name].ctypes.data % 64 == 0
+    if mode != "direct":  # (direct I/O places each span for the device instead)
+        assert len({id(got[f"s{i}"].base) for i in range(6)}) == 1
+    assert got["s3.h"].base is not got["s0"].base
