@@ -14,13 +14,18 @@ strictly sorted in both layouts, so a name is found by binary search, without a 
 import numpy as np
 from collections.abc import Mapping, Sequence
 
+from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_SetItem
 from cpython.list cimport PyList_GET_ITEM
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.memoryview cimport PyMemoryView_Check
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 cimport cython
 from libc.stdint cimport int8_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memset
 
 from .errors import CorruptError, LimitError, UnknownDTypeError, VersionError
 
@@ -35,6 +40,32 @@ cdef extern from *:
     #endif
     """
     dict apr_dict_presized(Py_ssize_t n)
+    PyObject *PyMemoryView_GET_BASE(object view)
+
+
+# NumPy's C API, for tensors_in: an array per tensor without a Python call.  Built against
+# NumPy 2's headers with NPY_TARGET_VERSION = 1.23 (setup.py), the module runs on NumPy
+# 1.23 and later, as pyproject's dependency allows.  PyArray_NewFromDescr and
+# PyArray_SetBaseObject are in the API table of every NumPy since 1.7.
+cdef extern from "numpy/arrayobject.h":
+    ctypedef Py_ssize_t npy_intp
+    ctypedef struct PyArray_Descr:
+        pass
+    ctypedef struct PyArrayObject:
+        pass
+    int NPY_ARRAY_WRITEABLE
+    # (the steals are handled by the caller: Py_INCREF before each call)
+    object PyArray_NewFromDescr(PyTypeObject *subtype, PyArray_Descr *descr, int nd, const npy_intp *dims,
+                                const npy_intp *strides, void *data, int flags, PyObject *obj)
+    int PyArray_SetBaseObject(PyArrayObject *arr, PyObject *base) except -1
+    PyTypeObject *ndarray_type "(&PyArray_Type)"
+    int _import_array() except -1
+
+
+try:
+    _import_array()
+except Exception as exc:  # an older NumPy than the headers target: the pure twins run (aprfast._backend)
+    raise ImportError(f"aprfast._index: NumPy's C API did not load ({exc})") from exc
 
 
 # Size rules per dtype id (see aprfast.dtypes.DType.nbytes).
@@ -319,12 +350,80 @@ def _check_no_overlap(Entries entries):
         prev = cur
 
 
-cdef inline bint same_key(const uint8_t *p, const int64_t *e, Py_ssize_t i, Py_ssize_t j) noexcept nogil:
-    """Entries i and j (rows of 7 of ``e``: start, key length, ...) have the same dtype
-    and shape, and can be chained (key length not 0)."""
-    cdef int64_t a = e[7 * i], b = e[7 * j], n = e[7 * i + 1]
-    return n != 0 and e[7 * j + 1] == n and memcmp(p + a + 2 + name_len_at(p, a), p + b + 2 + name_len_at(p, b),
-                                                   <size_t>n) == 0
+# --- arrays over a buffer, with NumPy's C API (tensors_in, views_at) -----------------------
+cdef struct DTypes:
+    PyArray_Descr *descr[256]  # borrowed from the caller's dict, which outlives the call
+    Py_ssize_t itemsize[256]
+
+
+cdef int dtype_table(dict dtypes, DTypes *t) except -1:
+    cdef int k
+    memset(t.descr, 0, sizeof(t.descr))
+    for key, value in dtypes.items():
+        k = key
+        if 0 <= k < 256 and isinstance(value, np.dtype):
+            t.descr[k] = <PyArray_Descr *>value
+            t.itemsize[k] = (<object>value).itemsize
+    return 0
+
+
+cdef struct Region:
+    char *data
+    Py_ssize_t length
+    int flags            # NPY_ARRAY_WRITEABLE or 0
+    PyObject *owner      # the arrays' base (borrowed: the buffer, or what its memoryview views)
+
+
+cdef int region_of(object buffer, Region *r) except -1:
+    """The memory of ``buffer``, whether it may be written and the arrays' base, as
+    np.ndarray(buffer=...) finds them (NumPy's PyArray_BufferConverter): the export is
+    released at once, and the object providing it (a memoryview's underlying object) is
+    the base that keeps the memory alive."""
+    cdef Py_buffer view
+    r.flags = NPY_ARRAY_WRITEABLE
+    try:
+        PyObject_GetBuffer(buffer, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+    except Exception:
+        r.flags = 0
+        PyObject_GetBuffer(buffer, &view, PyBUF_ANY_CONTIGUOUS)
+    r.data = <char *>view.buf
+    r.length = view.len
+    PyBuffer_Release(&view)
+    r.owner = <PyObject *>buffer
+    if PyMemoryView_Check(buffer) and PyMemoryView_GET_BASE(buffer) != NULL:
+        r.owner = PyMemoryView_GET_BASE(buffer)
+    return 0
+
+
+cdef object tensor_at(const uint8_t *p, Py_ssize_t s, int64_t start, uint64_t size, Region *r, object buffer,
+                      DTypes *t, object make_one):
+    """The tensor of the entry at byte ``s``, its bytes at byte ``start`` of the region:
+    an array made by NumPy's C API for a plain dtype inside the region, else
+    ``make_one(type_id, shape, buffer, start, size)`` (which refuses what np.ndarray
+    refuses)."""
+    cdef Py_ssize_t nl = name_len_at(p, s), d
+    cdef int type_id = p[s + 2 + nl], nd = p[s + 3 + nl]
+    cdef const uint8_t *dims = p + s + 4 + nl
+    cdef npy_intp shape[64]  # NUMPY_MAX_DIMS: parse_index refuses more for known dtypes
+    cdef uint64_t need, dim
+    # (memory at NULL, an empty buffer's, would make NumPy allocate an array of its own)
+    if t.descr[type_id] != NULL and nd <= NUMPY_MAX_DIMS and r.data != NULL and 0 <= start <= r.length:
+        need = <uint64_t>t.itemsize[type_id]
+        for d in range(nd):
+            dim = le64(dims + 8 * d)
+            shape[d] = <npy_intp>dim
+            if need and dim and need > HUGE / dim:
+                need = HUGE  # past any buffer: make_one reports it as np.ndarray does
+            else:
+                need *= dim
+        if need <= <uint64_t>(r.length - start):
+            Py_INCREF(<object>t.descr[type_id])  # PyArray_NewFromDescr steals it
+            array = PyArray_NewFromDescr(ndarray_type, t.descr[type_id], nd, shape, NULL, r.data + start, r.flags,
+                                         NULL)
+            Py_INCREF(<object>r.owner)  # PyArray_SetBaseObject steals it
+            PyArray_SetBaseObject(<PyArrayObject *>array, r.owner)
+            return array
+    return make_one(type_id, shape_at(p, s), buffer, start, size)
 
 
 # --- reading a parsed index ------------------------------------------------------------
@@ -436,101 +535,82 @@ cdef class Entries:
         holds file byte ``base`` at its byte 0): what an eager load returns.
 
         Tensors of a dtype id in ``dtypes`` (id -> NumPy dtype of plain elements) are
-        chained into runs: entry ``i`` links to entry ``i + P`` (P from 1 to 8, the
-        smallest that fits) when both have the same dtype and shape, the offset steps by
-        the same stride ``d`` to ``i + 2P`` too (or ``i`` was itself reached with P and
-        d).  A run becomes one strided array whose rows (``list(run)``, made by NumPy in
-        C) are the tensors: about 0.1 us per tensor where building each with
-        ``np.ndarray`` took about 1 us.  A model of 20,000 small tensors is a few hundred
-        runs (the experts of a MoE layer, one run per projection: period 3).  0-d
-        tensors and other dtype ids go through ``make_one(type_id, shape, buffer, start,
-        size)``, one by one.
+        made here, each with one call of NumPy's C API (``PyArray_NewFromDescr`` on the
+        buffer's memory, the entry's dims read straight from the index, C-order strides
+        filled by NumPy): no Python object but the array, its name and the dict slot
+        per tensor (about 30 ns for the array where ``np.ndarray(...)`` took about
+        1 us).  Every array has one base, ``buffer`` (of a memoryview, the object it
+        views), keeping the memory alive, and is writable exactly when ``buffer``
+        exports a writable buffer: what ``np.ndarray(shape, dtype, buffer, offset)``
+        makes.  Other dtype ids, and an extent outside the buffer (which
+        ``np.ndarray`` would refuse), go through ``make_one(type_id, shape, buffer,
+        start, size)``, one by one.
         """
-        cdef Py_ssize_t i, j, k, P, s = 0, q, nl, n = self.count
-        cdef int64_t d
+        cdef Py_ssize_t i, s = 0, q, n = self.count
         cdef const uint8_t *p = self._p
-        cdef bint plain[256]
-        for k in range(256):
-            plain[k] = k in dtypes
-        cols = np.empty((max(n, 1), 7), np.int64)
-        # per entry: its start in the index, key length (0: not chainable), offset, size,
-        # next in chain (-1), previous in chain (-1), unused (same_key reads rows of 7)
-        cdef int64_t[:, ::1] e = cols
-        cdef const int64_t *E = &e[0, 0]
+        cdef DTypes table
+        cdef Region region
+        dtype_table(dtypes, &table)
+        region_of(buffer, &region)
+        cdef dict out = apr_dict_presized(n)
         for i in range(n):
             q = tail_at(p, s)
-            nl = name_len_at(p, s)
-            e[i, 0] = s
-            e[i, 1] = 2 + 8 * <int64_t>p[s + 3 + nl] if (p[s + 3 + nl] and plain[p[s + 2 + nl]]) else 0
-            e[i, 2] = <int64_t>le64(p + q) + data_start - base
-            e[i, 3] = <int64_t>le64(p + q + 8)
-            e[i, 4] = -1
-            e[i, 5] = -1
+            PyDict_SetItem(out, name_at(p, s),
+                           tensor_at(p, s, <int64_t>le64(p + q) + data_start - base, le64(p + q + 8), &region, buffer,
+                                     &table, make_one))
             s = q + self._tail
-        for i in range(n):
-            if e[i, 1] == 0:
-                continue
-            if e[i, 5] >= 0:  # reached from h with period P and stride d: continue likewise or end
-                P = i - e[i, 5]
-                d = e[i, 2] - e[e[i, 5], 2]
-                j = i + P
-                if j < n and e[j, 5] < 0 and same_key(p, E, i, j) and e[j, 2] - e[i, 2] == d:
-                    e[i, 4] = j
-                    e[j, 5] = i
-                continue
-            for P in range(1, 9):
-                j = i + P
-                if j >= n:
-                    break
-                if e[j, 5] >= 0 or not same_key(p, E, i, j):
-                    continue
-                d = e[j, 2] - e[i, 2]
-                if d <= 0 or d < e[i, 3]:
-                    continue
-                k = j + P
-                if k < n and e[k, 5] < 0 and same_key(p, E, i, k) and e[k, 2] - e[j, 2] == d:
-                    e[i, 4] = j
-                    e[j, 5] = i
-                    break
-        # runs: each chain from its head (a row of one strided array each), everything
-        # else alone; every tensor lands in ``made`` at its index position, then the dict
-        # (sized for n at once) takes them in index order
-        cdef list made = [None] * n
-        cdef list rows
-        cdef Py_ssize_t count
-        for i in range(n):
-            if e[i, 5] >= 0:
-                continue
-            s = e[i, 0]
-            type_id = p[s + 2 + name_len_at(p, s)]
-            shape = shape_at(p, s)
-            if e[i, 4] < 0:
-                made[i] = make_one(type_id, shape, buffer, e[i, 2], e[i, 3])
-                continue
-            count = 0
-            j = i
-            while j >= 0:
-                count += 1
-                j = e[j, 4]
-            dtype = dtypes[type_id]
-            inner = []
-            step = dtype.itemsize
-            for dim in reversed(shape):
-                inner.append(step)
-                step *= dim
-            stride = e[e[i, 4], 2] - e[i, 2]
-            rows = list(np.ndarray((count,) + shape, dtype, buffer, e[i, 2], (stride,) + tuple(reversed(inner))))
-            k = 0
-            j = i
-            while j >= 0:
-                made[j] = <object>PyList_GET_ITEM(rows, k)
-                k += 1
-                j = e[j, 4]
-        cdef dict out = apr_dict_presized(n)
-        s = 0
-        for i in range(n):
-            PyDict_SetItem(out, name_at(p, s), <object>PyList_GET_ITEM(made, i))
-            s = next_entry(p, s, self._tail)
+        return out
+
+    def locate(self, names):
+        """Where the tensors called ``names`` (a list) are: three int64 arrays, each
+        name's position in the index (-1 for a name the index lacks), its offset in the
+        data section and its stored size (0 and 0 when missing), found by binary search
+        in C (get_tensors' first step)."""
+        cdef list wanted = names
+        cdef Py_ssize_t k, i, q, n = len(wanted)
+        positions = np.empty(n, np.int64)
+        offsets = np.zeros(n, np.int64)
+        sizes = np.zeros(n, np.int64)
+        cdef int64_t[::1] pos = positions
+        cdef int64_t[::1] off = offsets
+        cdef int64_t[::1] size = sizes
+        for k in range(n):
+            i = self.find(<object>PyList_GET_ITEM(wanted, k))
+            pos[k] = i
+            if i >= 0:
+                q = tail_at(self._p, self.start(i))
+                off[k] = <int64_t>le64(self._p + q)
+                size[k] = <int64_t>le64(self._p + q + 8)
+        return positions, offsets, sizes
+
+    def views_at(self, const int64_t[::1] positions, const int64_t[::1] starts, const int64_t[::1] region,
+                 list buffers, dict dtypes, object make_one):
+        """A list of tensors, the k-th entry ``positions[k]`` viewing ``buffers[region[k]]``
+        from its byte ``starts[k]``: made as :meth:`tensors_in` makes them (NumPy's C
+        API, each buffer's export looked at once), for get_tensors' batched reads."""
+        cdef Py_ssize_t k, s, q, b, n = positions.shape[0], nb = len(buffers)
+        if starts.shape[0] != n or region.shape[0] != n:
+            raise ValueError("positions, starts and region differ in length")
+        cdef const uint8_t *p = self._p
+        cdef DTypes table
+        dtype_table(dtypes, &table)
+        cdef Region *regions = <Region *>PyMem_Malloc(max(nb, 1) * sizeof(Region))
+        if regions == NULL:
+            raise MemoryError()
+        cdef list out = [None] * n
+        try:
+            for b in range(nb):
+                region_of(<object>PyList_GET_ITEM(buffers, b), &regions[b])
+            for k in range(n):
+                b = region[k]
+                if b < 0 or b >= nb:
+                    raise IndexError(f"region {b} of {nb} buffers")
+                s = self.start(positions[k])
+                q = tail_at(p, s)
+                out[k] = tensor_at(p, s, starts[k], le64(p + q + 8), &regions[b],
+                                   <object>PyList_GET_ITEM(buffers, b), &table, make_one)
+        finally:
+            PyMem_Free(regions)
         return out
 
     def describe(self, int64_t data_start, list dtype_names):

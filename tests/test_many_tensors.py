@@ -1,10 +1,12 @@
-"""Eager loads of many small tensors (_index.Entries.tensors_in: runs of same-shaped
-tensors become rows of one strided array) and AprFile.get_tensors' batched reads."""
+"""Eager loads of many small tensors (_index.Entries.tensors_in: every array made with
+NumPy's C API in one pass over the index, the pure twin with np.ndarray) and
+AprFile.get_tensors' batched reads."""
 
 from __future__ import annotations
 
 import gc
 import os
+import sys
 
 import hostile_builders as hb
 import numpy as np
@@ -119,7 +121,7 @@ def test_mapped_tensors_in_one_pass(tmp_path, layout):
         _same_view(views[name], one_by_one[name])
         if isinstance(views[name], np.ndarray):
             assert not views[name].flags.writeable
-    # rows of one run share one base (compiled: the run's strided array; pure: the map)
+    # every view has the one base np.ndarray gives a view of the map (the mapped array)
     assert views["l0.experts.0.gate"].base is views["l2.experts.9.gate"].base
     loaded = aprfast.load_file(path)  # the handle is closed on return
     del views, one_by_one
@@ -132,6 +134,52 @@ def test_mapped_tensors_in_one_pass(tmp_path, layout):
         assert loaded[name].dtype == np.asarray(value).dtype
     with pytest.raises(ValueError, match="read-only"):
         loaded["l0.experts.0.gate"][0, 0] = 1
+
+
+_SHAPES = {"a": ((5,), np.float32), "b": ((0, 4), np.int32), "c": ((), np.float64), "d": ((2, 3, 4), np.float16),
+           "e": ((1, 1, 5), np.uint8), "f": ((3,), np.bool_), "g": ((2, 0, 3), np.int64), "h": ((4, 1), np.int16)}
+
+
+@pytest.mark.parametrize("kind", ["aligned", "aligned-memoryview", "bytes", "bytearray", "read-only-array"])
+def test_tensors_in_makes_what_np_ndarray_makes(kind):
+    """Each array tensors_in makes (compiled: NumPy's C API; pure: np.ndarray) is the one
+    np.ndarray(shape, dtype, buffer, offset) makes: dtype, shape, strides, every flag
+    (writable exactly when the buffer is), address and base (a memoryview's object)."""
+    rng = np.random.default_rng(3)
+    want = {name: (rng.standard_normal(shape) * 9).astype(dtype) for name, (shape, dtype) in _SHAPES.items()}
+    blob = aprfast.save(want)
+    with aprfast.open(blob) as f:
+        parsed = f._file
+    section = blob[parsed.data_start:parsed.data_start + parsed.data_len]
+    if kind.startswith("aligned"):
+        owner = _memory.AlignedBuffer(len(section), 64)
+        memoryview(owner)[:] = section
+        buffer = memoryview(owner) if kind == "aligned-memoryview" else owner
+    elif kind == "bytes":
+        buffer = owner = bytes(section)
+    elif kind == "bytearray":
+        buffer = owner = bytearray(section)
+    else:
+        buffer = owner = np.frombuffer(bytes(section), np.uint8)
+    got = parsed.entries.tensors_in(parsed.data_start, buffer, parsed.data_start, reader._plain_dtypes(parsed.ids),
+                                    reader._maker_for(parsed.ids))
+    assert list(got) == sorted(want)
+    for name, value in want.items():
+        _type, offset, _size, shape = parsed.entries.row(parsed.entries.find(name), 0)
+        ref = np.ndarray(shape, value.dtype, buffer, offset)
+        one = got[name]
+        assert type(one) is np.ndarray and one.dtype == ref.dtype and one.shape == ref.shape == value.shape
+        assert one.strides == ref.strides and one.flags == ref.flags
+        assert one.ctypes.data == ref.ctypes.data and one.base is ref.base
+        np.testing.assert_array_equal(one, value)
+    assert got["a"].flags.writeable == (kind not in ("bytes", "read-only-array"))
+    assert got["a"].base is got["d"].base  # one base for all (the pure twin's AlignedBuffer is an ndarray:
+    assert got["a"].base is owner or aprfast.backend == "python"  # NumPy picks its bottom there)
+    # an extent past the buffer is refused as np.ndarray refuses it, not read
+    with pytest.raises(TypeError, match="too small"):
+        last = parsed.entries.row(parsed.entries.find("h"), 0)[1]
+        parsed.entries.tensors_in(parsed.data_start, bytes(section[:last + 4]), parsed.data_start,
+                                  reader._plain_dtypes(parsed.ids), reader._maker_for(parsed.ids))
 
 
 def test_tensors_of_a_writable_buffer_are_writable_as_get_tensor_gives_them():
@@ -238,3 +286,102 @@ def test_get_tensors_batches_reads(tmp_path, mode, monkeypatch):
         np.testing.assert_array_equal(copies[name], want[name])
         if mode != "mmap":
             np.testing.assert_array_equal(got[name], want[name])
+
+
+def _python_calls(fn):
+    """How many Python functions run during fn() (C functions not counted)."""
+    calls = [0]
+
+    def profile(frame, event, arg):
+        if event == "call":
+            calls[0] += 1
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls[0]
+
+
+@pytest.mark.parametrize("mode", ["mmap", "mmap-copy", "pread", "direct"])
+def test_no_python_runs_per_tensor(tmp_path, mode):
+    """get_tensors and an eager load run the same Python code for 20 tensors as for
+    2,000: the names are found, the reads planned and the arrays made in C and NumPy
+    (issue 29 item 6: O(1) Python work per tensor)."""
+    if aprfast.backend == "python":
+        pytest.skip("the pure twins are Python per tensor by nature")
+    want = {f"t.{i:05d}": np.full(16, i, np.float32) for i in range(2000)}
+    path = tmp_path / "many.apr"
+    aprfast.save_file(want, path)
+    names = list(want)
+    mode, copy = ("mmap", True) if mode == "mmap-copy" else (mode, False)
+    with aprfast.open(path, mode=mode) as f:
+        f.get_tensors(names[:3], copy=copy)  # first calls: makers, dtype tables
+        few = _python_calls(lambda: f.get_tensors(names[:20], copy=copy))
+        many = _python_calls(lambda: f.get_tensors(names[::-1], copy=copy))
+        got = f.get_tensors(names[::-1], copy=copy)
+    assert many <= few  # (20 names may take a Python helper 2,000 do not: the small direct arena)
+    assert list(got) == names[::-1]
+    for name in names[::97]:
+        np.testing.assert_array_equal(got[name], want[name])
+        assert got[name].flags.writeable == (copy or mode != "mmap") and got[name].ctypes.data % 64 == 0
+    # (half the tensors: the index still past the first 16 KiB read at open, as the whole one)
+    half = tmp_path / "half.apr"
+    aprfast.save_file({name: want[name] for name in names[:1000]}, half)
+    aprfast.load_file(half, mmap=mode == "mmap")
+    assert _python_calls(lambda: aprfast.load_file(path, mmap=mode == "mmap")) == \
+        _python_calls(lambda: aprfast.load_file(half, mmap=mode == "mmap"))
+
+
+@pytest.mark.parametrize("mode", ["mmap", "mmap-copy", "pread", "direct"])
+def test_get_tensors_gives_what_get_tensor_gives(tmp_path, mode):
+    """Every kind of tensor (plain, 0-d, empty, packed, unknown dtype id) from
+    get_tensors is what get_tensor gives for the name: type, dtype, shape, strides,
+    writability, values; owned arrays 64-byte aligned."""
+    parts = hb.honest(hb.APR2, {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.float64(2.5),
+                                "c": np.zeros((0, 3), np.int32), "d": np.arange(5, dtype=np.int8)})
+    parts.entries.insert(1, hb.Entry("a2", 200, (3,), len(parts.data), 6))
+    parts.data += hb.pad(b"\x01\x02\x03\x04\x05\x06")
+    path = tmp_path / "kinds.apr"
+    path.write_bytes(hb.build(hb.APR2, parts))
+    mode, copy = ("mmap", True) if mode == "mmap-copy" else (mode, False)
+    with aprfast.open(path, mode=mode, unknown_dtypes="raw") as f:
+        names = ["d", "a2", "b", "c", "a"]
+        got = f.get_tensors(names, copy=copy)
+        assert list(got) == names
+        for name in names:
+            one = f.get_tensor(name, copy=copy)
+            assert type(got[name]) is type(one)
+            if isinstance(one, np.ndarray):
+                assert got[name].dtype == one.dtype and got[name].shape == one.shape
+                assert got[name].strides == one.strides and got[name].flags.writeable == one.flags.writeable
+                np.testing.assert_array_equal(got[name], one)
+                if (copy or mode != "mmap") and one.nbytes:
+                    assert got[name].ctypes.data % 64 == 0
+            else:
+                assert np.asarray(got[name].data).tobytes() == np.asarray(one.data).tobytes()
+
+
+@pytest.mark.parametrize("mode", ["mmap-copy", "pread", "direct"])
+def test_get_tensors_shares_a_buffer_among_small_spans_only(tmp_path, mode):
+    """Spread small tensors are read into one shared buffer (one allocation per call, not
+    one per span), each still 64-byte aligned; a span of 1 MiB or more has a buffer of
+    its own, so keeping a small tensor does not keep a large one's memory."""
+    want = {f"s{i}": np.full(100 + i, i, np.float32) for i in range(6)}
+    for i in range(5):  # 256 KiB between the small ones: a span each
+        want[f"s{i}.gap"] = np.zeros(1 << 16, np.float32)
+    want["s3.h"] = np.arange(1 << 19, dtype=np.float32)  # 2 MiB, after s3.gap and before s3.i (sorted)
+    want["s3.i"] = np.zeros(1 << 16, np.float32)
+    path = tmp_path / "spread.apr"
+    aprfast.save_file(want, path)
+    names = ["s5", "s3.h", "s0", "s2", "s4", "s1", "s3"]
+    mode, copy = ("mmap", True) if mode == "mmap-copy" else (mode, False)
+    with aprfast.open(path, mode=mode) as f:
+        got = f.get_tensors(names, copy=copy)
+    assert list(got) == names
+    for name in names:
+        np.testing.assert_array_equal(got[name], want[name])
+        assert got[name].flags.writeable and got[name].ctypes.data % 64 == 0
+    if mode != "direct":  # (direct I/O places each span for the device instead)
+        assert len({id(got[f"s{i}"].base) for i in range(6)}) == 1
+    assert got["s3.h"].base is not got["s0"].base

@@ -332,6 +332,41 @@ class Entries:
                 make_one(type_id, shape, buffer, start, size)
         return out
 
+    def locate(self, names):
+        """Where the tensors called ``names`` (a list) are: three int64 arrays, each
+        name's position in the index (-1 for a name the index lacks), its offset in the
+        data section and its stored size (0 and 0 when missing)."""
+        if not isinstance(names, list):
+            raise TypeError(f"Argument 'names' has incorrect type (expected list, got {type(names).__name__})")
+        positions = np.array([self.find(name) for name in names], np.int64)
+        offsets = np.zeros(len(names), np.int64)
+        sizes = np.zeros(len(names), np.int64)
+        for k, i in enumerate(positions.tolist()):
+            if i >= 0:
+                offsets[k], sizes[k] = _TAIL_STORED.unpack_from(self._p, self._tail_at(self._starts[i]))
+        return positions, offsets, sizes
+
+    def views_at(self, positions, starts, region, buffers, dtypes, make_one):
+        """A list of tensors, the k-th entry ``positions[k]`` viewing ``buffers[region[k]]``
+        from its byte ``starts[k]``, made as :meth:`tensors_in` makes them."""
+        if not isinstance(buffers, list):
+            raise TypeError(f"Argument 'buffers' has incorrect type (expected list, got {type(buffers).__name__})")
+        if not isinstance(dtypes, dict):
+            raise TypeError(f"Argument 'dtypes' has incorrect type (expected dict, got {type(dtypes).__name__})")
+        positions, starts, region = (np.asarray(a, np.int64).tolist() for a in (positions, starts, region))
+        if len(starts) != len(positions) or len(region) != len(positions):
+            raise ValueError("positions, starts and region differ in length")
+        out = []
+        for i, start, b in zip(positions, starts, region):
+            if b < 0 or b >= len(buffers):
+                raise IndexError(f"region {b} of {len(buffers)} buffers")
+            type_id, _offset, size, shape = self._row(self._start(i), 0)
+            dtype = dtypes.get(type_id) if shape else None
+            buffer = buffers[b]
+            out.append(np.ndarray(shape, dtype, buffer, start) if dtype is not None else
+                       make_one(type_id, shape, buffer, start, size))
+        return out
+
     def describe(self, data_start, dtype_names):
         """``{name: {"dtype", "shape", "offset", "nbytes"}}`` for every entry in index
         order (what ``aprfast.inspect`` reports); ``dtype_names`` maps each id to its name."""
