@@ -16,8 +16,10 @@
  * dequantize_row_* (Q8_1 has none there: d * q, its sum s unused).
  *
  * The bodies are written for the compiler to vectorize (the IQ groups of 8 with
- * GNU vector extensions, below) and are stamped out once per path (portable,
- * AVX2, AVX-512): the same arithmetic on wider registers. */
+ * SSE2 intrinsics where there are, below) and are stamped out once per path
+ * (portable, AVX2, AVX-512): the same arithmetic on wider registers.  Q3_K and
+ * the 16-value codebook types have hand-written AVX2/AVX-512 kernels instead on
+ * those two paths (pshufb lookups; see "Hand-written" below), the same floats. */
 
 #include "quant_ggml.h"
 #include "quant.h"
