@@ -16,8 +16,10 @@
  * dequantize_row_* (Q8_1 has none there: d * q, its sum s unused).
  *
  * The bodies are written for the compiler to vectorize (the IQ groups of 8 with
- * GNU vector extensions, below) and are stamped out once per path (portable,
- * AVX2, AVX-512): the same arithmetic on wider registers. */
+ * SSE2 intrinsics where there are, below) and are stamped out once per path
+ * (portable, AVX2, AVX-512): the same arithmetic on wider registers.  Q3_K and
+ * the 16-value codebook types have hand-written AVX2/AVX-512 kernels instead on
+ * those two paths (pshufb lookups; see "Hand-written" below), the same floats. */
 
 #include "quant_ggml.h"
 #include "quant.h"
@@ -470,14 +472,16 @@ static inline float e8m0_half(uint8_t e)
     return bits_f32(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
 }
 
-/* ggml_ue4m3_to_fp32: half an unsigned e4m3 (bias 7); 0 and 0x7F read as 0, the
- * top bit is ignored.  (8 + m) * 2^(e - 11), or m * 2^-10 for e = 0: exact. */
+/* ggml_ue4m3_to_fp32: half an unsigned e4m3 (bias 7); 0x7F reads as 0 (0xFF, as
+ * ggml, does not), the top bit is otherwise ignored.  (8 + m) * 2^(e - 11), or
+ * m * 2^-10 for e = 0 (so 0 and 0x80 are 0): exact. */
 static inline float ue4m3_half(uint8_t x)
 {
-    if (x == 0 || x == 0x7F)
-        return 0.0f;
-    const int e = (x >> 3) & 0x0F, m = x & 7;
-    return e == 0 ? (float)m * 0x1p-10f : (float)(8 + m) * bits_f32((uint32_t)(e - 11 + 127) << 23);
+    /* Without a branch (the scale bytes are data, a mispredicted branch costs more
+     * than the 16 values): e = 0 reads as (0 + m) * 2^(1 - 11), the same number. */
+    const uint32_t e = (x >> 3) & 0x0Fu, m = x & 7u, sub = e == 0;
+    const float v = (float)(m | (sub ^ 1u) << 3) * bits_f32((e + sub - 11u + 127u) << 23);
+    return x == 0x7F ? 0.0f : v;
 }
 
 static ALWAYS_INLINE void mxfp4_body(const uint8_t *restrict x, float *restrict y, size_t nb)
@@ -517,6 +521,137 @@ static ALWAYS_INLINE void q1_0_body(const uint8_t *restrict x, float *restrict y
     }
 }
 
+/* ---- Hand-written AVX2 / AVX-512 kernels --------------------------------
+ * Q3_K and the 16-entry codebook types (IQ4_NL, IQ4_XS, MXFP4, NVFP4) on the two
+ * x86 vector paths; the portable path keeps the loops above.  From those loops the
+ * compilers make partly scalar code (Q3_K's 2 + 1 bits and scales) and a scalar
+ * load of a float table per value (the codebooks), 11-18 GB/s; written out, Q3_K's
+ * bytes are assembled 32 at a time and its 16 scales decoded in one vector, and a
+ * codebook lookup is a byte shuffle (pshufb) of the codebook's int8 values, each then
+ * widened to a float and multiplied by the scale: the same float32 product, scale *
+ * value with one rounding (the values are integers, exact as floats; the one NaN a
+ * product can meet is the scale's, returned quieted in either operand order), so the
+ * floats are the loops' bit for bit.  Only the widening and the stores differ between
+ * AVX2 and AVX-512, so each kernel is stamped out twice (as quant.c's). */
+#ifdef HAVE_X86_KERNELS
+#include <immintrin.h>
+
+/* 16 signed bytes -> 16 floats, s * q. */
+static TARGET_AVX2 inline void mul16_avx2(float *y, __m128i q, __m256 s)
+{
+    _mm256_storeu_ps(y, _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+    _mm256_storeu_ps(y + 8, _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))));
+}
+
+static TARGET_AVX512 inline void mul16_avx512(float *y, __m128i q, __m512 s)
+{
+    _mm512_storeu_ps(y, _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
+}
+
+/* Q3_K's d * scale[k], k = 0..15 (q3_k_scales' bits, the products as q3_k_body's). */
+static TARGET_AVX2 inline void q3_k_dl(const uint8_t *s, float d, float dl[16])
+{
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m128i s8 = _mm_loadl_epi64((const __m128i *)s);
+    const __m128i low = _mm_unpacklo_epi64(_mm_and_si128(s8, m4), _mm_and_si128(_mm_srli_epi16(s8, 4), m4));
+    /* lane k of the u32 s[8..11] shifted right by 2k: byte i's bits 2k.. are scale 4k + i's */
+    const __m128i high = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)load_u32le(s + 8)), _mm_setr_epi32(0, 2, 4, 6)),
+                                       _mm_set1_epi8(3));
+    const __m128i sc = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), _mm_set1_epi8(32));
+    const __m256 vd = _mm256_set1_ps(d);
+    _mm256_storeu_ps(dl, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_storeu_ps(dl + 8, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+}
+
+/* IQ4_XS's d * (ls - 32) for its 8 groups of 32 (iq4_xs_body's). */
+static TARGET_AVX2 inline void iq4_xs_dl(const uint8_t *x, float d, float dl[8])
+{
+    const __m128i s4 = _mm_cvtsi32_si128((int)load_u32le(x + 4));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    /* group ib's low 4 bits: nibble ib % 2 of scales_l[ib / 2] */
+    const __m128i low = _mm_unpacklo_epi8(_mm_and_si128(s4, m4), _mm_and_si128(_mm_srli_epi16(s4, 4), m4));
+    const __m256i high = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(load_u16le(x + 2)),
+                                                            _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                          _mm256_set1_epi32(3));
+    const __m256i ls = _mm256_or_si256(_mm256_cvtepu8_epi32(low), _mm256_slli_epi32(high, 4));
+    _mm256_storeu_ps(dl, _mm256_mul_ps(_mm256_set1_ps(d),
+                                       _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32)))));
+}
+
+/* The codebooks as int8 for pshufb (IQ4_VALUES, FP4_VALUES). */
+#define IQ4_BYTES -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
+#define FP4_BYTES 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
+
+/* The 32 values of 16 nibble bytes: low nibbles first, then high (IQ4_NL, MXFP4, IQ4_XS). */
+#define NIBBLES32(MUL16, y, tab, v, s)                                                                  \
+    do {                                                                                                \
+        const __m128i m4_ = _mm_set1_epi8(0x0F);                                                        \
+        MUL16((y), _mm_shuffle_epi8((tab), _mm_and_si128((v), m4_)), (s));                              \
+        MUL16((y) + 16, _mm_shuffle_epi8((tab), _mm_and_si128(_mm_srli_epi16((v), 4), m4_)), (s));      \
+    } while (0)
+
+#define DEFINE_HAND_KERNELS(SUFFIX, TARGET, SET1, MUL16)                                                 \
+    static TARGET void q3_k_##SUFFIX(const uint8_t *x, float *y, size_t nb)                             \
+    {                                                                                                   \
+        const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);                             \
+        for (size_t b = 0; b < nb; b++, x += 110, y += QK_K) {                                          \
+            float dl[16];                                                                               \
+            q3_k_dl(x + 96, f16_to_f32(load_u16le(x + 108)), dl);                                       \
+            const __m256i hm = _mm256_loadu_si256((const __m256i *)x);                                  \
+            for (int j = 0; j < 2; j++) {                                                               \
+                __m256i qs = _mm256_loadu_si256((const __m256i *)(x + 32 + 32 * j));                    \
+                for (int l = 0; l < 4; l++, qs = _mm256_srli_epi16(qs, 2)) {                            \
+                    /* bits 2l.. of each byte (shifted down l times), 4 where the hmask bit is set */   \
+                    const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * j + l)));                     \
+                    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four); \
+                    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(qs, m3), high), four); \
+                    MUL16(y + 128 * j + 32 * l, _mm256_castsi256_si128(q), SET1(dl[8 * j + 2 * l]));     \
+                    MUL16(y + 128 * j + 32 * l + 16, _mm256_extracti128_si256(q, 1), SET1(dl[8 * j + 2 * l + 1])); \
+                }                                                                                       \
+            }                                                                                           \
+        }                                                                                               \
+    }                                                                                                   \
+    static TARGET void iq4_nl_##SUFFIX(const uint8_t *x, float *y, size_t nb)                           \
+    {                                                                                                   \
+        const __m128i tab = _mm_setr_epi8(IQ4_BYTES);                                                   \
+        for (size_t b = 0; b < nb; b++, x += 18, y += QK)                                               \
+            NIBBLES32(MUL16, y, tab, _mm_loadu_si128((const __m128i *)(x + 2)), SET1(f16_to_f32(load_u16le(x)))); \
+    }                                                                                                   \
+    static TARGET void mxfp4_##SUFFIX(const uint8_t *x, float *y, size_t nb)                            \
+    {                                                                                                   \
+        const __m128i tab = _mm_setr_epi8(FP4_BYTES);                                                   \
+        for (size_t b = 0; b < nb; b++, x += 17, y += QK)                                               \
+            NIBBLES32(MUL16, y, tab, _mm_loadu_si128((const __m128i *)(x + 1)), SET1(e8m0_half(x[0]))); \
+    }                                                                                                   \
+    static TARGET void iq4_xs_##SUFFIX(const uint8_t *x, float *y, size_t nb)                           \
+    {                                                                                                   \
+        const __m128i tab = _mm_setr_epi8(IQ4_BYTES);                                                   \
+        for (size_t b = 0; b < nb; b++, x += 136, y += QK_K) {                                          \
+            float dl[8];                                                                                \
+            iq4_xs_dl(x, f16_to_f32(load_u16le(x)), dl);                                                \
+            for (int ib = 0; ib < 8; ib++)                                                              \
+                NIBBLES32(MUL16, y + 32 * ib, tab, _mm_loadu_si128((const __m128i *)(x + 8 + 16 * ib)), SET1(dl[ib])); \
+        }                                                                                               \
+    }                                                                                                   \
+    static TARGET void nvfp4_##SUFFIX(const uint8_t *x, float *y, size_t nb)                            \
+    {                                                                                                   \
+        /* sub-block s: the low nibbles of its 8 bytes, then the high ones */                           \
+        const __m128i tab = _mm_setr_epi8(FP4_BYTES), m4 = _mm_set1_epi8(0x0F);                         \
+        for (size_t b = 0; b < nb; b++, x += 36, y += 64) {                                             \
+            for (int h = 0; h < 2; h++) {                                                               \
+                const __m128i v = _mm_loadu_si128((const __m128i *)(x + 4 + 16 * h));                   \
+                const __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);  \
+                MUL16(y + 32 * h, _mm_shuffle_epi8(tab, _mm_unpacklo_epi64(lo, hi)), SET1(ue4m3_half(x[2 * h]))); \
+                MUL16(y + 32 * h + 16, _mm_shuffle_epi8(tab, _mm_unpackhi_epi64(lo, hi)),              \
+                      SET1(ue4m3_half(x[2 * h + 1])));                                                  \
+            }                                                                                           \
+        }                                                                                               \
+    }
+
+DEFINE_HAND_KERNELS(hand_avx2, TARGET_AVX2, _mm256_set1_ps, mul16_avx2)
+DEFINE_HAND_KERNELS(hand_avx512, TARGET_AVX512, _mm512_set1_ps, mul16_avx512)
+#endif /* HAVE_X86_KERNELS */
+
 /* ---- One kernel per type and path --------------------------------------- */
 
 #define KERNEL(NAME, SUFFIX, TARGET)                                                                    \
@@ -524,38 +659,44 @@ static ALWAYS_INLINE void q1_0_body(const uint8_t *restrict x, float *restrict y
     {                                                                                                   \
         NAME##_body(x, y, nb);                                                                          \
     }
-#define ALL_KERNELS(SUFFIX, TARGET)                                                                     \
+/* The types every path compiles from the loops above, and those (HAND) the x86
+ * vector paths take from the hand-written kernels instead. */
+#define COMMON_KERNELS(SUFFIX, TARGET)                                                                  \
     KERNEL(q8_1, SUFFIX, TARGET)                                                                        \
     KERNEL(q2_k, SUFFIX, TARGET)                                                                        \
-    KERNEL(q3_k, SUFFIX, TARGET)                                                                        \
     KERNEL(q5_k, SUFFIX, TARGET)                                                                        \
     KERNEL(q8_k, SUFFIX, TARGET)                                                                        \
     KERNEL(iq2_xxs, SUFFIX, TARGET)                                                                     \
     KERNEL(iq2_xs, SUFFIX, TARGET)                                                                      \
     KERNEL(iq3_xxs, SUFFIX, TARGET)                                                                     \
     KERNEL(iq1_s, SUFFIX, TARGET)                                                                       \
-    KERNEL(iq4_nl, SUFFIX, TARGET)                                                                      \
     KERNEL(iq3_s, SUFFIX, TARGET)                                                                       \
     KERNEL(iq2_s, SUFFIX, TARGET)                                                                       \
-    KERNEL(iq4_xs, SUFFIX, TARGET)                                                                      \
     KERNEL(iq1_m, SUFFIX, TARGET)                                                                       \
     KERNEL(tq1_0, SUFFIX, TARGET)                                                                       \
     KERNEL(tq2_0, SUFFIX, TARGET)                                                                       \
-    KERNEL(mxfp4, SUFFIX, TARGET)                                                                       \
-    KERNEL(nvfp4, SUFFIX, TARGET)                                                                       \
-    KERNEL(q1_0, SUFFIX, TARGET)                                                                        \
+    KERNEL(q1_0, SUFFIX, TARGET)
+#define KERNEL_TABLE(SUFFIX, HAND)                                                                      \
     static const apr_ggml_blocks_fn KERNELS_##SUFFIX[] = {                                              \
-        q8_1_##SUFFIX, q2_k_##SUFFIX, q3_k_##SUFFIX, q5_k_##SUFFIX, q8_k_##SUFFIX,                      \
-        iq2_xxs_##SUFFIX, iq2_xs_##SUFFIX, iq3_xxs_##SUFFIX, iq1_s_##SUFFIX, iq4_nl_##SUFFIX,           \
-        iq3_s_##SUFFIX, iq2_s_##SUFFIX, iq4_xs_##SUFFIX, iq1_m_##SUFFIX, tq1_0_##SUFFIX,                \
-        tq2_0_##SUFFIX, mxfp4_##SUFFIX, nvfp4_##SUFFIX, q1_0_##SUFFIX,                                  \
+        q8_1_##SUFFIX, q2_k_##SUFFIX, q3_k_##HAND, q5_k_##SUFFIX, q8_k_##SUFFIX,                        \
+        iq2_xxs_##SUFFIX, iq2_xs_##SUFFIX, iq3_xxs_##SUFFIX, iq1_s_##SUFFIX, iq4_nl_##HAND,             \
+        iq3_s_##SUFFIX, iq2_s_##SUFFIX, iq4_xs_##HAND, iq1_m_##SUFFIX, tq1_0_##SUFFIX,                  \
+        tq2_0_##SUFFIX, mxfp4_##HAND, nvfp4_##HAND, q1_0_##SUFFIX,                                      \
     };
 
 #define NO_TARGET
-ALL_KERNELS(portable, NO_TARGET)
+COMMON_KERNELS(portable, NO_TARGET)
+KERNEL(q3_k, portable, NO_TARGET)
+KERNEL(iq4_nl, portable, NO_TARGET)
+KERNEL(iq4_xs, portable, NO_TARGET)
+KERNEL(mxfp4, portable, NO_TARGET)
+KERNEL(nvfp4, portable, NO_TARGET)
+KERNEL_TABLE(portable, portable)
 #ifdef HAVE_X86_KERNELS
-ALL_KERNELS(avx2, TARGET_AVX2)
-ALL_KERNELS(avx512, TARGET_AVX512)
+COMMON_KERNELS(avx2, TARGET_AVX2)
+KERNEL_TABLE(avx2, hand_avx2)
+COMMON_KERNELS(avx512, TARGET_AVX512)
+KERNEL_TABLE(avx512, hand_avx512)
 #endif
 
 #define FIRST APR_QT_Q8_1
