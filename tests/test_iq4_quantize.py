@@ -20,7 +20,7 @@ import zlib
 
 import numpy as np
 import pytest
-from test_kquant_quantize import PATHS, SPECIAL, _required, assert_same, ours, random_input
+from test_kquant_quantize import PATHS, SPECIAL, assert_same, ggml_base, ours, random_input
 
 import aprfast
 from aprfast import _quant as q
@@ -35,18 +35,7 @@ GGML_IDS = {"IQ4_NL": 20, "IQ4_XS": 23}
 @pytest.fixture(scope="module")
 def chunk():
     """libggml-base's ggml_quantize_chunk, its signature set."""
-    try:
-        import llama_cpp
-    except ImportError as exc:
-        reason = f"llama-cpp-python is not installed ({exc})"
-        if _required():
-            pytest.fail(f"APRFAST_REQUIRE_ENGINES is set but {reason}", pytrace=False)
-        pytest.skip(f"{reason} (set APRFAST_REQUIRE_ENGINES=1 to make this fail)")
-    lib_dir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-    names = [n for n in sorted(os.listdir(lib_dir)) if n.startswith("libggml-base")] if os.path.isdir(lib_dir) else []
-    if not names:
-        pytest.fail(f"llama-cpp-python has no libggml-base in {lib_dir}", pytrace=False)
-    fn = ctypes.CDLL(os.path.join(lib_dir, names[0])).ggml_quantize_chunk
+    fn = ggml_base().ggml_quantize_chunk
     fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                    ctypes.c_void_p]
     fn.restype = ctypes.c_size_t

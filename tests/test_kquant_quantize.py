@@ -40,9 +40,9 @@ def _required() -> bool:
     return os.environ.get("APRFAST_REQUIRE_ENGINES", "").strip() not in ("", "0")
 
 
-@pytest.fixture(scope="module")
-def ggml():
-    """libggml-base of llama-cpp-python, with the reference quantizers' signatures set."""
+def ggml_base() -> ctypes.CDLL:
+    """libggml-base of llama-cpp-python (the oracle); skips without llama-cpp-python unless
+    APRFAST_REQUIRE_ENGINES is set, when it fails."""
     try:
         import llama_cpp
     except ImportError as exc:
@@ -54,7 +54,13 @@ def ggml():
     names = [n for n in sorted(os.listdir(lib_dir)) if n.startswith("libggml-base")] if os.path.isdir(lib_dir) else []
     if not names:
         pytest.fail(f"llama-cpp-python has no libggml-base in {lib_dir}", pytrace=False)
-    lib = ctypes.CDLL(os.path.join(lib_dir, names[0]))
+    return ctypes.CDLL(os.path.join(lib_dir, names[0]))
+
+
+@pytest.fixture(scope="module")
+def ggml():
+    """libggml-base with the reference quantizers' signatures set."""
+    lib = ggml_base()
     for name in K_TYPES:
         fn = getattr(lib, f"quantize_row_{name[:2].lower()}_K_ref")
         fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None

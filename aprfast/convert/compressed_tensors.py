@@ -224,7 +224,31 @@ def repack_mxfp4(src, select):
     return MXFP4Source(src, chosen) if chosen else src
 
 
-class MXFP4Source:
+class _RewrittenSource:
+    """What the two rewriting sources below share: ``_src`` is the wrapped source and
+    ``_parts`` the names they build themselves; everything else is ``_src``'s."""
+
+    _src = None  # until __init__ sets it: __getattr__ then finds nothing, not itself
+
+    def __getattr__(self, name):
+        return getattr(self._src, name)
+
+    def raw_range(self, spec):
+        if spec.name in self._parts:
+            return None
+        raw_range = getattr(self._src, "raw_range", None)
+        return raw_range(spec) if raw_range is not None else None
+
+    def tensors(self, wanted=None):
+        for spec in self.specs:
+            if wanted is None or spec.name in wanted:
+                yield spec.name, self.read(spec)
+
+    def close(self) -> None:
+        self._src.close()
+
+
+class MXFP4Source(_RewrittenSource):
     """A source whose chosen compressed-tensors MXFP4 weights (``weight_packed`` with
     its ``weight_scale``) read as one GGML MXFP4 tensor ``<module>.weight``: the same
     E2M1 codes and E8M0 exponents, repacked (no rounding); their records leave the
@@ -255,8 +279,6 @@ class MXFP4Source:
                 del metadata[METADATA_KEY]
         self.metadata = metadata
 
-    def __getattr__(self, name):
-        return getattr(self._src, name)
 
     def read(self, spec, scratch=None):
         parts = self._parts.get(spec.name)
@@ -266,19 +288,6 @@ class MXFP4Source:
         blocks = ct_mxfp4_to_ggml(spec.name, self._src.read(packed), self._src.read(scale), spec.shape)
         return QuantizedTensor(spec.dtype, spec.shape, blocks)
 
-    def raw_range(self, spec):
-        if spec.name in self._parts:
-            return None
-        raw_range = getattr(self._src, "raw_range", None)
-        return raw_range(spec) if raw_range is not None else None
-
-    def tensors(self, wanted=None):
-        for spec in self.specs:
-            if wanted is None or spec.name in wanted:
-                yield spec.name, self.read(spec)
-
-    def close(self) -> None:
-        self._src.close()
 
 
 #: A quantized module's activation parameters (static input/output quantization): a
@@ -378,7 +387,7 @@ def without_config(config, modules, keep: bool):
     return config
 
 
-class DequantizedSource:
+class DequantizedSource(_RewrittenSource):
     """A source whose chosen compressed-tensors weights read as one plain tensor
     ``<module>.weight`` each: the values compressed-tensors' decompression gives
     (:func:`aprfast.numerics.compressed.weight_values`), in the dtype that holds them
@@ -422,8 +431,6 @@ class DequantizedSource:
             metadata[HF_FILES_KEY] = self.edit_model_files(files)
         self.metadata = metadata
 
-    def __getattr__(self, name):
-        return getattr(self._src, name)
 
     def edit_model_files(self, files: dict) -> dict:
         """The model files (``{"config.json": {...}, ...}``) with the quantization_config
@@ -447,19 +454,6 @@ class DequantizedSource:
         values = weight_values(packed, record, lambda tensor: self._src.read(self._specs[tensor]), info)
         return _exactly(values, dtype, spec)
 
-    def raw_range(self, spec):
-        if spec.name in self._parts:
-            return None
-        raw_range = getattr(self._src, "raw_range", None)
-        return raw_range(spec) if raw_range is not None else None
-
-    def tensors(self, wanted=None):
-        for spec in self.specs:
-            if wanted is None or spec.name in wanted:
-                yield spec.name, self.read(spec)
-
-    def close(self) -> None:
-        self._src.close()
 
 
 def _exactly(values, dtype: str, spec):
