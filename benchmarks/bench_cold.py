@@ -466,18 +466,26 @@ def child(tool, files_json):
     print(json.dumps({"seconds": seconds, "peak_above": peak, "cached": cached}))
 
 
+def _run_child(table, label, tool, files):
+    """One load of ``tool`` in a fresh process (``--child``): its JSON report, or None
+    (the row is skipped with the child's last error line)."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", tool, json.dumps(files)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        table.skip(label, out.stderr.strip().splitlines()[-1][:200])
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def fresh_engine_rows(table, name, files, size, tools, rounds):
     """The engines of direct reads, each cold in ``rounds`` fresh processes (round-robin):
     the load then also populates fresh memory for its arrays, which the loop rows reuse."""
     seconds = {k: Samples() for k in tools}
     for _ in range(rounds):
         for tool in tools:
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", tool, json.dumps(files)],
-                                 capture_output=True, text=True)
-            if out.returncode != 0:
-                table.skip(f"{name}: fresh-process {tool}", out.stderr.strip().splitlines()[-1][:200])
-                continue
-            seconds[tool].append(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+            got = _run_child(table, f"{name}: fresh-process {tool}", tool, files)
+            if got is not None:
+                seconds[tool].append(got["seconds"])
     seconds = {k: v for k, v in seconds.items() if v}
     uring = next((k for k in seconds if k.endswith("engine io_uring")), None)
     if uring is not None:  # the threads in the limit column: shown for scale, never a loss
@@ -492,12 +500,9 @@ def memory_rows(table, name, files, size, nbytes, rounds):
     total = {k: Samples() for k in tools}
     for _ in range(rounds):
         for tool in tools:
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", tool, json.dumps(files)],
-                                 capture_output=True, text=True)
-            if out.returncode != 0:
-                table.skip(f"{name}: fresh-process memory of {tool}", out.stderr.strip().splitlines()[-1][:200])
+            got = _run_child(table, f"{name}: fresh-process memory of {tool}", tool, files)
+            if got is None:
                 continue
-            got = json.loads(out.stdout.strip().splitlines()[-1])
             peak[tool].append(got["peak_above"])
             cached[tool].append(got["cached"])
             total[tool].append(got["peak_above"] + got["cached"])
