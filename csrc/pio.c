@@ -340,8 +340,11 @@ typedef struct {
 
 /* Aligned reads of n bytes at pos into buf (both aligned) until n bytes are in or the
  * file ends; the bytes read, or -1 with *err set.  A short read at the end of the file
- * is how direct I/O returns a last block the file only partly fills. */
-static long long direct_read(int fd, uint8_t *buf, uint64_t pos, size_t n, int *err)
+ * is how direct I/O returns a last block the file only partly fills; one that stops
+ * off the alignment is the end of the file as it was then (a file being appended to
+ * can end mid-block), and reading on from there would be refused (EINVAL), so it ends
+ * the read too: the caller decides whether enough came. */
+static long long direct_read(int fd, uint8_t *buf, uint64_t pos, size_t n, size_t align, int *err)
 {
     size_t done = 0;
     while (done < n) {
@@ -351,6 +354,8 @@ static long long direct_read(int fd, uint8_t *buf, uint64_t pos, size_t n, int *
         if (got == 0)
             break;
         done += (size_t)got;
+        if (done & (align - 1))
+            break;
     }
     return (long long)done;
 }
@@ -368,7 +373,7 @@ static int bounce_range(dpiece *p, uint64_t u0, uint64_t u1)
         if (p->bounce == NULL)
             return ENOMEM;
     }
-    long long got = direct_read(p->fd, p->bounce, b0, (size_t)(b1 - b0), &err);
+    long long got = direct_read(p->fd, p->bounce, b0, (size_t)(b1 - b0), a, &err);
     if (got < 0)
         return err;
     if ((uint64_t)got < u1 - b0)
@@ -411,7 +416,7 @@ static int direct_piece(dpiece *p)
                 rc = bounce_range(p, u0, a0);
             if (!rc) {
                 int err = 0;
-                long long got = direct_read(p->fd, p->dst + (a0 - p->offset), a0, (size_t)(a1 - a0), &err);
+                long long got = direct_read(p->fd, p->dst + (a0 - p->offset), a0, (size_t)(a1 - a0), a, &err);
                 rc = got < 0 ? err : ((uint64_t)got < a1 - a0 ? -1 : 0);
             }
             if (!rc && u1 > a1)

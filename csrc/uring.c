@@ -320,8 +320,11 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
                     s->buf += res;
                     s->left -= (size_t)res;
                     s->need = s->need > (size_t)res ? s->need - (size_t)res : 0;
-                    if (s->need && status == 0) {
-                        queue_read(&r, fd, s, index); /* a short read: ask for the rest */
+                    /* a short read: ask for the rest, from an aligned position only; one
+                     * that stopped mid-block is where the file ended then (see pio.c's
+                     * direct_read), and s->need below says whether that was enough */
+                    if (s->need && status == 0 && (s->pos & (uint64_t)(align - 1)) == 0) {
+                        queue_read(&r, fd, s, index);
                         continue;
                     }
                 }

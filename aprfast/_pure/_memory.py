@@ -253,9 +253,11 @@ def _direct_chunks(fd, offset, out, view, align) -> None:
         got = 0
         while got < span:
             step = os.preadv(fd, [view[got:span]], start + got)
-            if step == 0:
-                break
             got += step
+            # the end of the file, or where it ended then (a file being appended to can
+            # end mid-block): reading on from off the alignment would be refused
+            if step == 0 or got % align:
+                break
         if got < at - start + want:
             raise EOFError(f"file ended before {n} bytes at offset {offset} were read")
         out[done:done + want] = view[at - start:at - start + want]
