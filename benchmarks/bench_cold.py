@@ -303,11 +303,19 @@ def fio(path, *, write=False, offset=0, size=None):
     raise RuntimeError(f"fio failed: {last}")
 
 
+#: One buffer for every warm-up read, allocated once and never freed: ``f.read(16 MiB)``
+#: made and freed a 16 MiB object per step, and freeing a block that large raises
+#: glibc's mmap threshold, which changes how every peer's arrays are allocated: the
+#: harness should not move the allocator it measures (docs/performance.md, "Which loop
+#: is the user's").
+_WARM_BUFFER = bytearray(16 << 20)
+
+
 def _cache_all(paths):
     """Read every file of ``paths`` into the page cache and check with mincore that it is."""
     for path in paths:
         with open(path, "rb", buffering=0) as f:
-            while f.read(16 << 20):
+            while f.readinto(_WARM_BUFFER):
                 pass
         cached, total = pagecache.resident(path)
         if cached < total:
