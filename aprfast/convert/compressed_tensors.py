@@ -163,16 +163,22 @@ def records_of(src) -> dict:
     return weights if isinstance(weights, dict) else {}
 
 
+def _spec_info(specs: dict):
+    """``info(name) -> (dtype name, shape) | None`` over ``{name: Spec}``: what
+    :func:`aprfast.numerics.compressed.weight_values` asks of a source's tensors."""
+
+    def info(name):
+        spec = specs.get(name) if isinstance(name, str) else None
+        return None if spec is None else (spec.dtype.name, tuple(spec.shape))
+
+    return info
+
+
 def source_values(src, name: str, record: dict):
     """compressed-tensors' values of the weight ``name`` of a convert source (see
     :func:`aprfast.numerics.compressed.weight_values`)."""
     specs = {spec.name: spec for spec in src.specs}
-
-    def info(tensor):
-        spec = specs.get(tensor) if isinstance(tensor, str) else None
-        return None if spec is None else (spec.dtype.name, tuple(spec.shape))
-
-    return weight_values(name, record, lambda tensor: src.read(specs[tensor]), info)
+    return weight_values(name, record, lambda tensor: src.read(specs[tensor]), _spec_info(specs))
 
 
 def logical_shapes(records: dict, info, read) -> dict:
@@ -206,9 +212,7 @@ def repack_mxfp4(src, select):
         return src
     infos = {spec.name: spec for spec in src.specs}
 
-    def info(name):
-        spec = infos.get(name) if isinstance(name, str) else None
-        return None if spec is None else (spec.dtype.name, tuple(spec.shape))
+    info = _spec_info(infos)
 
     chosen = {}
     for packed, record in records.items():
@@ -320,9 +324,7 @@ def dequantize_weights(src, select):
         return src
     specs = {spec.name: spec for spec in src.specs}
 
-    def info(name):
-        spec = specs.get(name) if isinstance(name, str) else None
-        return None if spec is None else (spec.dtype.name, tuple(spec.shape))
+    info = _spec_info(specs)
 
     def read(name):
         return src.read(specs[name])
@@ -447,9 +449,7 @@ class DequantizedSource(_RewrittenSource):
             return self._src.read(spec, scratch)
         packed, record, dtype = parts
 
-        def info(tensor):
-            found = self._specs.get(tensor) if isinstance(tensor, str) else None
-            return None if found is None else (found.dtype.name, tuple(found.shape))
+        info = _spec_info(self._specs)
 
         values = weight_values(packed, record, lambda tensor: self._src.read(self._specs[tensor]), info)
         return _exactly(values, dtype, spec)
