@@ -35,13 +35,23 @@ def blob(tmp_path):
     data = np.random.default_rng(7).integers(0, 256, (3 << 20) + 1234, dtype=np.uint8)  # ends inside a block
     path = tmp_path / "blob"
     data.tofile(path)
-    fd, how = direct.open_direct(os.open(path, os.O_RDONLY), str(path))
-    if fd is None:
-        pytest.skip(f"direct I/O {how}")
+    fd = _open_direct(path)
     try:
         yield fd, data, path
     finally:
         os.close(fd)
+
+
+def _open_direct(path):
+    """A direct descriptor of ``path`` (the test skips where the filesystem refuses)."""
+    plain = os.open(path, os.O_RDONLY)
+    try:
+        fd, how = direct.open_direct(plain, str(path))
+    finally:
+        os.close(plain)  # the direct descriptor is a second open of the file
+    if fd is None:
+        pytest.skip(f"direct I/O {how}")
+    return fd
 
 
 def _dst(n, shift, whole=None):
@@ -139,9 +149,7 @@ def test_auto_takes_io_uring_for_large_reads_and_the_threads_for_small_ones(tmp_
     data = np.random.default_rng(5).integers(0, 256, 9 << 20, dtype=np.uint8)
     path = tmp_path / "big"
     data.tofile(path)
-    fd, how = direct.open_direct(os.open(path, os.O_RDONLY), str(path))
-    if fd is None:
-        pytest.skip(f"direct I/O {how}")
+    fd = _open_direct(path)
     try:
         dst = _dst(data.size, 0)
         _memory.pread_direct(fd, 0, dst)
@@ -167,9 +175,7 @@ def test_a_file_being_appended_to_reads_what_was_there(tmp_path, engine):
     data = np.random.default_rng(9).integers(0, 256, (2 << 20) + 333, dtype=np.uint8)
     path = tmp_path / "growing"
     data.tofile(path)
-    fd, how = direct.open_direct(os.open(path, os.O_RDONLY), str(path))
-    if fd is None:
-        pytest.skip(f"direct I/O {how}")
+    fd = _open_direct(path)
     stop = threading.Event()
 
     def append():
