@@ -30,11 +30,14 @@ cdef extern from "buffers.h" nogil:
         size_t limit
         uint64_t hits
         uint64_t misses
+        size_t deferred
+        long long decay_ms
     int apr_block_alloc(apr_block *block, size_t size, size_t alignment)
     int apr_block_alloc_deferred(apr_block *block, size_t size, size_t alignment)
     void apr_block_free(apr_block *block)
     void apr_cache_stats_get(apr_cache_stats *out)
     void apr_cache_release(long long limit)
+    void apr_cache_set_decay(long long ms)
     int apr_huge_pages_state()
     void apr_advise_huge(void *ptr, size_t len)
     size_t APR_CACHE_MIN
@@ -145,11 +148,21 @@ BUFFER_CACHE_RESIDENT = APR_CACHE_RESIDENT
 
 def buffer_cache_stats():
     """The cache of freed buffers: blocks and bytes held, the bytes of those kept resident
-    (not given MADV_FREE), the cap, hits and misses."""
+    (not given MADV_FREE), the cap, hits and misses, the resident bytes whose advice is
+    deferred and for how long (``decay_ms``, csrc/buffers.h)."""
     cdef apr_cache_stats st
     apr_cache_stats_get(&st)
     return {"blocks": st.blocks, "bytes": st.bytes, "resident": st.resident, "limit": st.limit,
-            "hits": st.hits, "misses": st.misses}
+            "hits": st.hits, "misses": st.misses, "deferred": st.deferred, "decay_ms": st.decay_ms}
+
+
+def set_buffer_decay(ms):
+    """How long (milliseconds) a freed block the cache keeps stays resident before its
+    pages are given back with MADV_FREE; 0 gives them back as it is freed.  The default
+    is APRFAST_BUFFER_DECAY_MS or 10,000 (csrc/buffers.h says why)."""
+    if ms < 0:
+        raise ValueError("the buffer decay is a number of milliseconds >= 0")
+    apr_cache_set_decay(ms)
 
 
 def huge_pages_state():

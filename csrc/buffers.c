@@ -14,6 +14,7 @@
 #include <malloc.h>
 #else
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -400,14 +401,27 @@ static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static apr_block cache_slot[APR_CACHE_SLOTS];
 static size_t cache_count, cache_bytes, cache_resident; /* resident: bytes of blocks not advised */
 static long long cache_limit = -1; /* -1: not read from the environment yet */
-static uint64_t cache_hits, cache_misses;
+static uint64_t cache_hits, cache_misses, cache_seq;
+
+/* Deferred advice (buffers.h): POSIX systems with MADV_FREE and threads. */
+#if !defined(_WIN32) && defined(MADV_FREE)
+#define APR_DECAY 1
+#endif
+static long long decay_ms = -1; /* -1: not read from the environment yet */
+static int decay_running;       /* the helper thread exists (cache_lock) */
+static size_t cache_deferred;   /* bytes of cached blocks with advice due (cache_lock) */
 
 #if !defined(_WIN32)
 static int cache_atfork_done;
 /* A child forked while another thread held the lock would never see it released. */
 static void cache_prepare(void) { pthread_mutex_lock(&cache_lock); }
 static void cache_parent(void) { pthread_mutex_unlock(&cache_lock); }
-static void cache_child(void) { pthread_mutex_unlock(&cache_lock); }
+/* The child has no helper thread: the next deferred block starts one there. */
+static void cache_child(void)
+{
+    decay_running = 0;
+    pthread_mutex_unlock(&cache_lock);
+}
 #endif
 
 static long long physical_memory(void)
@@ -436,11 +450,25 @@ static long long default_limit(void)
     return physical > 0 && physical / 8 < cap ? physical / 8 : cap;
 }
 
+static long long default_decay(void)
+{
+    const char *env = getenv("APRFAST_BUFFER_DECAY_MS");
+    if (env && *env) {
+        char *end = NULL;
+        long long v = strtoll(env, &end, 10);
+        if (end && *end == '\0' && v >= 0 && v <= 86400000LL)
+            return v;
+    }
+    return APR_CACHE_DECAY_MS;
+}
+
 /* Must hold cache_lock. */
 static void cache_limit_init(void)
 {
     if (cache_limit < 0)
         cache_limit = default_limit();
+    if (decay_ms < 0)
+        decay_ms = default_decay();
 #if !defined(_WIN32)
     if (!cache_atfork_done) {
         pthread_atfork(cache_prepare, cache_parent, cache_child);
@@ -458,8 +486,32 @@ static apr_block cache_take(size_t i)
     cache_bytes -= b.capacity;
     if (!b.advised)
         cache_resident -= b.capacity;
+    if (b.due)
+        cache_deferred -= b.capacity;
     b.advised = 0;
+    b.due = 0;
     return b;
+}
+
+/* Must hold cache_lock: publish b in its place by free order (a block taken out to be
+ * advised goes back where it was, so "oldest out first" still means oldest freed);
+ * 0 if there is no room for it now. */
+static int cache_insert(const apr_block *b)
+{
+    if (cache_count == APR_CACHE_SLOTS || (long long)(cache_bytes + b->capacity) > cache_limit)
+        return 0;
+    size_t i = cache_count;
+    while (i > 0 && cache_slot[i - 1].seq > b->seq)
+        i--;
+    memmove(&cache_slot[i + 1], &cache_slot[i], (cache_count - i) * sizeof(apr_block));
+    cache_slot[i] = *b;
+    cache_count++;
+    cache_bytes += b->capacity;
+    if (!b->advised)
+        cache_resident += b->capacity;
+    if (b->due)
+        cache_deferred += b->capacity;
+    return 1;
 }
 
 /* The cached block that fits size at alignment with the least waste (at most an
@@ -525,6 +577,98 @@ static void lazy_free(apr_block *b)
 #endif
 }
 
+#if defined(APR_DECAY)
+static long long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Advise the cached blocks whose advice is due (every deferred one if all), a batch at
+ * a time: each is taken out of the cache first, advised, and put back where it was,
+ * because advice given to a block another thread has taken would discard what that
+ * thread writes.  Returns when the next deferred block is due (ns), 0 if none waits. */
+static long long decay_pass(int all)
+{
+    for (;;) {
+        apr_block batch[16], rejected[16];
+        size_t n = 0, n_rejected = 0;
+        long long now = now_ns(), next = 0;
+        cache_lock_take();
+        for (size_t i = 0; i < cache_count;) {
+            const apr_block *b = &cache_slot[i];
+            if (b->due && (all || b->due <= now) && n < sizeof batch / sizeof batch[0]) {
+                batch[n++] = cache_take(i);
+                continue;
+            }
+            if (b->due && (!next || b->due < next))
+                next = b->due;
+            i++;
+        }
+        cache_lock_give();
+        if (n == 0)
+            return next;
+        for (size_t k = 0; k < n; k++) {
+            lazy_free(&batch[k]);
+            batch[k].advised = 1;
+        }
+        cache_lock_take();
+        for (size_t k = 0; k < n; k++)
+            if (!cache_insert(&batch[k]))
+                rejected[n_rejected++] = batch[k];
+        cache_lock_give();
+        for (size_t k = 0; k < n_rejected; k++)
+            release(&rejected[k]);
+    }
+}
+
+/* The helper thread: sleeps until the oldest deferred block is due, advises what is
+ * due, and ends when no block waits (a later deferred block starts another). */
+static void *decay_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        long long next = decay_pass(0);
+        if (!next) {
+            cache_lock_take();
+            if (!cache_deferred) {
+                decay_running = 0;
+                cache_lock_give();
+                return NULL;
+            }
+            cache_lock_give();
+            continue;
+        }
+        long long wait = next - now_ns();
+        if (wait > 0) {
+            struct timespec t = {(time_t)(wait / 1000000000LL), (long)(wait % 1000000000LL)};
+            while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+            }
+        }
+    }
+}
+
+/* 1 if the helper thread started.  It takes no signals: Python handles them on its
+ * main thread, and a signal delivered here would wait for the next check there. */
+static int decay_start(void)
+{
+    pthread_t thread;
+    pthread_attr_t attr;
+    sigset_t all, old;
+    if (pthread_attr_init(&attr) != 0)
+        return 0;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, (size_t)256 << 10);
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&thread, &attr, decay_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    return rc == 0;
+}
+#endif
+
 /* Keep a freed block; 1 if taken, 0 if the caller must release it. */
 static int cache_put(apr_block *block)
 {
@@ -532,16 +676,24 @@ static int cache_put(apr_block *block)
         return 0;
     apr_block evicted[8];
     size_t n_evicted = 0;
-    int kept = 0;
+    int kept = 0, start = 0;
     /* Decide on the advice first and give it before the block is published below (see
      * buffers.h).  The resident total may change in between: it is a soft bound. */
     cache_lock_take();
     cache_limit_init();
     int advise = block->mapped != 0 || cache_resident + block->capacity > APR_CACHE_RESIDENT;
     int worth = (long long)block->capacity <= cache_limit;
+    long long delay = decay_ms;
     cache_lock_give();
     if (!worth)
         return 0;
+    block->due = 0;
+#if defined(APR_DECAY)
+    if (advise && delay > 0 && !(apr_fallbacks() & APR_FALLBACK_MADVISE)) {
+        advise = 0;
+        block->due = now_ns() + delay * 1000000LL;
+    }
+#endif
     if (advise)
         lazy_free(block);
     block->advised = advise;
@@ -554,18 +706,35 @@ static int cache_put(apr_block *block)
                 break;
             evicted[n_evicted++] = cache_take(0);
         }
-        if (cache_count < APR_CACHE_SLOTS && (long long)(cache_bytes + block->capacity) <= cache_limit) {
-            cache_slot[cache_count++] = *block;
-            cache_bytes += block->capacity;
-            if (!block->advised)
-                cache_resident += block->capacity;
-            kept = 1;
-        }
+        block->seq = ++cache_seq;
+        kept = cache_insert(block);
+        if (kept && block->due && !decay_running)
+            start = decay_running = 1;
     }
     cache_lock_give();
     for (size_t i = 0; i < n_evicted; i++)
         release(&evicted[i]);
+#if !defined(APR_DECAY)
+    (void)start;
+    (void)delay;
+#else
+    if (start && !decay_start()) {
+        /* No thread (a process at its limit): advise everything waiting now, as before. */
+        cache_lock_take();
+        decay_running = 0;
+        cache_lock_give();
+        decay_pass(1);
+    }
+#endif
     return kept;
+}
+
+void apr_cache_set_decay(long long ms)
+{
+    cache_lock_take();
+    cache_limit_init();
+    decay_ms = ms < 0 ? 0 : ms;
+    cache_lock_give();
 }
 
 void apr_cache_stats_get(apr_cache_stats *out)
@@ -578,6 +747,8 @@ void apr_cache_stats_get(apr_cache_stats *out)
     out->limit = (size_t)cache_limit;
     out->hits = cache_hits;
     out->misses = cache_misses;
+    out->deferred = cache_deferred;
+    out->decay_ms = decay_ms;
     cache_lock_give();
 }
 

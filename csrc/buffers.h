@@ -21,6 +21,8 @@ typedef struct {
     size_t mapped;    /* bytes mapped at base, or 0 if base came from the heap */
     size_t capacity;  /* usable bytes from ptr (>= the size asked for) */
     int advised;      /* in the cache: its pages were given MADV_FREE (buffers.c) */
+    long long due;    /* in the cache: when its deferred advice is due (monotonic ns), or 0 */
+    uint64_t seq;     /* in the cache: the order it was freed in */
 } apr_block;
 
 /* Threshold above which buffers are mapped (and may use huge pages).  Below it the
@@ -97,6 +99,21 @@ void apr_advise_huge(void *ptr, size_t len);
 #define APR_CACHE_SLOTS 1024
 #define APR_CACHE_RESIDENT ((size_t)256 << 20)
 
+/* The advice those blocks get is deferred, not given as they are freed: a block freed
+ * and not taken again within APRFAST_BUFFER_DECAY_MS milliseconds (default below; 0
+ * gives the advice at once, as before) is advised then by a helper thread that exists
+ * only while such blocks wait.  Why: giving MADV_FREE to a 600 MiB block of 4 KiB
+ * pages (the pages a hypervisor that reclaims huge pages leaves, buffers.c) costs
+ * 13 ms as it is freed and 40 ms more as it is written again (the dirty bits are set
+ * back one page at a time), which tripled a loop of dequantize calls (23 -> 75 ms) and
+ * cost warm loads a third.  10 s is jemalloc's default dirty-page decay
+ * (opt.dirty_decay_ms), the policy of a well-kept allocator that trades the same way:
+ * memory freed and wanted again soon stays in place, memory not wanted goes back to
+ * the kernel soon after.  Bounded by the cache's cap (at most an eighth of physical
+ * memory, and 2 GiB); release_buffer_cache() gives it back at once.  Windows gives
+ * MEM_RESET at once, as before. */
+#define APR_CACHE_DECAY_MS 10000
+
 typedef struct {
     size_t blocks;    /* blocks held */
     size_t bytes;     /* their capacity */
@@ -104,11 +121,16 @@ typedef struct {
     size_t limit;     /* the cap on bytes */
     uint64_t hits;    /* allocations served from the cache */
     uint64_t misses;  /* cacheable allocations that were not */
+    size_t deferred;  /* bytes of resident blocks whose advice is deferred */
+    long long decay_ms; /* how long advice is deferred (0: given at once) */
 } apr_cache_stats;
 
 void apr_cache_stats_get(apr_cache_stats *out);
 /* Release every cached block; set the cap (bytes) if limit >= 0. */
 void apr_cache_release(long long limit);
+/* Set how long advice is deferred (ms; 0 advises at once); blocks already waiting
+ * keep their due time. */
+void apr_cache_set_decay(long long ms);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,7 @@
 
 import os
 import sys
+import time
 import zlib
 
 import numpy as np
@@ -261,6 +262,7 @@ def fresh_cache():
     _memory.release_buffer_cache()
     before = _memory.buffer_cache_stats()
     yield before
+    _memory.set_buffer_decay(before["decay_ms"])
     _memory.release_buffer_cache(before["limit"])
 
 
@@ -354,7 +356,9 @@ def test_threads_allocating_and_freeing_keep_every_buffer_distinct(fresh_cache):
 
 def test_small_blocks_stay_resident_up_to_a_cap_and_mapped_ones_are_advised(fresh_cache):
     # MADV_FREE on every cached 2.5 MiB block cost more than the copy it served; heap
-    # blocks are kept resident (as glibc keeps its freed chunks) up to a cap
+    # blocks are kept resident (as glibc keeps its freed chunks) up to a cap.  Decay 0:
+    # the advice is given as a block is freed (the deferred advice is tested below)
+    _memory.set_buffer_decay(0)
     small = [_memory.AlignedBuffer(3 << 20, 64) for _ in range(2)]
     del small
     stats = _memory.buffer_cache_stats()
@@ -371,6 +375,113 @@ def test_small_blocks_stay_resident_up_to_a_cap_and_mapped_ones_are_advised(fres
     many = [_memory.AlignedBuffer(3 << 20, 64) for _ in range(count)]
     del many
     assert _memory.buffer_cache_stats()["resident"] <= _memory.BUFFER_CACHE_RESIDENT
+
+
+needs_decay = pytest.mark.skipif(sys.platform == "win32", reason="Windows gives MEM_RESET as a block is freed")
+
+
+@needs_decay
+def test_a_mapped_block_stays_resident_until_its_advice_is_due(fresh_cache):
+    # a loop that frees and takes the same large block again must not pay MADV_FREE and
+    # the dirty-bit faults after it on every call; the advice comes when the block has
+    # waited decay_ms unused, from a helper thread, and the block is still cached then
+    assert fresh_cache["decay_ms"] > 0
+    _memory.set_buffer_decay(60_000)
+    big = _memory.AlignedBuffer(40 << 20, 64)
+    address = big.address
+    del big
+    stats = _memory.buffer_cache_stats()
+    assert stats["blocks"] == 1 and stats["resident"] == stats["deferred"] == stats["bytes"] >= 40 << 20
+    again = _memory.AlignedBuffer(40 << 20, 64)  # taken again before it was due: resident, not advised
+    assert again.address == address
+    assert _memory.buffer_cache_stats()["deferred"] == 0
+    np.frombuffer(again, np.uint8)[:] = 7
+    _memory.set_buffer_decay(50)
+    del again
+    deadline = time.monotonic() + 30
+    while _memory.buffer_cache_stats()["deferred"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stats = _memory.buffer_cache_stats()
+    assert stats["deferred"] == 0 and stats["resident"] == 0 and stats["blocks"] == 1, stats
+    again = _memory.AlignedBuffer(40 << 20, 64)  # advised, still cached, and usable
+    assert again.address == address
+    view = np.frombuffer(again, np.uint8)
+    view[:] = 9
+    assert (view == 9).all()
+
+
+@needs_decay
+def test_advice_given_while_other_threads_take_and_free_blocks_never_loses_their_writes(fresh_cache):
+    # the helper thread takes a due block out of the cache before advising it: advice
+    # given to a block another thread holds would discard what that thread wrote
+    import threading
+
+    _memory.set_buffer_decay(1)
+    errors = []
+
+    def work(seed):
+        for i in range(40):
+            buf = _memory.AlignedBuffer((33 << 20) + (i % 2) * (1 << 20), 64)
+            view = np.frombuffer(buf, np.uint8)
+            view[::4096] = (seed * 31 + i) % 251
+            time.sleep(0.002)
+            if not (view[::4096] == (seed * 31 + i) % 251).all():
+                errors.append((seed, i))
+            del view, buf
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+@needs_decay
+def test_releasing_the_cache_drops_blocks_waiting_for_advice(fresh_cache):
+    _memory.set_buffer_decay(60_000)
+    big = _memory.AlignedBuffer(40 << 20, 64)
+    del big
+    assert _memory.buffer_cache_stats()["deferred"] >= 40 << 20
+    _memory.release_buffer_cache(fresh_cache["limit"])
+    stats = _memory.buffer_cache_stats()
+    assert stats["blocks"] == stats["deferred"] == stats["resident"] == 0
+
+
+@needs_decay
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_advises_its_own_blocks(fresh_cache):
+    # the helper thread does not survive fork(); the child starts its own
+    import multiprocessing
+
+    _memory.set_buffer_decay(60_000)
+    big = _memory.AlignedBuffer(40 << 20, 64)
+    del big  # the parent's helper thread now sleeps for a minute
+
+    def child(q):
+        _memory.set_buffer_decay(20)
+        b = _memory.AlignedBuffer(48 << 20, 64)
+        del b
+        deadline = time.monotonic() + 30
+        while _memory.buffer_cache_stats()["deferred"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        q.put(_memory.buffer_cache_stats()["deferred"])
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    try:
+        assert q.get(timeout=60) == 0
+    finally:
+        p.join(60)
+    assert p.exitcode == 0
+
+
+@pytest.mark.parametrize("bad", [-1, -1000])
+def test_a_negative_decay_is_refused(bad):
+    with pytest.raises(ValueError, match="milliseconds"):
+        _memory.set_buffer_decay(bad)
 
 
 def test_cached_blocks_keep_what_each_thread_writes(fresh_cache):

@@ -88,7 +88,14 @@ BUFFER_CACHE_RESIDENT = 256 << 20
 
 def buffer_cache_stats() -> dict:
     """The cache of freed buffers: this backend keeps none."""
-    return {"blocks": 0, "bytes": 0, "resident": 0, "limit": 0, "hits": 0, "misses": 0}
+    return {"blocks": 0, "bytes": 0, "resident": 0, "limit": 0, "hits": 0, "misses": 0, "deferred": 0,
+            "decay_ms": 0}
+
+
+def set_buffer_decay(ms) -> None:
+    """Nothing is cached here; ``ms`` is checked as the compiled module checks it."""
+    if ms < 0:
+        raise ValueError("the buffer decay is a number of milliseconds >= 0")
 
 
 def huge_pages_state() -> str:
