@@ -233,7 +233,7 @@ static const type_info TYPES[APR_QT_COUNT] = {
     [APR_QT_TQ2_0] = {"TQ2_0", QK_K, 66, 0, 0, 1},
     [APR_QT_MXFP4] = {"MXFP4", QK, 17, 0, 0, 1},
     [APR_QT_NVFP4] = {"NVFP4", 64, 36, 0, 0, 0},
-    [APR_QT_Q1_0] = {"Q1_0", 128, 18, 0, 0, 0},
+    [APR_QT_Q1_0] = {"Q1_0", 128, 18, 0, 0, 1},
 };
 
 static int is_known_type(int type)

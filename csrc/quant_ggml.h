@@ -50,8 +50,8 @@ apr_ggml_blocks_fn apr_ggml_dequantizer(int type, int path);
 typedef void (*apr_ggml_quantize_fn)(const float *x, uint8_t *y, size_t nblocks);
 
 /* The quantizer of csrc/quantize_ggml.c for a quant.h type number (Q5_0, Q5_1,
- * TQ1_0, TQ2_0, MXFP4 as gguf-py; the K-quants, IQ4_NL and IQ4_XS as ggml's
- * reference); NULL for a
+ * TQ1_0, TQ2_0, MXFP4 as gguf-py; the K-quants, IQ4_NL, IQ4_XS and Q1_0 as
+ * ggml's reference); NULL for a
  * type that file does not quantize.  Portable C, one path. */
 apr_ggml_quantize_fn apr_ggml_quantizer(int type);
 

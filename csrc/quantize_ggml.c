@@ -5,7 +5,7 @@
  * ggml's Q8_K (quantize_row_q8_K_ref), the K-quants' int8 dot-product operand, and
  * IQ4_NL and IQ4_XS as ggml's quantize_iq4_nl / quantize_iq4_xs without an importance
  * matrix (what ggml_quantize_chunk runs; not quantize_row_iq4_nl_ref, which skips
- * the scale search).
+ * the scale search), and Q1_0 as ggml's quantize_row_q1_0_ref.
  *
  * The rules quant.c states at its top hold here too: every float operation is
  * float32 in the oracle's order, one rounding each (no FMA contraction, see
@@ -912,6 +912,25 @@ static void iq4_xs_quantize_block(const float *x, uint8_t *y)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Q1_0 (ggml's quantize_row_q1_0_ref: what ggml_quantize_chunk runs).       */
+
+/* f16 d = (sum of |x|, added in order in float32) / 128; bit j (lowest first)
+ * set where x[j] >= 0, so -0.0 sets it and NaN does not. */
+static void q1_0_quantize_block(const float *x, uint8_t *y)
+{
+    float sum_abs = 0.0f;
+    for (int j = 0; j < 128; j++)
+        sum_abs += fabsf(x[j]);
+    store_u16le(y, ggml_f32_to_f16(sum_abs / 128.0f));
+    for (int k = 0; k < 16; k++) {
+        uint8_t bits = 0;
+        for (int j = 0; j < 8; j++)
+            bits = (uint8_t)(bits | (x[8 * k + j] >= 0.0f) << j);
+        y[2 + k] = bits;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* Dispatch.                                                                */
 
 #define BLOCKS_FN(name, elems, bytes)                                               \
@@ -934,6 +953,7 @@ BLOCKS_FN(q6_k, QK_K, 210)
 BLOCKS_FN(q8_k, QK_K, 292)
 BLOCKS_FN(iq4_nl, QK, 18)
 BLOCKS_FN(iq4_xs, QK_K, 136)
+BLOCKS_FN(q1_0, 128, 18)
 
 apr_ggml_quantize_fn apr_ggml_quantizer(int type)
 {
@@ -964,6 +984,8 @@ apr_ggml_quantize_fn apr_ggml_quantizer(int type)
         return iq4_nl_quantize_blocks;
     case APR_QT_IQ4_XS:
         return iq4_xs_quantize_blocks;
+    case APR_QT_Q1_0:
+        return q1_0_quantize_blocks;
     default:
         return NULL;
     }

@@ -2,9 +2,9 @@
 the portable kernels of csrc/quant.c as NumPy operations on whole arrays of blocks.
 
 GGML types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 and the K-quants Q2_K,
-Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL and IQ4_XS both ways; the others dequantize only) give the same
-bytes and floats as llama.cpp's gguf-py (ggml's reference C where gguf-py has none: the K-quant, Q8_K
-and IQ4 quantizers,
+Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS and Q1_0 both ways; the others dequantize only) give the
+same bytes and floats as llama.cpp's gguf-py (ggml's reference C where gguf-py has none: the K-quant,
+Q8_K, IQ4 and Q1_0 quantizers,
 Q8_1, Q8_K and Q1_0's dequantizers); the APR types (APR_Q8, APR_Q4,
 APR_FQ8_0, APR_FQ4_0) the same as aprender's Rust code; Q8_TENSOR is aprfast's
 per-tensor int8 with a zero point.  The byte layouts are in csrc/quant.h, the rounding
@@ -58,7 +58,7 @@ _TABLE = {
     "TQ2_0": (QK_K, 66, 0, False, True),
     "MXFP4": (QK, 17, 0, False, True),
     "NVFP4": (64, 36, 0, False, False),
-    "Q1_0": (128, 18, 0, False, False),
+    "Q1_0": (128, 18, 0, False, True),
 }
 TYPES = {name: i for i, name in enumerate(_TABLE)}
 PATHS = {"portable": 0, "auto": -1}
@@ -602,6 +602,17 @@ def _iq4_xs_blocks(x):
                            _pack_split(L).reshape(blocks, 128)], axis=1)
 
 
+# --- Q1_0 (ggml's quantize_row_q1_0_ref) ------------------------------------------------
+def _q1_0_blocks(x):
+    """Q1_0: f16 d = (sum of |x| in order, float32) / 128 | 16 bytes of bits x >= 0 (lowest first)."""
+    acc = np.zeros(x.shape[0], F32)
+    for j in range(x.shape[1]):
+        acc = (acc + np.abs(x[:, j])).astype(F32)
+    d = (acc / F32(128)).astype(F32)
+    bits = (x >= 0).reshape(-1, 16, 8).astype(np.uint8) << np.arange(8, dtype=np.uint8)
+    return np.concatenate([_u16_bytes(_ggml_f16(d)), bits.sum(axis=2, dtype=np.uint8)], axis=1)
+
+
 def _apr_q4_blocks(x, count):
     """APR_Q4: scale = max|x| / 7 (1.0 if 0) in f32, stored as f16; q from the f32 scale;
     nibbles past ``count`` stay 0."""
@@ -697,7 +708,7 @@ _BLOCK_QUANTIZERS = {"Q8_0": _q8_0_blocks, "Q4_0": _q4_0_blocks, "Q4_1": _q4_1_b
                      "Q5_1": _q5_1_blocks, "TQ1_0": _tq1_0_blocks, "TQ2_0": _tq2_0_blocks, "MXFP4": _mxfp4_blocks,
                      "Q2_K": _q2_k_blocks, "Q3_K": _q3_k_blocks, "Q4_K": _q4_k_blocks, "Q5_K": _q5_k_blocks,
                      "Q6_K": _q6_k_blocks, "Q8_K": _q8_k_blocks, "IQ4_NL": _iq4_nl_blocks,
-                     "IQ4_XS": _iq4_xs_blocks}
+                     "IQ4_XS": _iq4_xs_blocks, "Q1_0": _q1_0_blocks}
 _PARTIAL_QUANTIZERS = {"APR_Q4": _apr_q4_blocks, "APR_FQ8_0": _apr_fq8_0_blocks, "APR_FQ4_0": _apr_fq4_0_blocks}
 
 
@@ -1251,6 +1262,11 @@ def quantize_iq4_xs(src, out, *, threads=0, path=None):
     _quantize("IQ4_XS", src, out, threads, path)
 
 
+def quantize_q1_0(src, out, *, threads=0, path=None):
+    """GGML Q1_0 (ggml's quantize_row_q1_0_ref, bit for bit; 18 bytes a block of 128)."""
+    _quantize("Q1_0", src, out, threads, path)
+
+
 def quantize_apr_q8(src, out, *, threads=0, path=None):
     """apr-format's AprQ8: f32 scale then one int8 per element (no bytes if empty)."""
     _quantize("APR_Q8", src, out, threads, path)
@@ -1320,7 +1336,7 @@ def quantized_nbytes(type_name, n):
 def can_quantize(type_name):
     """True if ``quantize`` supports the type (the APR types and the GGML types with a
     quantizer: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
-    IQ4_NL, IQ4_XS)."""
+    IQ4_NL, IQ4_XS, Q1_0)."""
     return _TABLE[list(TYPES)[_type_id(type_name)]][4]
 
 
