@@ -16,6 +16,7 @@ there is in docs/FORMAT.md and tested against the pure twin only.
 from __future__ import annotations
 
 import ctypes
+import os
 import zlib
 
 import numpy as np
@@ -26,7 +27,7 @@ import aprfast
 from aprfast import _quant as q
 
 F32 = np.float32
-TYPES = ("Q1_0",)
+TYPES = ("Q1_0", "IQ3_S")
 #: GGML type ids (ggml.h's enum ggml_type).
 GGML_IDS = {"IQ3_S": 21, "Q1_0": 41}
 #: The largest |x| for which ggml's IQ3_S distances stay finite (|x|^3 far below FLT_MAX).
@@ -135,10 +136,11 @@ def test_quantize_matches_ggml_on_any_bits(chunk, type_name):
     assert_same(pure_quantize(type_name, x), want, f"pure {type_name}")
 
 
-@pytest.mark.skipif("IQ3_S" not in TYPES, reason="IQ3_S quantizer not yet")
+@pytest.mark.skipif(bool(os.environ.get("APRFAST_SANITIZED")), reason="which of two NaNs a float operation keeps "
+                    "follows the compiler's operand order (docs/FORMAT.md); the -O1 build orders differently")
 def test_iq3_s_without_an_oracle_is_the_same_on_both_backends():
-    """NaN and overflowing squares, where ggml aborts: the compiled kernel and the pure twin agree
-    and every byte is written."""
+    """NaN and overflowing squares, where ggml aborts: the compiled kernel (as the wheel builds it)
+    and the pure twin agree and every byte is written."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal(256 * 4).astype(F32)
     x[5], x[300], x[301], x[700], x[900] = np.nan, F32(3e38), F32(-1e20), np.inf, F32(1e15)
@@ -153,13 +155,15 @@ def test_quantize_threads_do_not_change_the_bytes(type_name):
 
 @pytest.mark.parametrize("type_name", TYPES)
 def test_quantize_round_trip_and_refusals(type_name):
-    x = random_input(9, blocks=4).reshape(4, 256)
+    # One magnitude per row: IQ3_S's 4-bit sub-block scales span a factor of 31 only.
+    x = (np.random.default_rng(9).standard_normal((4, 256)) * np.array([[1e-3], [1], [30], [0.02]])).astype(F32)
     qt = aprfast.quantize(x, type_name.lower())
     assert qt.dtype.name == type_name and qt.shape == (4, 256)
     back = aprfast.dequantize(qt)
     if type_name == "IQ3_S":
-        rel = np.abs(back - x).reshape(-1, 32).max(axis=1) / np.abs(x).reshape(-1, 32).max(axis=1)
-        assert rel.max() < 0.5
+        # 3 bits on a grid: a few values land far (ggml's bytes, tested above), most near.
+        assert np.max(np.abs(back - x) / np.max(np.abs(x), axis=1, keepdims=True)) < 0.4
+        assert np.all(np.sqrt(np.mean((back - x) ** 2, axis=1) / np.mean(x * x, axis=1)) < 0.25)
     else:  # Q1_0 keeps each sign and the block's mean magnitude
         assert np.array_equal(np.sign(back), np.where(x >= 0, 1, -1) * np.sign(np.abs(back)))
         means = np.abs(x).reshape(-1, 128).mean(axis=1)
@@ -181,3 +185,19 @@ def test_q1_0_layout():
     assert raw[:2].view("<f2")[0] != raw[:2].view("<f2")[0]  # a NaN in the block: a NaN d
     y = np.abs(np.linspace(-1, 1, 128, dtype=F32))
     assert raw.size == 18 and ours("Q1_0", y)[:2].view("<f2")[0] == np.float16(y.sum(dtype=F32) / 128)
+
+
+def test_iq3_s_search_tables_are_ggml_s():
+    """iq3xs_init_impl(512)'s counts: 512 points on the grid, 3584 off it with 24733 neighbours,
+    the first of each at the least squared distance."""
+    from aprfast._pure import _quant as pure
+
+    t = pure._iq3s_tables()
+    off = t["index"] < 0
+    assert (~off).sum() == 512 and off.sum() == 3584
+    assert (t["neighbours"][off] >= 0).sum() == 24733
+    u = np.flatnonzero(off)
+    coords = 2 * ((u[:, None] >> (3 * np.arange(4))) & 7) + 1
+    d2 = ((coords[:, None, :] - t["coords"][None].astype(np.int64)) ** 2).sum(axis=2)
+    first = t["neighbours"][u, 0]
+    assert np.array_equal(d2[np.arange(u.size), first], d2.min(axis=1))

@@ -257,9 +257,10 @@ class IQ3_XXS(_Kernel):
 
 
 class IQ3_S(_Kernel):
-    """GGML IQ3_S: 4-value groups from a 512-entry grid, with signs (dequantize only)."""
+    """GGML IQ3_S: 4-value groups from a 512-entry grid, with signs, a 4-bit scale per 32 (ggml's
+    quantize_iq3_s without an importance matrix)."""
 
-    name, bits, symmetric = "IQ3_S", 3, True
+    name, bits, symmetric, _quantizer = "IQ3_S", 3, True, "quantize_iq3_s"
 
 
 class IQ1_S(_Kernel):
