@@ -2,9 +2,10 @@
 """Quantize and dequantize tensors block by block, GIL released.
 
 GGML types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 and the K-quants
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL and IQ4_XS both ways; the other types gguf-py knows,
-dequantize only) give the same bytes and floats as llama.cpp's gguf-py (ggml's reference C where
-gguf-py has none: the K-quant, Q8_K and IQ4 quantizers, and Q8_1, Q8_K and Q1_0's dequantizers);
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, IQ3_S and Q1_0 both ways; the other types gguf-py
+knows, dequantize only) give the same bytes and floats as llama.cpp's gguf-py (ggml's reference C where
+gguf-py has none: the K-quant, Q8_K, IQ4, IQ3_S and Q1_0 quantizers, and Q8_1, Q8_K and Q1_0's
+dequantizers);
 the APR types (APR_Q8, APR_Q4, APR_FQ8_0,
 APR_FQ4_0) the same as aprender's Rust code; Q8_TENSOR is aprfast's per-tensor
 int8 with a zero point.  The layouts are described in csrc/quant.h and
@@ -201,6 +202,16 @@ def quantize_iq4_xs(const float[::1] src, uint8_t[::1] out, *, int threads=0, pa
     _quantize(TYPES["IQ4_XS"], src, out, threads, path)
 
 
+def quantize_iq3_s(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
+    """GGML IQ3_S (ggml's quantize_iq3_s without an importance matrix, bit for bit; 110 bytes a block of 256)."""
+    _quantize(TYPES["IQ3_S"], src, out, threads, path)
+
+
+def quantize_q1_0(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
+    """GGML Q1_0 (ggml's quantize_row_q1_0_ref, bit for bit; 18 bytes a block of 128)."""
+    _quantize(TYPES["Q1_0"], src, out, threads, path)
+
+
 def quantize_apr_q8(const float[::1] src, uint8_t[::1] out, *, int threads=0, path=None):
     """apr-format's AprQ8: f32 scale then one int8 per element (no bytes if empty)."""
     _quantize(TYPES["APR_Q8"], src, out, threads, path)
@@ -282,7 +293,7 @@ def quantized_nbytes(str type_name, size_t n):
 def can_quantize(str type_name):
     """True if ``quantize`` supports the type (the APR types and the GGML types with a
     quantizer: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
-    IQ4_NL, IQ4_XS)."""
+    IQ4_NL, IQ4_XS, IQ3_S, Q1_0)."""
     return bool(apr_quant_can_quantize(_type_id(type_name)))
 
 

@@ -225,7 +225,7 @@ static const type_info TYPES[APR_QT_COUNT] = {
     [APR_QT_IQ3_XXS] = {"IQ3_XXS", QK_K, 98, 0, 0, 0},
     [APR_QT_IQ1_S] = {"IQ1_S", QK_K, 50, 0, 0, 0},
     [APR_QT_IQ4_NL] = {"IQ4_NL", QK, 18, 0, 0, 1},
-    [APR_QT_IQ3_S] = {"IQ3_S", QK_K, 110, 0, 0, 0},
+    [APR_QT_IQ3_S] = {"IQ3_S", QK_K, 110, 0, 0, 1},
     [APR_QT_IQ2_S] = {"IQ2_S", QK_K, 82, 0, 0, 0},
     [APR_QT_IQ4_XS] = {"IQ4_XS", QK_K, 136, 0, 0, 1},
     [APR_QT_IQ1_M] = {"IQ1_M", QK_K, 56, 0, 0, 0},
@@ -233,7 +233,7 @@ static const type_info TYPES[APR_QT_COUNT] = {
     [APR_QT_TQ2_0] = {"TQ2_0", QK_K, 66, 0, 0, 1},
     [APR_QT_MXFP4] = {"MXFP4", QK, 17, 0, 0, 1},
     [APR_QT_NVFP4] = {"NVFP4", 64, 36, 0, 0, 0},
-    [APR_QT_Q1_0] = {"Q1_0", 128, 18, 0, 0, 0},
+    [APR_QT_Q1_0] = {"Q1_0", 128, 18, 0, 0, 1},
 };
 
 static int is_known_type(int type)

@@ -30,8 +30,8 @@
  *             GGML blocks (layouts in quant_ggml.h)
  *
  * Quantize: Q8_0, Q4_0, Q4_1 here; Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 (gguf-py's) and
- * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS (ggml's reference) in quantize_ggml.c;
- * the APR types here.
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, IQ3_S, Q1_0 (ggml's reference) in
+ * quantize_ggml.c; the APR types here.
  *
  * The GGML types need n to be a multiple of their block size. */
 #ifndef APRFAST_QUANT_H

@@ -717,3 +717,9 @@ apr_ggml_blocks_fn apr_ggml_dequantizer(int type, int path)
 #endif
     return KERNELS_portable[type - FIRST];
 }
+
+/* IQ3_S's grid for csrc/quantize_ggml.c, which derives its search tables from it. */
+const uint8_t (*apr_ggml_iq3_s_grid(void))[4]
+{
+    return apr_iq3_s_grid;
+}

@@ -50,10 +50,14 @@ apr_ggml_blocks_fn apr_ggml_dequantizer(int type, int path);
 typedef void (*apr_ggml_quantize_fn)(const float *x, uint8_t *y, size_t nblocks);
 
 /* The quantizer of csrc/quantize_ggml.c for a quant.h type number (Q5_0, Q5_1,
- * TQ1_0, TQ2_0, MXFP4 as gguf-py; the K-quants, IQ4_NL and IQ4_XS as ggml's
- * reference); NULL for a
+ * TQ1_0, TQ2_0, MXFP4 as gguf-py; the K-quants, IQ4_NL, IQ4_XS, IQ3_S and Q1_0
+ * as ggml's reference); NULL for a
  * type that file does not quantize.  Portable C, one path. */
 apr_ggml_quantize_fn apr_ggml_quantizer(int type);
+
+/* IQ3_S's 512-row grid (llama.cpp's iq3s_grid: four values 1, 3, ..., 15 a row, in
+ * decoding order), shared by the dequantizer and the quantizer. */
+const uint8_t (*apr_ggml_iq3_s_grid(void))[4];
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,8 @@
  * ggml's Q8_K (quantize_row_q8_K_ref), the K-quants' int8 dot-product operand, and
  * IQ4_NL and IQ4_XS as ggml's quantize_iq4_nl / quantize_iq4_xs without an importance
  * matrix (what ggml_quantize_chunk runs; not quantize_row_iq4_nl_ref, which skips
- * the scale search).
+ * the scale search), IQ3_S as ggml's quantize_iq3_s without an importance matrix,
+ * and Q1_0 as ggml's quantize_row_q1_0_ref.
  *
  * The rules quant.c states at its top hold here too: every float operation is
  * float32 in the oracle's order, one rounding each (no FMA contraction, see
@@ -912,6 +913,300 @@ static void iq4_xs_quantize_block(const float *x, uint8_t *y)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Q1_0 (ggml's quantize_row_q1_0_ref: what ggml_quantize_chunk runs).       */
+
+/* f16 d = (sum of |x|, added in order in float32) / 128; bit j (lowest first)
+ * set where x[j] >= 0, so -0.0 sets it and NaN does not. */
+static void q1_0_quantize_block(const float *x, uint8_t *y)
+{
+    float sum_abs = 0.0f;
+    for (int j = 0; j < 128; j++)
+        sum_abs += fabsf(x[j]);
+    store_u16le(y, ggml_f32_to_f16(sum_abs / 128.0f));
+    for (int k = 0; k < 16; k++) {
+        uint8_t bits = 0;
+        for (int j = 0; j < 8; j++)
+            bits = (uint8_t)(bits | (x[8 * k + j] >= 0.0f) << j);
+        y[2 + k] = bits;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* IQ3_S (ggml's quantize_iq3_s without an importance matrix: what           */
+/* ggml_quantize_chunk and llama-quantize run; sub-blocks of 32).            */
+/*                                                                           */
+/* Four values at a time are one of 512 grid points (each coordinate odd, 1..15,  */
+/* the grid of quant_ggml.c).  The search tables are ggml's iq3xs_init_impl(512),  */
+/* derived here from that grid once, on first use: for each of the 8^4 points      */
+/* u = l0 | l1 << 3 | l2 << 6 | l3 << 9 (coordinates 2l + 1) its grid index, or,    */
+/* for a point off the grid, its neighbours: every grid point at one of the three   */
+/* smallest squared distances, nearest first, lower index first among equals (the  */
+/* order of ggml's qsort on (distance, index)).                                      */
+
+#define IQ3S_POINTS 4096
+/* 3584 points off the grid hold 24733 neighbours and a count each: 28317 slots. */
+#define IQ3S_NEIGHBOUR_SLOTS 28317
+
+static struct {
+    int32_t map[IQ3S_POINTS];       /* grid index >= 0, or -(1 + slot of the count) */
+    uint16_t neighbours[IQ3S_NEIGHBOUR_SLOTS];
+    uint16_t point[512];            /* the grid point of each index */
+} iq3s;
+
+static void iq3s_build(void)
+{
+    const uint8_t (*grid)[4] = apr_ggml_iq3_s_grid();
+    for (int u = 0; u < IQ3S_POINTS; u++)
+        iq3s.map[u] = -1;
+    for (int j = 0; j < 512; j++) {
+        int u = 0;
+        for (int i = 0; i < 4; i++)
+            u |= (grid[j][i] - 1) / 2 << 3 * i;
+        iq3s.point[j] = (uint16_t)u;
+        iq3s.map[u] = j;
+    }
+    int slot = 0;
+    for (int u = 0; u < IQ3S_POINTS; u++) {
+        if (iq3s.map[u] >= 0)
+            continue;
+        int d2[512];
+        for (int j = 0; j < 512; j++) {
+            int s = 0;
+            for (int i = 0; i < 4; i++) {
+                int diff = grid[j][i] - (2 * ((u >> 3 * i) & 7) + 1);
+                s += diff * diff;
+            }
+            d2[j] = s;
+        }
+        /* The three smallest distinct distances, then the points at each in index order. */
+        int want[3], have = 0;
+        while (have < 3) {
+            int next = -1;
+            for (int j = 0; j < 512; j++)
+                if ((have == 0 || d2[j] > want[have - 1]) && (next < 0 || d2[j] < next))
+                    next = d2[j];
+            if (next < 0)
+                break;
+            want[have++] = next;
+        }
+        int count_slot = slot++, n = 0;
+        for (int k = 0; k < have; k++)
+            for (int j = 0; j < 512; j++)
+                if (d2[j] == want[k] && slot < IQ3S_NEIGHBOUR_SLOTS) {
+                    iq3s.neighbours[slot++] = (uint16_t)j;
+                    n++;
+                }
+        iq3s.neighbours[count_slot] = (uint16_t)n;
+        iq3s.map[u] = -(1 + count_slot);
+    }
+}
+
+#if defined(_WIN32)
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
+#include <windows.h>
+static INIT_ONCE iq3s_once = INIT_ONCE_STATIC_INIT;
+static BOOL CALLBACK iq3s_build_once(PINIT_ONCE once, PVOID param, PVOID *context)
+{
+    (void)once;
+    (void)param;
+    (void)context;
+    iq3s_build();
+    return TRUE;
+}
+static void iq3s_init(void)
+{
+    InitOnceExecuteOnce(&iq3s_once, iq3s_build_once, NULL, NULL);
+}
+#else
+#include <pthread.h>
+static pthread_once_t iq3s_once = PTHREAD_ONCE_INIT;
+static void iq3s_init(void)
+{
+    pthread_once(&iq3s_once, iq3s_build);
+}
+#endif
+
+/* The grid point's coordinate i (1, 3, ..., 15). */
+static inline float iq3s_coord(int index, int i)
+{
+    return (float)(2 * ((iq3s.point[index] >> 3 * i) & 7) + 1);
+}
+
+/* The neighbour (ggml's iq3_find_best_neighbour) of least sum w * (scale * g - x)^2,
+ * the first of equals, its levels (g - 1) / 2 into L.  Where no distance is below
+ * FLT_MAX (NaN or overflowing inputs) ggml aborts; aprfast takes the first neighbour. */
+static int iq3s_best_neighbour(const uint16_t *nb, const float *x, const float *w, float scale, int8_t *L)
+{
+    int n = nb[0];
+    float best = 3.40282347e+38f;
+    int index = nb[1];
+    for (int j = 1; j <= n; j++) {
+        float d2 = 0;
+        for (int i = 0; i < 4; i++) {
+            float diff = scale * iq3s_coord(nb[j], i) - x[i];
+            d2 += w[i] * diff * diff;
+        }
+        if (d2 < best) {
+            best = d2;
+            index = nb[j];
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        L[i] = (int8_t)((iq3s.point[index] >> 3 * i) & 7);
+    return index;
+}
+
+/* Levels clamp(nearest((id * x - 1) / 2), 0, 7) of four values, as a point u. */
+static inline int iq3s_point_of(const float *x, float id, int8_t *L)
+{
+    int u = 0;
+    for (int i = 0; i < 4; i++) {
+        int l = clamp_int(nearest_int(0.5f * (id * x[i] - 1)), 0, 7);
+        L[i] = (int8_t)l;
+        u |= l << 3 * i;
+    }
+    return u;
+}
+
+/* sum w x q and sum w q q over 32 values, q = 2L + 1, in order. */
+static inline void iq3s_sums(const float *w, const float *x, const int8_t *L, float *sumqx, float *sumq2)
+{
+    float a = 0, b = 0;
+    for (int i = 0; i < QK; i++) {
+        float q = (float)(2 * L[i] + 1);
+        a += w[i] * x[i] * q;
+        b += w[i] * q * q;
+    }
+    *sumqx = a;
+    *sumq2 = b;
+}
+
+/* One block of 256 (quantize_row_iq3_s_impl, block_size 32, no quant_weights):
+ * f16 d | 64 B qs | 8 B qh | 32 B signs | 4 B scales.  Per sub-block of 32: weights
+ * x^2, |x| and sign bits; a scale search over 19 trial inverse scales
+ * (15 + 0.2 k) / max, k = -9..9, points off the grid replaced by their best
+ * neighbour; a refit when the winner had points off the grid.  An all-zero sub-block
+ * (max |x| == 0) writes no qs and signs: the next sub-block's go where its would have
+ * (ggml's pointers only advance past a quantized sub-block), and its scale is 0. */
+static void iq3_s_quantize_block(const float *x, uint8_t *y)
+{
+    memset(y, 0, 110);
+    uint8_t *qs = y + 2, *qh = y + 66, *signs = y + 74, *scale_bytes = y + 106;
+    float scales[8];
+    float max_scale = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        const float *xb = x + QK * ib;
+        float weight[QK], waux[QK], xval[QK];
+        uint8_t block_signs[4];
+        int8_t L[QK], Laux[QK];
+        int on_grid[8], on_grid_aux[8];
+        for (int i = 0; i < QK; i++) {
+            weight[i] = xb[i] * xb[i];
+            waux[i] = sqrtf(weight[i]);
+        }
+        for (int k = 0; k < 4; k++) {
+            uint8_t s = 0;
+            for (int i = 0; i < 8; i++) {
+                float v = xb[8 * k + i];
+                if (v >= 0) {
+                    xval[8 * k + i] = v;
+                } else {
+                    xval[8 * k + i] = -v;
+                    s = (uint8_t)(s | 1u << i);
+                }
+            }
+            block_signs[k] = s;
+        }
+        float max = xval[0];
+        for (int i = 1; i < QK; i++)
+            max = max > xval[i] ? max : xval[i];
+        memset(L, 0, sizeof L);
+        if (max == 0.0f) {
+            scales[ib] = 0;
+            continue;
+        }
+        float best = 0;
+        float scale = max / 15;
+        for (int k = 0; k < 8; k++)
+            on_grid[k] = 0;
+        for (int is = -9; is <= 9; is++) {
+            float id = (15 + (float)is * 0.2f) / max;
+            float this_scale = 1 / id;
+            for (int k = 0; k < 8; k++) {
+                int u = iq3s_point_of(xval + 4 * k, id, Laux + 4 * k);
+                on_grid_aux[k] = iq3s.map[u] >= 0;
+                if (!on_grid_aux[k])
+                    iq3s_best_neighbour(iq3s.neighbours - iq3s.map[u] - 1, xval + 4 * k, waux + 4 * k, this_scale,
+                                        Laux + 4 * k);
+            }
+            float sumqx, sumq2;
+            iq3s_sums(weight, xval, Laux, &sumqx, &sumq2);
+            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                scale = sumqx / sumq2;
+                best = scale * sumqx;
+                memcpy(L, Laux, sizeof L);
+                memcpy(on_grid, on_grid_aux, sizeof on_grid);
+            }
+        }
+        int off_grid = 0;
+        for (int k = 0; k < 8; k++)
+            off_grid += !on_grid[k];
+        if (off_grid > 0 && scale > 0) {
+            float id = 1 / scale;
+            for (int k = 0; k < 8; k++) {
+                int8_t trial[4];
+                int u = iq3s_point_of(xval + 4 * k, id, trial);
+                int index = iq3s.map[u];
+                if (index < 0)
+                    index = iq3s_best_neighbour(iq3s.neighbours - index - 1, xval + 4 * k, waux + 4 * k, scale,
+                                                L + 4 * k);
+                for (int i = 0; i < 4; i++)
+                    L[4 * k + i] = (int8_t)((iq3s.point[index] >> 3 * i) & 7);
+            }
+            float sumqx, sumq2;
+            iq3s_sums(weight, xval, L, &sumqx, &sumq2);
+            if (sumq2 > 0)
+                scale = sumqx / sumq2;
+        }
+        if (scale < 0) {
+            scale = -scale;
+            for (int k = 0; k < 4; k++)
+                block_signs[k] = (uint8_t)~block_signs[k];
+        }
+        for (int k = 0; k < 8; k++) {
+            int u = L[4 * k] | L[4 * k + 1] << 3 | L[4 * k + 2] << 6 | L[4 * k + 3] << 9;
+            int index = iq3s.map[u]; /* every L above is a grid point */
+            qs[k] = (uint8_t)(index & 255);
+            qh[ib] = (uint8_t)(qh[ib] | (index >> 8) << k);
+        }
+        qs += 8;
+        memcpy(signs, block_signs, 4);
+        signs += 4;
+        scales[ib] = scale;
+        max_scale = max_scale > scale ? max_scale : scale;
+    }
+    if (max_scale == 0.0f)
+        return;
+    float d = max_scale / 31;
+    store_u16le(y, ggml_f32_to_f16(d * 1.033f));
+    float id = 1 / d;
+    for (int ib = 0; ib < 8; ib += 2) {
+        int l1 = clamp_int(nearest_int(0.5f * (id * scales[ib] - 1)), 0, 15);
+        int l2 = clamp_int(nearest_int(0.5f * (id * scales[ib + 1] - 1)), 0, 15);
+        scale_bytes[ib / 2] = (uint8_t)(l1 | l2 << 4);
+    }
+}
+
+static void iq3_s_quantize_blocks(const float *x, uint8_t *y, size_t nblocks)
+{
+    iq3s_init();
+    for (size_t b = 0; b < nblocks; b++)
+        iq3_s_quantize_block(x + b * QK_K, y + b * 110);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Dispatch.                                                                */
 
 #define BLOCKS_FN(name, elems, bytes)                                               \
@@ -934,6 +1229,7 @@ BLOCKS_FN(q6_k, QK_K, 210)
 BLOCKS_FN(q8_k, QK_K, 292)
 BLOCKS_FN(iq4_nl, QK, 18)
 BLOCKS_FN(iq4_xs, QK_K, 136)
+BLOCKS_FN(q1_0, 128, 18)
 
 apr_ggml_quantize_fn apr_ggml_quantizer(int type)
 {
@@ -964,6 +1260,10 @@ apr_ggml_quantize_fn apr_ggml_quantizer(int type)
         return iq4_nl_quantize_blocks;
     case APR_QT_IQ4_XS:
         return iq4_xs_quantize_blocks;
+    case APR_QT_Q1_0:
+        return q1_0_quantize_blocks;
+    case APR_QT_IQ3_S:
+        return iq3_s_quantize_blocks;
     default:
         return NULL;
     }

@@ -118,7 +118,7 @@ def test_never_overwrites_without_force(model, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--type", "q9_9"], "unknown quantization type"),
-    (["--type", "iq3_s"], "no IQ3_S quantizer"),
+    (["--type", "iq3_xxs"], "no IQ3_XXS quantizer"),
     (["--type", "keep"], "--type must name"),
     (["--type", "q8_0", "--layer", "nonsense"], "GLOB=TYPE"),
     (["--type", "q8_0", "--embedding-type", "int3"], "--embedding-type int3"),

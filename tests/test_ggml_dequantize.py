@@ -42,9 +42,9 @@ GGMLType = gguf.GGMLQuantizationType
 #: The types added for issue 27 (quant.c's older GGML types are tested in test_quant_kernels.py).
 NEW_TYPES = ("Q8_1", "Q2_K", "Q3_K", "Q5_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S",
              "IQ2_S", "IQ4_XS", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0")
-#: Those of them aprfast can also quantize (tested in test_quant_kernels.py, test_kquant_quantize.py and
-#: test_iq4_quantize.py).
-WITH_QUANTIZER = ("Q2_K", "Q3_K", "Q5_K", "Q8_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4")
+#: Those of them aprfast can also quantize (tested in test_quant_kernels.py, test_kquant_quantize.py,
+#: test_iq4_quantize.py and test_iq3s_q1_0_quantize.py).
+WITH_QUANTIZER = ("Q2_K", "Q3_K", "Q5_K", "Q8_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "TQ1_0", "TQ2_0", "MXFP4", "Q1_0")
 #: gguf-py 0.19 has no dequantizer for these: ggml's C is the reference.
 GGML_ONLY = ("Q8_1", "Q8_K", "Q1_0")
 GGUF_PY = tuple(t for t in NEW_TYPES if t not in GGML_ONLY)

@@ -39,7 +39,7 @@ def test_names_and_file_types():
     assert {n: m.ftype for n, m in MIXES.items()} == {
         "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12, "Q3_K_L": 13,
         "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30,
-        "TQ1_0": 36, "TQ2_0": 37, "MXFP4_MOE": 38}
+        "TQ1_0": 36, "TQ2_0": 37, "MXFP4_MOE": 38, "IQ3_S": 26, "IQ3_M": 27, "Q1_0": 40}
     assert mix("q4_k_m").name == "Q4_K_M" and mix("Q6_K").base == "Q6_K"
     assert mix("Q6_K", suffixed_only=True) is None and mix("Q4_K") is None and mix(3) is None
 
@@ -133,6 +133,39 @@ def test_iq4_mixes():
         assert eight["blk.0.ffn_down_exps.weight"] == "Q5_K" and eight["blk.1.ffn_up_exps.weight"] == name
 
 
+def test_iq3_mixes():
+    """IQ3_S: attn_v Q4_K at a grouped-query factor of 4 or more; IQ3_M: attn_v and attn_output
+    Q4_K, ffn_down Q4_K in the first eighth (and the "more bits" layers with 8 experts)."""
+    gqa2, gqa4 = MixParams("llama", 10, 4, 2), MixParams("llama", 10, 8, 2)
+    types = mix_types("IQ3_S", llama(), gqa2)
+    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == "IQ3_S"
+    assert {types[n] for n, s in llama() if len(s) == 2} == {"IQ3_S", "Q6_K"}
+    assert {mix_types("IQ3_S", llama(), gqa4)[f"blk.{i}.attn_v.weight"] for i in range(10)} == {"Q4_K"}
+    m = mix_types("IQ3_M", llama(), gqa2)
+    assert {m[f"blk.{i}.attn_v.weight"] for i in range(10)} == {"Q4_K"}
+    assert {m[f"blk.{i}.attn_output.weight"] for i in range(10)} == {"Q4_K"}
+    assert [m[f"blk.{i}.ffn_down.weight"] for i in range(10)] == ["Q4_K"] + ["IQ3_S"] * 9  # i < 10/8
+    assert m["blk.3.attn_q.weight"] == m["blk.3.ffn_up.weight"] == m["token_embd.weight"] == "IQ3_S"
+    for name in ("IQ3_S", "IQ3_M"):
+        odd = mix_types(name, llama(n_layer=2, hidden=96, ff=200, kv=48))
+        assert odd["blk.0.attn_q.weight"] == "IQ4_NL" and odd["blk.0.ffn_down.weight"] == "F16"
+        eight = mix_types(name, moe(8, n_layer=10), MixParams("llama", 10, 4, 2, 8))
+        assert eight["blk.0.attn_output.weight"] == "Q5_K" and eight["blk.0.attn_v.weight"] == "Q8_0"
+    eight = mix_types("IQ3_M", moe(8, n_layer=10), MixParams("llama", 10, 4, 2, 8))
+    assert [eight[f"blk.{i}.ffn_down_exps.weight"] for i in range(10)] == [
+        "Q4_K" if i in MORE_BITS_10 else "IQ3_S" for i in range(10)]
+    assert mix("IQ3_M", suffixed_only=True).base == "IQ3_S" and mix("IQ3_S", suffixed_only=True) is None
+
+
+def test_q1_0_mix():
+    types = mix_types("Q1_0", llama())
+    assert types["output.weight"] == "Q6_K" and {types[n] for n, s in llama() if len(s) == 2} == {"Q1_0", "Q6_K"}
+    assert mix_types("Q1_0", llama(tied=True))["token_embd.weight"] == "Q6_K"
+    assert mix_types("Q1_0", llama(n_layer=2, hidden=384, ff=512))["output.weight"] == "Q8_0"  # Q6_K's fallback
+    with pytest.raises(LayoutError, match="no fallback type for Q1_0"):
+        mix_types("Q1_0", llama(n_layer=2, hidden=96))
+
+
 def test_ternary_mixes():
     for name in ("TQ1_0", "TQ2_0"):
         types = mix_types(name, llama())
@@ -160,7 +193,7 @@ def test_mixes_not_offered_say_why(name):
         mix(name)
     with pytest.raises(LayoutError, match="not offered"):
         mix_types(name, llama())
-    if name in ("Q2_K_S", "IQ2_M", "IQ3_XS", "IQ3_M"):  # not GGML type names: a mix whatever the destination
+    if name in ("Q2_K_S", "IQ2_M", "IQ3_XS"):  # not GGML type names: a mix whatever the destination
         with pytest.raises(LayoutError, match="not offered"):
             mix(name, suffixed_only=True)
     else:
@@ -171,8 +204,8 @@ def test_cli_refuses_mixes_not_offered_as_usage_errors(gguf_model, tmp_path, cap
     src, _ = gguf_model
     assert main(["convert", str(src), str(tmp_path / "x.gguf"), "--quantize", "q2_k_s"]) == 2
     assert "Q2_K_S mix is not offered: needs an importance matrix" in capsys.readouterr().err
-    assert main(["quantize", str(src), str(tmp_path / "x.apr"), "--type", "iq3_m"]) == 2
-    assert "no IQ3_S quantizer" in capsys.readouterr().err
+    assert main(["quantize", str(src), str(tmp_path / "x.apr"), "--type", "iq2_m"]) == 2
+    assert "IQ2_M mix is not offered: needs an importance matrix" in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists() and not (tmp_path / "x.apr").exists()
 
 

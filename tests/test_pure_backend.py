@@ -214,8 +214,8 @@ def quant_inputs(draw):
 @settings(deadline=None)
 def test_quantize_gives_the_compiled_bytes(case):
     name, x = case
-    if (name.endswith("_K") and name != "Q8_K") or name.startswith("IQ4"):
-        # Which of two NaNs a K-quant's (or IQ4's) float operation keeps follows the compiler's
+    if (name.endswith("_K") and name != "Q8_K") or name.startswith(("IQ4", "IQ3")):
+        # Which of two NaNs a K-quant's (or IQ4's, IQ3_S's) float operation keeps follows the compiler's
         # operand order (docs/FORMAT.md); the twin gives the compiled bytes for every other input
         # (Q8_K's operations never see two NaNs: NaN blocks are compared too).
         x = np.where(np.isnan(x), np.float32(0), x)
@@ -250,7 +250,7 @@ def test_quantized_sizes_and_refusals_are_the_compiled_ones():
         for n in (0, 1, 31, 32, 33, 256, 2**63, 2**64 - 1):
             assert outcome(pure_quant.quantized_nbytes, name, n) == outcome(native.quantized_nbytes, name, n)
             assert pure_quant.header_bytes(name, n) == native.header_bytes(name, n)
-    calls = [("IQ3_S", np.zeros(256, np.float32), np.zeros(110, np.uint8)),
+    calls = [("IQ3_XXS", np.zeros(256, np.float32), np.zeros(98, np.uint8)),
              ("Q8_0", np.zeros(33, np.float32), np.zeros(68, np.uint8)),
              ("Q8_0", np.zeros(32, np.float32), np.zeros(35, np.uint8)),
              ("Q9_9", np.zeros(32, np.float32), np.zeros(34, np.uint8)),

@@ -26,7 +26,7 @@ from aprfast.numerics import quantization as Q
 GGML = {"Q8_0": GT.Q8_0, "Q4_0": GT.Q4_0, "Q4_1": GT.Q4_1, "Q5_0": GT.Q5_0, "Q5_1": GT.Q5_1,
         "Q4_K": GT.Q4_K, "Q6_K": GT.Q6_K}
 GGML_QUANTIZABLE = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
-DEQUANT_ONLY = ["IQ3_S", "IQ2_XS", "NVFP4", "Q8_1"]
+DEQUANT_ONLY = ["IQ3_XXS", "IQ2_XS", "NVFP4", "Q8_1"]
 APR_TYPES = ["APR_Q8", "APR_Q4", "Q8_TENSOR"]
 
 
@@ -476,7 +476,7 @@ def test_nothing_is_quantized_with_no_default_and_no_rules():
     assert report.metadata("aprender") is None and report.dominant_type() is None
 
 
-@pytest.mark.parametrize("rules, error", [({"*": "q9_9"}, UnknownDTypeError), ({"*": "iq3_s"}, LayoutError),
+@pytest.mark.parametrize("rules, error", [({"*": "q9_9"}, UnknownDTypeError), ({"*": "iq3_xxs"}, LayoutError),
                                           ({5: "q8_0"}, TypeError), (["*"], TypeError)])
 def test_bad_rules_fail_before_any_work(rules, error):
     with pytest.raises(error):

@@ -2,9 +2,9 @@
 the portable kernels of csrc/quant.c as NumPy operations on whole arrays of blocks.
 
 GGML types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4 and the K-quants Q2_K,
-Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL and IQ4_XS both ways; the others dequantize only) give the same
-bytes and floats as llama.cpp's gguf-py (ggml's reference C where gguf-py has none: the K-quant, Q8_K
-and IQ4 quantizers,
+Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, IQ3_S and Q1_0 both ways; the others dequantize only)
+give the same bytes and floats as llama.cpp's gguf-py (ggml's reference C where gguf-py has none: the
+K-quant, Q8_K, IQ4, IQ3_S and Q1_0 quantizers,
 Q8_1, Q8_K and Q1_0's dequantizers); the APR types (APR_Q8, APR_Q4,
 APR_FQ8_0, APR_FQ4_0) the same as aprender's Rust code; Q8_TENSOR is aprfast's
 per-tensor int8 with a zero point.  The byte layouts are in csrc/quant.h, the rounding
@@ -50,7 +50,7 @@ _TABLE = {
     "IQ3_XXS": (QK_K, 98, 0, False, False),
     "IQ1_S": (QK_K, 50, 0, False, False),
     "IQ4_NL": (QK, 18, 0, False, True),
-    "IQ3_S": (QK_K, 110, 0, False, False),
+    "IQ3_S": (QK_K, 110, 0, False, True),
     "IQ2_S": (QK_K, 82, 0, False, False),
     "IQ4_XS": (QK_K, 136, 0, False, True),
     "IQ1_M": (QK_K, 56, 0, False, False),
@@ -58,7 +58,7 @@ _TABLE = {
     "TQ2_0": (QK_K, 66, 0, False, True),
     "MXFP4": (QK, 17, 0, False, True),
     "NVFP4": (64, 36, 0, False, False),
-    "Q1_0": (128, 18, 0, False, False),
+    "Q1_0": (128, 18, 0, False, True),
 }
 TYPES = {name: i for i, name in enumerate(_TABLE)}
 PATHS = {"portable": 0, "auto": -1}
@@ -602,6 +602,154 @@ def _iq4_xs_blocks(x):
                            _pack_split(L).reshape(blocks, 128)], axis=1)
 
 
+# --- IQ3_S (ggml's quantize_iq3_s, no importance matrix; csrc/quantize_ggml.c) -------------
+_IQ3S: dict = {}
+
+
+def _iq3s_tables():
+    """ggml's iq3xs_init_impl(512) from the grid: each point u = l0 | l1 << 3 | l2 << 6 | l3 << 9
+    -> its grid index (-1 off the grid), and for the points off it their neighbours (every grid
+    point at one of the three smallest squared distances, nearest first, lower index first),
+    padded with -1; plus the grid's levels (coordinate - 1) / 2."""
+    if not _IQ3S:
+        grid = _grid("IQ3_S").astype(np.int64)
+        levels = (grid - 1) // 2
+        points = levels[:, 0] | levels[:, 1] << 3 | levels[:, 2] << 6 | levels[:, 3] << 9
+        index = np.full(4096, -1, np.int64)
+        index[points] = np.arange(512)
+        u = np.arange(4096)
+        coords = 2 * ((u[:, None] >> (3 * np.arange(4))) & 7) + 1
+        d2 = ((coords[:, None, :] - grid[None, :, :]) ** 2).sum(axis=2)
+        order = np.lexsort((np.broadcast_to(np.arange(512), d2.shape), d2), axis=1)
+        ranked = np.take_along_axis(d2, order, axis=1)
+        distinct = np.cumsum(np.concatenate([np.ones((4096, 1), bool), ranked[:, 1:] != ranked[:, :-1]], axis=1),
+                             axis=1)
+        keep = distinct <= 3
+        width = int(keep.sum(axis=1).max())
+        neighbours = np.where(keep[:, :width], order[:, :width], -1)
+        _IQ3S.update(index=index, neighbours=neighbours, levels=levels, coords=grid.astype(F32))
+    return _IQ3S
+
+
+def _iq3s_levels_at(xval, id_):
+    """clamp(nearest((id * x - 1) / 2), 0, 7) of each value, and the point u of each four."""
+    L = np.clip(_nearest(F32(0.5) * (id_[:, None] * xval - F32(1))), 0, 7)
+    g = L.reshape(L.shape[0], 8, 4)
+    return L, g[:, :, 0] | g[:, :, 1] << 3 | g[:, :, 2] << 6 | g[:, :, 3] << 9
+
+
+def _iq3s_neighbours(t, u, xval, waux, scale, L):
+    """For each four off the grid (u's index < 0): the neighbour of least sum w * (scale * g - x)^2,
+    first of equals (the first neighbour when none is below FLT_MAX: ggml aborts there); its
+    levels go into L, its index is returned (the grid index of u elsewhere)."""
+    idx = t["index"][u]
+    rows, groups = np.nonzero(idx < 0)
+    if rows.size:
+        nbs = t["neighbours"][u[rows, groups]]
+        x4 = xval.reshape(-1, 8, 4)[rows, groups]
+        w4 = waux.reshape(-1, 8, 4)[rows, groups]
+        g = t["coords"][np.maximum(nbs, 0)]
+        d2 = np.zeros(nbs.shape, F32)
+        for i in range(4):
+            diff = scale[rows, None] * g[:, :, i] - x4[:, None, i]
+            d2 = d2 + w4[:, None, i] * diff * diff
+        best = np.full(rows.size, np.finfo(F32).max, F32)
+        pick = nbs[:, 0].copy()
+        for j in range(nbs.shape[1]):
+            up = (nbs[:, j] >= 0) & (d2[:, j] < best)
+            best = np.where(up, d2[:, j], best)
+            pick = np.where(up, nbs[:, j], pick)
+        idx[rows, groups] = pick
+        L.reshape(-1, 8, 4)[rows, groups] = t["levels"][pick]
+    return idx
+
+
+def _iq3s_sums(weight, xval, L):
+    q = (2 * L + 1).astype(F32)
+    return _wsum(weight * xval, q), _wsum(weight * q, q)
+
+
+def _iq3_s_blocks(x):
+    """IQ3_S: f16 d | 64 B qs | 8 B qh | 32 B signs | 4 B scales (csrc/quantize_ggml.c's
+    iq3_s_quantize_block, every sub-block of 32 at once)."""
+    t = _iq3s_tables()
+    blocks = x.shape[0]
+    xb = x.reshape(-1, 32)
+    weight = (xb * xb).astype(F32)
+    waux = np.sqrt(weight)
+    neg = ~(xb >= 0)
+    xval = np.where(neg, -xb, xb).astype(F32)
+    signs = (neg.reshape(-1, 4, 8).astype(np.uint8) << np.arange(8, dtype=np.uint8)).sum(axis=2, dtype=np.uint8)
+    mx = xval[:, 0]
+    for i in range(1, 32):
+        mx = np.where(mx > xval[:, i], mx, xval[:, i])
+    live = mx != 0
+    scale = (mx / F32(15)).astype(F32)
+    best = np.zeros_like(scale)
+    L = np.zeros(xb.shape, np.int64)
+    on_grid = np.zeros((xb.shape[0], 8), bool)
+    for k in range(-9, 10):
+        id_ = ((F32(15) + F32(k) * F32(0.2)) / mx).astype(F32)
+        Laux, u = _iq3s_levels_at(xval, id_)
+        on = t["index"][u] >= 0
+        _iq3s_neighbours(t, u, xval, waux, (F32(1) / id_).astype(F32), Laux)
+        sumqx, sumq2 = _iq3s_sums(weight, xval, Laux)
+        take = live & (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
+        scale = np.where(take, sumqx / np.where(take, sumq2, F32(1)), scale).astype(F32)
+        best = np.where(take, scale * sumqx, best).astype(F32)
+        L = np.where(take[:, None], Laux, L)
+        on_grid = np.where(take[:, None], on, on_grid)
+    refit = live & ~on_grid.all(axis=1) & (scale > 0)
+    if refit.any():
+        r = np.flatnonzero(refit)
+        _, u = _iq3s_levels_at(xval[r], (F32(1) / scale[r]).astype(F32))
+        Lr = L[r]
+        idx = _iq3s_neighbours(t, u, xval[r], waux[r], scale[r], Lr)
+        Lr = t["levels"][idx].reshape(-1, 32)
+        L[r] = Lr
+        sumqx, sumq2 = _iq3s_sums(weight[r], xval[r], Lr)
+        scale[r] = np.where(sumq2 > 0, sumqx / np.where(sumq2 > 0, sumq2, F32(1)), scale[r])
+    flip = scale < 0
+    scale = np.where(flip, -scale, scale).astype(F32)
+    signs = np.where(flip[:, None], ~signs, signs).astype(np.uint8)
+    g = L.reshape(-1, 8, 4)
+    index = t["index"][g[:, :, 0] | g[:, :, 1] << 3 | g[:, :, 2] << 6 | g[:, :, 3] << 9]
+    # A sub-block of zeros writes no qs or signs: the next ones move up (ggml's pointers).
+    live = live.reshape(blocks, 8)
+    slot = np.cumsum(live, axis=1) - 1
+    rows, ibs = np.nonzero(live)
+    qs = np.zeros((blocks, 8, 8), np.uint8)
+    sg = np.zeros((blocks, 8, 4), np.uint8)
+    qs[rows, slot[rows, ibs]] = (index.reshape(blocks, 8, 8)[rows, ibs] & 255).astype(np.uint8)
+    sg[rows, slot[rows, ibs]] = signs.reshape(blocks, 8, 4)[rows, ibs]
+    qh = ((index >> 8) << np.arange(8)).sum(axis=1).reshape(blocks, 8)
+    qh = np.where(live, qh, 0).astype(np.uint8)
+    scales = np.where(live, scale.reshape(blocks, 8), F32(0)).astype(F32)
+    max_scale = np.zeros(blocks, F32)
+    for ib in range(8):
+        max_scale = np.where(live[:, ib], np.where(max_scale > scales[:, ib], max_scale, scales[:, ib]), max_scale)
+    has = max_scale != 0
+    d = (max_scale / F32(31)).astype(F32)
+    d16 = np.where(has, _ggml_f16((d * F32(1.033)).astype(F32)), 0).astype(np.uint16)
+    inv = (F32(1) / np.where(has, d, F32(1))).astype(F32)
+    ls = np.clip(_nearest(F32(0.5) * (inv[:, None] * scales - F32(1))), 0, 15)
+    ls = np.where(has[:, None], ls, 0)
+    scale_bytes = (ls[:, 0::2] | ls[:, 1::2] << 4).astype(np.uint8)
+    return np.concatenate([_u16_bytes(d16), qs.reshape(blocks, 64), qh, sg.reshape(blocks, 32), scale_bytes],
+                          axis=1)
+
+
+# --- Q1_0 (ggml's quantize_row_q1_0_ref) ------------------------------------------------
+def _q1_0_blocks(x):
+    """Q1_0: f16 d = (sum of |x| in order, float32) / 128 | 16 bytes of bits x >= 0 (lowest first)."""
+    acc = np.zeros(x.shape[0], F32)
+    for j in range(x.shape[1]):
+        acc = (acc + np.abs(x[:, j])).astype(F32)
+    d = (acc / F32(128)).astype(F32)
+    bits = (x >= 0).reshape(-1, 16, 8).astype(np.uint8) << np.arange(8, dtype=np.uint8)
+    return np.concatenate([_u16_bytes(_ggml_f16(d)), bits.sum(axis=2, dtype=np.uint8)], axis=1)
+
+
 def _apr_q4_blocks(x, count):
     """APR_Q4: scale = max|x| / 7 (1.0 if 0) in f32, stored as f16; q from the f32 scale;
     nibbles past ``count`` stay 0."""
@@ -697,7 +845,7 @@ _BLOCK_QUANTIZERS = {"Q8_0": _q8_0_blocks, "Q4_0": _q4_0_blocks, "Q4_1": _q4_1_b
                      "Q5_1": _q5_1_blocks, "TQ1_0": _tq1_0_blocks, "TQ2_0": _tq2_0_blocks, "MXFP4": _mxfp4_blocks,
                      "Q2_K": _q2_k_blocks, "Q3_K": _q3_k_blocks, "Q4_K": _q4_k_blocks, "Q5_K": _q5_k_blocks,
                      "Q6_K": _q6_k_blocks, "Q8_K": _q8_k_blocks, "IQ4_NL": _iq4_nl_blocks,
-                     "IQ4_XS": _iq4_xs_blocks}
+                     "IQ4_XS": _iq4_xs_blocks, "IQ3_S": _iq3_s_blocks, "Q1_0": _q1_0_blocks}
 _PARTIAL_QUANTIZERS = {"APR_Q4": _apr_q4_blocks, "APR_FQ8_0": _apr_fq8_0_blocks, "APR_FQ4_0": _apr_fq4_0_blocks}
 
 
@@ -1251,6 +1399,16 @@ def quantize_iq4_xs(src, out, *, threads=0, path=None):
     _quantize("IQ4_XS", src, out, threads, path)
 
 
+def quantize_iq3_s(src, out, *, threads=0, path=None):
+    """GGML IQ3_S (ggml's quantize_iq3_s without an importance matrix, bit for bit; 110 bytes a block of 256)."""
+    _quantize("IQ3_S", src, out, threads, path)
+
+
+def quantize_q1_0(src, out, *, threads=0, path=None):
+    """GGML Q1_0 (ggml's quantize_row_q1_0_ref, bit for bit; 18 bytes a block of 128)."""
+    _quantize("Q1_0", src, out, threads, path)
+
+
 def quantize_apr_q8(src, out, *, threads=0, path=None):
     """apr-format's AprQ8: f32 scale then one int8 per element (no bytes if empty)."""
     _quantize("APR_Q8", src, out, threads, path)
@@ -1320,7 +1478,7 @@ def quantized_nbytes(type_name, n):
 def can_quantize(type_name):
     """True if ``quantize`` supports the type (the APR types and the GGML types with a
     quantizer: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ1_0, TQ2_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
-    IQ4_NL, IQ4_XS)."""
+    IQ4_NL, IQ4_XS, IQ3_S, Q1_0)."""
     return _TABLE[list(TYPES)[_type_id(type_name)]][4]
 
 

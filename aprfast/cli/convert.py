@@ -226,7 +226,7 @@ def _quant_name(text: str) -> str:
 
     try:
         found = mix(text, suffixed_only=True)  # llama.cpp's Q4_K_M, Q5_K_S, ...: aprfast.convert plans it
-    except LayoutError as exc:  # a llama.cpp file type aprfast does not offer (Q2_K_S, IQ3_M, ...)
+    except LayoutError as exc:  # a llama.cpp file type aprfast does not offer (Q2_K_S, IQ2_M, ...)
         raise UsageError(f"--quantize {text}: {exc.message}") from None
     if found is not None:
         for type_name in found.types:

@@ -124,7 +124,7 @@ def _mix_or_none(name):
     """The llama.cpp mix ``--type`` names (Q4_K_M, ...), each type it uses checked."""
     try:
         found = mix(name, suffixed_only=True)
-    except LayoutError as exc:  # a llama.cpp file type aprfast does not offer (Q2_K_S, IQ3_M, ...)
+    except LayoutError as exc:  # a llama.cpp file type aprfast does not offer (Q2_K_S, IQ2_M, ...)
         raise UsageError(f"--type {name}: {exc.message}") from None
     if found is not None:
         for type_name in found.types:

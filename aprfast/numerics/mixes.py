@@ -25,14 +25,17 @@ What the rules read, in the order llama.cpp reads it:
   blocks of the base type;
 * the per-category rules of ``llama_tensor_get_type_impl``;
 * a type whose blocks do not divide the row length falls back (``tensor_type_fallback``):
-  Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K/TQ1_0/TQ2_0 to Q4_0, IQ4_XS to
-  IQ4_NL, and to F16 when even 32 does not divide the row.
+  Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K/TQ1_0/TQ2_0 to Q4_0, IQ4_XS and
+  IQ3_S to IQ4_NL, and to F16 when even 32 does not divide the row.  Q1_0 (blocks of 128)
+  has no fallback: llama-quantize stops on such a tensor, and so does :func:`mix_types`.
 
 MXFP4_MOE gives the 3-D expert tensors (more than one matrix along GGML's ``ne[2]``)
-MXFP4 and every other quantizable tensor, output included, Q8_0.  The file types that
-need an importance matrix (Q2_K_S, IQ1_*, IQ2_*, IQ3_XXS, IQ3_XS) or a quantizer aprfast
-lacks (IQ3_S, IQ3_M, Q1_0) are refused by :func:`mix` with the reason
-(:data:`NOT_OFFERED`).
+MXFP4 and every other quantizable tensor, output included, Q8_0.  IQ3_S and IQ3_M are
+IQ3_S mixes (attn_v Q4_K at grouped-query factor 4 or more for IQ3_S, always for IQ3_M,
+whose attn_output and first eighth of ffn_down are Q4_K too); Q1_0 gives every
+quantizable tensor Q1_0 but output's Q6_K.  The file types that need an importance
+matrix (Q2_K_S, IQ1_*, IQ2_*, IQ3_XXS, IQ3_XS), and NVFP4, which llama-quantize cannot
+write, are refused by :func:`mix` with the reason (:data:`NOT_OFFERED`).
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ MIXES = {m.name: m for m in (
     Mix("Q3_K_L", 13, "Q3_K"), Mix("Q4_K_S", 14, "Q4_K"), Mix("Q4_K_M", 15, "Q4_K"), Mix("Q5_K_S", 16, "Q5_K"),
     Mix("Q5_K_M", 17, "Q5_K"), Mix("Q6_K", 18, "Q6_K"), Mix("IQ4_NL", 25, "IQ4_NL"), Mix("IQ4_XS", 30, "IQ4_XS"),
     Mix("TQ1_0", 36, "TQ1_0"), Mix("TQ2_0", 37, "TQ2_0"), Mix("MXFP4_MOE", 38, "MXFP4"),
+    Mix("IQ3_S", 26, "IQ3_S"), Mix("IQ3_M", 27, "IQ3_S"), Mix("Q1_0", 40, "Q1_0"),
 )}
 
 _IMATRIX = ("needs an importance matrix: llama-quantize refuses it without one (tensor_requires_imatrix: "
@@ -98,9 +102,6 @@ NOT_OFFERED = {
     "IQ1_M": _IMATRIX.format(types="IQ1_M"),
     "IQ3_XXS": _IMATRIX.format(types="IQ3_XXS"),
     "IQ3_XS": _IMATRIX.format(types="IQ3_XXS attn_q/attn_k"),
-    "IQ3_S": "needs no importance matrix, but aprfast has no IQ3_S quantizer (its grid search is not written yet)",
-    "IQ3_M": "needs no importance matrix, but aprfast has no IQ3_S quantizer (its grid search is not written yet)",
-    "Q1_0": "aprfast has no Q1_0 quantizer",
     "NVFP4": "llama-quantize itself has no NVFP4 file type to write (llama_ftype_get_default_type refuses it)",
 }
 
@@ -279,18 +280,20 @@ def _more_bits(i: int, n: int) -> bool:
 #: Types a mix's rules use beyond its base, output's Q6_K and Q8_0 (70B, 8 experts).
 _EXTRA = {"Q2_K": ("Q3_K", "Q4_K", "Q5_K"), "Q3_K_S": ("Q5_K",), "Q3_K_M": ("Q4_K", "Q5_K"),
           "Q3_K_L": ("Q4_K", "Q5_K"), "Q4_K_S": ("Q5_K",), "Q4_K_M": ("Q5_K",), "Q4_0": (), "Q4_1": (),
-          "IQ4_NL": ("Q5_K",), "IQ4_XS": ("Q5_K",), "TQ1_0": ("Q4_K",), "TQ2_0": ("Q4_K",)}
+          "IQ4_NL": ("Q5_K",), "IQ4_XS": ("Q5_K",), "TQ1_0": ("Q4_K",), "TQ2_0": ("Q4_K",),
+          "IQ3_S": ("Q4_K", "Q5_K"), "IQ3_M": ("Q4_K", "Q5_K")}
 #: GGML block sizes of the types the rules name.
 _BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "Q2_K": 256, "Q3_K": 256, "Q4_K": 256,
-          "Q5_K": 256, "Q6_K": 256, "IQ4_NL": 32, "IQ4_XS": 256, "TQ1_0": 256, "TQ2_0": 256, "MXFP4": 32}
+          "Q5_K": 256, "Q6_K": 256, "IQ4_NL": 32, "IQ4_XS": 256, "TQ1_0": 256, "TQ2_0": 256, "MXFP4": 32,
+          "IQ3_S": 256, "Q1_0": 128}
 #: tensor_type_fallback: a 256-block type whose blocks do not divide the row (a 32-block
-#: type that does not fit goes to F16).
+#: type that does not fit goes to F16; Q1_0 has none).
 _FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL",
-             "TQ1_0": "Q4_0", "TQ2_0": "Q4_0"}
+             "IQ3_S": "IQ4_NL", "TQ1_0": "Q4_0", "TQ2_0": "Q4_0"}
 #: Names of NOT_OFFERED that are GGML type names too.
-_TYPE_NAMES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "IQ3_XXS", "IQ3_S", "Q1_0", "NVFP4")
+_TYPE_NAMES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "IQ3_XXS", "NVFP4")
 #: 8-expert models: attn_output -> Q5_K for these mixes.
-_MOE8_O = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS")
+_MOE8_O = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_M")
 
 
 class _State:
@@ -335,6 +338,10 @@ def _pick(m: Mix, state: _State, params: MixParams, name: str, shape: tuple, cat
     if category in _ATTN_V:
         if ftype == "Q2_K":
             t = "Q4_K" if params.n_gqa >= 4 else "Q3_K"
+        elif ftype == "IQ3_S" and params.n_gqa >= 4:
+            t = "Q4_K"
+        elif ftype == "IQ3_M":
+            t = "Q4_K"
         elif ftype == "Q3_K_M":
             t = "Q5_K" if state.i_attention_wv < 2 else "Q4_K"
         elif ftype == "Q3_K_L":
@@ -359,6 +366,8 @@ def _pick(m: Mix, state: _State, params: MixParams, name: str, shape: tuple, cat
             t = "Q3_K"
         elif ftype == "Q3_K_M":
             t = "Q5_K" if i < n // 16 else ("Q4_K" if not falcon or _more_bits(i, n) else "Q3_K")
+        elif ftype == "IQ3_M" and (i < n // 8 or (params.n_expert == 8 and _more_bits(i, n))):
+            t = "Q4_K"
         elif ftype == "Q3_K_L":
             t = "Q4_K" if falcon else "Q5_K"
         elif ftype == "Q4_K_M":
@@ -384,6 +393,8 @@ def _pick(m: Mix, state: _State, params: MixParams, name: str, shape: tuple, cat
                 t = "Q4_K"
             elif ftype == "Q3_K_L":
                 t = "Q5_K"
+            elif ftype == "IQ3_M":
+                t = "Q4_K"
         elif ftype == "Q3_K_L":
             t = "Q4_K"
     elif category == "gate":
@@ -395,9 +406,12 @@ def _pick(m: Mix, state: _State, params: MixParams, name: str, shape: tuple, cat
     return t
 
 
-def _fallback(t: str, row: int) -> str:
+def _fallback(t: str, row: int, name: str) -> str:
     if row % _BLOCK[t] == 0:
         return t
+    if t == "Q1_0":  # llama-quantize: "no tensor type fallback is defined for type q1_0"
+        raise LayoutError(f"tensor {name!r}: rows of {row} are not whole Q1_0 blocks of 128, and llama-quantize "
+                          "has no fallback type for Q1_0 (it stops there too)")
     t = _FALLBACK.get(t, t)
     return t if row % _BLOCK[t] == 0 else "F16"
 
@@ -427,6 +441,8 @@ def mix_types(m, tensors, params: MixParams | None = None) -> dict:
 
     Raises:
         ValueError: ``m`` is not a mix, or a MoE tensor's name has no layer.
+        LayoutError: a tensor's rows are not whole blocks of Q1_0 under the Q1_0 mix
+            (llama-quantize has no fallback for it).
 
     Examples:
         >>> from aprfast.numerics.mixes import mix_types
@@ -452,5 +468,5 @@ def mix_types(m, tensors, params: MixParams | None = None) -> dict:
         if not quantizable(name, shape):
             out[name] = None
             continue
-        out[name] = _fallback(_pick(found, state, params, name, shape, _category(name)), shape[-1])
+        out[name] = _fallback(_pick(found, state, params, name, shape, _category(name)), shape[-1], name)
     return {name: out[name] for name in names}

@@ -257,9 +257,10 @@ class IQ3_XXS(_Kernel):
 
 
 class IQ3_S(_Kernel):
-    """GGML IQ3_S: 4-value groups from a 512-entry grid, with signs (dequantize only)."""
+    """GGML IQ3_S: 4-value groups from a 512-entry grid, with signs, a 4-bit scale per 32 (ggml's
+    quantize_iq3_s without an importance matrix)."""
 
-    name, bits, symmetric = "IQ3_S", 3, True
+    name, bits, symmetric, _quantizer = "IQ3_S", 3, True, "quantize_iq3_s"
 
 
 class IQ1_S(_Kernel):
@@ -313,9 +314,10 @@ class NVFP4(_Kernel):
 
 
 class Q1_0(_Kernel):
-    """GGML Q1_0: 128 sign bits sharing an f16 scale, x = +-d (dequantize only, as ggml)."""
+    """GGML Q1_0: 128 sign bits sharing an f16 scale d = mean |x|, x = +-d (ggml's
+    quantize_row_q1_0_ref)."""
 
-    name, bits, symmetric = "Q1_0", 1, True
+    name, bits, symmetric, _quantizer = "Q1_0", 1, True, "quantize_q1_0"
 
 
 class APR_Q8(_Kernel):
@@ -431,7 +433,7 @@ def quantize(array, qtype, *, threads: int = 0, name: str | None = None) -> Quan
         UnknownDTypeError: ``qtype`` is not a registered quantization type.
         LayoutError: ``array`` is not floating point (or is already packed), its rows
             are not whole blocks of a GGML type, or the type can only be read
-            (the IQ types, NVFP4, Q8_1, Q1_0 have no quantizer).
+            (most IQ types, NVFP4 and Q8_1 have no quantizer).
 
     Examples:
         >>> import numpy as np, aprfast

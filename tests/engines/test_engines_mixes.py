@@ -8,7 +8,8 @@ tool calls), without an importance matrix, on aprfast's F32 GGUF of tiny LLaMA a
 Qwen2 models built with transformers: one whose rows are all whole 256-blocks (10
 layers, so that the "more bits" layers of attn_v and ffn_down differ from the others),
 one with a tied output (token_embd takes output's rule), and one whose rows are not
-(96 and 200: the fallbacks to Q5_0/Q5_1/Q8_0/IQ4_NL and F16).  MoE models (MXFP4_MOE's
+(96 and 200: the fallbacks to Q5_0/Q5_1/Q8_0/IQ4_NL and F16; Q1_0 has no fallback, and
+there both llama-quantize and aprfast refuse the model).  MoE models (MXFP4_MOE's
 expert tensors, the 8-expert rules) are compared GGUF -> GGUF from a tiny Mixtral-style
 F32 GGUF written with gguf-py (``tiny_models.make_moe_gguf``): aprfast converts no
 Hugging Face MoE model.
@@ -26,6 +27,7 @@ from gguf_compare import read as read_gguf
 
 import aprfast
 from aprfast.convert.hf_arch import ModelConversionWarning
+from aprfast.errors import LayoutError
 from aprfast.numerics.mixes import MIXES, mix_params, mix_types
 
 #: name -> (architecture, config sizes)
@@ -38,7 +40,9 @@ MODELS = {
                           num_key_value_heads=2)),
 }
 MIX_NAMES = ("Q4_K_M", "Q5_K_M", "Q4_K_S", "Q5_K_S", "Q6_K", "Q8_0", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q2_K", "IQ4_NL",
-             "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4_MOE")
+             "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4_MOE", "IQ3_S", "IQ3_M", "Q1_0")
+#: (model, mix) that llama-quantize refuses: Q1_0 has no fallback for rows of 96 and 200.
+REFUSED = {("odd", "Q1_0")}
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +76,14 @@ def f32_gguf(model_dir, tmp_path_factory):
     return get
 
 
-def llama_quantize(llama_cpp, source, out, mix_name):
+def llama_quantize(llama_cpp, source, out, mix_name, refused=False):
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = MIXES[mix_name].ftype
     params.nthread = 1
     rc = llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), ctypes.byref(params))
+    if refused:
+        assert rc != 0, f"llama_model_quantize({mix_name}) was expected to refuse"
+        return None
     assert rc == 0, f"llama_model_quantize({mix_name}) failed"
     return out
 
@@ -84,8 +91,14 @@ def llama_quantize(llama_cpp, source, out, mix_name):
 @pytest.mark.parametrize("which", list(MODELS))
 @pytest.mark.parametrize("mix_name", MIX_NAMES)
 def test_hf_to_gguf_mix_is_llama_quantize(which, mix_name, llama_cpp_lib, model_dir, f32_gguf, tmp_path):
-    reference = llama_quantize(llama_cpp_lib, f32_gguf(which), tmp_path / "reference.gguf", mix_name)
+    refused = (which, mix_name) in REFUSED
+    reference = llama_quantize(llama_cpp_lib, f32_gguf(which), tmp_path / "reference.gguf", mix_name, refused)
     ours = tmp_path / "ours.gguf"
+    if refused:
+        with pytest.raises(LayoutError, match=f"no fallback type for {mix_name}"):
+            aprfast.convert(model_dir(which), ours, quantize=mix_name.lower(), max_drift=None)
+        assert not ours.exists()
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("error", ModelConversionWarning)
         aprfast.convert(model_dir(which), ours, quantize=mix_name.lower(), max_drift=None)
@@ -108,6 +121,8 @@ def test_mix_types_are_llama_quantizes(llama_cpp_lib, f32_gguf, tmp_path):
         params = mix_params(metadata)
         shapes = [(name, tuple(reversed(shape))) for name, (_, shape, _) in tensors.items()]
         for mix_name in MIX_NAMES:
+            if (which, mix_name) in REFUSED:
+                continue
             reference = read_gguf(llama_quantize(llama_cpp_lib, f32_gguf(which), tmp_path / "r.gguf", mix_name))[1]
             types = mix_types(mix_name, shapes, params)
             got = {name: types[name] or tensors[name][0] for name in types}
