@@ -406,6 +406,19 @@ def test_gguf_to_gguf_file_type_follows_the_tensors(options, want, tmp_path):
     assert _file_type(tmp_path / "z.gguf") == (want, ["UINT32"])
 
 
+def test_every_single_type_file_type_is_llama_cpps_number():
+    """general.file_type of a file mostly of one GGML type is llama.cpp's LLAMA_FTYPE_MOSTLY_
+    number of that type: the same number as llama-quantize's one-type mix of that name."""
+    from aprfast.convert.hf_arch import FILE_TYPES
+    from aprfast.numerics.mixes import MIXES
+
+    same = {name: m.ftype for name, m in MIXES.items() if name == m.base or (name == "MXFP4_MOE")}
+    for name, ftype in same.items():
+        base = MIXES[name].base
+        assert FILE_TYPES[base] == ftype, (name, base)
+    assert {"IQ4_NL", "IQ4_XS", "IQ3_S", "Q1_0", "TQ1_0", "MXFP4"} <= set(FILE_TYPES)
+
+
 def test_gguf_to_gguf_unchanged_keeps_its_file_type_and_bytes(tmp_path):
     _f32_llama_gguf(tmp_path / "x.gguf")
     aprfast.convert(tmp_path / "x.gguf", tmp_path / "y.gguf")

@@ -1054,7 +1054,9 @@ def _token_text(value):
 #: weights are of that type.
 #: (A K type stands for its _M mix, llama-quantize's default; MXFP4 for MXFP4_MOE.)
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12,
-              "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32, "TQ1_0": 36, "TQ2_0": 37, "MXFP4": 38}
+              "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "IQ2_XXS": 19, "IQ2_XS": 20, "IQ3_XXS": 23, "IQ1_S": 24,
+              "IQ4_NL": 25, "IQ3_S": 26, "IQ2_S": 28, "IQ4_XS": 30, "IQ1_M": 31, "BF16": 32, "TQ1_0": 36,
+              "TQ2_0": 37, "MXFP4": 38, "NVFP4": 39, "Q1_0": 40}
 
 
 def file_type(specs) -> int:
