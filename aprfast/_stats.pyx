@@ -34,6 +34,7 @@ cdef extern from "stats.h" nogil:
                           apr_stats *out)
     int apr_stats_quant(int qtype, const uint8_t *data, size_t nbytes, size_t rows, size_t row, int want,
                         const apr_hist *hist, int nthreads, apr_stats *out)
+    int apr_stats_quant_finite(int qtype, const uint8_t *data, size_t nbytes, size_t rows, size_t row)
     int apr_stats_default_threads()
 
 #: Kind names -> the C enum (csrc/stats.h), with their item sizes.
@@ -145,6 +146,19 @@ def compute_quant(int qtype, const uint8_t[::1] data, size_t rows, size_t row, i
         rc = apr_stats_quant(qtype, p, nbytes, rows, row, want, hp, nthreads, &s)
     _check(rc, f"quant type {qtype}")
     return _as_dict(&s)
+
+
+def quant_finite(int qtype, const uint8_t[::1] data, size_t rows, size_t row):
+    """True when every value of a packed tensor of quant type id ``qtype`` is finite,
+    known from its blocks' float16 scales without decoding it; False when not known
+    (another type, a non-finite scale, or bytes that do not fit: ``compute_quant``
+    says what is wrong).  csrc/stats.h."""
+    cdef size_t nbytes = data.shape[0]
+    cdef const uint8_t *p = &data[0] if nbytes else NULL
+    cdef int rc
+    with nogil:
+        rc = apr_stats_quant_finite(qtype, p, nbytes, rows, row)
+    return rc == 1
 
 
 def default_threads():

@@ -663,11 +663,13 @@ int apr_stats_compute(int kind, const void *data, size_t n, int want, const apr_
     return run_job(&j, (n + PART - 1) / PART, nthreads, out);
 }
 
-int apr_stats_quant(int qtype, const uint8_t *data, size_t nbytes, size_t rows, size_t row, int want,
-                    const apr_hist *hist, int nthreads, apr_stats *out)
+/* The layout checks of a packed tensor (stats.h): fills j's layout fields and
+ * returns APR_STATS_OK, APR_STATS_EKIND or APR_STATS_ESIZE; *empty is set for a
+ * tensor of no values (OK only when it also has no bytes). */
+static int quant_layout(job *j, int qtype, size_t nbytes, size_t rows, size_t row, int *empty)
 {
     size_t be = 0, bb = 0;
-    apr_stats_init(out);
+    *empty = 0;
     if (qtype < 0 || qtype >= APR_QT_COUNT || apr_quant_block_info(qtype, &be, &bb) != APR_QUANT_OK || !be)
         return APR_STATS_EKIND;
     if (BLOCK % be)
@@ -675,31 +677,98 @@ int apr_stats_quant(int qtype, const uint8_t *data, size_t nbytes, size_t rows, 
     if (rows && row > SIZE_MAX / rows)
         return APR_STATS_ESIZE;
     size_t n = rows * row;
-    if (!n)
+    if (!n) {
+        *empty = 1;
         return nbytes ? APR_STATS_ESIZE : APR_STATS_OK;
-    job j;
-    memset(&j, 0, sizeof j);
-    j.run = quant_part;
-    j.want = want;
-    j.hist = hist;
-    j.qtype = qtype;
-    j.data = data;
-    j.rows = rows;
-    j.row = row;
-    j.block_elems = be;
-    j.block_bytes = bb;
-    j.header = apr_quant_header_bytes(qtype, n);
-    j.partial_ok = apr_quant_allows_partial_block(qtype) && rows == 1;
+    }
+    j->qtype = qtype;
+    j->data = NULL;
+    j->rows = rows;
+    j->row = row;
+    j->block_elems = be;
+    j->block_bytes = bb;
+    j->header = apr_quant_header_bytes(qtype, n);
+    j->partial_ok = apr_quant_allows_partial_block(qtype) && rows == 1;
     size_t blocks_per_row = (row + be - 1) / be;
-    if (blocks_per_row > SIZE_MAX / bb || (rows > 1 && blocks_per_row * bb > (SIZE_MAX - j.header) / rows))
+    if (blocks_per_row > SIZE_MAX / bb || (rows > 1 && blocks_per_row * bb > (SIZE_MAX - j->header) / rows))
         return APR_STATS_ESIZE;
-    j.row_bytes = blocks_per_row * bb;
-    size_t expect = j.header + (j.partial_ok ? apr_quant_nbytes(qtype, n) - j.header : rows * j.row_bytes);
-    if (j.partial_ok && apr_quant_nbytes(qtype, n) == SIZE_MAX)
+    j->row_bytes = blocks_per_row * bb;
+    size_t expect = j->header + (j->partial_ok ? apr_quant_nbytes(qtype, n) - j->header : rows * j->row_bytes);
+    if (j->partial_ok && apr_quant_nbytes(qtype, n) == SIZE_MAX)
         return APR_STATS_ESIZE;
     if (expect != nbytes)
         return APR_STATS_ESIZE;
-    j.chunks_per_row = (row + BLOCK - 1) / BLOCK;
-    j.chunks = rows * j.chunks_per_row;
+    j->chunks_per_row = (row + BLOCK - 1) / BLOCK;
+    j->chunks = rows * j->chunks_per_row;
+    return APR_STATS_OK;
+}
+
+int apr_stats_quant(int qtype, const uint8_t *data, size_t nbytes, size_t rows, size_t row, int want,
+                    const apr_hist *hist, int nthreads, apr_stats *out)
+{
+    apr_stats_init(out);
+    job j;
+    memset(&j, 0, sizeof j);
+    int empty, rc = quant_layout(&j, qtype, nbytes, rows, row, &empty);
+    if (rc != APR_STATS_OK || empty)
+        return rc;
+    j.run = quant_part;
+    j.want = want;
+    j.hist = hist;
+    j.data = data;
     return run_job(&j, (j.chunks + QPART_CHUNKS - 1) / QPART_CHUNKS, nthreads, out);
+}
+
+/* The float16 fields of each block of the GGML types whose every value is
+ * finite when these are (stats.h): the value is (f16 scale) x (a factor below
+ * 2^20 made of the block's integer codes, grid and sub-block scales), plus or
+ * minus a second f16 times such a factor, so with |f16| <= 65504 no product or
+ * sum comes near FLT_MAX and nothing makes an Inf or a NaN.  Offsets from
+ * ggml's block structs (gguf-py's dequantize_blocks split the same bytes).
+ * Types not listed (a float32 or per-tensor scale that can overflow, E8M0 or
+ * FP8 scales, IQ1_M's scale spread over its sub-block scales) are never proven. */
+static const struct {
+    int qtype;
+    uint8_t count, offset[2];
+} FINITE_F16[] = {
+    {APR_QT_Q8_0, 1, {0, 0}},     {APR_QT_Q4_0, 1, {0, 0}},     {APR_QT_Q4_1, 2, {0, 2}},
+    {APR_QT_Q5_0, 1, {0, 0}},     {APR_QT_Q5_1, 2, {0, 2}},     {APR_QT_Q4_K, 2, {0, 2}},
+    {APR_QT_Q6_K, 1, {208, 0}},   {APR_QT_Q8_1, 1, {0, 0}},     {APR_QT_Q2_K, 2, {80, 82}},
+    {APR_QT_Q3_K, 1, {108, 0}},   {APR_QT_Q5_K, 2, {0, 2}},     {APR_QT_IQ2_XXS, 1, {0, 0}},
+    {APR_QT_IQ2_XS, 1, {0, 0}},   {APR_QT_IQ3_XXS, 1, {0, 0}},  {APR_QT_IQ1_S, 1, {0, 0}},
+    {APR_QT_IQ4_NL, 1, {0, 0}},   {APR_QT_IQ3_S, 1, {0, 0}},    {APR_QT_IQ2_S, 1, {0, 0}},
+    {APR_QT_IQ4_XS, 1, {0, 0}},   {APR_QT_TQ1_0, 1, {52, 0}},   {APR_QT_TQ2_0, 1, {64, 0}},
+};
+
+int apr_stats_quant_finite(int qtype, const uint8_t *data, size_t nbytes, size_t rows, size_t row)
+{
+    job j;
+    memset(&j, 0, sizeof j);
+    int empty;
+    if (quant_layout(&j, qtype, nbytes, rows, row, &empty) != APR_STATS_OK)
+        return 0; /* not proven: the statistics engine says what is wrong */
+    if (empty)
+        return 1;
+    size_t k = 0, rules = sizeof FINITE_F16 / sizeof FINITE_F16[0];
+    while (k < rules && FINITE_F16[k].qtype != qtype)
+        k++;
+    if (k == rules || j.header || j.partial_ok)
+        return 0;
+    size_t bb = j.block_bytes, blocks = nbytes / bb;
+    if (blocks * bb != nbytes)
+        return 0;
+    /* Exponent bits all ones: Inf or NaN.  Padding blocks are looked at too: a
+     * non-finite scale there only sends the tensor to the full statistics. */
+    for (unsigned f = 0; f < FINITE_F16[k].count; f++) {
+        size_t off = FINITE_F16[k].offset[f];
+        if (off + 2 > bb)
+            return 0;
+        const uint8_t *p = data + off + 1;
+        unsigned bad = 0;
+        for (size_t b = 0; b < blocks; b++, p += bb)
+            bad |= (*p & 0x7Cu) == 0x7Cu;
+        if (bad)
+            return 0;
+    }
+    return 1;
 }

@@ -78,6 +78,14 @@ int apr_stats_compute(int kind, const void *data, size_t n, int want, const apr_
 int apr_stats_quant(int qtype, const uint8_t *data, size_t nbytes, size_t rows, size_t row, int want,
                     const apr_hist *hist, int nthreads, apr_stats *out);
 
+/* 1 when every value of that packed tensor is finite, known without decoding
+ * it: a GGML type whose values are its blocks' float16 scales times bounded
+ * factors of its codes, every one of those scales finite.  0 when that is not
+ * known: another type, a non-finite scale, or bytes that do not fit the layout
+ * (apr_stats_quant then says what is wrong).  Reads one or two halves a block,
+ * allocates nothing; the values' NaN and Inf counts are 0 whenever it says 1. */
+int apr_stats_quant_finite(int qtype, const uint8_t *data, size_t nbytes, size_t rows, size_t row);
+
 /* Threads used for nthreads <= 0. */
 int apr_stats_default_threads(void);
 

@@ -317,6 +317,25 @@ def test_statistics_of_packed_tensors_match_the_compiled_engine(name, rows, row,
         assert a == b
 
 
+@given(st.sampled_from(list(pure_quant.TYPES)), st.integers(0, 3), st.integers(0, 300), st.integers(-1, 1),
+       st.sampled_from([None, 0x7E00, 0x7C00, 0xFC00, 0x0001, 0x0000, 0x7BFF]), st.data())
+@settings(deadline=None)
+def test_known_finite_packed_tensors_match_the_compiled_engine(name, rows, row, wrong_size, half, data):
+    """quant_finite: random blocks, some with one float16 of every block set to a special value."""
+    elems, block_bytes = pure_quant.block_info(name)
+    n = rows * row
+    header = pure_quant.header_bytes(name, n)
+    nbytes = max(0, header + rows * -(-row // elems) * block_bytes + wrong_size)
+    raw = np.frombuffer(data.draw(st.binary(min_size=nbytes, max_size=nbytes)), np.uint8).copy()
+    if half is not None and block_bytes >= 2 and nbytes >= block_bytes:
+        offset = data.draw(st.sampled_from(pure_stats._FINITE_F16.get(name, (0,))))
+        blocks = raw[:nbytes // block_bytes * block_bytes].reshape(-1, block_bytes)
+        blocks[:, offset:offset + 2] = np.array([half], "<u2").view(np.uint8)
+    qtype = pure_quant.TYPES[name]
+    assert outcome(pure_stats.quant_finite, qtype, raw, rows, row) == \
+        outcome(compiled("_stats").quant_finite, qtype, raw, rows, row)
+
+
 def test_statistics_refuse_what_the_compiled_engine_refuses():
     native = compiled("_stats")
     cases = [("F32", np.zeros(3, np.uint8), 1), ("F99", np.zeros(4, np.uint8), 1), ("F32", np.zeros(4, np.uint8), 2)]

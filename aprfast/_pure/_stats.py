@@ -259,6 +259,37 @@ def compute_quant(qtype, data, rows, row, want, counts=None, lo=0.0, hi=0.0, thr
     return out.as_dict()
 
 
+#: Type name -> offsets of the float16 fields of each block that bound its values
+#: (csrc/stats.c FINITE_F16: the types whose values are finite when these are).
+_FINITE_F16 = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2),
+               "Q6_K": (208,), "Q8_1": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q5_K": (0, 2),
+               "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ3_XXS": (0,), "IQ1_S": (0,), "IQ4_NL": (0,), "IQ3_S": (0,),
+               "IQ2_S": (0,), "IQ4_XS": (0,), "TQ1_0": (52,), "TQ2_0": (64,)}
+
+
+def quant_finite(qtype, data, rows, row) -> bool:
+    """True when every value of a packed tensor of quant type id ``qtype`` is finite,
+    known from its blocks' float16 scales without decoding it; False when not known
+    (another type, a non-finite scale, or bytes that do not fit: ``compute_quant``
+    says what is wrong).  csrc/stats.h."""
+    raw = typed_view(data, np.uint8)
+    rows, row = check_uint(rows, 64, "size_t"), check_uint(row, 64, "size_t")
+    layout = _quant_layout(qtype, raw.shape[0], rows, row)
+    if layout is None:
+        return True
+    if isinstance(layout, str):
+        return False
+    name = layout[0]
+    offsets = _FINITE_F16.get(name)
+    _, block_bytes = _quant.block_info(name)
+    if offsets is None or _quant.header_bytes(name, rows * row) or (_quant._TABLE[name][3] and rows == 1) \
+            or raw.shape[0] % block_bytes:
+        return False
+    blocks = raw.reshape(-1, block_bytes)
+    # Exponent bits all ones (the high byte's 0x7C): Inf or NaN.
+    return not any(((blocks[:, off + 1] & 0x7C) == 0x7C).any() for off in offsets)
+
+
 def _quant_layout(qtype, nbytes, rows, row):
     """(type name, values a stored row decodes to), None for an empty tensor, or why the bytes do not fit."""
     names = list(_quant.TYPES)

@@ -4,8 +4,12 @@ reach the destination.
 
 The statistics are :func:`aprfast.stats.tensor_stats` of the value being written (after
 ``precision=``/``quantize=``: an f32 value that overflows f16 is caught as Inf), one
-pass in C with the GIL released.  A FAIL verdict (NaN/Inf, a LayerNorm mean outside
-its acceptable range) is, by mode:
+pass in C with the GIL released.  A tensor that no rule names can only fail for NaN or
+Inf: when :func:`aprfast.stats.known_finite` shows it holds neither without decoding it
+(a GGML block tensor whose float16 scales are all finite, which bounds every value), its
+verdict is "-" without statistics, the verdict they would give; anything else goes
+through ``tensor_stats``, so every reported number is the one it computes.  A FAIL
+verdict (NaN/Inf, a LayerNorm mean outside its acceptable range) is, by mode:
 
 * ``"strict"``: :class:`TensorValidationError` naming the tensor and the numbers; the
   conversion aborts and leaves no destination (the writers are atomic);
@@ -23,7 +27,8 @@ from __future__ import annotations
 import warnings
 
 from ..errors import ValidationError
-from ..numerics.expectations import check_value
+from ..numerics.expectations import check_value, expectation_for
+from ..numerics.stats import known_finite
 
 __all__ = ["MODES", "TensorValidationError", "ValidationWarning", "InlineValidator"]
 
@@ -103,6 +108,11 @@ class InlineValidator:
 
     def check(self, name: str, value):
         if not self.active:
+            return value
+        if expectation_for(name) is None and known_finite(value):
+            # No rule names it, so only NaN or Inf could fail it, and it has none: the
+            # verdict tensor_stats would lead to ("-"), without decoding every block.
+            self.checked += 1
             return value
         stats, verdict = check_value(name, value, threads=self.threads)
         if stats is None:

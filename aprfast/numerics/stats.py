@@ -29,7 +29,7 @@ from .. import _stats
 from ..dtypes import SUBBYTE_FLOATS, DType, bfloat16, element_count, subbyte_values
 from ..tensors import RawTensor
 
-__all__ = ["TensorStats", "tensor_stats", "tensor_stats_numpy", "histogram_spec"]
+__all__ = ["TensorStats", "tensor_stats", "tensor_stats_numpy", "histogram_spec", "known_finite"]
 
 #: Most bins a histogram may ask for (a counter array per thread is allocated).
 MAX_BINS = 1 << 20
@@ -372,6 +372,43 @@ def _raw_source(tensor: RawTensor, threads) -> _Source:
     def run(want, counts, spec):
         return _stats.compute_quant(qtype, tensor.data, rows, row, want, counts, *_lohi(spec), threads=threads)
     return _Source(run, "F32")
+
+
+def known_finite(value) -> bool:
+    """Whether every value of ``value`` is finite, known without decoding it: True for a
+    packed GGML tensor (K, IQ, TQ and the 32-value block types) whose blocks' float16
+    scales are all finite, since its values are those scales times small factors of its
+    codes; False when this cannot tell (any other value, a non-finite scale, bytes that
+    do not fit the shape), which says nothing about the values: :func:`tensor_stats`
+    does.  Reads one or two halves a block; whenever it says True, ``tensor_stats``
+    would count no NaN and no Inf.  The inline validation of :func:`aprfast.convert`
+    uses it to skip the statistics of tensors whose verdict only NaN or Inf could change.
+
+    Args:
+        value: Anything :func:`tensor_stats` takes.
+
+    Returns:
+        True when the values are known to be finite, False when not known.
+
+    Examples:
+        >>> import numpy as np, aprfast
+        >>> from aprfast.stats import known_finite
+        >>> q = aprfast.quantize(np.linspace(-1, 1, 256, dtype=np.float32), "Q4_K")
+        >>> known_finite(q), known_finite(np.float32([1.0]))
+        (True, False)
+    """
+    from .. import _quant
+
+    if not isinstance(value, RawTensor):
+        return False
+    dtype = value.dtype
+    if dtype is None or dtype.opaque or not dtype.packed:
+        return False
+    qtype = _quant.TYPES.get(dtype.name)
+    if qtype is None:
+        return False
+    rows, row = _quant_rows(dtype, value.shape)
+    return _stats.quant_finite(qtype, value.data, rows, row)
 
 
 def _quant_rows(dtype: DType, shape) -> tuple:
