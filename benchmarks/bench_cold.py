@@ -3,7 +3,7 @@ with the storage's own limit (fio, direct I/O) in the same loop, and the memory 
 leaves behind (peak RSS, page cache).
 
     python benchmarks/bench_cold.py                  # 504 MiB model, 5 rounds
-    python benchmarks/bench_cold.py --huge           # also the 4 GiB model (eager rows)
+    python benchmarks/bench_cold.py --huge           # also the 4 GiB model (eager, memory, save rows)
     python benchmarks/bench_cold.py --quick          # 1/8 sizes, 3 rounds
     python benchmarks/bench_cold.py --md-out F.md    # also write the Markdown table
 
@@ -535,7 +535,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="1/8 sizes, 3 rounds")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--memory-rounds", type=int, default=2, help="fresh processes per tool (memory rows)")
-    parser.add_argument("--huge", action="store_true", help="also the 4 GiB model (eager and memory rows)")
+    parser.add_argument("--huge", action="store_true", help="also the 4 GiB model (eager, memory and save rows)")
     parser.add_argument("--only", default="eager,warm,memory,one,slice,save",
                         help="comma list of row groups: eager, memory, one, slice, save; warm: the eager row's "
                              "tools with the files in the page cache (independent samples); engines (not by "
@@ -606,7 +606,7 @@ def main():
                 cold.run(f"{name}: cold lazy open + one tensor (copied)", f"{tensors[one].nbytes / MiB:.1f} MiB",
                          one_tensor_tools(files, one), "aprfast.open(backend='direct') + get_tensor",
                          ["safe_open(np) get_tensor"])
-            if "save" in only and name == "large":
+            if "save" in only:
                 cold.saves(name, tensors, size)
             for p in files.values():
                 os.unlink(p)
