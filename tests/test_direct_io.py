@@ -207,6 +207,30 @@ def test_crc_mismatch_is_detected(tmp_path, buffered):
         platform.force(previous)
 
 
+@pytest.mark.parametrize("buffered", [False, True], ids=["o_direct", "fallback"])
+def test_signed_file_is_checked_against_its_digests_on_a_direct_load(tmp_path, buffered):
+    # issue 29 item 2: the digests of a signed file are checked on the direct path too; a
+    # tensor changed with every CRC fixed up (as an attacker would) is refused by them
+    from test_v2_helpers import SIGNING_PUBLIC, SIGNING_SEED, extent, fix_crcs, flip
+
+    from aprfast.errors import SignatureError
+
+    want = {f"w{i}": np.random.default_rng(i).standard_normal((64, 1024), dtype=np.float32) for i in range(6)}
+    path = tmp_path / "signed.apr"
+    aprfast.save_file(want, path, signing_key=SIGNING_SEED, layout="apr2")
+    previous = platform.force(["o_direct"] if buffered else [])
+    try:
+        got = aprfast.load_file(path, backend="direct", trusted_keys=[SIGNING_PUBLIC])
+        assert all(np.array_equal(got[k], want[k]) for k in want)
+        data = bytearray(path.read_bytes())
+        offset, size, _ = extent(data, "w3")
+        path.write_bytes(fix_crcs(flip(data, offset + size // 2)))
+        with pytest.raises(SignatureError, match="w3"):
+            aprfast.load_file(path, backend="direct", trusted_keys=[SIGNING_PUBLIC])
+    finally:
+        platform.force(previous)
+
+
 # --- the page cache ---------------------------------------------------------------------
 def _cached(path) -> float | None:
     fd = os.open(path, os.O_RDONLY)
