@@ -398,10 +398,13 @@ def test_a_mapped_block_stays_resident_until_its_advice_is_due(fresh_cache):
     np.frombuffer(again, np.uint8)[:] = 7
     _memory.set_buffer_decay(50)
     del again
+    # the helper takes the block out of the cache while it advises it, then puts it back:
+    # wait for the end state, not the moment it is out
     deadline = time.monotonic() + 30
-    while _memory.buffer_cache_stats()["deferred"] and time.monotonic() < deadline:
-        time.sleep(0.02)
     stats = _memory.buffer_cache_stats()
+    while (stats["deferred"] or stats["blocks"] != 1) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        stats = _memory.buffer_cache_stats()
     assert stats["deferred"] == 0 and stats["resident"] == 0 and stats["blocks"] == 1, stats
     again = _memory.AlignedBuffer(40 << 20, 64)  # advised, still cached, and usable
     assert again.address == address
