@@ -15,13 +15,14 @@ there is in docs/FORMAT.md and tested against the pure twin only.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import zlib
 
 import numpy as np
 import pytest
-from test_kquant_quantize import PATHS, SPECIAL, assert_same, ggml_base, ours, random_input
+from test_iq4_quantize import chunk, pure_quantize  # noqa: F401 (chunk: the oracle fixture)
+from test_iq4_quantize import ggml_quantize as chunk_quantize
+from test_kquant_quantize import PATHS, SPECIAL, assert_same, ours, random_input
 
 import aprfast
 from aprfast import _quant as q
@@ -34,34 +35,13 @@ GGML_IDS = {"IQ3_S": 21, "Q1_0": 41}
 ORACLE_SAFE = F32(1e12)
 
 
-@pytest.fixture(scope="module")
-def chunk():
-    """libggml-base's ggml_quantize_chunk, its signature set."""
-    fn = ggml_base().ggml_quantize_chunk
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_void_p]
-    fn.restype = ctypes.c_size_t
-    return fn
-
-
 def ggml_quantize(fn, type_name, x, row=256) -> np.ndarray:
-    """ggml_quantize_chunk of ``x`` as rows of ``row`` values, no importance matrix."""
-    x = np.ascontiguousarray(x, F32).reshape(-1)
-    if type_name == "IQ3_S":  # (see the module notes: ggml aborts on these)
+    """ggml_quantize_chunk of ``x`` as rows of ``row`` values, no importance matrix; never
+    called with what ggml aborts on (see the module notes)."""
+    if type_name == "IQ3_S":
+        x = np.asarray(x, F32)
         assert not np.isnan(x).any() and not (np.abs(x) > ORACLE_SAFE).any()
-    out = np.zeros(q.quantized_nbytes(type_name, x.size), np.uint8)
-    assert fn(GGML_IDS[type_name], x.ctypes.data, out.ctypes.data, 0, x.size // row, row, None) == out.size
-    return out
-
-
-def pure_quantize(type_name, x) -> np.ndarray:
-    from aprfast._pure import _quant as pure
-
-    x = np.ascontiguousarray(x, F32).reshape(-1)
-    out = np.full(q.quantized_nbytes(type_name, x.size), 0xA5, np.uint8)
-    with np.errstate(all="ignore"):
-        pure.quantize(type_name, x, out)
-    return out
+    return chunk_quantize(fn, type_name, x, row, ids=GGML_IDS)
 
 
 def comparable(type_name, x) -> bool:
