@@ -377,6 +377,17 @@ def test_small_blocks_stay_resident_up_to_a_cap_and_mapped_ones_are_advised(fres
     assert _memory.buffer_cache_stats()["resident"] <= _memory.BUFFER_CACHE_RESIDENT
 
 
+def _cache_once(done, timeout=30.0) -> dict:
+    """The buffer cache's stats once ``done(stats)`` holds (the helper thread's advice
+    comes in its own time), or as they are after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    stats = _memory.buffer_cache_stats()
+    while not done(stats) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        stats = _memory.buffer_cache_stats()
+    return stats
+
+
 needs_decay = pytest.mark.skipif(sys.platform == "win32", reason="Windows gives MEM_RESET as a block is freed")
 
 
@@ -400,11 +411,7 @@ def test_a_mapped_block_stays_resident_until_its_advice_is_due(fresh_cache):
     del again
     # the helper takes the block out of the cache while it advises it, then puts it back:
     # wait for the end state, not the moment it is out
-    deadline = time.monotonic() + 30
-    stats = _memory.buffer_cache_stats()
-    while (stats["deferred"] or stats["blocks"] != 1) and time.monotonic() < deadline:
-        time.sleep(0.02)
-        stats = _memory.buffer_cache_stats()
+    stats = _cache_once(lambda st: not st["deferred"] and st["blocks"] == 1)
     assert stats["deferred"] == 0 and stats["resident"] == 0 and stats["blocks"] == 1, stats
     again = _memory.AlignedBuffer(40 << 20, 64)  # advised, still cached, and usable
     assert again.address == address
@@ -465,10 +472,7 @@ def test_a_forked_child_advises_its_own_blocks(fresh_cache):
         _memory.set_buffer_decay(20)
         b = _memory.AlignedBuffer(48 << 20, 64)
         del b
-        deadline = time.monotonic() + 30
-        while _memory.buffer_cache_stats()["deferred"] and time.monotonic() < deadline:
-            time.sleep(0.02)
-        q.put(_memory.buffer_cache_stats()["deferred"])
+        q.put(_cache_once(lambda st: not st["deferred"])["deferred"])
 
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
