@@ -332,7 +332,6 @@ def test_the_environment_sets_the_cap():
 
 
 def test_threads_allocating_and_freeing_keep_every_buffer_distinct(fresh_cache):
-    import threading
 
     errors = []
 
@@ -346,11 +345,7 @@ def test_threads_allocating_and_freeing_keep_every_buffer_distinct(fresh_cache):
                 if not (np.frombuffer(b, np.uint8) == (seed * 4 + i) % 256).all():
                     errors.append(seed)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_threads(work, 4)
     assert errors == []
 
 
@@ -375,6 +370,17 @@ def test_small_blocks_stay_resident_up_to_a_cap_and_mapped_ones_are_advised(fres
     many = [_memory.AlignedBuffer(3 << 20, 64) for _ in range(count)]
     del many
     assert _memory.buffer_cache_stats()["resident"] <= _memory.BUFFER_CACHE_RESIDENT
+
+
+def _run_threads(work, n) -> None:
+    """``work(k)`` on ``n`` threads at once, k = 0..n-1, and wait for them all."""
+    import threading
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def _cache_once(done, timeout=30.0) -> dict:
@@ -424,7 +430,6 @@ def test_a_mapped_block_stays_resident_until_its_advice_is_due(fresh_cache):
 def test_advice_given_while_other_threads_take_and_free_blocks_never_loses_their_writes(fresh_cache):
     # the helper thread takes a due block out of the cache before advising it: advice
     # given to a block another thread holds would discard what that thread wrote
-    import threading
 
     _memory.set_buffer_decay(1)
     errors = []
@@ -439,11 +444,7 @@ def test_advice_given_while_other_threads_take_and_free_blocks_never_loses_their
                 errors.append((seed, i))
             del view, buf
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_threads(work, 3)
     assert errors == []
 
 
@@ -494,7 +495,6 @@ def test_a_negative_decay_is_refused(bad):
 def test_cached_blocks_keep_what_each_thread_writes(fresh_cache):
     # frees and allocations race on the cache from many threads; each block's contents
     # must be exactly what its owner wrote until its owner frees it
-    import threading
 
     errors = []
 
@@ -508,11 +508,7 @@ def test_cached_blocks_keep_what_each_thread_writes(fresh_cache):
                 errors.append((seed, i))
             del view, buf
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_threads(work, 6)
     assert errors == []
     assert _memory.buffer_cache_stats()["hits"] > fresh_cache["hits"]
 

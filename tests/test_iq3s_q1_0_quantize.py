@@ -20,7 +20,7 @@ import zlib
 
 import numpy as np
 import pytest
-from test_iq4_quantize import chunk, pure_quantize  # noqa: F401 (chunk: the oracle fixture)
+from test_iq4_quantize import assert_matches_ggml, chunk, pure_quantize  # noqa: F401 (chunk: the oracle fixture)
 from test_iq4_quantize import ggml_quantize as chunk_quantize
 from test_kquant_quantize import PATHS, SPECIAL, assert_same, ours, random_input
 
@@ -99,9 +99,7 @@ def test_quantize_matches_ggml_on_special_blocks(chunk, type_name, block_name):
     for x in (block, padded):
         if not comparable(type_name, x):
             pytest.skip("ggml aborts on this block (see the module notes)")
-        want = ggml_quantize(chunk, type_name, x)
-        assert_same(ours(type_name, x), want, f"{type_name} {block_name}")
-        assert_same(pure_quantize(type_name, x), want, f"pure {type_name} {block_name}")
+        assert_matches_ggml(chunk, type_name, x, f"{type_name} {block_name}", ggml_quantize)
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -111,9 +109,7 @@ def test_quantize_matches_ggml_on_any_bits(chunk, type_name):
     x = bits.view(F32).copy()
     if type_name == "IQ3_S":
         x[np.isnan(x) | (np.abs(x) > ORACLE_SAFE)] = 0
-    want = ggml_quantize(chunk, type_name, x)
-    assert_same(ours(type_name, x), want, type_name)
-    assert_same(pure_quantize(type_name, x), want, f"pure {type_name}")
+    assert_matches_ggml(chunk, type_name, x, type_name, ggml_quantize)
 
 
 @pytest.mark.skipif(bool(os.environ.get("APRFAST_SANITIZED")), reason="which of two NaNs a float operation keeps "

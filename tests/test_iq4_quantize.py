@@ -64,6 +64,13 @@ def pure_quantize(type_name, x) -> np.ndarray:
     return out
 
 
+def assert_matches_ggml(chunk, type_name, x, label, quantize=ggml_quantize):
+    """The compiled kernel's and the NumPy twin's bytes for ``x`` are ``quantize``'s
+    (ggml_quantize_chunk's)."""
+    want = quantize(chunk, type_name, x)
+    assert_same(ours(type_name, x), want, label)
+    assert_same(pure_quantize(type_name, x), want, f"pure {label}")
+
 @pytest.mark.parametrize("type_name", IQ4_TYPES)
 @pytest.mark.parametrize("path", PATHS)
 def test_iq4_quantize_matches_ggml_on_random_data(chunk, type_name, path):
@@ -85,9 +92,7 @@ def test_iq4_quantize_matches_ggml_on_special_blocks(chunk, type_name, block_nam
     block = SPECIAL[block_name]
     padded = np.concatenate([random_input(1, 1), block, random_input(2, 1)])
     for x in (block, padded):
-        want = ggml_quantize(chunk, type_name, x)
-        assert_same(ours(type_name, x), want, f"{type_name} {block_name}")
-        assert_same(pure_quantize(type_name, x), want, f"pure {type_name} {block_name}")
+        assert_matches_ggml(chunk, type_name, x, f"{type_name} {block_name}")
 
 
 @pytest.mark.parametrize("type_name", IQ4_TYPES)
