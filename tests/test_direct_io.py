@@ -311,6 +311,147 @@ def test_drop_behind_advises_windows_behind_the_writer(monkeypatch):
     assert calls[-1] == (0, 0)
 
 
+# --- DirectWriter: saves around the page cache ----------------------------------------
+def _write_through(path, pieces, **kw):
+    """Write ``pieces`` with a DirectWriter into a fresh file; its ``how``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        writer = direct.DirectWriter(fd, str(path), **kw)
+        try:
+            for piece in pieces:
+                writer.write(piece)
+            writer.flush()
+            os.fsync(fd)
+            how = writer.how
+            writer.finish()
+        finally:
+            writer.close()
+    finally:
+        os.close(fd)
+    return how
+
+
+@pytest.mark.parametrize("sizes", [[0], [1], [ALIGN], [ALIGN + 1], [3 * ALIGN - 7, 5, 2 * ALIGN + 11],
+                                   [5 * 8192 + 3], [1, 2 * 8192, 8191, 8192 * 3 + 1, 17]],
+                         ids=["empty", "one-byte", "one-block", "block+1", "three-odd", "chunks+3", "mixed"])
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_direct_writer_writes_every_byte_in_order(tmp_path, sizes, depth):
+    rng = np.random.default_rng(sum(sizes) + depth)
+    pieces = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    path = tmp_path / "w.bin"
+    how = _write_through(path, pieces, chunk=8192, depth=depth)
+    assert path.read_bytes() == b"".join(p.tobytes() for p in pieces)
+    assert how == "o_direct" or how.startswith("refused") or how == "nocache"
+
+
+def test_direct_writer_takes_any_buffer_and_dtype(tmp_path):
+    rng = np.random.default_rng(1)
+    pieces = [rng.standard_normal((33, 17), dtype=np.float32), b"abc", bytearray(b"xyz" * 5000),
+              memoryview(rng.integers(0, 9, 1234, dtype=np.int64)), np.float64(2.5)]
+    path = tmp_path / "w.bin"
+    _write_through(path, pieces, chunk=8192, depth=2)
+    assert path.read_bytes() == b"".join(bytes(memoryview(p).cast("B")) if not isinstance(p, np.ndarray)
+                                         else p.tobytes() for p in pieces)
+
+
+def test_direct_writer_refused_at_the_first_write_falls_back(tmp_path, monkeypatch):
+    """A filesystem that takes O_DIRECT at open and refuses the write (some FUSE
+    mounts): the refused bytes and every later one are written buffered."""
+    real = direct._pwrite_all
+    refused = []
+
+    def pwrite_all(fd, view, offset):
+        if fd != plain[0]:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(direct, "_pwrite_all", pwrite_all)
+    path = tmp_path / "w.bin"
+    data = np.random.default_rng(2).integers(0, 256, 5 * 8192 + 77, dtype=np.uint8)
+    plain = [None]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    plain[0] = fd
+    try:
+        writer = direct.DirectWriter(fd, str(path), chunk=8192, depth=2)
+        if not writer.direct:
+            pytest.skip(f"direct writes refused at open here: {writer.how}")
+        writer.write(data[:100])
+        writer.write(data[100:])
+        writer.flush()
+        assert not writer.direct and writer.how.startswith("refused: direct write failed")
+        writer.finish()
+    finally:
+        os.close(fd)
+    assert refused == [0]
+    assert path.read_bytes() == data.tobytes()
+
+
+def test_direct_writer_error_of_a_later_write_fails_the_save_and_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "m.apr"
+    old = {"w": np.arange(10, dtype=np.float32)}
+    aprfast.save_file(old, path)
+    real, calls = direct._pwrite_all, []
+
+    def pwrite_all(fd, view, offset):
+        calls.append(offset)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(direct, "_pwrite_all", pwrite_all)
+    monkeypatch.setattr(direct, "WRITE_CHUNK", 8192)
+    monkeypatch.setattr(direct.DirectWriter.__init__, "__defaults__", (None, 0, 8192, 2))
+    new = {f"w{i}": np.random.default_rng(i).standard_normal(5000, dtype=np.float32) for i in range(8)}
+    with pytest.raises(aprfast.errors.AprIOError, match="No space left"):
+        aprfast.save_file(new, path, backend="direct")
+    assert len(calls) >= 3
+    _same(aprfast.load_file(path), old)
+    assert sorted(os.listdir(tmp_path)) == ["m.apr"]
+
+
+def test_direct_writer_at_an_unaligned_start_writes_buffered(tmp_path):
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"h" * 10)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        writer = direct.DirectWriter(fd, str(path), start=10, chunk=8192, depth=2)
+        if writer.how != "nocache":
+            assert not writer.direct
+        writer.write(b"z" * 20000)
+        writer.flush()
+        writer.finish()
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"h" * 10 + b"z" * 20000
+
+
+def test_direct_writer_argument_checks(tmp_path):
+    with pytest.raises(ValueError, match="multiple of 4096"):
+        direct.DirectWriter(0, chunk=1000)
+    with pytest.raises(ValueError, match="depth"):
+        direct.DirectWriter(0, depth=0)
+
+
+@pytest.mark.parametrize("buffered", [False, True], ids=["o_direct", "fallback"])
+@pytest.mark.parametrize("layout", ["apr2", "aprender"])
+def test_direct_save_gives_the_bytes_of_a_buffered_save(tmp_path, buffered, layout):
+    want = _model(5, count=30)
+    want["big"] = np.random.default_rng(9).standard_normal(3 << 20, dtype=np.float32)  # past several chunks
+    previous = platform.force(["o_direct"] if buffered else [])
+    try:
+        aprfast.save_file(want, tmp_path / "d.apr", backend="direct", layout=layout, metadata={"k": "v"})
+        aprfast.save_file(want, tmp_path / "n.apr", durable=False, backend="direct", layout=layout,
+                          metadata={"k": "v"})
+    finally:
+        platform.force(previous)
+    aprfast.save_file(want, tmp_path / "b.apr", layout=layout, metadata={"k": "v"})
+    expected = (tmp_path / "b.apr").read_bytes()
+    assert (tmp_path / "d.apr").read_bytes() == expected
+    assert (tmp_path / "n.apr").read_bytes() == expected
+    _same(aprfast.load_file(tmp_path / "d.apr"), want)
+
+
 def test_network_filesystem_types(monkeypatch):
     monkeypatch.setattr(direct, "filesystem_type", lambda path: "nfs4")
     assert direct.is_network_filesystem("/x")

@@ -25,7 +25,7 @@ from ..dtypes import DType, check_shape
 from ..errors import AprError, AprIOError, LayoutError, UnknownDTypeError
 from ..io import platform as _platform
 from ..io.atomic import AtomicFile, kernel_copy, open_anonymous, reserve_blocks
-from ..io.direct import DropBehind
+from ..io.direct import DirectWriter
 from ..tensors import TensorInput, as_input
 
 __all__ = ["Writer", "write_plan"]
@@ -41,13 +41,13 @@ class _Sink:
     everything written.  Small pieces are gathered so many tiny tensors cost a few
     syscalls and one CRC call per megabyte."""
 
-    def __init__(self, fd=None, fileobj=None, behind=None):
+    def __init__(self, fd=None, fileobj=None, direct=None):
         self._fd = fd
         self._file = fileobj
         self.pending = bytearray()
         self.crc = 0
-        #: an aprfast.io.direct.DropBehind told of every byte written (backend="direct")
-        self.behind = behind
+        #: an aprfast.io.direct.DirectWriter every byte goes through (backend="direct")
+        self.direct = direct
 
     def write(self, piece, nbytes: int) -> None:
         """Write ``nbytes`` bytes from ``piece`` (any C-contiguous buffer)."""
@@ -78,7 +78,7 @@ class _Sink:
         """Copy ``n`` bytes whose CRC is ``crc`` from ``spool_fd`` without passing them
         through Python when the kernel can."""
         self.flush()
-        if not (self._fd is not None and kernel_copy(spool_fd, self._fd, offset, n)):
+        if not (self._fd is not None and self.direct is None and kernel_copy(spool_fd, self._fd, offset, n)):
             self._copy_through_memory(spool_fd, offset, n)
         self.crc = crc32_combine(self.crc, crc, n)
 
@@ -92,6 +92,9 @@ class _Sink:
             n -= len(chunk)
 
     def _write_all(self, view: memoryview) -> None:
+        if self.direct is not None:
+            self.direct.write(view)
+            return
         while len(view):
             if self._fd is not None:
                 written = os.write(self._fd, view)
@@ -99,8 +102,6 @@ class _Sink:
                 written = self._file.write(view)
                 written = len(view) if written is None else written
             view = view[written:]
-            if self.behind is not None:
-                self.behind.wrote(written)
 
 
 def _as_bytes(piece) -> memoryview:
@@ -114,7 +115,7 @@ def _as_bytes(piece) -> memoryview:
 def write_plan(plan, sink: _Sink, *, spool_fd=None) -> None:
     """Stream a plan: prefix, tensors with padding, footer over the sink's running CRC."""
     sink.write(plan.prefix, len(plan.prefix))
-    if spool_fd is None and sink._fd is not None and hasattr(os, "writev"):
+    if spool_fd is None and sink._fd is not None and sink.direct is None and hasattr(os, "writev"):
         _write_vectored(plan, sink)
         _write_footer(plan, sink)
         return
@@ -160,13 +161,9 @@ def _write_vectored(plan, sink: _Sink) -> None:
             sink.pending += _ZEROS[:pad]
         if queued >= _VECTOR_BATCH or len(queue) >= _VECTOR_PIECES:
             _writev_all(sink._fd, queue)
-            if sink.behind is not None:
-                sink.behind.wrote(queued)
             queue, queued = [], 0
     queued += _queue_pending(sink, queue)
     _writev_all(sink._fd, queue)
-    if sink.behind is not None:
-        sink.behind.wrote(queued)
 
 
 def _queue_pending(sink: _Sink, queue: list) -> int:
@@ -217,9 +214,10 @@ def save_to(target, plan, *, durable: bool = True, storage_options=None, backend
     """Write a complete plan to a path (atomically), a URL (an upload published only
     when complete), a writable file object, or an uncommitted
     :class:`~aprfast.io.atomic.AtomicFile` (one file of a set; its owner commits it).
-    ``backend="direct"``: a path's file leaves the page cache as it is written
-    (:class:`aprfast.io.direct.DropBehind`), and is written back before the save
-    returns, even when not ``durable``, so that nothing of it stays cached."""
+    ``backend="direct"``: a path's file is written around the page cache
+    (:class:`aprfast.io.direct.DirectWriter`), and what little went through it is
+    written back before the save returns, even when not ``durable``, so that nothing
+    of the file stays cached."""
     if backend not in SAVE_BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, SAVE_BACKENDS))}, not {backend!r}")
     _emit_to(target, lambda sink: write_plan(plan, sink), durable, plan.total_size, storage_options,
@@ -272,17 +270,21 @@ def _emit_to(target, emit, durable: bool, size: int, storage_options=None, direc
         return
     if isinstance(target, (str, os.PathLike)):
         atomic = AtomicFile(target, durable=durable)
+        writer = None
         try:
             if not durable:
                 reserve_blocks(atomic.fd, size)
-            behind = DropBehind(atomic.fd) if direct else None
-            emit(_Sink(fd=atomic.fd, behind=behind))
-            if behind is not None:
+            writer = DirectWriter(atomic.fd, atomic.temp_path) if direct else None
+            emit(_Sink(fd=atomic.fd, direct=writer))
+            if writer is not None:
+                writer.flush()
                 # written back (the fsync the commit would make anyway when durable), so the
-                # advice drops every page: none of the file stays in the cache
+                # advice drops every page the tail (or a buffered fallback) cached
                 (os.fsync if durable else getattr(os, "fdatasync", os.fsync))(atomic.fd)
-                behind.finish()
+                writer.finish()
         except BaseException as exc:
+            if writer is not None:
+                writer.close()
             atomic.abort()
             _raise_io_error(exc, target)
             raise

@@ -30,7 +30,7 @@ import os
 
 from ..errors import AprFileInUseError
 
-__all__ = ["WINDOWS", "NAMES", "ENV", "forced", "force", "uses", "pread", "preadv", "fsync_directory",
+__all__ = ["WINDOWS", "NAMES", "ENV", "forced", "force", "uses", "pread", "preadv", "pwrite", "fsync_directory",
            "replace"]
 
 WINDOWS = os.name == "nt"
@@ -111,6 +111,15 @@ def preadv(fd: int, view, offset: int) -> int:
     if uses("pread") and hasattr(os, "preadv"):
         return os.preadv(fd, [view], offset)
     return _read_into(fd, memoryview(view).cast("B"), offset)
+
+
+def pwrite(fd: int, view, offset: int) -> int:
+    """``os.pwrite``: bytes of ``view`` written at ``offset``.  Where it does not exist
+    (Windows), a seek and a write: one writer per descriptor at a time."""
+    if hasattr(os, "pwrite"):
+        return os.pwrite(fd, view, offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    return os.write(fd, view)
 
 
 def _read_into(fd: int, view: memoryview, offset: int) -> int:
