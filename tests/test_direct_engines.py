@@ -250,6 +250,47 @@ def test_loads_without_a_ring_and_with_o_direct_refused_give_the_tensors(tmp_pat
             platform.force(previous)
 
 
+def _large_model():
+    """About 72 MiB in tensors of uneven sizes: a fresh destination (above the freed-buffer
+    cache's 32 MiB mapping threshold) of 36 populate steps, which the io_uring engine
+    populates with a helper thread (csrc/uring.c, sharer)."""
+    rng = np.random.default_rng(3)
+    out = {f"w.{i}": rng.standard_normal(int(rng.integers(1, 3 << 20)), dtype=np.float32) for i in range(12)}
+    out["tail"] = rng.integers(0, 256, 4097, dtype=np.uint8)
+    return out
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_large_fresh_destination_populated_by_two_threads_gives_the_tensors(tmp_path, monkeypatch, engine):
+    want = _large_model()
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path)
+    monkeypatch.setenv(direct.ENGINE_ENV, engine)
+    for _ in range(3):
+        _memory.release_buffer_cache()  # a fresh block each time, not a cached one
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            direct.drop_cached(fd)
+        finally:
+            os.close(fd)
+        _same(aprfast.load_file(path, backend="direct"), want)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_large_file_cut_short_while_open_stops_the_populating_helper(tmp_path, monkeypatch, engine):
+    want = _large_model()
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path)
+    monkeypatch.setenv(direct.ENGINE_ENV, engine)
+    for cut in (8 << 20, 40 << 20):
+        with aprfast.open(path, backend="direct") as f:
+            os.truncate(path, cut)
+            _memory.release_buffer_cache()
+            with pytest.raises(CorruptError):
+                f.load_all()
+        aprfast.save_file(want, path)
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_file_that_shrinks_while_open_is_corrupt_for_each_engine(tmp_path, monkeypatch, engine):
     want = {"w": np.arange(3 << 20, dtype=np.float32)}  # 12 MiB: io_uring reads it
