@@ -103,7 +103,7 @@ static int mapped_alloc(apr_block *block, size_t size, int defer)
 
 /* Windows commits pages as they are touched: nothing is populated ahead, so nothing is
  * deferred or claimed. */
-static void fresh_unregister(uint8_t *lo) { (void)lo; }
+static void fresh_unregister(uint8_t *lo, uint8_t *hi) { (void)lo; (void)hi; }
 int apr_fresh_claim(const void *ptr, size_t len, apr_fresh_state *st)
 {
     (void)ptr;
@@ -263,13 +263,15 @@ static int fresh_register(uint8_t *lo, uint8_t *hi)
     return done;
 }
 
-static void fresh_unregister(uint8_t *lo)
+/* Every registration inside [lo, hi): the block's own, or what a partial read of it
+ * left registered (apr_fresh_claim). */
+static void fresh_unregister(uint8_t *lo, uint8_t *hi)
 {
     if (!__atomic_load_n(&fresh_count, __ATOMIC_ACQUIRE))
         return;
     pthread_mutex_lock(&fresh_lock);
     for (int i = 0; i < FRESH_SLOTS; i++)
-        if (fresh_blocks[i].lo == lo) {
+        if (fresh_blocks[i].lo && fresh_blocks[i].lo >= lo && fresh_blocks[i].lo < hi) {
             fresh_blocks[i].lo = fresh_blocks[i].hi = NULL;
             __atomic_sub_fetch(&fresh_count, 1, __ATOMIC_RELEASE);
         }
@@ -289,8 +291,14 @@ int apr_fresh_claim(const void *ptr, size_t len, apr_fresh_state *st)
         if (a && p >= a && p < b && len <= b - p) {
             lo = fresh_blocks[i].lo;
             hi = fresh_blocks[i].hi;
-            fresh_blocks[i].lo = fresh_blocks[i].hi = NULL;
-            __atomic_sub_fetch(&fresh_count, 1, __ATOMIC_RELEASE);
+            if (b - (p + len) >= HUGE_PAGE) {
+                /* a read of the first part (backend="direct"'s probe reads a window each
+                 * way first): the rest stays registered for the read that fills it */
+                fresh_blocks[i].lo = (uint8_t *)(p + len);
+            } else {
+                fresh_blocks[i].lo = fresh_blocks[i].hi = NULL;
+                __atomic_sub_fetch(&fresh_count, 1, __ATOMIC_RELEASE);
+            }
             break;
         }
     }
@@ -800,7 +808,7 @@ void apr_block_free(apr_block *block)
     if (!block->base)
         return;
     if (block->mapped)
-        fresh_unregister(block->ptr); /* freed before a read claimed it: nothing to populate */
+        fresh_unregister(block->ptr, block->ptr + block->mapped); /* freed before a read claimed it (all or part) */
     if (!cache_put(block))
         release(block);
     memset(block, 0, sizeof *block);
