@@ -431,6 +431,19 @@ def test_direct_writer_argument_checks(tmp_path):
         direct.DirectWriter(0, chunk=1000)
     with pytest.raises(ValueError, match="depth"):
         direct.DirectWriter(0, depth=0)
+    path = tmp_path / "w.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        writer = direct.DirectWriter(fd, str(path), chunk=8192, depth=2)
+        writer.write(b"a" * 5000)
+        writer.flush()
+        with pytest.raises(ValueError, match="after flush"):
+            writer.write(b"b")
+        writer.finish()
+        writer.close()  # idempotent
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"a" * 5000
 
 
 @pytest.mark.parametrize("buffered", [False, True], ids=["o_direct", "fallback"])

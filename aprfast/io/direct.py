@@ -433,6 +433,7 @@ class DirectWriter:
         self._buffers = self._pending = self._pool = self._memory = None
         self._current = 0
         self._proven = False      # a direct write succeeded: later refusals are errors
+        self._closed = False      # flushed or closed: no more writes
         if self._direct is not None and self.how == "o_direct" and start % ALIGN:
             self._refused("refused: the first byte is not block-aligned")
         if self._direct is not None:
@@ -455,7 +456,15 @@ class DirectWriter:
         return self._direct is not None
 
     def write(self, data) -> None:
-        """Append the bytes of ``data`` (any C-contiguous buffer)."""
+        """Append the bytes of ``data`` (any C-contiguous buffer).
+
+        Raises:
+            ValueError: After :meth:`flush` (its tail left the file unaligned for
+                direct writes) or :meth:`close`.
+            OSError: A write failed (this one, or one in flight since an earlier call).
+        """
+        if self._closed:
+            raise ValueError("DirectWriter: write after flush or close")
         view = memoryview(data)
         if view.ndim != 1 or view.format != "B":
             view = view.cast("B") if view.nbytes else memoryview(b"")
@@ -481,7 +490,8 @@ class DirectWriter:
 
     def flush(self) -> None:
         """Write what the buffers hold and wait for every write in flight; after it the
-        file holds every byte given to :meth:`write`."""
+        file holds every byte given to :meth:`write`, and nothing more may be written."""
+        self._closed = True
         if self._direct is None:
             return
         whole = self._fill - self._fill % ALIGN if self.how == "o_direct" else self._fill
@@ -506,6 +516,13 @@ class DirectWriter:
     def close(self) -> None:
         """Wait for the writes in flight (their errors ignored) and release everything
         (idempotent); for the path of an error."""
+        self._closed = True
+        self._release()
+
+    # --- internals -----------------------------------------------------------------
+    def _release(self) -> None:
+        """Wait for the writes in flight, free the threads and buffers, close the
+        direct descriptor: later writes are buffered."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -513,7 +530,6 @@ class DirectWriter:
         self._pending = self._buffers = self._memory = None
         self._refused(self.how)
 
-    # --- internals -----------------------------------------------------------------
     def _submit(self, n: int, keep: int = 0) -> None:
         """Write the first n bytes of the current buffer at self._offset; move the
         ``keep`` bytes after them to the start of the next buffer."""
@@ -528,7 +544,7 @@ class DirectWriter:
                 self._write_buffered(buffer[:n + keep], offset)
                 self._offset += n + keep
                 self._fill = 0
-                self.close()
+                self._release()
                 return
             self._proven = True
         else:
