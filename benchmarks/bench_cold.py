@@ -18,11 +18,9 @@ the device (as this guest sees it) delivers.
 Rows (aprfast | safetensors | the best other peer | limit):
 
 * cold eager load into owned arrays: ``aprfast.load_file(backend=...)`` with "direct"
-  (the default engine: O_DIRECT, or buffered reads dropped behind the reader where its
-  probe of the first windows finds them faster; also with each engine forced: io_uring
-  and the threaded preads, both O_DIRECT, and the buffered reads,
-  ``APRFAST_DIRECT_ENGINE``), "auto" (``mmap=False``: picks direct for a cold file) and
-  "pread" |
+  (O_DIRECT; also with each engine forced, ``APRFAST_DIRECT_ENGINE``: io_uring and the
+  threaded preads, both O_DIRECT, and buffered reads dropped behind the reader), "auto"
+  (``mmap=False``: picks direct for a cold file) and "pread" |
   ``safetensors.numpy.load_file`` (mmap and pread back ends) | ``torch.load``,
   tensorizer ``TensorDeserializer`` (its own format, to CPU), Run:ai
   ``SafetensorsStreamer`` (tensors cloned out of its reused buffer), fastsafetensors
@@ -175,8 +173,8 @@ def eager_tools(files: dict) -> dict:
             _engine("io_uring", lambda: aprfast.load_file(apr, backend="direct")), [apr]),
         "aprfast.load_file(backend='direct'), engine threads": (
             _engine("threads", lambda: aprfast.load_file(apr, backend="direct")), [apr]),
-        # buffered reads dropped from the cache behind the reader: what the default
-        # engine's probe picks where they measure faster than O_DIRECT
+        # buffered reads dropped from the cache behind the reader (faster than O_DIRECT
+        # on some VMs, some of the time)
         "aprfast.load_file(backend='direct'), engine buffered": (
             _engine("buffered", lambda: aprfast.load_file(apr, backend="direct")), [apr]),
         "aprfast.load_file(mmap=False) (auto)": (lambda: aprfast.load_file(apr, mmap=False), [apr]),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import zlib
 
 import numpy as np
@@ -281,50 +280,6 @@ def test_the_buffered_engine_reads_through_the_cache_and_leaves_nothing_there(tm
     assert left <= 0.05
 
 
-@pytest.mark.parametrize("slower", ["direct", "buffered"])
-def test_the_auto_engine_probes_a_window_each_way_and_reads_the_rest_the_faster_way(blob, monkeypatch, slower):
-    _, data, path = blob
-    monkeypatch.setattr(direct, "PROBE_MIN", 1 << 20)
-    monkeypatch.setattr(direct, "PROBE_WINDOW", 256 << 10)
-    calls, clock = [], [0.0]
-    real_read, real_buffered = direct.DirectReader._read, direct.DirectReader._buffered
-
-    def spy(kind, real):
-        def call(self, offset, out, threads, crc):
-            calls.append((kind, offset, out.nbytes))
-            clock[0] += 1.0 if kind == slower else 0.1  # a clock of its own: no timing flakes
-            return real(self, offset, out, threads, crc)
-        return call
-
-    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
-
-    monkeypatch.setattr(direct.DirectReader, "_read", spy("direct", real_read))
-    monkeypatch.setattr(direct.DirectReader, "_buffered", spy("buffered", real_buffered))
-    fd = os.open(path, os.O_RDONLY)
-    reader = direct.DirectReader(fd, str(path), engine="auto")
-    try:
-        if reader.how != "o_direct":
-            pytest.skip(f"no O_DIRECT here: {reader.how}")
-        for offset in (0, 4099):
-            calls.clear()
-            out = np.empty(data.size - offset, np.uint8)
-            crc = reader.readinto(offset, memoryview(out), 0, 0)
-            assert crc == zlib.crc32(data[offset:])
-            np.testing.assert_array_equal(out, data[offset:])
-            w = 256 << 10
-            faster = "buffered" if slower == "direct" else "direct"
-            assert calls[:3] == [("direct", offset, w), ("buffered", offset + w, w),
-                                 (faster, offset + 2 * w, data.size - offset - 2 * w)]
-            assert reader.probe[0] == faster, reader.probe
-        calls.clear()
-        small = np.empty((1 << 20) - 1, np.uint8)  # under PROBE_MIN: O_DIRECT, no probe
-        reader.readinto(0, memoryview(small), 0, None)
-        assert [c[0] for c in calls] == ["direct"]
-    finally:
-        reader.close()
-        os.close(fd)
-
-
 def _large_model():
     """About 72 MiB in tensors of uneven sizes: a fresh destination (above the freed-buffer
     cache's 32 MiB mapping threshold) of 36 populate steps, which the io_uring engine
@@ -351,30 +306,30 @@ def test_a_large_fresh_destination_populated_by_two_threads_gives_the_tensors(tm
         _same(aprfast.load_file(path, backend="direct"), want)
 
 
-@pytest.mark.parametrize("slower", ["direct", "buffered"])
-def test_a_probed_load_of_a_fresh_destination_gives_the_tensors(tmp_path, monkeypatch, slower):
-    """The probe's first window claims only part of the fresh block (csrc/buffers.c
-    apr_fresh_claim leaves the rest registered for the read after it)."""
+@pytest.mark.parametrize("engine", ["buffered", "io_uring"])
+def test_a_fresh_destination_read_in_windows_gives_the_tensors(tmp_path, monkeypatch, engine):
+    """The buffered engine reads a fresh block window by window: each read claims only
+    part of it (csrc/buffers.c apr_fresh_claim leaves the rest registered for the next).
+    Forced buffered reads (o_direct refused) go the same way."""
     want = _large_model()
     path = tmp_path / "m.apr"
     aprfast.save_file(want, path)
-    monkeypatch.setattr(direct, "PROBE_MIN", 16 << 20)
-    monkeypatch.setattr(direct, "PROBE_WINDOW", 8 << 20)
-    real = getattr(direct.DirectReader, "_read" if slower == "direct" else "_buffered")
-
-    def slow(self, offset, out, threads, crc):
-        time.sleep(0.2)
-        return real(self, offset, out, threads, crc)
-
-    monkeypatch.setattr(direct.DirectReader, "_read" if slower == "direct" else "_buffered", slow)
-    for _ in range(2):
-        _memory.release_buffer_cache()
-        _same(aprfast.load_file(path, backend="direct"), want)
-    with aprfast.open(path, backend="direct") as f:
-        os.truncate(path, 40 << 20)
-        _memory.release_buffer_cache()
-        with pytest.raises(CorruptError):
-            f.load_all()
+    monkeypatch.setattr(direct, "WINDOW", 8 << 20)
+    monkeypatch.setenv(direct.ENGINE_ENV, engine)
+    for forced in ([], ["o_direct"]):
+        previous = platform.force(forced)
+        try:
+            for _ in range(2):
+                _memory.release_buffer_cache()
+                _same(aprfast.load_file(path, backend="direct"), want)
+            with aprfast.open(path, backend="direct") as f:
+                os.truncate(path, 40 << 20)
+                _memory.release_buffer_cache()
+                with pytest.raises(CorruptError):
+                    f.load_all()
+            aprfast.save_file(want, path)
+        finally:
+            platform.force(previous)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

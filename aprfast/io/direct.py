@@ -25,12 +25,8 @@ Per platform:
     ``EPERM`` under seccomp or ``kernel.io_uring_disabled``, the ``io_uring`` fallback
     forced) and for small reads, without a word;
   - ``buffered``: reads through the cache in windows of 64 MiB, each dropped after it
-    is read, as where direct I/O is refused (below).
-
-  The default (``auto``) reads its first 64 MiB with ``O_DIRECT`` and the next 64 MiB
-  buffered when a read is 256 MiB or more, and the rest with whichever was faster
-  (:data:`PROBE_MIN`): which one wins depends on the storage and what lies between it
-  and the kernel, and on the development VM it changed from hour to hour.
+    is read, as where direct I/O is refused (below): for storage where buffered reads
+    measure faster (a VM whose host caches the disk image can be one).
 - macOS: ``F_NOCACHE`` on the second descriptor (no alignment rules), read by the
   normal parallel ``pread``.
 - Windows: a second handle opened by ``CreateFileW`` with ``FILE_FLAG_NO_BUFFERING``
@@ -63,7 +59,7 @@ import os
 from .. import _memory
 from . import platform as _platform
 
-__all__ = ["ALIGN", "WINDOW", "ENGINES", "ENGINE_ENV", "PROBE_MIN", "PROBE_WINDOW", "engine_from_env",
+__all__ = ["ALIGN", "WINDOW", "ENGINES", "ENGINE_ENV", "engine_from_env",
            "DirectReader", "open_direct", "drop_cached", "DropBehind", "DirectWriter", "WRITE_CHUNK",
            "WRITE_DEPTH", "choose_backend",
            "filesystem_type", "is_network_filesystem", "available_memory", "cached_fraction", "BACKENDS"]
@@ -84,21 +80,13 @@ BACKENDS = ("auto", "mmap", "pread", "direct")
 #: The engines of reads around the page cache: "io_uring" and "threads" read with
 #: ``O_DIRECT`` (csrc/pio.h apr_pread_direct_engine); "buffered" reads through the cache
 #: in windows of :data:`WINDOW`, each dropped after it is read (as where direct I/O is
-#: refused); "auto" measures (:data:`PROBE_MIN`) and otherwise reads with ``O_DIRECT``,
-#: io_uring for reads of 8 MiB or more where a ring can be set up, the threads else.
+#: refused); "auto" (the default) is io_uring for reads of 8 MiB or more where a ring
+#: can be set up, the threads otherwise.  Why "buffered" is not picked by measuring:
+#: on the development VM buffered reads of a cold file were 1.7x faster than direct
+#: ones in one hour and 2x slower in another, but a probe that read one 64 MiB window
+#: each way and the rest the faster way left the rest 2-6x slower than one direct read
+#: whenever its buffered window came first (cause not found), so it was taken out.
 ENGINES = ("auto", "io_uring", "threads", "buffered")
-#: Under the "auto" engine a read of at least this many bytes reads its first
-#: :data:`PROBE_WINDOW` with ``O_DIRECT`` and the next one buffered (dropped after),
-#: and the rest with whichever moved its window faster.  Why: which is faster depends
-#: on the storage and on what sits between it and this kernel.  On a local NVMe or SATA
-#: disk ``O_DIRECT`` moves the bytes once where a buffered read copies them again; on
-#: the development VM the host's cache and the guest's 8 MiB read-ahead made buffered
-#: reads of a cold 504 MiB file 1.7x faster than direct ones in one hour (169 against
-#: 290 ms) and 3-5x slower in another (docs/performance.md).  Either way the page cache
-#: ends as it was: at most a window of the file is ever cached.  The probe costs at most
-#: the difference between the two on one window.
-PROBE_MIN = 256 << 20
-PROBE_WINDOW = 64 << 20
 #: The environment variable that forces one engine (tests, benchmarks, a kernel whose
 #: io_uring misbehaves): read when a file is opened with ``backend="direct"``.
 ENGINE_ENV = "APRFAST_DIRECT_ENGINE"
@@ -254,7 +242,6 @@ class DirectReader:
             raise ValueError(f"no direct-read engine {self.engine!r}; known: {', '.join(ENGINES)}")
         self._fd = fd
         self.path = path
-        self.probe = None
         self._direct, self.how = open_direct(fd, path)
 
     @property
@@ -264,31 +251,9 @@ class DirectReader:
 
     def readinto(self, offset: int, out: memoryview, threads: int, crc):
         """Fill ``out`` (a flat byte view) from ``offset``; the running CRC if ``crc``."""
-        if self._direct is not None and self.how == "o_direct":
-            if self.engine == "buffered":
-                return self._buffered(offset, out, threads, crc)
-            if self.engine == "auto" and out.nbytes >= PROBE_MIN:
-                return self._probe(offset, out, threads, crc)
+        if self._direct is not None and self.how == "o_direct" and self.engine == "buffered":
+            return self._buffered(offset, out, threads, crc)
         return self._read(offset, out, threads, crc)
-
-    def _probe(self, offset, out, threads, crc):
-        """The "auto" engine's large read: one window each way, then the faster."""
-        import time
-
-        w = PROBE_WINDOW
-        started = time.perf_counter()
-        crc = self._read(offset, out[:w], threads, crc)
-        between = time.perf_counter()
-        crc = self._buffered(offset + w, out[w:2 * w], threads, crc)
-        direct_s, buffered_s = between - started, time.perf_counter() - between
-        #: what the last probe chose, and the seconds each way took for its window
-        self.probe = ("direct" if direct_s <= buffered_s else "buffered", direct_s, buffered_s)
-        rest = out[2 * w:]
-        if not rest.nbytes:
-            return crc
-        if self.probe[0] == "direct":
-            return self._read(offset + 2 * w, rest, threads, crc)
-        return self._buffered(offset + 2 * w, rest, threads, crc)
 
     def _read(self, offset, out, threads, crc):
         direct = self._direct
