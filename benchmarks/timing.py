@@ -119,7 +119,8 @@ def _once(fn, setup, clock=time.perf_counter) -> float:
 
 def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None, slow: float | None = None,
                 slow_rounds: int = 3, independent: bool = False, clock=time.perf_counter) -> dict:
-    """Time every tool of ``tools`` (name -> zero-argument callable) round-robin.
+    """Time every tool of ``tools`` (name -> zero-argument callable) round-robin, the
+    order rotated by one tool each round.
 
     ``setup`` is a callable run before every call (of every tool) outside the timed
     region, or a dict name -> callable.  A tool whose warm-up call took longer than
@@ -138,6 +139,15 @@ def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None
     work runs on the calling thread only: a thread they start is not counted).
     Returns name -> Samples (seconds per call)."""
     setups = setup if isinstance(setup, dict) else {name: setup for name in tools}
+    names = list(tools)
+
+    def order(i):
+        # rotated each round: no tool always runs right after the same one (after a tool
+        # that freed 8 GiB, the next fresh allocation on the development VM was slower,
+        # which a fixed order charged to one tool every round)
+        k = i % len(names) if names else 0
+        return names[k:] + names[:k]
+
     if independent:
         limit = {}
         for name, fn in tools.items():
@@ -145,9 +155,9 @@ def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None
             limit[name] = slow_rounds if slow is not None and first > slow else rounds
         out = {name: Samples() for name in tools}
         for i in range(rounds):
-            for name, fn in tools.items():
+            for name in order(i):
                 if i < limit[name]:
-                    out[name].append(_once(fn, setups.get(name), clock))
+                    out[name].append(_once(tools[name], setups.get(name), clock))
         return out
     numbers, limit = {}, {}
     for name, fn in tools.items():
@@ -156,11 +166,11 @@ def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None
         limit[name] = slow_rounds if slow is not None and first > slow else rounds
     out = {name: Samples() for name in tools}
     for i in range(rounds):
-        for name, fn in tools.items():
+        for name in order(i):
             if i >= limit[name]:
                 continue
             gc.collect()
-            out[name].append(_run(fn, numbers[name], setups.get(name), clock))
+            out[name].append(_run(tools[name], numbers[name], setups.get(name), clock))
     return out
 
 
@@ -320,8 +330,9 @@ class Table:
             cells.append(r.mark())
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")
-        lines.append("Median over rounds with min..max; tools run round-robin within each row; ratio = peer "
-                     "median / aprfast median (above 1: aprfast faster, or uses less memory in MiB rows; **bold** "
+        lines.append("Median over rounds with min..max; tools run round-robin within each row, the order "
+                     "rotated each round; ratio = peer median / aprfast median (above 1: aprfast faster, "
+                     "or uses less memory in MiB rows; **bold** "
                      "below 1). ❌ marks rows "
                      "where aprfast loses to the peer shown; ≈ marks rows whose ranges overlap.")
         for note in self.notes:
