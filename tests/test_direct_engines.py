@@ -18,6 +18,7 @@ import zlib
 
 import numpy as np
 import pytest
+from test_direct_io import _evict
 
 import aprfast
 from aprfast import _memory
@@ -251,7 +252,7 @@ def test_loads_without_a_ring_and_with_o_direct_refused_give_the_tensors(tmp_pat
             platform.force(previous)
 
 
-# --- the "buffered" engine and the "auto" engine's probe -----------------------------------
+# --- the "buffered" engine and fresh destinations ------------------------------------------
 def _cached_fraction(path):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -264,12 +265,7 @@ def test_the_buffered_engine_reads_through_the_cache_and_leaves_nothing_there(tm
     want = _model()
     path = tmp_path / "m.apr"
     aprfast.save_file(want, path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        direct.drop_cached(fd)
-    finally:
-        os.close(fd)
+    _evict(path)
     monkeypatch.setenv(direct.ENGINE_ENV, "buffered")
     _same(aprfast.load_file(path, backend="direct"), want)
     with aprfast.open(path, backend="direct") as f:
@@ -298,11 +294,7 @@ def test_a_large_fresh_destination_populated_by_two_threads_gives_the_tensors(tm
     monkeypatch.setenv(direct.ENGINE_ENV, engine)
     for _ in range(3):
         _memory.release_buffer_cache()  # a fresh block each time, not a cached one
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            direct.drop_cached(fd)
-        finally:
-            os.close(fd)
+        _evict(path)
         _same(aprfast.load_file(path, backend="direct"), want)
 
 

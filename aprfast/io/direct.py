@@ -286,11 +286,7 @@ class DirectReader:
 
     def _refused(self, why: str) -> None:
         direct, self._direct, self.how = self._direct, None, why
-        if direct is not None:
-            try:
-                os.close(direct)
-            except OSError:
-                pass
+        _close_quietly(direct)
 
     def close(self) -> None:
         """Close the second descriptor (idempotent)."""
@@ -547,11 +543,16 @@ class DirectWriter:
 
     def _refused(self, why: str) -> None:
         direct, self._direct, self.how = self._direct, None, why
-        if direct is not None:
-            try:
-                os.close(direct)
-            except OSError:
-                pass
+        _close_quietly(direct)
+
+
+def _close_quietly(fd) -> None:
+    """Close a second descriptor given up on (None: nothing); its error is of no use."""
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _pwrite_all(fd: int, view, offset: int) -> None:
