@@ -18,7 +18,7 @@ import zlib
 
 import numpy as np
 import pytest
-from test_direct_io import _evict
+from test_direct_io import _cached, _evict
 
 import aprfast
 from aprfast import _memory
@@ -253,24 +253,22 @@ def test_loads_without_a_ring_and_with_o_direct_refused_give_the_tensors(tmp_pat
 
 
 # --- the "buffered" engine and fresh destinations ------------------------------------------
-def _cached_fraction(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return direct.cached_fraction(fd, os.fstat(fd).st_size, 64)
-    finally:
-        os.close(fd)
+def _saved(tmp_path, monkeypatch, want, engine):
+    """``want`` saved to a fresh file, its direct reads forced onto ``engine``: the path."""
+    path = tmp_path / "m.apr"
+    aprfast.save_file(want, path)
+    monkeypatch.setenv(direct.ENGINE_ENV, engine)
+    return path
 
 
 def test_the_buffered_engine_reads_through_the_cache_and_leaves_nothing_there(tmp_path, monkeypatch):
     want = _model()
-    path = tmp_path / "m.apr"
-    aprfast.save_file(want, path)
+    path = _saved(tmp_path, monkeypatch, want, "buffered")
     _evict(path)
-    monkeypatch.setenv(direct.ENGINE_ENV, "buffered")
     _same(aprfast.load_file(path, backend="direct"), want)
     with aprfast.open(path, backend="direct") as f:
         f.verify()
-    left = _cached_fraction(path)
+    left = _cached(path)
     if left is None:
         pytest.skip("no mincore here")
     assert left <= 0.05
@@ -289,9 +287,7 @@ def _large_model():
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_large_fresh_destination_populated_by_two_threads_gives_the_tensors(tmp_path, monkeypatch, engine):
     want = _large_model()
-    path = tmp_path / "m.apr"
-    aprfast.save_file(want, path)
-    monkeypatch.setenv(direct.ENGINE_ENV, engine)
+    path = _saved(tmp_path, monkeypatch, want, engine)
     for _ in range(3):
         _memory.release_buffer_cache()  # a fresh block each time, not a cached one
         _evict(path)
@@ -304,10 +300,8 @@ def test_a_fresh_destination_read_in_windows_gives_the_tensors(tmp_path, monkeyp
     part of it (csrc/buffers.c apr_fresh_claim leaves the rest registered for the next).
     Forced buffered reads (o_direct refused) go the same way."""
     want = _large_model()
-    path = tmp_path / "m.apr"
-    aprfast.save_file(want, path)
+    path = _saved(tmp_path, monkeypatch, want, engine)
     monkeypatch.setattr(direct, "WINDOW", 8 << 20)
-    monkeypatch.setenv(direct.ENGINE_ENV, engine)
     for forced in ([], ["o_direct"]):
         previous = platform.force(forced)
         try:
@@ -327,9 +321,7 @@ def test_a_fresh_destination_read_in_windows_gives_the_tensors(tmp_path, monkeyp
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_large_file_cut_short_while_open_stops_the_populating_helper(tmp_path, monkeypatch, engine):
     want = _large_model()
-    path = tmp_path / "m.apr"
-    aprfast.save_file(want, path)
-    monkeypatch.setenv(direct.ENGINE_ENV, engine)
+    path = _saved(tmp_path, monkeypatch, want, engine)
     for cut in (8 << 20, 40 << 20):
         with aprfast.open(path, backend="direct") as f:
             os.truncate(path, cut)
