@@ -15,6 +15,7 @@ from cpython.bytearray cimport (PyByteArray_AS_STRING, PyByteArray_FromStringAnd
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
+import array
 import os
 
 cdef extern from "buffers.h" nogil:
@@ -39,6 +40,8 @@ cdef extern from "buffers.h" nogil:
     void apr_cache_release(long long limit)
     void apr_cache_set_decay(long long ms)
     int apr_huge_pages_state()
+    int apr_fresh_replay(const long long *ns, size_t n, size_t step, long long slow_ns, unsigned char *huge_out)
+    long long APR_HUGE_SLOW_DIRECT_NS
     void apr_advise_huge(void *ptr, size_t len)
     size_t APR_CACHE_MIN
     size_t APR_CACHE_RESIDENT
@@ -59,6 +62,9 @@ cdef extern from "pio.h" nogil:
 
 cdef extern from "uring.h" nogil:
     int apr_uring_available()
+    int apr_uring_set_staging(int mode)
+    size_t apr_uring_staged_last()
+    int APR_STAGE_AUTO, APR_STAGE_ALWAYS, APR_STAGE_NEVER
 
 cdef extern from "fallbacks.h" nogil:
     void apr_set_fallbacks(unsigned int flags)
@@ -169,6 +175,42 @@ def huge_pages_state():
     """Whether large buffers get huge pages in this process: "untried", "huge", or
     "small" when a fresh huge page proved slow (buffers.c says why)."""
     return {-1: "untried", 0: "huge", 1: "small"}[apr_huge_pages_state()]
+
+
+#: The slow mark of a huge page in a direct read's destination, in ns (csrc/buffers.h).
+HUGE_SLOW_DIRECT_NS = APR_HUGE_SLOW_DIRECT_NS
+
+
+def huge_page_choices(step_ns, size_t step=2 << 20, long long slow_ns=0):
+    """The page sizes csrc/buffers.c would choose for the steps of a fresh block, given
+    how long each step took to populate: a list of booleans (True: huge pages), one per
+    step, from the block's start.  For tests of the choice (apr_fresh_record), which is
+    otherwise driven by real timings.
+
+    Args:
+        step_ns: Nanoseconds each step took (an iterable of ints).
+        step: Bytes per step (2 MiB, as the reads populate).
+        slow_ns: The slow mark per huge page (0: the default; HUGE_SLOW_DIRECT_NS for
+            direct reads).
+
+    Raises:
+        ValueError: ``step`` is 0.
+        OSError: this platform makes no page-size choice.
+
+    Examples:
+        >>> from aprfast import _memory
+        >>> _memory.huge_page_choices([100_000] * 3)  # doctest: +SKIP
+        [True, True, True]
+    """
+    cdef list values = [int(v) for v in step_ns]
+    cdef Py_ssize_t n = len(values), i
+    if step == 0:
+        raise ValueError("huge_page_choices: step must be at least one byte")
+    cdef long long[::1] ns = array.array("q", values) if n else array.array("q", [0])
+    cdef unsigned char[::1] out = bytearray(max(n, 1))
+    if apr_fresh_replay(&ns[0], <size_t>n, step, slow_ns, &out[0]) != 0:
+        raise OSError("huge_page_choices: no page-size choice is made on this platform")
+    return [bool(out[i]) for i in range(n)]
 
 
 def release_buffer_cache(limit=None):
@@ -285,6 +327,38 @@ def uring_available():
     with nogil:
         ok = apr_uring_available()
     return ok != 0
+
+
+#: The staging modes of io_uring direct reads (csrc/uring.h APR_STAGE_*).
+STAGING_MODES = ("auto", "always", "never")
+
+
+def set_direct_staging(mode):
+    """Set how io_uring direct reads use their huge-page staging buffers and return
+    the mode before: "auto" (the default: the pieces whose destination is known to
+    have 4 KiB pages, csrc/uring.c says why), "always" (every whole-block piece: tests
+    and benchmarks) or "never".
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`STAGING_MODES`.
+
+    Examples:
+        >>> from aprfast import _memory
+        >>> before = _memory.set_direct_staging("never")
+        >>> _memory.set_direct_staging(before)
+        'never'
+    """
+    if mode not in STAGING_MODES:
+        raise ValueError(f"set_direct_staging: no mode {mode!r}; known: {', '.join(STAGING_MODES)}")
+    cdef int code = (APR_STAGE_AUTO, APR_STAGE_ALWAYS, APR_STAGE_NEVER)[STAGING_MODES.index(mode)]
+    cdef int old = apr_uring_set_staging(code)
+    return STAGING_MODES[(APR_STAGE_AUTO, APR_STAGE_ALWAYS, APR_STAGE_NEVER).index(old)]
+
+
+def direct_staged_last():
+    """The pieces the calling thread's last io_uring direct read read through the
+    staging buffers (0 where none was, or where io_uring is not compiled in)."""
+    return apr_uring_staged_last()
 
 
 def page_cache_sample(int fd, unsigned long long size, int samples=16):

@@ -111,6 +111,12 @@ int apr_fresh_claim(const void *ptr, size_t len, apr_fresh_state *st)
     (void)st;
     return 0;
 }
+int apr_small_pages_overlap(const void *ptr, size_t len)
+{
+    (void)ptr;
+    (void)len;
+    return 0; /* no page-size choice is made here */
+}
 #else
 /* Whether fresh huge pages proved slow in this process: -1 not tried yet, 0 no, 1 yes.
  * Read and written atomically (allocations come from any thread, the GIL may be absent). */
@@ -118,7 +124,80 @@ static int huge_pages_slow = -1;
 /* Populated and timed this much at a time; slow is over HUGE_SLOW_NS per huge page. */
 #define HUGE_STEP ((size_t)32 << 20)
 #define HUGE_SLOW_NS 1000000LL
+/* Huge pages are given up only after this many bytes of them in a row populated
+ * slowly.  Why: pio.c and uring.c populate 2 MiB at a time, racing the reads on few
+ * cores, and a single step is often preempted.  Measured on the development VM (2
+ * cores, cold 504 MiB direct loads): huge steps averaged 0.15-0.29 ms against 0.7 ms
+ * for 2 MiB of 4 KiB pages, yet 2-4 single steps of ~140 took over 1 ms, and each moved
+ * the next 256 MiB to 4 KiB pages.  That cost twice: the slower pages, and direct reads
+ * into them split into requests under 1 MiB (a request holds at most max_segments
+ * pages), against 4 MiB into huge pages, so the load took 290-320 ms instead of 160 ms
+ * (docs/performance.md, "Huge pages and direct reads").  Memory the host really took
+ * back is slow on every page (1.9-3.8 ms each), so two in a row still catch it. */
+#define HUGE_SLOW_CONFIRM ((size_t)4 << 20)
 static unsigned huge_page_allocations;
+
+/* Live blocks populated (in part) with 4 KiB pages (apr_fresh_finish), until unmapped:
+ * direct reads into them are staged (uring.c).  Few: one per load that met slow huge
+ * pages; a full table forgets (those reads go straight into the pages, as before). */
+#define SMALL_SLOTS 64
+static struct {
+    uint8_t *lo, *hi;
+} small_blocks[SMALL_SLOTS];
+static pthread_mutex_t small_lock = PTHREAD_MUTEX_INITIALIZER;
+static int small_count; /* atomic: the common case (none) takes no lock */
+
+static void small_register(uint8_t *lo, uint8_t *hi)
+{
+    pthread_mutex_lock(&small_lock);
+    int free_slot = -1;
+    for (int i = 0; i < SMALL_SLOTS; i++) {
+        if (small_blocks[i].lo && small_blocks[i].lo < hi && small_blocks[i].hi > lo) {
+            /* a span of the same block again (a later read of it): widen it */
+            if (lo < small_blocks[i].lo)
+                small_blocks[i].lo = lo;
+            if (hi > small_blocks[i].hi)
+                small_blocks[i].hi = hi;
+            free_slot = -2;
+            break;
+        }
+        if (!small_blocks[i].lo && free_slot == -1)
+            free_slot = i;
+    }
+    if (free_slot >= 0) {
+        small_blocks[free_slot].lo = lo;
+        small_blocks[free_slot].hi = hi;
+        __atomic_add_fetch(&small_count, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&small_lock);
+}
+
+/* Every span inside [lo, hi): the block is being unmapped. */
+static void small_unregister(uint8_t *lo, uint8_t *hi)
+{
+    if (!__atomic_load_n(&small_count, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&small_lock);
+    for (int i = 0; i < SMALL_SLOTS; i++)
+        if (small_blocks[i].lo && small_blocks[i].lo < hi && small_blocks[i].hi > lo) {
+            small_blocks[i].lo = small_blocks[i].hi = NULL;
+            __atomic_sub_fetch(&small_count, 1, __ATOMIC_RELEASE);
+        }
+    pthread_mutex_unlock(&small_lock);
+}
+
+int apr_small_pages_overlap(const void *ptr, size_t len)
+{
+    if (!__atomic_load_n(&small_count, __ATOMIC_ACQUIRE) || len == 0)
+        return 0;
+    const uint8_t *lo = ptr, *hi = (const uint8_t *)ptr + len;
+    int found = 0;
+    pthread_mutex_lock(&small_lock);
+    for (int i = 0; i < SMALL_SLOTS && !found; i++)
+        found = small_blocks[i].lo && small_blocks[i].lo < hi && small_blocks[i].hi > lo;
+    pthread_mutex_unlock(&small_lock);
+    return found;
+}
 
 #if defined(__linux__)
 static long long monotonic_ns(void)
@@ -170,6 +249,17 @@ void apr_fresh_begin(apr_fresh_state *st, uint8_t *lo, uint8_t *hi)
     st->retry_after = HUGE_RETRY_BYTES;
 }
 
+static void note_step(apr_fresh_state *st, int huge, uint8_t *a, uint8_t *b)
+{
+    st->last_huge = huge;
+    if (huge)
+        return;
+    if (!st->small_lo || a < st->small_lo)
+        st->small_lo = a;
+    if (b > st->small_hi)
+        st->small_hi = b;
+}
+
 /* Populate the pages of [start, start + len) (widened to whole pages, kept inside the
  * block) with the page size the state chooses, timing it and updating the choice.
  * Advice is given only when the choice changes, for the rest of the block. */
@@ -184,6 +274,18 @@ void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len)
     if (st->unsupported || b <= a)
         return;
     size_t step = (size_t)(b - a);
+    if (st->leader) {
+        /* another thread's state chooses; this step gets that choice and no timing */
+        int follow = __atomic_load_n(&st->leader->huge, __ATOMIC_RELAXED);
+        madvise((void *)a, step, follow ? MADV_HUGEPAGE : MADV_NOHUGEPAGE); /* this step only */
+        st->huge = follow;
+        if (madvise((void *)a, step, APR_MADV_POPULATE_WRITE) != 0) {
+            st->unsupported = 1;
+            return;
+        }
+        note_step(st, follow, (uint8_t *)a, (uint8_t *)b);
+        return;
+    }
     int huge = st->huge;
     if (st->advised != huge) { /* NOHUGEPAGE because THP "always" would use them anyway */
         madvise((void *)a, (size_t)((uintptr_t)st->hi - a), huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
@@ -195,27 +297,59 @@ void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len)
         return;
     }
     long long ns = monotonic_ns() - t0;
+    note_step(st, huge, (uint8_t *)a, (uint8_t *)b);
+    apr_fresh_record(st, huge, step, ns);
+}
+
+/* The page-size choice after a step of ``step`` bytes populated with huge pages (or
+ * not) took ``ns``; apart from the timing so that tests can drive it
+ * (_memory.huge_page_choices). */
+void apr_fresh_record(apr_fresh_state *st, int huge, size_t step, long long ns)
+{
     /* ns per KiB of the last step of each kind (0: none yet) */
     st->cost[huge] = (ns << 10) / (long long)step + 1;
     if (huge) {
         /* Slow is over HUGE_SLOW_NS per huge page: a hypervisor that took the memory
          * back makes each huge page 512 host faults.  Stay on 4 KiB pages only while
          * they measure cheaper than the last huge step. */
-        if (ns > (long long)((step + HUGE_PAGE - 1) / HUGE_PAGE) * HUGE_SLOW_NS) {
+        if (ns <= (long long)((step + HUGE_PAGE - 1) / HUGE_PAGE) * (st->slow_ns ? st->slow_ns : HUGE_SLOW_NS)) {
+            st->slow_bytes = 0;
+        } else if ((st->slow_bytes += step) >= HUGE_SLOW_CONFIRM) {
             if (st->small_bytes)
                 st->retry_after *= 2; /* a retry that failed: the next one waits twice as long */
-            st->huge = 0;
+            __atomic_store_n(&st->huge, 0, __ATOMIC_RELAXED);
             st->small_bytes = 0;
+            st->slow_bytes = 0;
         }
     } else if (st->cost[1] && st->cost[0] > st->cost[1]) {
-        st->huge = 1; /* 4 KiB pages proved no cheaper */
+        __atomic_store_n(&st->huge, 1, __ATOMIC_RELAXED); /* 4 KiB pages proved no cheaper */
     } else if ((st->small_bytes += step) >= st->retry_after) {
-        st->huge = 1; /* try huge pages again: memory freed since may be cheap */
+        __atomic_store_n(&st->huge, 1, __ATOMIC_RELAXED); /* try huge pages again: memory freed since may be cheap */
     }
+}
+
+/* Replay apr_fresh_record over steps of ``step`` bytes that took ns[0..n) each, from a
+ * fresh block's start (huge pages first), writing the page size each step used. */
+int apr_fresh_replay(const long long *ns, size_t n, size_t step, long long slow_ns, unsigned char *huge_out)
+{
+    apr_fresh_state st;
+    memset(&st, 0, sizeof st);
+    st.huge = 1;
+    st.advised = -1;
+    st.retry_after = HUGE_RETRY_BYTES;
+    st.slow_ns = slow_ns;
+    for (size_t i = 0; i < n; i++) {
+        int huge = st.huge;
+        huge_out[i] = (unsigned char)huge;
+        apr_fresh_record(&st, huge, step, ns[i]);
+    }
+    return 0;
 }
 
 void apr_fresh_finish(apr_fresh_state *st)
 {
+    if (st->small_lo && st->small_hi > st->small_lo)
+        small_register(st->small_lo, st->small_hi);
     if (!st->unsupported)
         __atomic_store_n(&huge_pages_slow, !st->huge, __ATOMIC_RELAXED);
 }
@@ -352,7 +486,43 @@ void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len)
     (void)len;
 }
 void apr_fresh_finish(apr_fresh_state *st) { (void)st; }
+void apr_fresh_record(apr_fresh_state *st, int huge, size_t step, long long ns)
+{
+    (void)st;
+    (void)huge;
+    (void)step;
+    (void)ns;
+}
+int apr_fresh_replay(const long long *ns, size_t n, size_t step, long long slow_ns, unsigned char *huge_out)
+{
+    (void)ns;
+    (void)n;
+    (void)step;
+    (void)slow_ns;
+    (void)huge_out;
+    return -1; /* no page-size choice is made here */
+}
 #endif
+
+void apr_fresh_narrow(apr_fresh_state *st, uint8_t *lo, uint8_t *hi)
+{
+    uintptr_t page = 4096;
+    uint8_t *a = (uint8_t *)((uintptr_t)lo & ~(page - 1)), *b = (uint8_t *)(((uintptr_t)hi + page - 1) & ~(page - 1));
+    if (a > st->lo)
+        st->lo = a;
+    if (b < st->hi)
+        st->hi = b;
+}
+
+void apr_fresh_merge(apr_fresh_state *into, const apr_fresh_state *from)
+{
+    if (!from->small_lo)
+        return;
+    if (!into->small_lo || from->small_lo < into->small_lo)
+        into->small_lo = from->small_lo;
+    if (from->small_hi > into->small_hi)
+        into->small_hi = from->small_hi;
+}
 
 int apr_huge_pages_state(void)
 {
@@ -381,10 +551,12 @@ void apr_advise_huge(void *ptr, size_t len)
 static void release(apr_block *block)
 {
 #if !defined(_WIN32)
-    if (block->mapped)
+    if (block->mapped) {
+        small_unregister(block->ptr, block->ptr + block->mapped);
         munmap(block->base, block->mapped);
-    else
+    } else {
         free(block->base);
+    }
 #else
     if (block->mapped)
         VirtualFree(block->base, 0, MEM_RELEASE);

@@ -50,7 +50,7 @@ int apr_block_alloc_deferred(apr_block *block, size_t size, size_t alignment);
 
 /* The choice of page size while populating fresh memory step by step (buffers.c):
  * huge pages where they prove cheap, else 4 KiB pages, retried as memory changes. */
-typedef struct {
+typedef struct apr_fresh_state {
     uint8_t *lo, *hi;    /* the block: populating never leaves it */
     int huge;            /* the page size of the next step */
     int advised;         /* the advice in force from the last step on (-1: none) */
@@ -58,11 +58,51 @@ typedef struct {
     long long cost[2];   /* ns per KiB of the last step with 4 KiB / huge pages */
     size_t small_bytes;  /* populated with 4 KiB pages since the last huge step */
     size_t retry_after;  /* try a huge step again after this many such bytes */
+    size_t slow_bytes;   /* huge-page bytes in a row that populated slowly */
+    /* Another thread's state populating the same block, whose page size this one
+     * takes, with no timing or choice of its own (uring.c's calling thread follows
+     * its helper): NULL for none. */
+    const struct apr_fresh_state *leader;
+    /* A huge page that takes longer than this to populate is slow (0: buffers.c's
+     * HUGE_SLOW_NS); destinations of direct reads use APR_HUGE_SLOW_DIRECT_NS. */
+    long long slow_ns;
+    int last_huge;       /* whether the last step populated used huge pages */
+    /* The span of the steps populated with 4 KiB pages (NULL: none): apr_fresh_finish
+     * records it (apr_small_pages_overlap), since direct reads into those pages are
+     * split into small requests (APR_HUGE_SLOW_DIRECT_NS) and are better staged. */
+    uint8_t *small_lo, *small_hi;
 } apr_fresh_state;
+
+/* The slow mark for huge pages of a direct read's destination (apr_fresh_state.slow_ns).
+ * Why higher than for other memory: a direct read into 4 KiB pages is split into
+ * requests of at most the device's max_segments pages (254 pages, under 1 MiB, on the
+ * development VM's virtio disk) where one into huge pages goes up to max_sectors_kb
+ * (4 MiB there), and a cold 504 MiB direct read took 356 ms into 4 KiB pages against
+ * 143 ms into huge pages: 0.8 ms of reading per 2 MiB, so huge pages are worth up to
+ * that much more populating time (measured: 0.15-0.3 ms each, 4 KiB pages 0.7 ms per
+ * 2 MiB, memory the host took back 1.9-3.8 ms). */
+#define APR_HUGE_SLOW_DIRECT_NS 2500000LL
 
 void apr_fresh_begin(apr_fresh_state *st, uint8_t *lo, uint8_t *hi);
 void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len);
 void apr_fresh_finish(apr_fresh_state *st);
+/* Update st's choice after a step of ``step`` bytes, with huge pages or not, took ``ns``
+ * to populate (apr_fresh_populate times its steps and calls it; tests drive it). */
+void apr_fresh_record(apr_fresh_state *st, int huge, size_t step, long long ns);
+/* Keep st's populating and advice inside [lo, hi) (widened to whole 4 KiB pages, kept
+ * inside its block): a thread populating its own share of a block with a state of its
+ * own, so that its choice of page size never advises another thread's share. */
+void apr_fresh_narrow(apr_fresh_state *st, uint8_t *lo, uint8_t *hi);
+/* Fold ``from``'s span of 4 KiB-page steps into ``into`` (several threads populated
+ * one block, each with a state of its own; the one finished records the union). */
+void apr_fresh_merge(apr_fresh_state *into, const apr_fresh_state *from);
+/* Whether [ptr, ptr + len) overlaps memory of a live block populated (in part) with
+ * 4 KiB pages: what apr_fresh_finish recorded, until the block is unmapped. */
+int apr_small_pages_overlap(const void *ptr, size_t len);
+/* Replay the choice over n steps of ``step`` bytes that took ns[i] each, from a fresh
+ * block's start; huge_out[i]: whether step i used huge pages.  -1 where no choice is
+ * made (no MADV_HUGEPAGE). */
+int apr_fresh_replay(const long long *ns, size_t n, size_t step, long long slow_ns, unsigned char *huge_out);
 
 /* If [ptr, ptr + len) lies in a block registered by apr_block_alloc_deferred, take the
  * registration (only one caller gets it), begin *st over the block and return 1. */

@@ -196,10 +196,21 @@ static void populate_ahead(piece *p, uint8_t *need)
     }
 }
 
+/* Each piece populated its share with a page-size state of its own: the last one's
+ * choice goes on to later blocks, the union of their 4 KiB-page spans is recorded. */
+static void finish_pieces(piece *pieces, int n)
+{
+    for (int i = 0; i < n - 1; i++)
+        apr_fresh_merge(&pieces[n - 1].pages, &pieces[i].pages);
+    apr_fresh_finish(&pieces[n - 1].pages);
+}
+
 static int pread_piece(piece *p)
 {
     size_t done = 0;
     p->populated = p->dst;
+    if (p->fresh) /* this thread's page-size choice advises its own share only */
+        apr_fresh_narrow(&p->pages, p->dst, p->dst + p->len);
     while (done < p->len) {
         size_t step = p->len - done < CHUNK ? p->len - done : CHUNK;
         int err = 0;
@@ -263,7 +274,7 @@ int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthre
     }
     run_pieces(pieces, n, len, pread_worker);
     if (fresh)
-        apr_fresh_finish(&pieces[n - 1].pages);
+        finish_pieces(pieces, n);
     uint32_t total = crc ? *crc : 0;
     for (int i = 0; i < n; i++) {
         if (pieces[i].status)
@@ -398,6 +409,8 @@ static int direct_piece(dpiece *p)
     int congruent = (((uintptr_t)p->dst - (uintptr_t)p->offset) & (a - 1)) == 0;
     uint64_t u0 = p->offset;
     p->populated = p->dst;
+    if (p->fresh) /* this thread's page-size choice advises its own share only */
+        apr_fresh_narrow(&p->pages, p->dst, p->dst + p->len);
     while (u0 < end) {
         /* chunks end on absolute multiples of APR_DIRECT_CHUNK (aligned) */
         uint64_t u1 = (u0 / APR_DIRECT_CHUNK + 1) * APR_DIRECT_CHUNK;
@@ -472,8 +485,11 @@ static int direct_threads(int fd, uint8_t *dst, uint64_t offset, size_t len, int
     }
     /* dst of each piece is where its first file byte goes; direct_piece indexes from it */
     apr_parallel_run(pieces, sizeof pieces[0], n, direct_worker);
-    if (fresh)
+    if (fresh) {
+        for (int i = 0; i < n - 1; i++)
+            apr_fresh_merge(&pieces[n - 1].pages, &pieces[i].pages);
         apr_fresh_finish(&pieces[n - 1].pages);
+    }
     uint32_t total = crc ? *crc : 0;
     int status = 0;
     for (int i = 0; i < n; i++) {
@@ -509,6 +525,7 @@ int apr_pread_direct_engine(int fd, uint8_t *dst, uint64_t offset, size_t len, i
     apr_fresh_state pages;
     memset(&pages, 0, sizeof pages);
     int fresh = apr_fresh_claim(dst, len, &pages);
+    pages.slow_ns = APR_HUGE_SLOW_DIRECT_NS; /* 4 KiB pages split direct reads (buffers.h) */
     int status = APR_URING_UNAVAILABLE;
     uint64_t a0 = (offset + align - 1) & ~(uint64_t)(align - 1), a1 = (offset + len) & ~(uint64_t)(align - 1);
     int congruent = (((uintptr_t)dst - (uintptr_t)offset) & (align - 1)) == 0;

@@ -47,7 +47,12 @@
  * wait (for a completion, or for the step its next read needs), so both cores
  * populate while the reads are in flight.  Steps are claimed with one atomic counter
  * and marked done one by one; populating a page a read has already faulted in (or the
- * reverse) is harmless, so a read never waits on anything but its own steps. */
+ * reverse) is harmless, so a read never waits on anything but its own steps.  The
+ * helper alone times its steps and chooses the page size (buffers.c); the calling
+ * thread's steps take its choice (apr_fresh_state.leader).  Why: the calling thread
+ * populates between reaping completions and is the one preempted, and its own choice
+ * advised the rest of the block: one slow step of its own moved the helper's steps to
+ * 4 KiB pages too. */
 typedef struct {
     apr_fresh_state st; /* the helper's own copy of the page-size choice */
     uint8_t *base;      /* step k is [base + k * FRESH_STEP, + FRESH_STEP), kept inside the block */
@@ -59,10 +64,25 @@ typedef struct {
     int running;
 } sharer;
 
+/* done[k]: 0 not yet, STEP_HUGE or STEP_SMALL: populated, with that page size. */
+#define STEP_HUGE 1
+#define STEP_SMALL 2
+
 static void share_step(apr_fresh_state *st, sharer *sh, size_t k)
 {
+    st->last_huge = 1; /* a step populating nothing (unsupported) counts as huge: no staging */
     apr_fresh_populate(st, sh->base + k * FRESH_STEP, FRESH_STEP);
-    __atomic_store_n(&sh->done[k], 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&sh->done[k], st->last_huge ? STEP_HUGE : STEP_SMALL, __ATOMIC_RELEASE);
+}
+
+/* Whether a step of [p, p + len) (all populated: share_ready said so) has 4 KiB pages. */
+static int share_small(const sharer *sh, const uint8_t *p, size_t len)
+{
+    size_t k = (size_t)(p - sh->base) / FRESH_STEP, last = (size_t)(p + len - 1 - sh->base) / FRESH_STEP;
+    for (; k <= last && k < sh->steps; k++)
+        if (__atomic_load_n(&sh->done[k], __ATOMIC_ACQUIRE) == STEP_SMALL)
+            return 1;
+    return 0;
 }
 
 /* Take and populate the next step nobody has taken: 1, or 0 when none is left. */
@@ -137,6 +157,70 @@ static void share_stop(sharer *sh)
     pthread_join(sh->thread, NULL);
     free(sh->done);
     sh->running = 0;
+}
+
+/* Staging: reads whose destination has 4 KiB pages go through huge-page buffers.
+ *
+ * Why: the block layer builds a direct read's requests from the destination's own
+ * pages, at most max_segments of them per request.  Into 4 KiB pages that is under
+ * 1 MiB on the development VM's virtio disk (254 segments), against max_sectors_kb
+ * (4 MiB) into huge pages, and its host serves requests one at a time: a cold 504 MiB
+ * read took 336 ms into 4 KiB pages, 132 ms into huge pages, 160 ms buffered
+ * (benchmarks/bench_direct_pages.py).  buffers.c falls back to 4 KiB pages where huge
+ * ones populate slowly (memory the host took back), and a block keeps its pages in the
+ * buffer cache.  So a piece whose destination has 4 KiB pages (a fresh step populated
+ * with them, or a live block recorded by apr_fresh_finish) is read into one of a few
+ * huge-page buffers kept for the process (STAGE_BYTES, populated once) and copied into
+ * place on completion: a memcpy per byte, on the thread that otherwise waits.  Memory
+ * of unknown pages (a caller's own buffer) is read straight into, as before. */
+#define STAGE_BYTES ((size_t)16 << 20)
+#define STAGE_MAX 32
+static uint8_t *stage_mem;  /* STAGE_BYTES on a huge-page boundary, kept for the process */
+static int stage_busy;      /* atomic: one read holds the buffers at a time */
+static int stage_mode = APR_STAGE_AUTO;
+static __thread size_t staged_last; /* pieces the calling thread's last read staged */
+
+static uint8_t *stage_acquire(void)
+{
+    if (__atomic_exchange_n(&stage_busy, 1, __ATOMIC_ACQUIRE))
+        return NULL; /* another thread's read has them: read straight into the pages */
+    if (!stage_mem) {
+        size_t huge = (size_t)2 << 20;
+        uint8_t *raw = mmap(NULL, STAGE_BYTES + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == MAP_FAILED) {
+            __atomic_store_n(&stage_busy, 0, __ATOMIC_RELEASE);
+            return NULL;
+        }
+        uint8_t *start = (uint8_t *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
+        if (start > raw)
+            munmap(raw, (size_t)(start - raw));
+        if (start + STAGE_BYTES < raw + STAGE_BYTES + huge)
+            munmap(start + STAGE_BYTES, (size_t)(raw + STAGE_BYTES + huge - (start + STAGE_BYTES)));
+#ifdef MADV_HUGEPAGE
+        madvise(start, STAGE_BYTES, MADV_HUGEPAGE);
+#endif
+        memset(start, 0, STAGE_BYTES); /* populated once, here, not during the reads */
+        stage_mem = start;
+    }
+    return stage_mem;
+}
+
+static void stage_release(void)
+{
+    __atomic_store_n(&stage_busy, 0, __ATOMIC_RELEASE);
+}
+
+int apr_uring_set_staging(int mode)
+{
+    int old = __atomic_load_n(&stage_mode, __ATOMIC_RELAXED);
+    if (mode == APR_STAGE_AUTO || mode == APR_STAGE_ALWAYS || mode == APR_STAGE_NEVER)
+        __atomic_store_n(&stage_mode, mode, __ATOMIC_RELAXED);
+    return old;
+}
+
+size_t apr_uring_staged_last(void)
+{
+    return staged_last;
 }
 
 typedef struct {
@@ -263,6 +347,7 @@ typedef struct {
     size_t unit;     /* the piece of the range this read fills */
     struct iovec iov;
     int busy;
+    int stage;       /* the staging buffer it reads into, -1: none (straight into dst) */
 } slot;
 
 typedef struct {
@@ -347,6 +432,7 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
     ring r;
     sharer share;
     int shared = 0;
+    uint8_t *stage = NULL; /* the staging buffers, once a piece wanted them */
     if (ring_open(&r, depth))
         return APR_URING_UNAVAILABLE;
     slot *slots = calloc(depth, sizeof *slots);
@@ -360,7 +446,19 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
     }
     uint8_t *head_block = bounce, *tail_block = (uint8_t *)bounce + align;
     uint8_t *populated = dst;
+    int mode = __atomic_load_n(&stage_mode, __ATOMIC_RELAXED);
+    int stage_tried = mode == APR_STAGE_NEVER || chunk > STAGE_BYTES;
+    unsigned nstage = (unsigned)(STAGE_BYTES / chunk), stage_free = 0;
+    if (nstage > STAGE_MAX)
+        nstage = STAGE_MAX;
+    if (nstage > depth)
+        nstage = depth;
+    staged_last = 0;
+    for (unsigned i = 0; i < depth; i++)
+        slots[i].stage = -1;
     shared = pages ? share_start(&share, pages, dst, len) : 0;
+    if (shared)
+        pages->leader = &share.st; /* the helper's timings choose the page size for both */
     uint32_t value = crc ? *crc : 0;
     size_t next = 0, crc_next = 0;
     unsigned inflight = 0;
@@ -384,6 +482,30 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
                     populated = step;
                 }
             }
+            int body = !(pl.head && next == 0) && !(pl.tail && next == n - 1);
+            int want_stage = 0;
+            if (body && (!stage_tried || stage)) {
+                uint8_t *at = dst + (lo - offset);
+                size_t bytes = (size_t)(hi - lo);
+                want_stage = mode == APR_STAGE_ALWAYS
+                             || (shared ? share_small(&share, at, bytes)
+                                        : pages ? (pages->small_lo && pages->small_lo < at + bytes && pages->small_hi > at)
+                                                : apr_small_pages_overlap(at, bytes));
+            }
+            if (want_stage && !stage_tried) {
+                stage_tried = 1;
+                stage = stage_acquire();
+                stage_free = stage ? (nstage >= 32 ? 0xffffffffu : (1u << nstage) - 1) : 0;
+            }
+            if (want_stage && stage && !stage_free)
+                break; /* every staging buffer is being read into: reap first */
+            s->stage = -1;
+            if (want_stage && stage) {
+                int b = __builtin_ctz(stage_free);
+                stage_free &= ~(1u << b);
+                s->stage = b;
+                staged_last++;
+            }
             s->unit = next;
             s->busy = 1;
             if (pl.head && next == 0) {
@@ -397,7 +519,7 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
                 s->need = (size_t)(pl.end - pl.a1); /* the block may end with the file */
             } else {
                 s->pos = lo;
-                s->buf = dst + (lo - offset);
+                s->buf = s->stage >= 0 ? stage + (size_t)s->stage * chunk : dst + (lo - offset);
                 s->left = s->need = (size_t)(hi - lo);
             }
             queue_read(&r, fd, s, i);
@@ -446,6 +568,10 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
                 }
                 s->busy = 0;
                 inflight--;
+                int staged = s->stage;
+                s->stage = -1;
+                if (staged >= 0)
+                    stage_free |= 1u << staged; /* free once this completion is handled below */
                 if (res < 0) {
                     if (!status)
                         status = -res;
@@ -462,6 +588,8 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
                     memcpy(dst, head_block + (offset - (pl.a0 - align)), (size_t)(hi - lo));
                 else if (pl.tail && s->unit == n - 1)
                     memcpy(dst + (lo - offset), tail_block, (size_t)(hi - lo));
+                else if (staged >= 0)
+                    memcpy(dst + (lo - offset), stage + (size_t)staged * chunk, (size_t)(hi - lo));
                 done[s->unit] = 1;
             }
             __atomic_store_n(r.cq_head, head, __ATOMIC_RELEASE);
@@ -505,8 +633,14 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
         *crc = value;
     }
 out:
-    if (shared)
+    if (shared) {
         share_stop(&share);
+        pages->huge = share.st.huge; /* what apr_fresh_finish records for later blocks */
+        apr_fresh_merge(pages, &share.st);
+        pages->leader = NULL;
+    }
+    if (stage)
+        stage_release(); /* every read into the buffers has completed: inflight is 0 here */
     free(bounce);
     free(done);
     free(slots);
@@ -532,6 +666,17 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
 }
 
 int apr_uring_available(void)
+{
+    return 0;
+}
+
+int apr_uring_set_staging(int mode)
+{
+    (void)mode;
+    return APR_STAGE_AUTO;
+}
+
+size_t apr_uring_staged_last(void)
 {
     return 0;
 }

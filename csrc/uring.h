@@ -45,6 +45,16 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
 /* 1 when a ring can be set up here now (the fallback not forced), else 0. */
 int apr_uring_available(void);
 
+/* Staging of direct reads through huge-page buffers (uring.c says why): AUTO stages
+ * the pieces whose destination is known to have 4 KiB pages, ALWAYS every whole-block
+ * piece (tests), NEVER none.  Returns the mode before; an unknown mode changes nothing. */
+#define APR_STAGE_AUTO 0
+#define APR_STAGE_ALWAYS 1
+#define APR_STAGE_NEVER 2
+int apr_uring_set_staging(int mode);
+/* The pieces the calling thread's last apr_uring_read read through staging buffers. */
+size_t apr_uring_staged_last(void);
+
 #ifdef __cplusplus
 }
 #endif

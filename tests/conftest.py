@@ -141,6 +141,14 @@ _COMPILED_ONLY_TESTS = {
     "test_the_environment_sets_the_cap": "the cache of freed buffers belongs to the compiled allocator",
     "test_a_fresh_mapped_block_is_populated_and_decides_its_page_size":
         "the timed huge-page choice belongs to the compiled allocator (csrc/buffers.c)",
+    "test_one_slow_huge_step_keeps_huge_pages":
+        "the timed huge-page choice belongs to the compiled allocator (csrc/buffers.c)",
+    "test_two_slow_huge_steps_in_a_row_move_to_small_pages_until_they_prove_dearer":
+        "the timed huge-page choice belongs to the compiled allocator (csrc/buffers.c)",
+    "test_a_direct_reads_destination_keeps_huge_pages_up_to_its_own_mark":
+        "the timed huge-page choice belongs to the compiled allocator (csrc/buffers.c)",
+    "test_small_pages_try_huge_ones_again_after_256_mib_then_after_twice_as_long":
+        "the timed huge-page choice belongs to the compiled allocator (csrc/buffers.c)",
     # a 1 s bound for walking a million distinct keys, which the pure walker takes seconds for
     # a tracemalloc bound on the compiled f16 and quantization kernels, which write into
     # their output; the pure twins compute through float32/float64 temporaries

@@ -73,6 +73,50 @@ def test_a_fresh_mapped_block_is_populated_and_decides_its_page_size():
         assert state in expected and filled == "True", out.stdout
 
 
+_FAST, _SMALL, _SLOW, _HOST = 150_000, 700_000, 1_500_000, 4_500_000  # ns per 2 MiB step (measured, buffers.c)
+_linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the huge-page choice is a Linux path")
+
+
+@_linux_only
+def test_one_slow_huge_step_keeps_huge_pages():
+    # a step preempted by the read it races is no sign that the memory is slow
+    assert _memory.huge_page_choices([_FAST, _SLOW, _FAST, _SLOW, _FAST, _FAST]) == [True] * 6
+
+
+@_linux_only
+def test_two_slow_huge_steps_in_a_row_move_to_small_pages_until_they_prove_dearer():
+    # 4 KiB pages are kept while they cost less than the last huge step did
+    assert _memory.huge_page_choices([_FAST, _SLOW, _SLOW, _SMALL, _SMALL]) == [True, True, True, False, False]
+    # and left as soon as they cost more
+    assert _memory.huge_page_choices([_SLOW, _SLOW, 2 * _SLOW, _FAST]) == [True, True, False, True]
+
+
+@_linux_only
+def test_a_direct_reads_destination_keeps_huge_pages_up_to_its_own_mark():
+    # direct reads into 4 KiB pages are split into small requests: huge pages are worth
+    # populating more slowly there, but not memory the host has to fault back in
+    steps = [_SLOW] * 8
+    assert _memory.huge_page_choices(steps) == [True, True] + [False] * 6
+    assert _memory.huge_page_choices(steps, slow_ns=_memory.HUGE_SLOW_DIRECT_NS) == [True] * 8
+    host = _memory.huge_page_choices([_HOST] * 4, slow_ns=_memory.HUGE_SLOW_DIRECT_NS)
+    assert host == [True, True, False, False]
+
+
+@_linux_only
+def test_small_pages_try_huge_ones_again_after_256_mib_then_after_twice_as_long():
+    per_mib = 1 << 20
+    steps = 2 + 256 // 2 + 2 + 512 // 2 + 1  # 2 slow, 256 MiB small, 2 slow again, 512 MiB small, a retry
+    choices = _memory.huge_page_choices([_HOST if i in (0, 1, 130, 131, 388) else _SMALL for i in range(steps)],
+                                        step=2 * per_mib)
+    assert choices[:2] == [True, True] and not any(choices[2:130])
+    assert choices[130:132] == [True, True] and not any(choices[132:388]) and choices[388]
+
+
+def test_huge_page_choices_refuses_an_empty_step():
+    with pytest.raises(ValueError):
+        _memory.huge_page_choices([1], step=0)
+
+
 @pytest.mark.parametrize("alignment", [0, 3, 6, 100, 8192, 1 << 20])
 def test_invalid_alignments_raise_value_error(alignment):
     with pytest.raises(ValueError):

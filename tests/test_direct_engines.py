@@ -357,3 +357,119 @@ def test_each_engine_on_tmpfs(monkeypatch, engine):
     finally:
         if os.path.exists(path):
             os.unlink(path)
+
+
+# --- staging through huge-page buffers (csrc/uring.c) ------------------------------------
+@pytest.fixture(params=["always", "never"])
+def staging(request):
+    before = _memory.set_direct_staging(request.param)
+    yield request.param
+    _memory.set_direct_staging(before)
+
+
+@pytest.mark.skipif(not URING, reason="no io_uring ring can be set up here")
+def test_staged_reads_give_the_bytes_and_crc_of_direct_ones(blob, staging):
+    fd, data, _ = blob
+    rng = np.random.default_rng(11)
+    cases = [(0, data.size, 0, 0), (4095, 3 * ALIGN + 1, 4095, ALIGN), (ALIGN, 2 << 20, 0, 64 << 10)]
+    for _ in range(25):
+        n = int(rng.integers(ALIGN, data.size - ALIGN))
+        at = int(rng.integers(0, data.size - n + 1))
+        cases.append((at, n, at % ALIGN, int(rng.choice([0, ALIGN, 64 << 10, 1 << 20]))))
+    for at, n, shift, chunk in cases:
+        whole = np.frombuffer(_memory.AlignedBuffer(n + 2 * ALIGN, ALIGN), np.uint8)
+        whole[:] = 0x5A
+        dst = _dst(n, shift, whole)
+        depth = int(rng.choice([0, 1, 3, 40]))
+        crc = _memory.pread_direct(fd, at, dst, 0, 5, ALIGN, "io_uring", depth, chunk)
+        assert _memory.direct_engine_last() == "io_uring"
+        np.testing.assert_array_equal(dst, data[at:at + n])
+        assert not np.any(whole[:shift] != 0x5A) and not np.any(whole[shift + n:] != 0x5A), (at, n, shift)
+        assert crc == zlib.crc32(data[at:at + n], 5)
+        whole_pieces = -(-at // ALIGN) * ALIGN < (at + n) // ALIGN * ALIGN
+        assert (_memory.direct_staged_last() > 0) == (staging == "always" and whole_pieces), (at, n, chunk)
+
+
+@pytest.mark.skipif(not URING, reason="no io_uring ring can be set up here")
+def test_a_chunk_larger_than_the_staging_buffers_is_read_straight_into_place(blob, staging):
+    fd, data, _ = blob
+    dst = _dst(data.size, 0)
+    assert _memory.pread_direct(fd, 0, dst, 0, 0, ALIGN, "io_uring", 2, 32 << 20) == zlib.crc32(data)
+    assert _memory.direct_staged_last() == 0
+    np.testing.assert_array_equal(dst, data)
+
+
+@pytest.mark.skipif(not URING, reason="no io_uring ring can be set up here")
+@pytest.mark.parametrize("chunk", [0, ALIGN])
+def test_a_file_shorter_than_asked_is_eof_with_staging(blob, staging, chunk):
+    fd, data, _ = blob
+    for at, n in ((ALIGN, data.size), (0, data.size + 3 * ALIGN)):
+        with pytest.raises(EOFError):
+            _memory.pread_direct(fd, at, _dst(n, at % ALIGN), 0, 0, ALIGN, "io_uring", 0, chunk)
+    # the buffers were given back: the next read stages again
+    dst = _dst(data.size, 0)
+    _memory.pread_direct(fd, 0, dst, 0, None, ALIGN, "io_uring")
+    np.testing.assert_array_equal(dst, data)
+    assert (_memory.direct_staged_last() > 0) == (staging == "always")
+
+
+@pytest.mark.skipif(not URING, reason="no io_uring ring can be set up here")
+def test_threads_reading_at_once_share_the_staging_buffers_without_a_mixup(blob):
+    # one read holds the buffers at a time; the others read straight into their pages
+    fd, data, _ = blob
+    before = _memory.set_direct_staging("always")
+    errors, staged = [], []
+
+    def reader(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(12):
+                n = int(rng.integers(1 << 20, data.size))
+                at = int(rng.integers(0, data.size - n + 1)) // ALIGN * ALIGN
+                dst = _dst(n, 0)
+                crc = _memory.pread_direct(fd, at, dst, 0, 0, ALIGN, "io_uring", 0, 64 << 10)
+                staged.append(_memory.direct_staged_last())
+                if crc != zlib.crc32(data[at:at + n]) or not np.array_equal(dst, data[at:at + n]):
+                    errors.append((seed, at, n))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        _memory.set_direct_staging(before)
+    assert not errors
+    assert any(staged)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_large_fresh_destination_staged_gives_the_tensors(tmp_path, monkeypatch, engine, staging):
+    want = _large_model()
+    path = _saved(tmp_path, monkeypatch, want, engine)
+    for _ in range(2):
+        _memory.release_buffer_cache()
+        _evict(path)
+        _same(aprfast.load_file(path, backend="direct"), want)
+    _same(aprfast.load_file(path, backend="direct"), want)  # a cached block this time
+    with aprfast.open(path, backend="direct") as f:
+        os.truncate(path, 40 << 20)
+        _memory.release_buffer_cache()
+        with pytest.raises(CorruptError):
+            f.load_all()
+
+
+@pytest.mark.parametrize("module", [_memory, pure_memory], ids=["compiled", "pure"])
+def test_staging_modes_are_checked(module):
+    before = module.set_direct_staging("never")
+    try:
+        assert module.set_direct_staging("auto") == "never"
+        with pytest.raises(ValueError):
+            module.set_direct_staging("sometimes")
+        assert module.set_direct_staging(before) == "auto"
+    finally:
+        module.set_direct_staging(before)
+    assert pure_memory.direct_staged_last() == 0

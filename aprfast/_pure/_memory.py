@@ -103,6 +103,46 @@ def huge_pages_state() -> str:
     return "untried"
 
 
+#: The staging modes of the compiled module's io_uring direct reads.
+STAGING_MODES = ("auto", "always", "never")
+_staging = ["auto"]
+
+
+def set_direct_staging(mode):
+    """Checked and remembered as the compiled module does; this backend's direct reads
+    (plain reads through an aligned bounce buffer) have no staging to change.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`STAGING_MODES`.
+    """
+    if mode not in STAGING_MODES:
+        raise ValueError(f"set_direct_staging: no mode {mode!r}; known: {', '.join(STAGING_MODES)}")
+    old, _staging[0] = _staging[0], mode
+    return old
+
+
+def direct_staged_last() -> int:
+    """Always 0: this backend stages nothing."""
+    return 0
+
+
+#: The compiled module's slow mark of a huge page in a direct read's destination (ns).
+HUGE_SLOW_DIRECT_NS = 2_500_000
+
+
+def huge_page_choices(step_ns, step=2 << 20, slow_ns=0):
+    """This backend times nothing and makes no page-size choice.
+
+    Raises:
+        ValueError: ``step`` is 0.
+        OSError: always (as the compiled module does on a platform without the choice).
+    """
+    check_uint(step, 64, "size_t")
+    if step == 0:
+        raise ValueError("huge_page_choices: step must be at least one byte")
+    raise OSError("huge_page_choices: no page-size choice is made by the pure backend")
+
+
 def release_buffer_cache(limit=None) -> None:
     """Nothing is cached here; ``limit`` is checked as the compiled module checks it."""
     if limit is not None and limit < 0:
