@@ -40,7 +40,10 @@ Rows (aprfast | safetensors | the best other peer | limit):
   the file's pages left in the page cache after each.
 
 fio: ``apt-get install -y fio`` (Debian/Ubuntu), ``dnf install fio``, ``brew install
-fio``; without it the limit rows say so.  Peers: ``pip install tensorizer
+fio``; without it the limit rows say so.  fio reads into its own buffers, 4 KiB pages
+unless hugetlb pages are free (``sysctl vm.nr_hugepages=136`` as root; ``--fio-mem``):
+a direct request holds at most ``max_segments`` pages, so from 4 KiB pages fio's row
+can understate the device (docs/performance.md, "Huge pages and direct reads").  Peers: ``pip install tensorizer
 runai-model-streamer fastsafetensors gguf``; a missing one is listed as skipped, and
 one that cannot run here says why.
 """
@@ -271,6 +274,32 @@ def fio_why_missing():
 
 
 _FIO_ENGINE = None
+#: fio's --iomem: "malloc" (fio's default: 4 KiB pages) or "shmhuge" (hugetlb pages);
+#: set by main() from --fio-mem.
+FIO_MEM = "malloc"
+#: what fio's I/O buffers need: bs x iodepth
+_FIO_BUFFERS = 16 * MiB * 16
+
+
+def hugetlb_free_bytes() -> int:
+    """Bytes of free hugetlb pages (``vm.nr_hugepages``), 0 where there are none."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["HugePages_Free"].split()[0]) * int(fields["Hugepagesize"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
+def fio_memory(choice: str) -> str:
+    """fio's --iomem for ``choice`` ("auto": hugetlb pages where enough are free)."""
+    if choice == "auto":
+        return "shmhuge" if hugetlb_free_bytes() >= _FIO_BUFFERS else "malloc"
+    return choice
+
+
+def fio_pages() -> str:
+    return "huge pages" if FIO_MEM == "shmhuge" else "4 KiB pages"
 
 
 #: fio's own time of each job run by a limit row (the row reports these, not the wall
@@ -287,7 +316,8 @@ def fio(path, *, write=False, offset=0, size=None):
     block = 16 * MiB if size is None or size >= 16 * MiB else max(4096, size // 4096 * 4096)
     for engine in engines:
         cmd = ["fio", "--name=limit", f"--filename={path}", "--direct=1", f"--rw={'write' if write else 'read'}",
-               f"--bs={block}", "--iodepth=16", f"--ioengine={engine}", "--output-format=json"]
+               f"--bs={block}", "--iodepth=16", f"--ioengine={engine}", f"--iomem={FIO_MEM}",
+               "--output-format=json"]
         if offset:
             cmd.append(f"--offset={offset}")
         if size is not None:
@@ -381,7 +411,7 @@ class Cold:
         if why:
             self.table.skip("fio limit rows", why)
             return None
-        name = "fio --direct=1 read, bs 16M, iodepth 16 (ENGINE)"
+        name = f"fio --direct=1 read, bs 16M, iodepth 16 (ENGINE, {fio_pages()})"
         try:
             fio(path, **kw)  # learns the engine, fails early
             FIO_TIMES.clear()
@@ -419,9 +449,9 @@ class Cold:
         if fio_why_missing() is None:
             nbytes = sum(v.nbytes for v in tensors.values())
             fio_path = os.path.join(self.dir, "fio.write")
-            fns["fio direct write + fsync"] = lambda: fio(fio_path, write=True, size=nbytes)
-            setup["fio direct write + fsync"] = timing.unlinker(fio_path)
-            limit = "fio direct write + fsync"
+            limit = f"fio direct write + fsync ({fio_pages()})"
+            fns[limit] = lambda: fio(fio_path, write=True, size=nbytes)
+            setup[limit] = timing.unlinker(fio_path)
         FIO_TIMES.clear()
         r = interleaved(fns, self.rounds, setup=setup)
         limits = None
@@ -548,6 +578,9 @@ def main():
                              "alone, without the peers, so many rounds fit in a short run")
     parser.add_argument("--dir", default=None, help="where to write the files (default: a temp dir on the disk "
                         "holding the temp dir; must not be tmpfs for cold rows to mean anything)")
+    parser.add_argument("--fio-mem", choices=("auto", "malloc", "shmhuge"), default="auto",
+                        help="fio's I/O buffers: 4 KiB pages (malloc, fio's default) or hugetlb pages (shmhuge; "
+                             "needs free ones: sysctl vm.nr_hugepages=136). auto: hugetlb pages where enough are free")
     parser.add_argument("--md-out", default=None)
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -570,6 +603,13 @@ def main():
                        ("fastsafetensors", FASTST_WHY), ("gguf-py", GGUF_WHY)):
         if why:
             table.skip(label, why)
+    global FIO_MEM
+    FIO_MEM = fio_memory(args.fio_mem)
+    table.notes.append(f"fio reads and writes from {fio_pages()} (--iomem={FIO_MEM}). A direct request holds at "
+                       "most max_segments of the buffer's pages, so from 4 KiB pages a virtio disk gets requests "
+                       "under 1 MiB and fio's row can understate the device; with hugetlb pages free "
+                       "(sysctl vm.nr_hugepages=136, as root) --fio-mem auto takes them (docs/performance.md, "
+                       "\"Huge pages and direct reads\").")
     table.notes.append("fastsafetensors runs here without a GPU (nogds=True, device='cpu'): its tensors view its "
                        "own buffer and are cloned. Run:ai's streamer reuses its buffer between files, so its "
                        "tensors are cloned too. safetensors' torch views are not in the eager rows: they read "

@@ -404,6 +404,7 @@ static void queue_read(ring *r, int fd, slot *s, size_t index)
 int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *crc, size_t align,
                    unsigned depth, size_t chunk, apr_fresh_state *pages)
 {
+    staged_last = 0;
     if (depth == 0)
         depth = APR_URING_DEPTH;
     if (depth > 256)
@@ -453,7 +454,6 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
         nstage = STAGE_MAX;
     if (nstage > depth)
         nstage = depth;
-    staged_last = 0;
     for (unsigned i = 0; i < depth; i++)
         slots[i].stage = -1;
     shared = pages ? share_start(&share, pages, dst, len) : 0;

@@ -83,9 +83,16 @@ BACKENDS = ("auto", "mmap", "pread", "direct")
 #: refused); "auto" (the default) is io_uring for reads of 8 MiB or more where a ring
 #: can be set up, the threads otherwise.  Why "buffered" is not picked by measuring:
 #: on the development VM buffered reads of a cold file were 1.7x faster than direct
-#: ones in one hour and 2x slower in another, but a probe that read one 64 MiB window
-#: each way and the rest the faster way left the rest 2-6x slower than one direct read
-#: whenever its buffered window came first (cause not found), so it was taken out.
+#: ones in one hour and 2x slower in another.  The cause was the destination's pages:
+#: a direct read into 4 KiB pages reaches the disk as requests of under 1 MiB (at most
+#: ``max_segments`` pages each), into huge pages as 4 MiB ones, and which pages a load
+#: got depended on how fast fresh huge pages were at that moment.  io_uring reads now
+#: stage pieces bound for 4 KiB pages through huge-page buffers (csrc/uring.c), and
+#: direct reads measure faster than buffered ones there (docs/performance.md, "Huge
+#: pages and direct reads").  A probe of one 64 MiB window each way, tried before
+#: that, was taken out: the direct rest after its buffered window ran 2-6x slower,
+#: most likely because each buffered thread's page-size choice advised the whole rest
+#: of the block (fixed since: apr_fresh_narrow).
 ENGINES = ("auto", "io_uring", "threads", "buffered")
 #: The environment variable that forces one engine (tests, benchmarks, a kernel whose
 #: io_uring misbehaves): read when a file is opened with ``backend="direct"``.
