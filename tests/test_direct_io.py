@@ -498,3 +498,25 @@ def test_backend_validation(tmp_path):
     # backend="mmap" gives views whatever mmap= says; "pread"/"direct" give owned arrays
     assert not aprfast.load_file(path, mmap=False, backend="mmap")["w"].flags.writeable
     assert aprfast.load_file(path, backend="pread")["w"].flags.writeable
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE on this platform")
+def test_direct_writes_come_from_private_huge_page_aligned_buffers(tmp_path):
+    # a shared anonymous map is shmem (no huge pages): from 4 KiB pages each direct
+    # request holds at most max_segments pages (docs/performance.md)
+    path = tmp_path / "w.bin"
+    with open(path, "wb") as f:
+        w = direct.DirectWriter(f.fileno(), str(path))
+        try:
+            if not w.direct:
+                pytest.skip(f"direct writes {w.how}")
+            starts = [np.frombuffer(b, np.uint8, count=1).ctypes.data for b in w._buffers]
+            assert starts[0] % (2 << 20) == 0
+            assert starts == [starts[0] + i * direct.WRITE_CHUNK for i in range(len(starts))]
+            w.write(b"y" * (5 << 20))
+            w.flush()
+            os.fsync(f.fileno())
+            w.finish()
+        finally:
+            w.close()
+    assert path.read_bytes() == b"y" * (5 << 20)
