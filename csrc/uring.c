@@ -165,8 +165,8 @@ static void share_stop(sharer *sh)
  * pages, at most max_segments of them per request.  Into 4 KiB pages that is under
  * 1 MiB on the development VM's virtio disk (254 segments), against max_sectors_kb
  * (4 MiB) into huge pages, and its host serves requests one at a time: a cold 504 MiB
- * read took 336 ms into 4 KiB pages, 132 ms into huge pages, 160 ms buffered
- * (benchmarks/bench_direct_pages.py).  buffers.c falls back to 4 KiB pages where huge
+ * read took 340 ms into 4 KiB pages, 143 ms into huge pages, 165 ms staged into 4 KiB
+ * pages, 168 ms buffered (benchmarks/bench_direct_pages.py).  buffers.c falls back to 4 KiB pages where huge
  * ones populate slowly (memory the host took back), and a block keeps its pages in the
  * buffer cache.  So a piece whose destination has 4 KiB pages (a fresh step populated
  * with them, or a live block recorded by apr_fresh_finish) is read into one of a few
