@@ -196,13 +196,15 @@ static void populate_ahead(piece *p, uint8_t *need)
     }
 }
 
-/* Each piece populated its share with a page-size state of its own: the last one's
- * choice goes on to later blocks, the union of their 4 KiB-page spans is recorded. */
-static void finish_pieces(piece *pieces, int n)
+/* Each of n pieces (stride bytes apart, ``first`` the first one's state) populated its
+ * share with a page-size state of its own: the last one's choice goes on to later
+ * blocks, the union of their 4 KiB-page spans is recorded. */
+static void finish_pieces(apr_fresh_state *first, size_t stride, int n)
 {
+    apr_fresh_state *last = (apr_fresh_state *)((char *)first + stride * (size_t)(n - 1));
     for (int i = 0; i < n - 1; i++)
-        apr_fresh_merge(&pieces[n - 1].pages, &pieces[i].pages);
-    apr_fresh_finish(&pieces[n - 1].pages);
+        apr_fresh_merge(last, (apr_fresh_state *)((char *)first + stride * (size_t)i));
+    apr_fresh_finish(last);
 }
 
 static int pread_piece(piece *p)
@@ -274,7 +276,7 @@ int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthre
     }
     run_pieces(pieces, n, len, pread_worker);
     if (fresh)
-        finish_pieces(pieces, n);
+        finish_pieces(&pieces[0].pages, sizeof pieces[0], n);
     uint32_t total = crc ? *crc : 0;
     for (int i = 0; i < n; i++) {
         if (pieces[i].status)
@@ -485,11 +487,8 @@ static int direct_threads(int fd, uint8_t *dst, uint64_t offset, size_t len, int
     }
     /* dst of each piece is where its first file byte goes; direct_piece indexes from it */
     apr_parallel_run(pieces, sizeof pieces[0], n, direct_worker);
-    if (fresh) {
-        for (int i = 0; i < n - 1; i++)
-            apr_fresh_merge(&pieces[n - 1].pages, &pieces[i].pages);
-        apr_fresh_finish(&pieces[n - 1].pages);
-    }
+    if (fresh)
+        finish_pieces(&pieces[0].pages, sizeof pieces[0], n);
     uint32_t total = crc ? *crc : 0;
     int status = 0;
     for (int i = 0; i < n; i++) {
