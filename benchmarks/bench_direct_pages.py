@@ -134,10 +134,9 @@ def main():
             dfd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         except OSError as exc:
             sys.exit(f"bench_direct_pages: O_DIRECT refused on {args.dir or tempfile.gettempdir()}: {exc}")
-        keep = []
-        small_map, small, _ = destination(size, huge=False)
-        huge_map, huge, in_huge = destination(size, huge=True)
-        keep += [small_map, huge_map]
+        _, small, _ = destination(size, huge=False)  # the arrays keep their maps alive
+        _, huge, in_huge = destination(size, huge=True)
+
         def direct(dst):
             return _memory.pread_direct(dfd, 0, dst, 8, None, 4096, "io_uring")
 
