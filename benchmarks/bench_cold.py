@@ -6,6 +6,7 @@ leaves behind (peak RSS, page cache).
     python benchmarks/bench_cold.py --huge           # also the 4 GiB model (eager, memory, save rows)
     python benchmarks/bench_cold.py --quick          # 1/8 sizes, 3 rounds
     python benchmarks/bench_cold.py --md-out F.md    # also write the Markdown table
+    python benchmarks/bench_cold.py --huge --only eager --fresh-memory cold   # see below
 
 Every sample starts cold: before each call (untimed) every file the tool reads is
 fsynced and dropped with ``posix_fadvise(POSIX_FADV_DONTNEED)``, and a ``mincore`` count
@@ -38,6 +39,19 @@ Rows (aprfast | safetensors | the best other peer | limit):
 * durable save (fsync file + directory): ``save_file(backend="direct")`` and the default
   | safetensors + fsync | limit: ``fio --rw=write --direct=1 --fsync_on_close=1``; and
   the file's pages left in the page cache after each.
+
+Fresh memory (``--fresh-memory``): a load populates memory for its arrays, and on a VM
+whose kernel reports free pages to the host (virtio-balloon free page reporting, which
+the table's notes name when it is on) what that costs depends on when the memory was
+freed: blocks of 2 MiB free for about 2 s are handed back to the host, and populating
+them again cost 4.5 ms per 2 MiB on the development VM against 0.1 ms for memory freed a
+moment before.  A loop decides this by accident (what the tool before freed, how long a
+child took to start), so the 4 GiB rows moved by 30% between runs.  ``warm`` touches and
+frees the model's size + 512 MiB before every sample (untimed): every tool starts from
+memory just freed, as a process started right after another ended does.  ``cold`` waits
+4 s after the eviction instead: every tool populates memory the host took back, as the
+first load on a VM idle for a while does.  ``as-is`` (the default) does neither.  In the
+fresh-process rows the child does the same after its imports.
 
 fio: ``apt-get install -y fio`` (Debian/Ubuntu), ``dnf install fio``, ``brew install
 fio``; without it the limit rows say so.  fio reads into its own buffers, 4 KiB pages
@@ -291,6 +305,56 @@ def hugetlb_free_bytes() -> int:
         return 0
 
 
+#: The state of the memory each sample populates (--fresh-memory): "as-is", "warm" or
+#: "cold" (module docstring); FRESH_BYTES: what "warm" touches and frees (the model +
+#: 512 MiB, set per model).  Children get both from FRESH_ENV.
+FRESH_MEMORY = "as-is"
+FRESH_BYTES = 0
+FRESH_ENV = "BENCH_COLD_FRESH_MEMORY"
+#: "cold" waits this long: past free page reporting's delay (2 s) and its work
+COLD_WAIT = 4.0
+MADV_POPULATE_WRITE = 23
+
+
+def page_reporting() -> str | None:
+    """How this kernel reports free pages to a hypervisor (virtio-balloon free page
+    reporting: free blocks of 2^order pages go back to the host), or None."""
+    try:
+        with open("/sys/module/page_reporting/parameters/page_reporting_order") as f:
+            order = int(f.read())
+    except (OSError, ValueError):
+        return None
+    if not os.path.isdir("/sys/bus/virtio/drivers/virtio_balloon"):
+        return None
+    return f"free blocks of {(4096 << order) // MiB if order >= 8 else 4 << order} {'MiB' if order >= 8 else 'KiB'}"
+
+
+def settle_memory() -> None:
+    """Bring free memory to the state FRESH_MEMORY names (untimed, before a sample)."""
+    if FRESH_MEMORY == "cold":
+        time.sleep(COLD_WAIT)
+    elif FRESH_MEMORY == "warm" and FRESH_BYTES:
+        import mmap
+
+        m = mmap.mmap(-1, FRESH_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            if hasattr(mmap, "MADV_HUGEPAGE"):
+                m.madvise(mmap.MADV_HUGEPAGE)  # frees whole 2 MiB blocks, as a load's arrays do
+            try:
+                m.madvise(MADV_POPULATE_WRITE)
+            except OSError:  # kernels before 5.14
+                np.frombuffer(m, np.uint8)[::4096] = 1
+        finally:
+            m.close()
+
+
+def _settled(fn):
+    def setup():
+        fn()
+        settle_memory()
+    return setup
+
+
 def fio_memory(choice: str) -> str:
     """fio's --iomem for ``choice`` ("auto": hugetlb pages where enough are free)."""
     if choice == "auto":
@@ -363,8 +427,9 @@ class Cold:
         self.table, self.rounds, self.dir = table, rounds, directory
 
     def evicting(self, tools: dict) -> dict:
-        """setup per tool: evict every file it reads (checked by mincore)."""
-        return {name: (lambda paths=paths: pagecache.evict_all(paths)) for name, (_, paths) in tools.items()}
+        """setup per tool: evict every file it reads (checked by mincore), then bring
+        free memory to the state --fresh-memory names."""
+        return {name: _settled(lambda paths=paths: pagecache.evict_all(paths)) for name, (_, paths) in tools.items()}
 
     def run(self, title, size, tools, ours, primary, limit=None):
         """Time ``tools`` (name -> (fn, paths)) cold, round-robin; add a row."""
@@ -496,7 +561,11 @@ def child(tool, files_json):
     imports, the page cache the file holds afterwards."""
     files = json.loads(files_json)
     fn, paths = eager_tools(files)[tool]
+    global FRESH_MEMORY, FRESH_BYTES
+    FRESH_MEMORY, _, fresh = os.environ.get(FRESH_ENV, "as-is:0").partition(":")
+    FRESH_BYTES = int(fresh or 0)
     pagecache.evict_all(paths)
+    settle_memory()
     base = _status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
@@ -513,7 +582,7 @@ def _run_child(table, label, tool, files):
     """One load of ``tool`` in a fresh process (``--child``): its JSON report, or None
     (the row is skipped with the child's last error line)."""
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", tool, json.dumps(files)],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env={**os.environ, FRESH_ENV: f"{FRESH_MEMORY}:{FRESH_BYTES}"})
     if out.returncode != 0:
         table.skip(label, out.stderr.strip().splitlines()[-1][:200])
         return None
@@ -581,6 +650,8 @@ def main():
     parser.add_argument("--fio-mem", choices=("auto", "malloc", "shmhuge"), default="auto",
                         help="fio's I/O buffers: 4 KiB pages (malloc, fio's default) or hugetlb pages (shmhuge; "
                              "needs free ones: sysctl vm.nr_hugepages=136). auto: hugetlb pages where enough are free")
+    parser.add_argument("--fresh-memory", choices=("as-is", "warm", "cold"), default="as-is",
+                        help="the state of the memory each sample populates (see the module docstring)")
     parser.add_argument("--md-out", default=None)
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -603,8 +674,14 @@ def main():
                        ("fastsafetensors", FASTST_WHY), ("gguf-py", GGUF_WHY)):
         if why:
             table.skip(label, why)
-    global FIO_MEM
+    global FIO_MEM, FRESH_MEMORY, FRESH_BYTES
     FIO_MEM = fio_memory(args.fio_mem)
+    FRESH_MEMORY = args.fresh_memory
+    reporting = page_reporting()
+    table.notes.append(
+        f"Fresh memory: {FRESH_MEMORY} (--fresh-memory). Free page reporting to the host: "
+        + (f"on ({reporting} free for about 2 s go back to the host, and populating them again is slow)"
+           if reporting else "off") + ".")
     table.notes.append(f"fio reads and writes from {fio_pages()} (--iomem={FIO_MEM}). A direct request holds at "
                        "most max_segments of the buffer's pages, so from 4 KiB pages a virtio disk gets requests "
                        "under 1 MiB and fio's row can understate the device; with hugetlb pages free "
@@ -625,6 +702,7 @@ def main():
             if tensors is None:
                 tensors = huge_model(scale)
             nbytes = sum(v.nbytes for v in tensors.values())
+            FRESH_BYTES = nbytes + 512 * MiB
             size = f"{nbytes / MiB:.0f} MiB"
             print(f"--- {name}: {len(tensors)} tensors, {size}", flush=True)
             files = prepare(directory, name, tensors, peers=bool(only - {"engines"}))

@@ -236,6 +236,16 @@ static long long monotonic_ns(void)
  * this many bytes, then after twice as many each time it is still slow: the free
  * memory can change from cold to recently freed mid-block. */
 #define HUGE_RETRY_BYTES ((size_t)256 << 20)
+/* When 4 KiB pages prove dearer than slow huge pages (both cold: free memory the host
+ * took back, where a 2 MiB step costs 4.5 ms in huge pages and 5.5 ms in 4 KiB ones
+ * on the development VM), huge pages are kept for this many bytes however slow, then
+ * twice as many each time 4 KiB pages prove dearer again.  Why: without it the choice
+ * went huge, huge, 4 KiB, huge, huge, 4 KiB ... (two slow huge steps moved it to 4 KiB
+ * pages, one dear 4 KiB step moved it back), a third of the steps in the dearer pages,
+ * logged over a 4 GiB load that met the host's cold memory (docs/performance.md,
+ * "Fresh memory on a VM that reports free pages"). */
+#define SMALL_HOLD_BYTES ((size_t)64 << 20)
+#define SMALL_HOLD_MAX ((size_t)1 << 30)
 
 void apr_fresh_begin(apr_fresh_state *st, uint8_t *lo, uint8_t *hi)
 {
@@ -309,10 +319,14 @@ void apr_fresh_record(apr_fresh_state *st, int huge, size_t step, long long ns)
     /* ns per KiB of the last step of each kind (0: none yet) */
     st->cost[huge] = (ns << 10) / (long long)step + 1;
     if (huge) {
+        st->dear_bytes = 0;
         /* Slow is over HUGE_SLOW_NS per huge page: a hypervisor that took the memory
          * back makes each huge page 512 host faults.  Stay on 4 KiB pages only while
          * they measure cheaper than the last huge step. */
-        if (ns <= (long long)((step + HUGE_PAGE - 1) / HUGE_PAGE) * (st->slow_ns ? st->slow_ns : HUGE_SLOW_NS)) {
+        if (st->hold_bytes) {
+            st->hold_bytes = st->hold_bytes > step ? st->hold_bytes - step : 0; /* slow or not */
+            st->slow_bytes = 0;
+        } else if (ns <= (long long)((step + HUGE_PAGE - 1) / HUGE_PAGE) * (st->slow_ns ? st->slow_ns : HUGE_SLOW_NS)) {
             st->slow_bytes = 0;
         } else if ((st->slow_bytes += step) >= HUGE_SLOW_CONFIRM) {
             if (st->small_bytes)
@@ -321,10 +335,19 @@ void apr_fresh_record(apr_fresh_state *st, int huge, size_t step, long long ns)
             st->small_bytes = 0;
             st->slow_bytes = 0;
         }
-    } else if (st->cost[1] && st->cost[0] > st->cost[1]) {
-        __atomic_store_n(&st->huge, 1, __ATOMIC_RELAXED); /* 4 KiB pages proved no cheaper */
-    } else if ((st->small_bytes += step) >= st->retry_after) {
-        __atomic_store_n(&st->huge, 1, __ATOMIC_RELAXED); /* try huge pages again: memory freed since may be cheap */
+    } else {
+        /* 4 KiB pages that cost more than the last huge step, on two steps in a row (one
+         * may be preempted): back to huge pages, held (SMALL_HOLD_BYTES) */
+        st->dear_bytes = st->cost[1] && st->cost[0] > st->cost[1] ? st->dear_bytes + step : 0;
+        if (st->dear_bytes >= HUGE_SLOW_CONFIRM) {
+            __atomic_store_n(&st->huge, 1, __ATOMIC_RELAXED);
+            st->hold_bytes = st->hold_next ? st->hold_next : SMALL_HOLD_BYTES;
+            st->hold_next = st->hold_bytes < SMALL_HOLD_MAX ? 2 * st->hold_bytes : SMALL_HOLD_MAX;
+            st->dear_bytes = 0;
+            st->small_bytes = 0;
+        } else if ((st->small_bytes += step) >= st->retry_after) {
+            __atomic_store_n(&st->huge, 1, __ATOMIC_RELAXED); /* try huge pages again: memory freed since may be cheap */
+        }
     }
 }
 

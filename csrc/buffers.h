@@ -59,6 +59,9 @@ typedef struct apr_fresh_state {
     size_t small_bytes;  /* populated with 4 KiB pages since the last huge step */
     size_t retry_after;  /* try a huge step again after this many such bytes */
     size_t slow_bytes;   /* huge-page bytes in a row that populated slowly */
+    size_t dear_bytes;   /* 4 KiB-page bytes in a row that cost more than the last huge step */
+    size_t hold_bytes;   /* huge-page bytes still kept however slow (4 KiB pages proved dearer) */
+    size_t hold_next;    /* the hold after the next time 4 KiB pages prove dearer (0: the first) */
     /* Another thread's state populating the same block, whose page size this one
      * takes, with no timing or choice of its own (uring.c's calling thread follows
      * its helper): NULL for none. */

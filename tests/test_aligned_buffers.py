@@ -87,8 +87,27 @@ def test_one_slow_huge_step_keeps_huge_pages():
 def test_two_slow_huge_steps_in_a_row_move_to_small_pages_until_they_prove_dearer():
     # 4 KiB pages are kept while they cost less than the last huge step did
     assert _memory.huge_page_choices([_FAST, _SLOW, _SLOW, _SMALL, _SMALL]) == [True, True, True, False, False]
-    # and left as soon as they cost more
-    assert _memory.huge_page_choices([_SLOW, _SLOW, 2 * _SLOW, _FAST]) == [True, True, False, True]
+    # and left once they cost more on two steps in a row (one may be preempted)
+    assert _memory.huge_page_choices([_SLOW, _SLOW, 2 * _SLOW, _SMALL, _SMALL]) == [True, True, False, False, False]
+    assert _memory.huge_page_choices([_SLOW, _SLOW, 2 * _SLOW, 2 * _SLOW, _FAST]) == [True, True, False, False, True]
+
+
+@_linux_only
+def test_cold_memory_keeps_huge_pages_once_small_ones_prove_dearer():
+    # both cold (the host took the free memory back): 4.5 ms a huge step, 5.5 ms in 4 KiB
+    # pages; huge pages are then held for 64 MiB however slow, then 128 MiB, not
+    # abandoned again after two slow steps (huge, huge, 4 KiB, 4 KiB, huge, huge, ...)
+    cold_small = 5_500_000
+    steps, choices = [], []
+    for i in range(4 + 32 + 4 + 64 + 2):
+        huge = _memory.huge_page_choices(steps + [0])[-1]  # the choice for step i, from the steps before
+        steps.append(_HOST if huge else cold_small)
+        choices.append(huge)
+    assert choices[:4] == [True, True, False, False]
+    assert all(choices[4:4 + 32]) and choices[36:40] == [True, True, False, False]  # held 64 MiB, then tried
+    assert all(choices[40:40 + 64])  # held twice as long
+    # cheap 4 KiB pages still win over slow huge ones, hold or no hold
+    assert _memory.huge_page_choices([_HOST, _HOST, _SMALL, _SMALL, _SMALL]) == [True, True, False, False, False]
 
 
 @_linux_only
