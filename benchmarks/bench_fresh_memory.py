@@ -1,0 +1,99 @@
+"""What populating fresh memory costs, by how long ago the memory was freed: the
+measurement behind ``bench_cold.py --fresh-memory`` and csrc/buffers.c's page-size
+choice.
+
+    python benchmarks/bench_fresh_memory.py                    # 1 GiB, 3 rounds
+    python benchmarks/bench_fresh_memory.py --gib 4 --rounds 2 --delays 0,1,2,4,8
+
+Every load populates memory for its arrays.  On a VM whose kernel reports free pages to
+the host (virtio-balloon free page reporting: free blocks of ``2^page_reporting_order``
+pages are handed back about 2 s after they are freed), memory freed a while ago has to
+be faulted in again by the host as well, page by page.  Each sample here maps
+``--gib`` GiB (private, anonymous), advises huge pages or 4 KiB pages
+(``MADV_HUGEPAGE`` / ``MADV_NOHUGEPAGE``), populates it with ``MADV_POPULATE_WRITE``
+(timed) and unmaps it; then it waits ``delay`` seconds and times the same again.  The
+first figure of a sample is memory freed by the sample before (after its own wait of
+several seconds), the second memory freed ``delay`` seconds before.  Rows run
+round-robin.  Linux 5.14 or later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import sys
+import time
+
+import timing
+
+MiB = 1 << 20
+MADV_POPULATE_WRITE = 23
+
+
+def page_reporting() -> str:
+    try:
+        with open("/sys/module/page_reporting/parameters/page_reporting_order") as f:
+            order = int(f.read())
+    except (OSError, ValueError):
+        return "off (no page_reporting module)"
+    balloon = os.path.isdir("/sys/bus/virtio/drivers/virtio_balloon")
+    return f"order {order} ({(4096 << order) // 1024} KiB blocks){'' if balloon else ', no virtio_balloon driver'}"
+
+
+def populate(nbytes: int, huge: bool) -> float:
+    """Seconds to populate a fresh private map of ``nbytes`` with huge or 4 KiB pages."""
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        m.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
+        start = time.perf_counter()
+        m.madvise(MADV_POPULATE_WRITE)
+        return time.perf_counter() - start
+    finally:
+        m.close()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--delays", default="0,1,2,4", help="seconds between freeing and populating again")
+    parser.add_argument("--settle", type=float, default=6.0, help="seconds between samples")
+    args = parser.parse_args(argv)
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
+        sys.exit("Linux only (MADV_HUGEPAGE, MADV_POPULATE_WRITE)")
+    nbytes = int(args.gib * (1 << 30)) // (2 * MiB) * (2 * MiB)
+    try:
+        populate(2 * MiB, True)
+    except OSError as exc:
+        sys.exit(f"MADV_POPULATE_WRITE refused ({exc}): Linux 5.14 or later")
+    delays = [float(d) for d in args.delays.split(",")]
+    rows = [(huge, delay) for huge in (True, False) for delay in delays]
+    first = {row: timing.Samples() for row in rows}
+    then = {row: timing.Samples() for row in rows}
+    for r in range(args.rounds):
+        for huge, delay in rows[r % len(rows):] + rows[:r % len(rows)]:
+            time.sleep(args.settle)
+            first[huge, delay].append(populate(nbytes, huge))
+            time.sleep(delay)
+            then[huge, delay].append(populate(nbytes, huge))
+    steps = nbytes // (2 * MiB)
+    print(f"`{timing.command_line()}` — {timing.machine()}")
+    print(f"free page reporting: {page_reporting()}; {nbytes / MiB:.0f} MiB per sample, "
+          f"{args.settle:g} s between samples\n")
+    print("| pages | freed before populating | median [min..max] | per 2 MiB |")
+    print("|---|---|---|---|")
+    for huge in (True, False):
+        kind = "huge" if huge else "4 KiB"
+        everything = timing.Samples()
+        for delay in delays:
+            everything.extend(first[huge, delay])
+        print(f"| {kind} | {args.settle:g} s or more | {everything.text()} | "
+              f"{everything.median / steps * 1e3:.2f} ms |")
+        for delay in delays:
+            s = then[huge, delay]
+            print(f"| {kind} | {delay:g} s | {s.text()} | {s.median / steps * 1e3:.2f} ms |")
+
+
+if __name__ == "__main__":
+    main()
