@@ -329,8 +329,18 @@ def page_reporting() -> str | None:
     return f"free blocks of {(4096 << order) // MiB if order >= 8 else 4 << order} {'MiB' if order >= 8 else 'KiB'}"
 
 
+#: Every file of the model being measured (set per model; the children get theirs).
+ALL_FILES: list = []
+
+
 def settle_memory() -> None:
-    """Bring free memory to the state FRESH_MEMORY names (untimed, before a sample)."""
+    """Before a sample (untimed): drop every file of the run from the page cache, then
+    bring free memory to the state FRESH_MEMORY names.  Why all the files: each tool
+    evicts only its own, so the files of the tools before it (4 GiB each in the huge
+    rows, and five formats) stayed cached and left the sample short of free memory,
+    by an amount that depended on the order."""
+    if ALL_FILES:
+        pagecache.evict_all(ALL_FILES)
     if FRESH_MEMORY == "cold":
         time.sleep(COLD_WAIT)
     elif FRESH_MEMORY == "warm" and FRESH_BYTES:
@@ -484,7 +494,7 @@ class Cold:
             self.table.skip("fio limit rows", str(exc)[:300])
             return None
         return (name.replace("ENGINE", _FIO_ENGINE or "io_uring"), lambda: fio(path, **kw),
-                lambda: pagecache.evict(path))
+                _settled(lambda: pagecache.evict(path)))
 
     def saves(self, name, tensors, size):
         """Durable saves: time, and the file's pages left cached."""
@@ -561,9 +571,10 @@ def child(tool, files_json):
     imports, the page cache the file holds afterwards."""
     files = json.loads(files_json)
     fn, paths = eager_tools(files)[tool]
-    global FRESH_MEMORY, FRESH_BYTES
+    global FRESH_MEMORY, FRESH_BYTES, ALL_FILES
     FRESH_MEMORY, _, fresh = os.environ.get(FRESH_ENV, "as-is:0").partition(":")
     FRESH_BYTES = int(fresh or 0)
+    ALL_FILES = list(files.values())
     pagecache.evict_all(paths)
     settle_memory()
     base = _status("VmRSS")
@@ -729,6 +740,7 @@ def main():
             size = f"{nbytes / MiB:.0f} MiB"
             print(f"--- {name}: {len(tensors)} tensors, {size}", flush=True)
             files = prepare(directory, name, tensors, peers=bool(only - {"engines"}))
+            ALL_FILES[:] = files.values()
             if "eager" in only:
                 limit = cold.fio_limit(files["apr"])
                 cold.run(f"{name}: cold eager load, owned arrays", size, eager_tools(files),
@@ -754,6 +766,7 @@ def main():
                          ["safe_open(np) get_tensor"])
             if "save" in only:
                 cold.saves(name, tensors, size)
+            ALL_FILES.clear()
             for p in files.values():
                 os.unlink(p)
             del tensors
@@ -763,6 +776,7 @@ def main():
             big = tensors["big"]
             rows = big.shape[0] // 8
             files = prepare(directory, "slice", tensors)
+            ALL_FILES[:] = files.values()
             with aprfast.open(files["apr"]) as f:
                 offset = f.info("big").offset
             start = offset // 4096 * 4096  # direct I/O reads whole aligned blocks
