@@ -54,6 +54,7 @@ typedef struct apr_fresh_state {
     uint8_t *lo, *hi;    /* the block: populating never leaves it */
     int huge;            /* the page size of the next step */
     int advised;         /* the advice in force from the last step on (-1: none) */
+    uint8_t *advised_from; /* ... from this address to the block's end (NULL: none yet) */
     int unsupported;     /* the kernel cannot populate: pages fault in as written */
     long long cost[2];   /* ns per KiB of the last step with 4 KiB / huge pages */
     size_t small_bytes;  /* populated with 4 KiB pages since the last huge step */
