@@ -11,7 +11,9 @@ leaves behind (peak RSS, page cache).
 Every sample starts cold: before each call (untimed) every file the tool reads is
 fsynced and dropped with ``posix_fadvise(POSIX_FADV_DONTNEED)``, and a ``mincore`` count
 (benchmarks/pagecache.py, independent of aprfast's own) must find none of its pages
-cached, or the row is skipped with the reason.  Tools run round-robin (timing.py), so
+cached, or the row is skipped with the reason; so must the files of every other tool of
+the run, so that no sample runs short of free memory because the tools before it left
+their formats cached.  Tools run round-robin (timing.py), so
 a burst of load from other processes hits every tool alike.  On a VM the host may
 still cache the disk image: "cold" is cold for this kernel, and the fio row shows what
 the device (as this guest sees it) delivers.
@@ -29,6 +31,10 @@ Rows (aprfast | safetensors | the best other peer | limit):
   gguf-py ``GGUFReader`` + ``np.array`` | ``fio --direct=1 --rw=read --bs=16M
   --iodepth=16 --ioengine=io_uring`` (libaio where io_uring is refused) on the
   aprfast file.
+* cold eager load in a fresh process (``--only memory``), round-robin with fio: the
+  cold start users have.  In the loop rows above a tool's arrays take memory whatever
+  ran before it freed (and its own allocator may keep); a fresh process populates all
+  of it.
 * peak memory of a cold eager load, each in a fresh process: VmHWM above the RSS after
   the imports, and the file's pages left in the page cache (mincore): their sum is
   what the load costs the machine (the issue's target: at most 1.05x the model +
@@ -619,11 +625,10 @@ def fresh_engine_rows(table, name, files, size, tools, rounds):
 def memory_rows(table, name, files, size, nbytes, rounds, limit=None):
     """Each tool's cold eager load in fresh processes (round-robin, ``rounds`` each): the
     time, the peak RSS and the page cache left; ``limit``: Cold.fio_limit's, run in the
-    same loop.  Why the time here too: a fresh process is the cold start users have,
-    and a loop in one process lets a peer whose allocator keeps freed memory (glibc's
-    heap, for arrays under its mmap threshold) reuse pages its previous sample
-    populated, which aprfast's fresh maps never do (docs/performance.md, "Fresh memory
-    on a VM that reports free pages")."""
+    same loop.  Why the time here too: a fresh process is the cold start users have; in
+    a loop in one process a tool's arrays take memory whatever ran before it freed, or
+    that its own allocator kept (docs/performance.md, "Fresh memory on a VM that
+    reports free pages")."""
     tools = [t for t in eager_tools(files) if ", engine " not in t]  # the engines hold the same memory
     peak = {k: Samples() for k in tools}
     cached = {k: Samples() for k in tools}
