@@ -149,6 +149,8 @@ _COMPILED_ONLY_TESTS = {
         "the timed huge-page choice belongs to the compiled allocator (csrc/buffers.c)",
     "test_small_pages_try_huge_ones_again_after_256_mib_then_after_twice_as_long":
         "the timed huge-page choice belongs to the compiled allocator (csrc/buffers.c)",
+    "test_cold_memory_keeps_huge_pages_once_small_ones_prove_dearer":
+        "the timed huge-page choice belongs to the compiled allocator (csrc/buffers.c)",
     # a 1 s bound for walking a million distinct keys, which the pure walker takes seconds for
     # a tracemalloc bound on the compiled f16 and quantization kernels, which write into
     # their output; the pure twins compute through float32/float64 temporaries
