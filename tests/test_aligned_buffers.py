@@ -99,8 +99,8 @@ def test_cold_memory_keeps_huge_pages_once_small_ones_prove_dearer():
     # abandoned again after two slow steps (huge, huge, 4 KiB, 4 KiB, huge, huge, ...)
     cold_small = 5_500_000
     steps, choices = [], []
-    for i in range(4 + 32 + 4 + 64 + 2):
-        huge = _memory.huge_page_choices(steps + [0])[-1]  # the choice for step i, from the steps before
+    for _ in range(4 + 32 + 4 + 64 + 2):
+        huge = _memory.huge_page_choices(steps + [0])[-1]  # the next step's choice, from the steps before
         steps.append(_HOST if huge else cold_small)
         choices.append(huge)
     assert choices[:4] == [True, True, False, False]
