@@ -322,19 +322,6 @@ COLD_WAIT = 4.0
 MADV_POPULATE_WRITE = 23
 
 
-def page_reporting() -> str | None:
-    """How this kernel reports free pages to a hypervisor (virtio-balloon free page
-    reporting: free blocks of 2^order pages go back to the host), or None."""
-    try:
-        with open("/sys/module/page_reporting/parameters/page_reporting_order") as f:
-            order = int(f.read())
-    except (OSError, ValueError):
-        return None
-    if not os.path.isdir("/sys/bus/virtio/drivers/virtio_balloon"):
-        return None
-    return f"free blocks of {(4096 << order) // MiB if order >= 8 else 4 << order} {'MiB' if order >= 8 else 'KiB'}"
-
-
 #: Every file of the model being measured (set per model; the children get theirs).
 ALL_FILES: list = []
 
@@ -716,7 +703,9 @@ def main():
     global FIO_MEM, FRESH_MEMORY, FRESH_BYTES
     FIO_MEM = fio_memory(args.fio_mem)
     FRESH_MEMORY = args.fresh_memory
-    reporting = page_reporting()
+    order = timing.page_reporting_order()
+    reporting = None if order is None else f"free blocks of {(4 << order) // 1024} MiB" if order >= 8 else \
+        f"free blocks of {4 << order} KiB"
     table.notes.append(
         f"Fresh memory: {FRESH_MEMORY} (--fresh-memory). Free page reporting to the host: "
         + (f"on ({reporting} free for about 2 s go back to the host, and populating them again is slow)"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import mmap
-import os
 import sys
 import time
 
@@ -29,16 +28,6 @@ import timing
 
 MiB = 1 << 20
 MADV_POPULATE_WRITE = 23
-
-
-def page_reporting() -> str:
-    try:
-        with open("/sys/module/page_reporting/parameters/page_reporting_order") as f:
-            order = int(f.read())
-    except (OSError, ValueError):
-        return "off (no page_reporting module)"
-    balloon = os.path.isdir("/sys/bus/virtio/drivers/virtio_balloon")
-    return f"order {order} ({(4096 << order) // 1024} KiB blocks){'' if balloon else ', no virtio_balloon driver'}"
 
 
 def populate(nbytes: int, huge: bool) -> float:
@@ -79,7 +68,9 @@ def main(argv=None) -> None:
             then[huge, delay].append(populate(nbytes, huge))
     steps = nbytes // (2 * MiB)
     print(f"`{timing.command_line()}` — {timing.machine()}")
-    print(f"free page reporting: {page_reporting()}; {nbytes / MiB:.0f} MiB per sample, "
+    order = timing.page_reporting_order()
+    reporting = "off" if order is None else f"order {order} ({4 << order} KiB blocks)"
+    print(f"free page reporting: {reporting}; {nbytes / MiB:.0f} MiB per sample, "
           f"{args.settle:g} s between samples\n")
     print("| pages | freed before populating | median [min..max] | per 2 MiB |")
     print("|---|---|---|---|")

@@ -186,6 +186,19 @@ def cores() -> str:
     return f"{os.cpu_count()} cores ({usable} usable by this process)"
 
 
+def page_reporting_order() -> int | None:
+    """The order of the free blocks this kernel reports to a hypervisor (virtio-balloon
+    free page reporting: free blocks of 2^order pages go back to the host, and are slow
+    to populate again; docs/performance.md, "Fresh memory on a VM that reports free
+    pages"), or None where it does not."""
+    try:
+        with open("/sys/module/page_reporting/parameters/page_reporting_order") as f:
+            order = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return order if os.path.isdir("/sys/bus/virtio/drivers/virtio_balloon") else None
+
+
 def machine(extra: str = "", load: bool = True) -> str:
     """The line each script prints first: the 1-minute load average and the cores, so a
     reader can tell a quiet machine from a busy one."""
