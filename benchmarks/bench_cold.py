@@ -326,14 +326,13 @@ MADV_POPULATE_WRITE = 23
 ALL_FILES: list = []
 
 
-def settle_memory() -> None:
-    """Before a sample (untimed): drop every file of the run from the page cache, then
-    bring free memory to the state FRESH_MEMORY names.  Why all the files: each tool
-    evicts only its own, so the files of the tools before it (4 GiB each in the huge
-    rows, and five formats) stayed cached and left the sample short of free memory,
-    by an amount that depended on the order."""
-    if ALL_FILES:
-        pagecache.evict_all(ALL_FILES)
+def settle(paths) -> None:
+    """Before a sample (untimed): drop every file of the run from the page cache (the
+    tool's own ``paths`` where no run is set), then bring free memory to the state
+    FRESH_MEMORY names.  Why all the files: with only its own evicted, the files of the
+    tools before it (4 GiB each in the huge rows, and five formats) stayed cached and
+    left the sample short of free memory, by an amount that depended on the order."""
+    pagecache.evict_all(ALL_FILES or paths)
     if FRESH_MEMORY == "cold":
         time.sleep(COLD_WAIT)
     elif FRESH_MEMORY == "warm" and FRESH_BYTES:
@@ -349,13 +348,6 @@ def settle_memory() -> None:
                 np.frombuffer(m, np.uint8)[::4096] = 1
         finally:
             m.close()
-
-
-def _settled(fn):
-    def setup():
-        fn()
-        settle_memory()
-    return setup
 
 
 def fio_memory(choice: str) -> str:
@@ -430,9 +422,9 @@ class Cold:
         self.table, self.rounds, self.dir = table, rounds, directory
 
     def evicting(self, tools: dict) -> dict:
-        """setup per tool: evict every file it reads (checked by mincore), then bring
-        free memory to the state --fresh-memory names."""
-        return {name: _settled(lambda paths=paths: pagecache.evict_all(paths)) for name, (_, paths) in tools.items()}
+        """setup per tool: :func:`settle` (every file of the run out of the page cache,
+        checked by mincore; free memory in the state --fresh-memory names)."""
+        return {name: (lambda paths=paths: settle(paths)) for name, (_, paths) in tools.items()}
 
     def run(self, title, size, tools, ours, primary, limit=None):
         """Time ``tools`` (name -> (fn, paths)) cold, round-robin; add a row."""
@@ -487,7 +479,7 @@ class Cold:
             self.table.skip("fio limit rows", str(exc)[:300])
             return None
         return (name.replace("ENGINE", _FIO_ENGINE or "io_uring"), lambda: fio(path, **kw),
-                _settled(lambda: pagecache.evict(path)))
+                lambda: settle([path]))
 
     def saves(self, name, tensors, size):
         """Durable saves: time, and the file's pages left cached."""
@@ -568,8 +560,7 @@ def child(tool, files_json):
     FRESH_MEMORY, _, fresh = os.environ.get(FRESH_ENV, "as-is:0").partition(":")
     FRESH_BYTES = int(fresh or 0)
     ALL_FILES = list(files.values())
-    pagecache.evict_all(paths)
-    settle_memory()
+    settle(paths)
     base = _status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
