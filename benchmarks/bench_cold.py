@@ -34,7 +34,10 @@ Rows (aprfast | safetensors | the best other peer | limit):
 * cold eager load in a fresh process (``--only memory``), round-robin with fio: the
   cold start users have.  In the loop rows above a tool's arrays take memory whatever
   ran before it freed (and its own allocator may keep); a fresh process populates all
-  of it.
+  of it.  Its limit column also has the fresh memory alone: a fresh process populating
+  the model's size (``MADV_POPULATE_WRITE``, huge pages and 4 KiB pages, one thread per
+  core), and per round the slower of fio and the faster populate: a load into fresh
+  memory pays both, while fio reuses its buffers and pays neither.
 * peak memory of a cold eager load, each in a fresh process: VmHWM above the RSS after
   the imports, and the file's pages left in the page cache (mincore): their sum is
   what the load costs the machine (the issue's target: at most 1.05x the model +
@@ -555,11 +558,17 @@ def child(tool, files_json):
     """One cold load in this (fresh) process: prints seconds, VmHWM above the RSS after
     imports, the page cache the file holds afterwards."""
     files = json.loads(files_json)
-    fn, paths = eager_tools(files)[tool]
     global FRESH_MEMORY, FRESH_BYTES, ALL_FILES
     FRESH_MEMORY, _, fresh = os.environ.get(FRESH_ENV, "as-is:0").partition(":")
     FRESH_BYTES = int(fresh or 0)
     ALL_FILES = list(files.values())
+    if tool.startswith(POPULATE):  # the fresh-memory limit: no file, no arrays kept
+        _, pages, nbytes = tool.split(":")
+        settle([])
+        seconds = timing.populate(int(nbytes), pages == "huge", timing.usable_cores())
+        print(json.dumps({"seconds": seconds, "peak_above": 0, "cached": 0}))
+        return
+    fn, paths = eager_tools(files)[tool]
     settle(paths)
     base = _status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
@@ -600,14 +609,32 @@ def fresh_engine_rows(table, name, files, size, tools, rounds):
                       seconds))
 
 
+#: child() tool names "populate:huge|small:NBYTES": the fresh-memory limit of memory_rows
+POPULATE = "populate"
+
+
+def populate_label(pages: str) -> str:
+    return f"fresh memory only ({'huge' if pages == 'huge' else '4 KiB'} pages, {timing.usable_cores()} threads)"
+
+
+#: the limit that binds a load into fresh memory: per round, the slower of fio and the
+#: faster populate (a load pays both, overlapped at best)
+BOUND = "the slower of fio and fresh memory, per round"
+
+
 def memory_rows(table, name, files, size, nbytes, rounds, limit=None):
     """Each tool's cold eager load in fresh processes (round-robin, ``rounds`` each): the
     time, the peak RSS and the page cache left; ``limit``: Cold.fio_limit's, run in the
     same loop.  Why the time here too: a fresh process is the cold start users have; in
     a loop in one process a tool's arrays take memory whatever ran before it freed, or
     that its own allocator kept (docs/performance.md, "Fresh memory on a VM that
-    reports free pages")."""
+    reports free pages").  Beside fio, the limit column has the machine's cost of the
+    fresh memory itself: a fresh process that populates the model's size (huge pages,
+    and 4 KiB pages) with one thread per core, in the same memory state, in the same
+    loop.  A load that returns arrays of its own pays both; fio reads into buffers it
+    reuses and pays neither."""
     tools = [t for t in eager_tools(files) if ", engine " not in t]  # the engines hold the same memory
+    fresh = {pages: Samples() for pages in ("huge", "small")}
     peak = {k: Samples() for k in tools}
     cached = {k: Samples() for k in tools}
     total = {k: Samples() for k in tools}
@@ -626,10 +653,17 @@ def memory_rows(table, name, files, size, nbytes, rounds, limit=None):
         if limit is not None:
             limit[2]()
             limit[1]()
+        for pages in list(fresh)[i % 2:] + list(fresh)[:i % 2]:
+            got = _run_child(table, f"{name}: {populate_label(pages)}", f"{POPULATE}:{pages}:{nbytes}", files)
+            if got is not None:
+                fresh[pages].append(got["seconds"])
     ours = "aprfast.load_file(backend='direct')"
     times = {k: v for k, v in seconds.items() if v}
     if ours in times:
-        limits = {limit[0]: Samples(FIO_TIMES)} if limit is not None and FIO_TIMES else None
+        limits = {limit[0]: Samples(FIO_TIMES)} if limit is not None and FIO_TIMES else {}
+        limits.update({populate_label(pages): samples for pages, samples in fresh.items() if samples})
+        if limits and all(len(v) == rounds for v in (*fresh.values(), FIO_TIMES)):
+            limits[BOUND] = Samples(max(f, min(a, b)) for f, a, b in zip(FIO_TIMES, *fresh.values()))
         mine = {k: times.pop(k) for k in list(times) if k.startswith("aprfast") and k != ours}
         prim = {k: times.pop(k) for k in list(times) if k.startswith("safetensors")}
         title = f"{name}: cold eager load in a fresh process (--fresh-memory {FRESH_MEMORY})"

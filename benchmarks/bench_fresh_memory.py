@@ -27,19 +27,6 @@ import time
 import timing
 
 MiB = 1 << 20
-MADV_POPULATE_WRITE = 23
-
-
-def populate(nbytes: int, huge: bool) -> float:
-    """Seconds to populate a fresh private map of ``nbytes`` with huge or 4 KiB pages."""
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        m.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
-        start = time.perf_counter()
-        m.madvise(MADV_POPULATE_WRITE)
-        return time.perf_counter() - start
-    finally:
-        m.close()
 
 
 def main(argv=None) -> None:
@@ -53,7 +40,7 @@ def main(argv=None) -> None:
         sys.exit("Linux only (MADV_HUGEPAGE, MADV_POPULATE_WRITE)")
     nbytes = int(args.gib * (1 << 30)) // (2 * MiB) * (2 * MiB)
     try:
-        populate(2 * MiB, True)
+        timing.populate(2 * MiB, True)
     except OSError as exc:
         sys.exit(f"MADV_POPULATE_WRITE refused ({exc}): Linux 5.14 or later")
     delays = [float(d) for d in args.delays.split(",")]
@@ -63,9 +50,9 @@ def main(argv=None) -> None:
     for r in range(args.rounds):
         for huge, delay in rows[r % len(rows):] + rows[:r % len(rows)]:
             time.sleep(args.settle)
-            first[huge, delay].append(populate(nbytes, huge))
+            first[huge, delay].append(timing.populate(nbytes, huge))
             time.sleep(delay)
-            then[huge, delay].append(populate(nbytes, huge))
+            then[huge, delay].append(timing.populate(nbytes, huge))
     steps = nbytes // (2 * MiB)
     print(f"`{timing.command_line()}` — {timing.machine()}")
     order = timing.page_reporting_order()
