@@ -179,10 +179,10 @@ static void share_stop(sharer *sh)
  * disk completes the requests it holds together, in bursts, and with every buffer read
  * into, each was copied before any was read into again: the disk idled for the copies
  * of a whole burst (0.2 ms per 4 MiB; bursts of four completions 5 ms apart, from
- * timestamps in this loop).  A cold 4 GiB read staged throughout took 1.44-1.51 s
- * before, 1.35-1.40 s after, 1.20-1.28 s straight into place; with the copies skipped,
- * for the experiment, 1.15-1.2 s.  Two reads in flight keep that disk as busy as
- * sixteen (fio: 1.08-1.20 s at depths 1 to 4). */
+ * timestamps in this loop).  A cold 4 GiB read with every piece staged (memory just
+ * freed) took 1.44-1.51 s before, 1.35-1.40 s after, 1.20-1.28 s straight into place;
+ * with the copies skipped, for the experiment, 1.15-1.2 s.  Two reads in flight keep
+ * that disk as busy as sixteen (fio: 1.08-1.20 s at depths 1 to 4). */
 #define STAGE_BYTES ((size_t)16 << 20)
 #define STAGE_MAX 32
 static uint8_t *stage_mem;  /* STAGE_BYTES on a huge-page boundary, kept for the process */
