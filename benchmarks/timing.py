@@ -217,6 +217,8 @@ def populate(nbytes: int, huge: bool, threads: int = 1) -> float:
     import mmap
     import threading
 
+    if nbytes <= 0:
+        return 0.0
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     huge_page = 2 << 20
