@@ -374,6 +374,7 @@ def test_direct_writer_refused_at_the_first_write_falls_back(tmp_path, monkeypat
     plain[0] = fd
     try:
         writer = direct.DirectWriter(fd, str(path), chunk=8192, depth=2)
+        assert writer.chunk == 8192
         if not writer.direct:
             pytest.skip(f"direct writes refused at open here: {writer.how}")
         writer.write(data[:100])
@@ -451,6 +452,8 @@ def test_direct_writer_argument_checks(tmp_path):
 def test_direct_save_gives_the_bytes_of_a_buffered_save(tmp_path, buffered, layout):
     want = _model(5, count=30)
     want["big"] = np.random.default_rng(9).standard_normal(3 << 20, dtype=np.float32)  # past several chunks
+    # its CRC is taken a writer's chunk at a time, from an offset no chunk boundary meets
+    want["odd"] = np.random.default_rng(10).integers(0, 256, (5 << 20) + 13, dtype=np.uint8)
     previous = platform.force(["o_direct"] if buffered else [])
     try:
         aprfast.save_file(want, tmp_path / "d.apr", backend="direct", layout=layout, metadata={"k": "v"})

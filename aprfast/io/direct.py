@@ -452,6 +452,11 @@ class DirectWriter:
                 self._pool = ThreadPoolExecutor(depth, thread_name_prefix="aprfast-direct-write")
 
     @property
+    def chunk(self) -> int:
+        """Bytes each direct write moves (the size of each buffer)."""
+        return self._chunk
+
+    @property
     def direct(self) -> bool:
         """True while writes bypass the page cache (not the buffered fallback)."""
         return self._direct is not None
