@@ -29,7 +29,15 @@
 #
 # Environment: PYTHON (default python3), SANITIZE_WORKDIR (kept; default: mktemp -d,
 # removed afterwards unless SANITIZE_KEEP=1), SANITIZE_JOBS (parallel compiles, default
-# nproc), SANITIZE_FUZZ_SEEDS=0 (skip replaying the fuzz seed corpus after the suite).
+# nproc), SANITIZE_FUZZ_SEEDS=0 (skip replaying the fuzz seed corpus after the suite),
+# SANITIZE_WORKERS (pytest processes of the default run and the self-test, default nproc;
+# 1, or pytest-xdist not installed, runs them in one process).
+#
+# Why several pytest processes: under ASan the suite is CPU-bound, and in one process it
+# took 28 min of CI's 64 on 2 cores (stop 36); with pytest-xdist's two workers the same
+# tests took 13.6 min here.  Each worker is its own process, so a report still names
+# the test: ASan writes to its log file, UBSan to the worker's stderr, which xdist
+# leaves on the run's (the self-test runs the same way, to prove it).
 #
 # Why these options: CPython is not built with ASan, so libasan must be preloaded to
 # come first in the library list (LD_PRELOAD); CPython's interned objects are never
@@ -105,6 +113,12 @@ fi
 # readable and the build quicker.  (Only the copy is edited.)
 sed -i 's/"-O3", //' "$tree/setup.py"
 
+workers="${SANITIZE_WORKERS:-$(nproc)}"
+xdist=()
+if [[ "$workers" -gt 1 ]] && "$python" -c "import xdist" 2>/dev/null; then
+    xdist=(-n "$workers")
+fi
+
 san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 echo "== sanitize: building the extensions with $san -O1 -g"
 (
@@ -162,7 +176,7 @@ EOF
         want="${case#*:}"
         rm -f "$work/reports/"*
         set +e
-        out="$("$python" -m pytest --capture=sys -q -p no:cacheprovider "tests/test_sanitize_selftest.py::test_$test" 2>&1)"
+        out="$("$python" -m pytest --capture=sys "${xdist[@]}" -q -p no:cacheprovider "tests/test_sanitize_selftest.py::test_$test" 2>&1)"
         rc=$?
         set -e
         out="$out$(cat "$work/reports/"* 2>/dev/null || true)"
@@ -235,7 +249,7 @@ elif [[ $# == 0 ]]; then
     default_run=1
     # tests/engines: llama.cpp and transformers on what the converter writes (Python
     # logic, run on the plain wheel); under ASan they would only add minutes.
-    set -- -m pytest --capture=sys tests --ignore=tests/interop --ignore=tests/engines -q -p no:cacheprovider
+    set -- -m pytest --capture=sys "${xdist[@]}" tests --ignore=tests/interop --ignore=tests/engines -q -p no:cacheprovider
 else
     set -- -m pytest --capture=sys "$@"
 fi
