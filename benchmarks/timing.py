@@ -77,53 +77,61 @@ def fmt_bytes(n: float) -> str:
     return f"{_num(n / (1 << 20))} MiB"
 
 
-def _run(fn, number, setup, clock=time.perf_counter):
-    """One sample: the mean time of ``number`` calls, ``setup`` before each, untimed."""
-    if setup is None:
+def _run(fn, number, setup, clock=time.perf_counter, teardown=None):
+    """One sample: the mean time of ``number`` calls, ``setup`` before each and
+    ``teardown`` after each, untimed."""
+    if setup is None and teardown is None:
         start = clock()
         for _ in range(number):
             fn()
         return (clock() - start) / number
     total = 0.0
     for _ in range(number):
-        setup()
+        if setup is not None:
+            setup()
         start = clock()
         fn()
         total += clock() - start
+        if teardown is not None:
+            teardown()
     return total / number
 
 
-def _calibrate(fn, min_sample, setup, first, clock=time.perf_counter):
+def _calibrate(fn, min_sample, setup, first, clock=time.perf_counter, teardown=None):
     """How many calls make one sample last about ``min_sample`` seconds (1 for slow calls);
     ``first`` is the time of the warm-up call, so a slow call is not run again to learn it."""
     number, elapsed = 1, first
     while min_sample > 0 and elapsed < min_sample and number < 1_000_000:
         number *= max(2, min(10, int(min_sample / max(elapsed, 1e-9)) + 1))
-        elapsed = _run(fn, number, setup, clock) * number
+        elapsed = _run(fn, number, setup, clock, teardown) * number
     return number
 
 
-def _once(fn, setup, clock=time.perf_counter) -> float:
-    """One independent sample: ``setup``, one timed call, and its result dropped (and
-    garbage collected) after the clock stops, so the next tool starts without it."""
+def _once(fn, setup, clock=time.perf_counter, teardown=None) -> float:
+    """One independent sample: ``setup``, one timed call, ``teardown``, and its result
+    dropped (and garbage collected) after the clock stops, so the next tool starts
+    without it."""
     if setup is not None:
         setup()
     gc.collect()
     start = clock()
     result = fn()
     elapsed = clock() - start
+    if teardown is not None:
+        teardown()
     del result
     gc.collect()
     return elapsed
 
 
 def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None, slow: float | None = None,
-                slow_rounds: int = 3, independent: bool = False, clock=time.perf_counter) -> dict:
+                slow_rounds: int = 3, independent: bool = False, clock=time.perf_counter, teardown=None) -> dict:
     """Time every tool of ``tools`` (name -> zero-argument callable) round-robin, the
     order rotated by one tool each round.
 
     ``setup`` is a callable run before every call (of every tool) outside the timed
-    region, or a dict name -> callable.  A tool whose warm-up call took longer than
+    region, or a dict name -> callable; ``teardown`` the same, run after every call
+    (what a call left behind is measured there, not on the clock).  A tool whose warm-up call took longer than
     ``slow`` seconds is sampled in the first ``slow_rounds`` rounds only (its cell then
     says n=...), so one very slow peer cannot stretch a run by minutes.
 
@@ -139,6 +147,7 @@ def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None
     work runs on the calling thread only: a thread they start is not counted).
     Returns name -> Samples (seconds per call)."""
     setups = setup if isinstance(setup, dict) else {name: setup for name in tools}
+    teardowns = teardown if isinstance(teardown, dict) else {name: teardown for name in tools}
     names = list(tools)
 
     def order(i):
@@ -151,18 +160,20 @@ def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None
     if independent:
         limit = {}
         for name, fn in tools.items():
-            first = _once(fn, setups.get(name), clock)  # warm-up: page cache, first touch, code paths
+            # warm-up: page cache, first touch, code paths
+            first = _once(fn, setups.get(name), clock, teardowns.get(name))
             limit[name] = slow_rounds if slow is not None and first > slow else rounds
         out = {name: Samples() for name in tools}
         for i in range(rounds):
             for name in order(i):
                 if i < limit[name]:
-                    out[name].append(_once(tools[name], setups.get(name), clock))
+                    out[name].append(_once(tools[name], setups.get(name), clock, teardowns.get(name)))
         return out
     numbers, limit = {}, {}
     for name, fn in tools.items():
-        first = _run(fn, 1, setups.get(name), clock)  # warm-up: page cache, first touch, code paths
-        numbers[name] = _calibrate(fn, min_sample, setups.get(name), first, clock)
+        # warm-up: page cache, first touch, code paths
+        first = _run(fn, 1, setups.get(name), clock, teardowns.get(name))
+        numbers[name] = _calibrate(fn, min_sample, setups.get(name), first, clock, teardowns.get(name))
         limit[name] = slow_rounds if slow is not None and first > slow else rounds
     out = {name: Samples() for name in tools}
     for i in range(rounds):
@@ -170,7 +181,7 @@ def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None
             if i >= limit[name]:
                 continue
             gc.collect()
-            out[name].append(_run(tools[name], numbers[name], setups.get(name), clock))
+            out[name].append(_run(tools[name], numbers[name], setups.get(name), clock, teardowns.get(name)))
     return out
 
 
