@@ -131,9 +131,10 @@ def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None
 
     ``setup`` is a callable run before every call (of every tool) outside the timed
     region, or a dict name -> callable; ``teardown`` the same, run after every call
-    (what a call left behind is measured there, not on the clock).  A tool whose warm-up call took longer than
-    ``slow`` seconds is sampled in the first ``slow_rounds`` rounds only (its cell then
-    says n=...), so one very slow peer cannot stretch a run by minutes.
+    (what a call left behind is measured there, not on the clock).  A tool whose
+    warm-up call took longer than ``slow`` seconds is sampled in the first
+    ``slow_rounds`` rounds only (its cell then says n=...), so one very slow peer
+    cannot stretch a run by minutes.
 
     ``independent``: every sample is one call whose result is dropped, untimed, before
     the next tool runs (``min_sample`` is ignored): no call of a tool follows another of
