@@ -694,6 +694,279 @@ int apr_uring_available(void)
     return 1;
 }
 
+/* ---- direct writes (uring.h apr_uring_writer) ---------------------------------- */
+
+/* The CRC and the copy go this much at a time, so the bytes the CRC just read are
+ * still in the core's cache when they are copied, and completions are reaped between
+ * pieces (a finished buffer's slot is refilled sooner). */
+#define WRITE_PIECE ((size_t)256 << 10)
+
+typedef struct {
+    uint64_t pos;        /* file offset of the next byte to write */
+    const uint8_t *buf;  /* the next byte */
+    size_t left;         /* bytes still to write */
+    struct iovec iov;
+    int busy;
+} wslot;
+
+struct apr_uring_writer {
+    ring r;
+    int fd;
+    uint64_t offset;    /* file offset of the first byte of the buffer being filled */
+    uint64_t written;   /* bytes the kernel has reported written */
+    size_t chunk;
+    unsigned depth;
+    unsigned current;   /* the buffer being filled */
+    size_t fill;        /* bytes in it */
+    unsigned inflight;
+    int status;         /* the first error: every later call answers it */
+    int staged;         /* mem is the process's staging buffers (stage_release on close) */
+    uint8_t *mem;       /* depth * chunk bytes, buffer i at mem + i * chunk */
+    void *map;          /* the writer's own map (when not staged) */
+    size_t map_len;
+    wslot *slots;
+};
+
+static void queue_write(apr_uring_writer *w, unsigned index)
+{
+    ring *r = &w->r;
+    wslot *s = &w->slots[index];
+    unsigned tail = *r->sq_tail;
+    struct io_uring_sqe *sqe = &r->sqes[tail & *r->sq_mask];
+    memset(sqe, 0, sizeof *sqe);
+    s->iov.iov_base = (void *)s->buf;
+    s->iov.iov_len = s->left;
+    sqe->opcode = IORING_OP_WRITEV; /* 5.1+, as the reads' READV */
+    sqe->fd = w->fd;
+    sqe->off = s->pos;
+    sqe->addr = (uint64_t)(uintptr_t)&s->iov;
+    sqe->len = 1;
+    sqe->user_data = (uint64_t)index;
+    __atomic_store_n(r->sq_tail, tail + 1, __ATOMIC_RELEASE);
+    r->pending++;
+}
+
+static void writer_fail(apr_uring_writer *w, int err)
+{
+    if (!w->status)
+        w->status = err;
+}
+
+/* Hand queued writes to the kernel. */
+static void writer_submit(apr_uring_writer *w)
+{
+    if (!w->r.pending)
+        return;
+    int rc = ring_enter(&w->r, 0);
+    if (rc) {
+        /* the kernel took none of what is queued: those writes never start */
+        writer_fail(w, rc);
+        /* their slots stay busy; the writer has failed, so no call fills them again,
+         * and close() waits only for the writes the kernel took */
+        w->inflight -= w->r.pending;
+        w->r.pending = 0;
+    }
+}
+
+/* Take every completion posted; with wait, block for one first when none is there.
+ * A short write is resubmitted for the rest (an error once the writer has failed). */
+static void writer_reap(apr_uring_writer *w, int wait)
+{
+    ring *r = &w->r;
+    for (;;) {
+        unsigned head = *r->cq_head, tail = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE);
+        if (head == tail) {
+            if (!wait || w->inflight == 0)
+                return;
+            int rc = ring_enter(r, 1);
+            if (rc) {
+                /* writes in flight still read the buffers: look again after a pause */
+                if (rc != EAGAIN && rc != EBUSY && rc != EINTR)
+                    writer_fail(w, rc);
+                struct timespec pause = {0, 1000000};
+                nanosleep(&pause, NULL);
+            }
+            continue;
+        }
+        for (; head != tail; head++) {
+            struct io_uring_cqe *cqe = &r->cqes[head & *r->cq_mask];
+            unsigned index = (unsigned)cqe->user_data;
+            int res = cqe->res;
+            if (index >= w->depth)
+                continue; /* never ours */
+            wslot *s = &w->slots[index];
+            if ((res == -EINTR || res == -EAGAIN) && !w->status) {
+                queue_write(w, index);
+                continue;
+            }
+            if (res > 0 && (size_t)res > s->left)
+                res = -EIO; /* more than asked for: never trust it */
+            if (res == 0)
+                res = -EIO; /* no progress: a device that stopped taking bytes */
+            if (res > 0) {
+                s->pos += (uint64_t)res;
+                s->buf += res;
+                s->left -= (size_t)res;
+                w->written += (uint64_t)res;
+                if (s->left && !w->status) {
+                    queue_write(w, index); /* a short write: the rest */
+                    continue;
+                }
+            } else {
+                writer_fail(w, -res);
+            }
+            s->busy = 0;
+            w->inflight--;
+        }
+        __atomic_store_n(r->cq_head, head, __ATOMIC_RELEASE);
+        writer_submit(w); /* resubmissions */
+        wait = 0; /* something came: the caller looks again if it must wait more */
+    }
+}
+
+/* Write the first n bytes of the buffer being filled at w->offset; the next buffer
+ * becomes the one filled. */
+static void writer_send(apr_uring_writer *w, size_t n)
+{
+    wslot *s = &w->slots[w->current];
+    s->pos = w->offset;
+    s->buf = w->mem + (size_t)w->current * w->chunk;
+    s->left = n;
+    s->busy = 1;
+    w->inflight++;
+    queue_write(w, w->current);
+    writer_submit(w);
+    w->offset += n;
+    w->current = (w->current + 1) % w->depth;
+    w->fill = 0;
+}
+
+apr_uring_writer *apr_uring_writer_open(int fd, uint64_t offset, size_t chunk, unsigned depth, int *err)
+{
+    int e = 0;
+    if (depth == 0)
+        depth = APR_URING_WRITE_DEPTH;
+    if (chunk == 0)
+        chunk = APR_URING_WRITE_CHUNK;
+    if (depth > 64 || (chunk & (chunk - 1)) || chunk < 4096 || chunk > ((size_t)1 << 30)) {
+        *err = EINVAL;
+        return NULL;
+    }
+    apr_uring_writer *w = calloc(1, sizeof *w);
+    if (w == NULL) {
+        *err = ENOMEM;
+        return NULL;
+    }
+    w->r.fd = -1; /* no ring yet: close() must not close descriptor 0 */
+    w->fd = fd;
+    w->offset = offset;
+    w->chunk = chunk;
+    w->depth = depth;
+    w->slots = calloc(depth, sizeof *w->slots);
+    if (w->slots == NULL) {
+        e = ENOMEM;
+        goto fail;
+    }
+    if (ring_open(&w->r, depth)) {
+        e = APR_URING_UNAVAILABLE;
+        goto fail;
+    }
+    size_t bytes = chunk * depth;
+    if (bytes <= STAGE_BYTES && (w->mem = stage_acquire()) != NULL) {
+        w->staged = 1;
+    } else {
+        size_t huge = (size_t)2 << 20;
+        w->map_len = bytes + huge;
+        w->map = mmap(NULL, w->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (w->map == MAP_FAILED) {
+            w->map = NULL;
+            e = ENOMEM;
+            goto fail;
+        }
+        w->mem = (uint8_t *)(((uintptr_t)w->map + huge - 1) & ~(uintptr_t)(huge - 1));
+#ifdef MADV_HUGEPAGE
+        madvise(w->mem, bytes, MADV_HUGEPAGE); /* advice: 4 KiB pages still work */
+#endif
+    }
+    return w;
+fail:
+    apr_uring_writer_close(w);
+    *err = e;
+    return NULL;
+}
+
+int apr_uring_writer_write(apr_uring_writer *w, const uint8_t *src, size_t len, uint32_t *crc)
+{
+    uint32_t value = crc ? *crc : 0;
+    while (len && !w->status) {
+        wslot *s = &w->slots[w->current];
+        if (s->busy) {
+            writer_reap(w, 1); /* the buffer to fill is still being written */
+            continue;
+        }
+        size_t n = w->chunk - w->fill;
+        if (n > len)
+            n = len;
+        if (n > WRITE_PIECE)
+            n = WRITE_PIECE;
+        if (crc)
+            value = apr_crc32(value, src, n);
+        memcpy(w->mem + (size_t)w->current * w->chunk + w->fill, src, n);
+        w->fill += n;
+        src += n;
+        len -= n;
+        if (w->fill == w->chunk)
+            writer_send(w, w->chunk);
+        writer_reap(w, 0);
+    }
+    if (crc)
+        *crc = value;
+    return w->status;
+}
+
+int apr_uring_writer_flush(apr_uring_writer *w, size_t align, const uint8_t **tail, size_t *tail_len,
+                           uint64_t *tail_offset)
+{
+    if (align == 0)
+        align = 1;
+    size_t whole = w->fill - w->fill % align, rest = w->fill - whole;
+    const uint8_t *at = w->mem + (size_t)w->current * w->chunk + whole;
+    if (whole && !w->status)
+        writer_send(w, whole); /* the bytes after them are not part of this write */
+    w->fill = 0;
+    while (w->inflight)
+        writer_reap(w, 1);
+    *tail = at;
+    *tail_len = rest;
+    *tail_offset = w->offset;
+    return w->status;
+}
+
+uint64_t apr_uring_writer_written(const apr_uring_writer *w)
+{
+    return w->written;
+}
+
+void apr_uring_writer_close(apr_uring_writer *w)
+{
+    if (w == NULL)
+        return;
+    if (w->r.fd >= 0 && w->slots) {
+        if (!w->status)
+            w->status = ECANCELED; /* no resubmissions from here */
+        while (w->inflight)
+            writer_reap(w, 1);
+    }
+    if (w->r.sq_map || w->r.fd >= 0)
+        ring_close(&w->r);
+    if (w->staged)
+        stage_release();
+    else if (w->map)
+        munmap(w->map, w->map_len);
+    free(w->slots);
+    free(w);
+}
+
 #else /* no io_uring here */
 int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *crc, size_t align,
                    unsigned depth, size_t chunk, apr_fresh_state *pages)
@@ -715,6 +988,36 @@ int apr_uring_set_staging(int mode)
 
 size_t apr_uring_staged_last(void)
 {
+    return 0;
+}
+apr_uring_writer *apr_uring_writer_open(int fd, uint64_t offset, size_t chunk, unsigned depth, int *err)
+{
+    (void)fd; (void)offset; (void)chunk; (void)depth;
+    *err = APR_URING_UNAVAILABLE;
+    return NULL;
+}
+
+int apr_uring_writer_write(apr_uring_writer *w, const uint8_t *src, size_t len, uint32_t *crc)
+{
+    (void)w; (void)src; (void)len; (void)crc;
+    return EINVAL;
+}
+
+int apr_uring_writer_flush(apr_uring_writer *w, size_t align, const uint8_t **tail, size_t *tail_len,
+                           uint64_t *tail_offset)
+{
+    (void)w; (void)align; (void)tail; (void)tail_len; (void)tail_offset;
+    return EINVAL;
+}
+
+void apr_uring_writer_close(apr_uring_writer *w)
+{
+    (void)w;
+}
+
+uint64_t apr_uring_writer_written(const apr_uring_writer *w)
+{
+    (void)w;
     return 0;
 }
 #endif

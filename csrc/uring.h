@@ -55,6 +55,51 @@ int apr_uring_set_staging(int mode);
 /* The pieces the calling thread's last apr_uring_read read through staging buffers. */
 size_t apr_uring_staged_last(void);
 
+/* Direct writes on a ring (DirectWriter, aprfast/io/direct.py).
+ *
+ * One calling thread copies the bytes handed to apr_uring_writer_write into depth
+ * aligned buffers of chunk bytes, taking their CRC on the way, and keeps every full
+ * buffer's write in flight on a ring of its own while it fills the next; it waits only
+ * for the buffer it is about to refill.  Why: the thread-pool writer this replaced paid
+ * a Python call, a future and two thread wake-ups per 2 MiB, and held the GIL between
+ * them; fio, the limit the benchmark holds saves to, submits from one thread on a ring.
+ * The buffers are the staging buffers of direct reads where they are free (kept for
+ * the process, populated once), else a map of the writer's own. */
+typedef struct apr_uring_writer apr_uring_writer;
+
+/* Two writes of 4 MiB in flight (8 MiB of the 16 MiB of staging buffers): in the
+ * benchmark's loop on the development VM, 154 ms against 178 for eight of 2 MiB and
+ * 166 for the thread engine's two of 2 MiB (504 MiB; 4 GiB: 1.40, 1.53, 1.47 s); a
+ * request of 4 MiB is the disk's max_sectors_kb (docs/performance.md, stop 38). */
+#define APR_URING_WRITE_DEPTH 2u
+#define APR_URING_WRITE_CHUNK ((size_t)4 << 20)
+
+/* A writer of fd (opened with O_DIRECT) whose first byte goes to offset (a multiple of
+ * the caller's alignment).  chunk (a power of two, a multiple of 4096) and depth 0:
+ * the defaults above.  NULL with *err set: APR_URING_UNAVAILABLE, EINVAL or ENOMEM. */
+apr_uring_writer *apr_uring_writer_open(int fd, uint64_t offset, size_t chunk, unsigned depth, int *err);
+
+/* Append len bytes of src (CRC taken into *crc when crc is not NULL, zlib.crc32
+ * semantics); every buffer filled is written.  Returns 0 or the errno value of the
+ * first write that failed (this call's or an earlier one's; from then on every call
+ * answers it). */
+int apr_uring_writer_write(apr_uring_writer *w, const uint8_t *src, size_t len, uint32_t *crc);
+
+/* Write the whole align-byte blocks of the buffer being filled and wait for every
+ * write.  *tail and *tail_len: the bytes after them (fewer than align, for the caller
+ * to write another way, at *tail_offset); valid until apr_uring_writer_close.
+ * Returns 0 or an errno value, as apr_uring_writer_write.  Nothing may be written
+ * after it. */
+int apr_uring_writer_flush(apr_uring_writer *w, size_t align, const uint8_t **tail, size_t *tail_len,
+                           uint64_t *tail_offset);
+
+/* Wait for every write in flight (none touches the buffers afterwards) and free the
+ * writer; NULL is allowed. */
+void apr_uring_writer_close(apr_uring_writer *w);
+
+/* Bytes the writer has handed to the kernel and seen written. */
+uint64_t apr_uring_writer_written(const apr_uring_writer *w);
+
 #ifdef __cplusplus
 }
 #endif

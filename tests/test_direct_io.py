@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import zlib
 
 import numpy as np
 import pytest
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
 
 import aprfast
 import aprfast.numpy as apr_numpy
@@ -335,13 +341,129 @@ def _write_through(path, pieces, **kw):
                                    [5 * 8192 + 3], [1, 2 * 8192, 8191, 8192 * 3 + 1, 17]],
                          ids=["empty", "one-byte", "one-block", "block+1", "three-odd", "chunks+3", "mixed"])
 @pytest.mark.parametrize("depth", [1, 2, 3])
-def test_direct_writer_writes_every_byte_in_order(tmp_path, sizes, depth):
+@pytest.mark.parametrize("engine", ["threads", "io_uring"])
+def test_direct_writer_writes_every_byte_in_order(tmp_path, sizes, depth, engine):
     rng = np.random.default_rng(sum(sizes) + depth)
     pieces = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
     path = tmp_path / "w.bin"
-    how = _write_through(path, pieces, chunk=8192, depth=depth)
+    how = _write_through(path, pieces, chunk=8192, depth=depth, engine=engine, ring_chunk=8192, ring_depth=depth)
     assert path.read_bytes() == b"".join(p.tobytes() for p in pieces)
     assert how == "o_direct" or how.startswith("refused") or how == "nocache"
+
+
+def _ring_here(tmp_path) -> bool:
+    """Whether a DirectWriter here writes direct and can hand its writes to a ring."""
+    path = tmp_path / "probe.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        writer = direct.DirectWriter(fd, str(path), chunk=8192, depth=2, engine="io_uring", ring_chunk=8192)
+        try:
+            writer.write(b"p" * (3 * 8192))
+            writer.flush()
+            return writer.engine == "io_uring"
+        finally:
+            writer.close()
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+@pytest.mark.parametrize("engine", ["threads", "io_uring", "auto"])
+def test_direct_writer_continues_the_crc_over_every_byte(tmp_path, engine):
+    ring = engine != "threads" and _ring_here(tmp_path)
+    rng = np.random.default_rng(4)
+    pieces = [rng.integers(0, 256, n, dtype=np.uint8) for n in (5, 8192 * 3 + 1, 70000, 4095, 1, 200000)]
+    path = tmp_path / "w.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        writer = direct.DirectWriter(fd, str(path), chunk=8192, depth=2, engine=engine, ring_chunk=16384)
+        crc = 12345
+        for piece in pieces:
+            crc = writer.write(piece, crc)
+        assert writer.write(b"", crc) == crc
+        assert writer.write(b"no crc asked") is None
+        writer.flush()
+        os.fsync(fd)
+        writer.finish()
+        assert writer.engine == ("io_uring" if ring else "threads")
+    finally:
+        os.close(fd)
+    body = b"".join(p.tobytes() for p in pieces)
+    assert crc == zlib.crc32(body, 12345)
+    assert path.read_bytes() == body + b"no crc asked"
+
+
+def test_direct_writer_engine_from_the_environment(tmp_path, monkeypatch):
+    if not _ring_here(tmp_path):
+        pytest.skip("no direct writes on a ring here (no io_uring, or O_DIRECT refused)")
+    path = tmp_path / "w.bin"
+    for value, want in (("threads", "threads"), ("io_uring", "io_uring"), ("", "io_uring")):
+        monkeypatch.setenv(direct.ENGINE_ENV, value)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            writer = direct.DirectWriter(fd, str(path), chunk=8192, depth=2, ring_chunk=8192)
+            writer.write(b"e" * 50000)
+            writer.flush()
+            writer.finish()
+        finally:
+            os.close(fd)
+        assert writer.engine == want, value
+        assert path.read_bytes() == b"e" * 50000
+    monkeypatch.setenv(direct.ENGINE_ENV, "spdk")
+    with pytest.raises(ValueError, match="APRFAST_DIRECT_ENGINE"):
+        direct.DirectWriter(0)
+    with pytest.raises(ValueError, match="no direct engine"):
+        direct.DirectWriter(0, engine="spdk")
+    for bad in ({"ring_chunk": 12288}, {"ring_chunk": 2048}, {"ring_depth": 0}, {"ring_depth": 65}):
+        with pytest.raises(ValueError, match="ring_chunk"):
+            direct.DirectWriter(0, engine="threads", **bad)
+
+
+@pytest.mark.skipif(resource is None or not hasattr(signal, "SIGXFSZ"), reason="no RLIMIT_FSIZE here")
+def test_ring_write_error_fails_the_save_and_keeps_the_old_file(tmp_path):
+    """A write on the ring that fails (here: past RLIMIT_FSIZE, EFBIG) is raised by the
+    save, which leaves the old file; the ring waits for its writes before freeing."""
+    if not _ring_here(tmp_path):
+        pytest.skip("no direct writes on a ring here (no io_uring, or O_DIRECT refused)")
+    path = tmp_path / "m.apr"
+    old = {"w": np.arange(10, dtype=np.float32)}
+    aprfast.save_file(old, path)
+    new = {"big": np.random.default_rng(3).standard_normal(6 << 20, dtype=np.float32)}  # 24 MiB
+    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (9 << 20, hard))
+    try:
+        with pytest.raises(aprfast.errors.AprIOError) as info:
+            aprfast.save_file(new, path, backend="direct")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous_handler)
+    assert "write failed: File too large" in str(info.value)
+    _same(aprfast.load_file(path), old)
+    assert sorted(os.listdir(tmp_path)) == ["m.apr"]
+
+
+def test_uring_writer_checks_its_arguments(tmp_path):
+    if not _ring_here(tmp_path):
+        pytest.skip("no direct writes on a ring here (no io_uring, or O_DIRECT refused)")
+    from aprfast import _memory
+
+    path = tmp_path / "w.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_DIRECT", 0), 0o644)
+    try:
+        for chunk, depth in ((12288, 2), (1024, 2), (8192, 65)):
+            with pytest.raises(ValueError, match="power of two"):
+                _memory.UringWriter(fd, 0, chunk, depth)
+        ring = _memory.UringWriter(fd, 0, 8192, 2)
+        assert ring.write(b"r" * 10000, 0) == zlib.crc32(b"r" * 10000)
+        tail, offset = ring.flush()
+        assert (tail, offset, ring.written) == (b"r" * (10000 - 8192), 8192, 8192)
+        ring.close()
+        ring.close()  # idempotent
+        with pytest.raises(ValueError, match="after close"):
+            ring.write(b"x")
+    finally:
+        os.close(fd)
 
 
 def test_direct_writer_takes_any_buffer_and_dtype(tmp_path):
@@ -402,7 +524,9 @@ def test_direct_writer_error_of_a_later_write_fails_the_save_and_keeps_the_old_f
 
     monkeypatch.setattr(direct, "_pwrite_all", pwrite_all)
     monkeypatch.setattr(direct, "WRITE_CHUNK", 8192)
-    monkeypatch.setattr(direct.DirectWriter.__init__, "__defaults__", (None, 0, 8192, 2))
+    # the thread-pool engine: its writes go through _pwrite_all (the ring's are tested below)
+    defaults = (None, 0, 8192, 2, "threads", direct.RING_CHUNK, direct.RING_DEPTH)
+    monkeypatch.setattr(direct.DirectWriter.__init__, "__defaults__", defaults)
     new = {f"w{i}": np.random.default_rng(i).standard_normal(5000, dtype=np.float32) for i in range(8)}
     with pytest.raises(aprfast.errors.AprIOError, match="No space left"):
         aprfast.save_file(new, path, backend="direct")

@@ -276,6 +276,26 @@ def uring_available():
     return False
 
 
+class UringWriter:
+    """The compiled backend's direct writes on an io_uring ring: the pure backend has
+    no ring, so constructing one raises ``NotImplementedError`` (DirectWriter then keeps
+    its writing threads)."""
+
+    def __init__(self, fd, offset=0, chunk=0, depth=0):
+        raise NotImplementedError("no io_uring ring can be set up here (the pure backend)")
+
+    def write(self, data, crc=None):
+        """Never reached: see the class."""
+        raise NotImplementedError
+
+    def flush(self, align=4096):
+        """Never reached: see the class."""
+        raise NotImplementedError
+
+    def close(self):
+        """Nothing to release."""
+
+
 def page_cache_sample(fd, size, samples=16):
     """How many sampled pages are in the page cache: None here (the pure backend has no
     mincore), so ``backend="auto"`` keeps buffered reads."""

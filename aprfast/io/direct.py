@@ -41,10 +41,15 @@ Per platform:
   each followed by ``posix_fadvise(POSIX_FADV_DONTNEED)`` over what it read (where the
   call exists), so the cache never holds more than one window of the file.
 
-Saves (:class:`DirectWriter`): the file's bytes are copied into two reused aligned
-buffers of 2 MiB and written with ``O_DIRECT`` (``F_NOCACHE`` on macOS) by a thread per
-buffer while the next one fills; the last partial block is written buffered and
-dropped after the final ``fsync``.  Where direct writes are refused (Windows, tmpfs,
+Saves (:class:`DirectWriter`): the file's bytes are copied into aligned buffers of
+2 MiB and written with ``O_DIRECT`` (``F_NOCACHE`` on macOS) while the next one fills.
+The first buffer is written synchronously (a refusal falls back there); after it, on
+Linux with io_uring, one call per piece copies, takes the CRC and keeps two
+writes of 4 MiB in flight on a ring of the calling thread, without the GIL
+(:class:`aprfast._memory.UringWriter`); elsewhere, or with ``APRFAST_DIRECT_ENGINE``
+set to "threads" (or "buffered", which only reads take), two buffers are written by a
+thread each.  The last partial block is written buffered and dropped after the final
+``fsync``.  Where direct writes are refused (Windows, tmpfs,
 FUSE, the ``o_direct`` fallback forced): buffered writes with the written range handed
 to ``POSIX_FADV_DONTNEED`` one window behind the writer (:class:`DropBehind`, which
 starts its writeback) and the whole file after the final ``fsync`` (which drops it,
@@ -57,11 +62,12 @@ import errno
 import os
 
 from .. import _memory
+from .._crc import crc32
 from . import platform as _platform
 
 __all__ = ["ALIGN", "WINDOW", "ENGINES", "ENGINE_ENV", "engine_from_env",
            "DirectReader", "open_direct", "drop_cached", "DropBehind", "DirectWriter", "WRITE_CHUNK",
-           "WRITE_DEPTH", "choose_backend",
+           "WRITE_DEPTH", "RING_CHUNK", "RING_DEPTH", "choose_backend",
            "filesystem_type", "is_network_filesystem", "available_memory", "cached_fraction", "BACKENDS"]
 
 #: The alignment direct reads keep (file offset, length and address): every common
@@ -95,7 +101,8 @@ BACKENDS = ("auto", "mmap", "pread", "direct")
 #: of the block (fixed since: apr_fresh_narrow).
 ENGINES = ("auto", "io_uring", "threads", "buffered")
 #: The environment variable that forces one engine (tests, benchmarks, a kernel whose
-#: io_uring misbehaves): read when a file is opened with ``backend="direct"``.
+#: io_uring misbehaves): read when a file is opened or saved with ``backend="direct"``
+#: (saves: "io_uring" and "auto" write on a ring, "threads" and "buffered" by threads).
 ENGINE_ENV = "APRFAST_DIRECT_ENGINE"
 
 # Filesystem types whose reads cross a network: page-faulting a map there crawls, and
@@ -169,7 +176,7 @@ def open_direct(fd: int, path=None, write: bool = False):
 
 
 def engine_from_env() -> str:
-    """The direct-read engine :data:`ENGINE_ENV` names, "auto" when it is unset or empty.
+    """The direct I/O engine :data:`ENGINE_ENV` names, "auto" when it is unset or empty.
 
     Raises:
         ValueError: The variable names no engine of :data:`ENGINES`.
@@ -350,6 +357,13 @@ class DropBehind:
 WRITE_CHUNK = 2 << 20
 #: Direct writes in flight (each on a thread of its own, blocked in ``pwrite``).
 WRITE_DEPTH = 2
+#: The ring that takes the writes over where io_uring is there keeps this many writes
+#: of :data:`RING_CHUNK` bytes in flight, from the staging buffers direct reads keep
+#: (16 MiB, populated once per process).  Why 2 x 4 MiB: in the benchmark's loop it
+#: beat 8 x 2 MiB, 3 x 4 MiB and 2 x 8 MiB and the threads' 2 x 2 MiB (docs/performance.md,
+#: "Durable save on a ring").
+RING_DEPTH = 2
+RING_CHUNK = 4 << 20
 
 
 def _huge_page_buffer(nbytes: int):
@@ -387,7 +401,11 @@ class DirectWriter:
     (``save_file(..., backend="direct")``): every byte handed to :meth:`write` is copied
     into one of :data:`WRITE_DEPTH` reused, page-aligned buffers of :data:`WRITE_CHUNK`
     bytes, and each full buffer is written by a thread of its own with ``O_DIRECT``
-    (``F_NOCACHE`` on macOS) while the caller fills the next.
+    (``F_NOCACHE`` on macOS) while the caller fills the next.  Once the first buffer is
+    written (so a refusal still falls back), the writes go to an io_uring ring where
+    one can be set up and the engine allows (:attr:`engine` says which): the copy, the
+    CRC and the submissions then run in C without the GIL, :data:`RING_DEPTH` writes
+    of :data:`RING_CHUNK` bytes in flight.
 
     Why: a buffered save copies the file into the page cache and the kernel writes it
     back after; with the cache dropped behind the writer (:class:`DropBehind`, what
@@ -410,6 +428,17 @@ class DirectWriter:
         fd: The file's ordinary descriptor, opened for writing (kept by the caller).
         path: Its path, used where ``/proc/self/fd`` does not exist.
         start: The file offset of the first byte written.
+        chunk: Bytes per direct write (a multiple of :data:`ALIGN`; the ring takes only
+            powers of two).
+        depth: Buffers of the thread engine (writes in flight).
+        ring_chunk: Bytes per write on the ring (a power of two, at least :data:`ALIGN`).
+        ring_depth: Writes in flight on the ring (1 to 64).
+        engine: "auto" or "io_uring" (the ring where there is one), "threads" or
+            "buffered" (the threads); None: :func:`engine_from_env`.
+
+    Raises:
+        ValueError: A chunk that is not a positive multiple of :data:`ALIGN`, a depth
+            under 1, a ring chunk or depth out of range, or an unknown engine.
 
     Examples:
         >>> import os, tempfile
@@ -424,9 +453,21 @@ class DirectWriter:
         10000
     """
 
-    def __init__(self, fd: int, path=None, start: int = 0, chunk: int = WRITE_CHUNK, depth: int = WRITE_DEPTH):
+    def __init__(self, fd: int, path=None, start: int = 0, chunk: int = WRITE_CHUNK, depth: int = WRITE_DEPTH,
+                 engine: str | None = None, ring_chunk: int = RING_CHUNK, ring_depth: int = RING_DEPTH):
         if chunk <= 0 or chunk % ALIGN or depth < 1:
             raise ValueError(f"chunk must be a positive multiple of {ALIGN} and depth at least 1")
+        if ring_chunk < ALIGN or ring_chunk & (ring_chunk - 1) or not 1 <= ring_depth <= 64:
+            raise ValueError(f"ring_chunk must be a power of two of at least {ALIGN}, ring_depth 1 to 64")
+        self._ring_chunk, self._ring_depth = ring_chunk, ring_depth
+        engine = engine_from_env() if engine is None else engine
+        if engine not in ENGINES:
+            raise ValueError(f"no direct engine {engine!r}; known: {', '.join(ENGINES)}")
+        #: "threads" until the ring takes the writes over ("io_uring"; see :meth:`write`)
+        self.engine = "threads"
+        self._ring = None
+        # the ring takes over after the first write proved direct writes work
+        self._ring_wanted = engine in ("auto", "io_uring") and hasattr(_memory, "UringWriter")
         self._fd = fd
         self._offset = start      # the file offset of the buffer being filled
         self._fill = 0            # bytes in it
@@ -461,8 +502,16 @@ class DirectWriter:
         """True while writes bypass the page cache (not the buffered fallback)."""
         return self._direct is not None
 
-    def write(self, data) -> None:
+    def write(self, data, crc: int | None = None) -> int | None:
         """Append the bytes of ``data`` (any C-contiguous buffer).
+
+        Args:
+            data: The bytes.
+            crc: A running CRC-32 (``zlib.crc32`` semantics) to continue over them, taken
+                one buffer at a time just before each copy (None: none).
+
+        Returns:
+            The CRC continued over ``data``, or None when ``crc`` is None.
 
         Raises:
             ValueError: After :meth:`flush` (its tail left the file unaligned for
@@ -474,14 +523,20 @@ class DirectWriter:
         view = memoryview(data)
         if view.ndim != 1 or view.format != "B":
             view = view.cast("B") if view.nbytes else memoryview(b"")
+        if self._ring is not None:
+            return self._ring.write(view, crc)
         if self._direct is None:
+            if crc is not None:
+                crc = crc32(view, crc)
             self._write_buffered(view, self._offset + self._fill)
             self._fill += len(view)
-            return
+            return crc
         chunk = self._chunk
         while len(view):
             n = min(len(view), chunk - self._fill)
             buffer = self._buffers[self._current]
+            if crc is not None:
+                crc = crc32(view[:n], crc)
             if n >= 1 << 20:  # the GIL released, for the writing threads' sake
                 _memory.copy_into(buffer[self._fill:self._fill + n], view[:n], 1)
             else:
@@ -491,13 +546,22 @@ class DirectWriter:
             if self._fill == chunk:
                 self._submit(chunk)
                 if self._direct is None:  # refused at the first write: the rest is buffered
-                    self.write(view)
-                    return
+                    return self.write(view, crc)
+                if self._ring_wanted and self._take_ring():
+                    return self.write(view, crc)
+        return crc
 
     def flush(self) -> None:
         """Write what the buffers hold and wait for every write in flight; after it the
         file holds every byte given to :meth:`write`, and nothing more may be written."""
         self._closed = True
+        if self._ring is not None:
+            tail, self._offset = self._ring.flush(ALIGN)
+            self._fill = 0
+            if tail:
+                self._write_buffered(memoryview(tail), self._offset)
+                self._offset += len(tail)
+            return
         if self._direct is None:
             return
         whole = self._fill - self._fill % ALIGN if self.how == "o_direct" else self._fill
@@ -529,6 +593,9 @@ class DirectWriter:
     def _release(self) -> None:
         """Wait for the writes in flight, free the threads and buffers, close the
         direct descriptor: later writes are buffered."""
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -561,6 +628,17 @@ class DirectWriter:
         if keep:
             self._buffers[nxt][:keep] = buffer[n:n + keep]
         self._current, self._fill = nxt, keep
+
+    def _take_ring(self) -> bool:
+        """Hand the writes from here on to an io_uring ring (its own buffers); False
+        where none can be set up (the threads go on)."""
+        self._ring_wanted = False
+        try:
+            self._ring = _memory.UringWriter(self._direct, self._offset, self._ring_chunk, self._ring_depth)
+        except (NotImplementedError, ValueError, OSError):
+            return False
+        self.engine = "io_uring"
+        return True
 
     def _wait(self, index: int) -> None:
         future, self._pending[index] = self._pending[index], None
