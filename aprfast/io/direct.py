@@ -360,8 +360,8 @@ WRITE_DEPTH = 2
 #: The ring that takes the writes over where io_uring is there keeps this many writes
 #: of :data:`RING_CHUNK` bytes in flight, from the staging buffers direct reads keep
 #: (16 MiB, populated once per process).  Why 2 x 4 MiB: in the benchmark's loop it
-#: beat 8 x 2 MiB, 3 x 4 MiB and 2 x 8 MiB and the threads' 2 x 2 MiB (docs/performance.md,
-#: "Durable save on a ring").
+#: beat 8 x 2 MiB and 3 x 4 MiB, and the threads' 2 x 2 MiB at 504 MiB in four runs of
+#: four (docs/performance.md, "durable saves on an io_uring ring", stop 38).
 RING_DEPTH = 2
 RING_CHUNK = 4 << 20
 
