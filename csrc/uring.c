@@ -194,7 +194,13 @@ static int stage_busy;      /* atomic: one read holds the buffers at a time */
 static int stage_mode = APR_STAGE_AUTO;
 static __thread size_t staged_last; /* pieces the calling thread's last read staged */
 
-static uint8_t *stage_acquire(void)
+static int stage_populated; /* stage_mem has been populated whole (under stage_busy) */
+
+/* The buffers, held until stage_release (NULL: another thread holds them, or no
+ * memory).  populate: populate them whole first (reads, which must not fault them in
+ * while the disk waits); a writer instead populates only what it fills, as it fills it
+ * (8 of the 16 MiB), so a single save in a fresh process does not pay for the rest. */
+static uint8_t *stage_acquire_as(int populate)
 {
     if (__atomic_exchange_n(&stage_busy, 1, __ATOMIC_ACQUIRE))
         return NULL; /* another thread's read has them: read straight into the pages */
@@ -213,10 +219,18 @@ static uint8_t *stage_acquire(void)
 #ifdef MADV_HUGEPAGE
         madvise(start, STAGE_BYTES, MADV_HUGEPAGE);
 #endif
-        memset(start, 0, STAGE_BYTES); /* populated once, here, not during the reads */
         stage_mem = start;
     }
+    if (populate && !stage_populated) {
+        memset(stage_mem, 0, STAGE_BYTES); /* populated once, here, not during the reads */
+        stage_populated = 1;
+    }
     return stage_mem;
+}
+
+static uint8_t *stage_acquire(void)
+{
+    return stage_acquire_as(1);
 }
 
 static void stage_release(void)
@@ -889,7 +903,7 @@ apr_uring_writer *apr_uring_writer_open(int fd, uint64_t offset, size_t chunk, u
         goto fail;
     }
     size_t bytes = chunk * depth;
-    if (bytes <= STAGE_BYTES && (w->mem = stage_acquire()) != NULL) {
+    if (bytes <= STAGE_BYTES && (w->mem = stage_acquire_as(0)) != NULL) {
         w->staged = 1;
     } else {
         size_t huge = (size_t)2 << 20;

@@ -64,7 +64,8 @@ size_t apr_uring_staged_last(void);
  * a Python call, a future and two thread wake-ups per 2 MiB, and held the GIL between
  * them; fio, the limit the benchmark holds saves to, submits from one thread on a ring.
  * The buffers are the staging buffers of direct reads where they are free (kept for
- * the process, populated once), else a map of the writer's own. */
+ * the process; the writer populates only the part it fills, once), else a map of the
+ * writer's own. */
 typedef struct apr_uring_writer apr_uring_writer;
 
 /* Two writes of 4 MiB in flight (8 MiB of the 16 MiB of staging buffers): in the
