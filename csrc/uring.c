@@ -427,22 +427,28 @@ static void unit_range(const plan *pl, size_t u, uint64_t *lo, uint64_t *hi)
     *hi = hi_ < pl->a1 ? hi_ : pl->a1;
 }
 
-static void queue_read(ring *r, int fd, slot *s, size_t index)
+/* Queue one vectored read or write (opcode) of iov at off; user_data names its slot. */
+static void queue_vec(ring *r, int opcode, int fd, uint64_t off, struct iovec *iov, uint64_t user_data)
 {
     unsigned tail = *r->sq_tail; /* only this thread writes the tail */
     struct io_uring_sqe *sqe = &r->sqes[tail & *r->sq_mask];
     memset(sqe, 0, sizeof *sqe);
+    sqe->opcode = (uint8_t)opcode;
+    sqe->fd = fd;
+    sqe->off = off;
+    sqe->addr = (uint64_t)(uintptr_t)iov;
+    sqe->len = 1;
+    sqe->user_data = user_data;
+    __atomic_store_n(r->sq_tail, tail + 1, __ATOMIC_RELEASE);
+    r->pending++;
+}
+
+static void queue_read(ring *r, int fd, slot *s, size_t index)
+{
     s->iov.iov_base = s->buf;
     s->iov.iov_len = s->left;
     /* READV is there since 5.1, READ only since 5.6; one vector costs nothing more */
-    sqe->opcode = IORING_OP_READV;
-    sqe->fd = fd;
-    sqe->off = s->pos;
-    sqe->addr = (uint64_t)(uintptr_t)&s->iov;
-    sqe->len = 1;
-    sqe->user_data = (uint64_t)index;
-    __atomic_store_n(r->sq_tail, tail + 1, __ATOMIC_RELEASE);
-    r->pending++;
+    queue_vec(r, IORING_OP_READV, fd, s->pos, &s->iov, (uint64_t)index);
 }
 
 int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *crc, size_t align,
@@ -760,21 +766,10 @@ struct apr_uring_writer {
 
 static void queue_write(apr_uring_writer *w, unsigned index)
 {
-    ring *r = &w->r;
     wslot *s = &w->slots[index];
-    unsigned tail = *r->sq_tail;
-    struct io_uring_sqe *sqe = &r->sqes[tail & *r->sq_mask];
-    memset(sqe, 0, sizeof *sqe);
     s->iov.iov_base = (void *)s->buf;
     s->iov.iov_len = s->left;
-    sqe->opcode = IORING_OP_WRITEV; /* 5.1+, as the reads' READV */
-    sqe->fd = w->fd;
-    sqe->off = s->pos;
-    sqe->addr = (uint64_t)(uintptr_t)&s->iov;
-    sqe->len = 1;
-    sqe->user_data = (uint64_t)index;
-    __atomic_store_n(r->sq_tail, tail + 1, __ATOMIC_RELEASE);
-    r->pending++;
+    queue_vec(&w->r, IORING_OP_WRITEV, w->fd, s->pos, &s->iov, (uint64_t)index); /* 5.1+, as READV */
 }
 
 static void writer_fail(apr_uring_writer *w, int err)
