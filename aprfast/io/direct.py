@@ -359,7 +359,7 @@ WRITE_CHUNK = 2 << 20
 WRITE_DEPTH = 2
 #: The ring that takes the writes over where io_uring is there keeps this many writes
 #: of :data:`RING_CHUNK` bytes in flight, from the staging buffers direct reads keep
-#: (16 MiB, populated once per process).  Why 2 x 4 MiB: in the benchmark's loop it
+#: (16 MiB for the process; the ring populates the 8 MiB it fills, once).  Why 2 x 4 MiB: in the benchmark's loop it
 #: beat 8 x 2 MiB and 3 x 4 MiB, and the threads' 2 x 2 MiB at 504 MiB in four runs of
 #: four (docs/performance.md, "durable saves on an io_uring ring", stop 38).
 RING_DEPTH = 2
@@ -428,8 +428,8 @@ class DirectWriter:
         fd: The file's ordinary descriptor, opened for writing (kept by the caller).
         path: Its path, used where ``/proc/self/fd`` does not exist.
         start: The file offset of the first byte written.
-        chunk: Bytes per direct write (a multiple of :data:`ALIGN`; the ring takes only
-            powers of two).
+        chunk: Bytes per direct write of the first buffer and of the thread engine (a
+            multiple of :data:`ALIGN`).
         depth: Buffers of the thread engine (writes in flight).
         ring_chunk: Bytes per write on the ring (a power of two, at least :data:`ALIGN`).
         ring_depth: Writes in flight on the ring (1 to 64).
@@ -466,8 +466,9 @@ class DirectWriter:
         #: "threads" until the ring takes the writes over ("io_uring"; see :meth:`write`)
         self.engine = "threads"
         self._ring = None
-        # the ring takes over after the first write proved direct writes work
-        self._ring_wanted = engine in ("auto", "io_uring") and hasattr(_memory, "UringWriter")
+        # the ring takes over after the first write proved direct writes work (the pure
+        # backend's UringWriter refuses: the threads go on)
+        self._ring_wanted = engine in ("auto", "io_uring")
         self._fd = fd
         self._offset = start      # the file offset of the buffer being filled
         self._fill = 0            # bytes in it
