@@ -12,6 +12,7 @@ from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_SIMPLE, PyBuffer_IsCont
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.bytearray cimport (PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_GET_SIZE,
                                PyByteArray_Resize)
+from libc.errno cimport EINVAL
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
@@ -368,7 +369,7 @@ cdef class UringWriter:
         if self.w == NULL:
             if err == APR_URING_UNAVAILABLE:
                 raise NotImplementedError("no io_uring ring can be set up here")
-            if err == 22:  # EINVAL
+            if err == EINVAL:
                 raise ValueError("UringWriter: chunk must be a power of two of at least 4096, depth at most 64")
             raise OSError(err, os.strerror(err))
 
