@@ -352,8 +352,8 @@ cdef class UringWriter:
     Args:
         fd: A descriptor opened with ``O_DIRECT`` for writing (kept by the caller).
         offset: The file offset of the first byte (block-aligned).
-        chunk: Bytes per write (0: 2 MiB).
-        depth: Writes in flight at most (0: 8).
+        chunk: Bytes per write (0: csrc/uring.h's default, 4 MiB).
+        depth: Writes in flight at most (0: the default, 2).
 
     Examples:
         >>> from aprfast._memory import UringWriter, uring_available
