@@ -64,7 +64,8 @@ cdef extern from "pio.h" nogil:
 cdef extern from "uring.h" nogil:
     ctypedef struct apr_uring_writer:
         pass
-    apr_uring_writer *apr_uring_writer_open(int fd, uint64_t offset, size_t chunk, unsigned depth, int *err)
+    apr_uring_writer *apr_uring_writer_open(int fd, uint64_t offset, size_t chunk, unsigned depth, int helper,
+                                            int *err)
     int apr_uring_writer_write(apr_uring_writer *w, const uint8_t *src, size_t len, uint32_t *crc)
     int apr_uring_writer_flush(apr_uring_writer *w, size_t align, const uint8_t **tail, size_t *tail_len,
                                uint64_t *tail_offset)
@@ -352,8 +353,12 @@ cdef class UringWriter:
     Args:
         fd: A descriptor opened with ``O_DIRECT`` for writing (kept by the caller).
         offset: The file offset of the first byte (block-aligned).
-        chunk: Bytes per write (0: csrc/uring.h's default, 4 MiB).
+        chunk: Bytes per write (0: csrc/uring.h's default, 8 MiB).
         depth: Writes in flight at most (0: the default, 2).
+        helper: True: a second thread fills half of each buffer (its CRC and its copy)
+            while the calling thread fills the other half; False: the calling thread
+            fills alone; None (the default): a helper where a second processor is idle
+            when the writer opens.
 
     Examples:
         >>> from aprfast._memory import UringWriter, uring_available
@@ -362,10 +367,11 @@ cdef class UringWriter:
     """
     cdef apr_uring_writer *w
 
-    def __cinit__(self, int fd, unsigned long long offset=0, size_t chunk=0, unsigned int depth=0):
+    def __cinit__(self, int fd, unsigned long long offset=0, size_t chunk=0, unsigned int depth=0, helper=None):
         cdef int err = 0
+        cdef int want = -1 if helper is None else (1 if helper else 0)
         with nogil:
-            self.w = apr_uring_writer_open(fd, offset, chunk, depth, &err)
+            self.w = apr_uring_writer_open(fd, offset, chunk, depth, want, &err)
         if self.w == NULL:
             if err == APR_URING_UNAVAILABLE:
                 raise NotImplementedError("no io_uring ring can be set up here")

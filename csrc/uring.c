@@ -746,6 +746,29 @@ typedef struct {
     int busy;
 } wslot;
 
+/* A second thread that fills half of each buffer (its CRC and its copy) while the
+ * calling thread fills the other half.  Why: on the development VM, while the disk
+ * wrote, the calling thread's CRC and copy ran at 3.4-3.7 GB/s at times (user time
+ * 1.2 s for 4 GiB, against 0.29 s for the same loop with no write in flight), barely
+ * faster than the disk takes bytes, so each refill held the next write back. */
+typedef struct {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state;          /* FILL_IDLE, FILL_POSTED, FILL_DONE or FILL_QUIT */
+    const uint8_t *src;
+    uint8_t *dst;
+    size_t len;
+    int want_crc;
+    uint32_t crc;       /* the CRC of its part alone (from 0) */
+} fill_helper;
+
+enum { FILL_IDLE, FILL_POSTED, FILL_DONE, FILL_QUIT };
+
+/* A buffer's share this large or more is split with the helper: below it the hand-off
+ * (two wake-ups, tens of microseconds on a VM) costs more than half the copy saves. */
+#define FILL_SPLIT_MIN ((size_t)1 << 20)
+
 struct apr_uring_writer {
     ring r;
     int fd;
@@ -762,7 +785,108 @@ struct apr_uring_writer {
     void *map;          /* the writer's own map (when not staged) */
     size_t map_len;
     wslot *slots;
+    fill_helper *helper; /* NULL: the calling thread fills alone */
 };
+
+/* The CRC (into *crc when not NULL) and the copy of len bytes, a piece at a time so
+ * that the bytes the CRC just read are still in the core's cache for the copy. */
+static void fill_pieces(uint8_t *dst, const uint8_t *src, size_t len, uint32_t *crc)
+{
+    while (len) {
+        size_t n = len < WRITE_PIECE ? len : WRITE_PIECE;
+        if (crc)
+            *crc = apr_crc32(*crc, src, n);
+        memcpy(dst, src, n);
+        dst += n;
+        src += n;
+        len -= n;
+    }
+}
+
+static void *fill_main(void *arg)
+{
+    fill_helper *h = arg;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (h->state != FILL_POSTED && h->state != FILL_QUIT)
+            pthread_cond_wait(&h->cv, &h->mu);
+        if (h->state == FILL_QUIT)
+            break;
+        pthread_mutex_unlock(&h->mu);
+        uint32_t crc = 0;
+        fill_pieces(h->dst, h->src, h->len, h->want_crc ? &crc : NULL);
+        pthread_mutex_lock(&h->mu);
+        h->crc = crc;
+        h->state = FILL_DONE;
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* A started helper, or NULL (no second processor idle, or no thread to be had). */
+static fill_helper *fill_start(int want)
+{
+    if (want == 0 || (want < 0 && apr_parallel_idle_cpus(2) < 2))
+        return NULL;
+    fill_helper *h = calloc(1, sizeof *h);
+    if (h == NULL)
+        return NULL;
+    if (pthread_mutex_init(&h->mu, NULL) != 0) {
+        free(h);
+        return NULL;
+    }
+    if (pthread_cond_init(&h->cv, NULL) != 0) {
+        pthread_mutex_destroy(&h->mu);
+        free(h);
+        return NULL;
+    }
+    if (pthread_create(&h->thread, NULL, fill_main, h) != 0) {
+        pthread_cond_destroy(&h->cv);
+        pthread_mutex_destroy(&h->mu);
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+static void fill_stop(fill_helper *h)
+{
+    if (h == NULL)
+        return;
+    pthread_mutex_lock(&h->mu);
+    h->state = FILL_QUIT;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->thread, NULL);
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+}
+
+/* Fill len bytes, the second half by the helper while this thread does the first;
+ * *crc (when not NULL) continued over all of them. */
+static void fill_split(fill_helper *h, uint8_t *dst, const uint8_t *src, size_t len, uint32_t *crc)
+{
+    size_t half = (len / 2) & ~(size_t)4095;
+    pthread_mutex_lock(&h->mu);
+    h->src = src + half;
+    h->dst = dst + half;
+    h->len = len - half;
+    h->want_crc = crc != NULL;
+    h->state = FILL_POSTED;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    fill_pieces(dst, src, half, crc);
+    pthread_mutex_lock(&h->mu);
+    while (h->state != FILL_DONE)
+        pthread_cond_wait(&h->cv, &h->mu);
+    h->state = FILL_IDLE;
+    uint32_t rest = h->crc;
+    pthread_mutex_unlock(&h->mu);
+    if (crc)
+        *crc = apr_crc32_combine(*crc, rest, len - half);
+}
 
 static void queue_write(apr_uring_writer *w, unsigned index)
 {
@@ -867,7 +991,7 @@ static void writer_send(apr_uring_writer *w, size_t n)
     w->fill = 0;
 }
 
-apr_uring_writer *apr_uring_writer_open(int fd, uint64_t offset, size_t chunk, unsigned depth, int *err)
+apr_uring_writer *apr_uring_writer_open(int fd, uint64_t offset, size_t chunk, unsigned depth, int helper, int *err)
 {
     int e = 0;
     if (depth == 0)
@@ -914,6 +1038,7 @@ apr_uring_writer *apr_uring_writer_open(int fd, uint64_t offset, size_t chunk, u
         madvise(w->mem, bytes, MADV_HUGEPAGE); /* advice: 4 KiB pages still work */
 #endif
     }
+    w->helper = fill_start(helper);
     return w;
 fail:
     apr_uring_writer_close(w);
@@ -933,11 +1058,14 @@ int apr_uring_writer_write(apr_uring_writer *w, const uint8_t *src, size_t len, 
         size_t n = w->chunk - w->fill;
         if (n > len)
             n = len;
-        if (n > WRITE_PIECE)
-            n = WRITE_PIECE;
-        if (crc)
-            value = apr_crc32(value, src, n);
-        memcpy(w->mem + (size_t)w->current * w->chunk + w->fill, src, n);
+        uint8_t *dst = w->mem + (size_t)w->current * w->chunk + w->fill;
+        if (w->helper && n >= FILL_SPLIT_MIN) {
+            fill_split(w->helper, dst, src, n, crc ? &value : NULL);
+        } else {
+            if (n > WRITE_PIECE)
+                n = WRITE_PIECE; /* completions are reaped between pieces */
+            fill_pieces(dst, src, n, crc ? &value : NULL);
+        }
         w->fill += n;
         src += n;
         len -= n;
@@ -985,6 +1113,7 @@ void apr_uring_writer_close(apr_uring_writer *w)
     }
     if (w->r.sq_map || w->r.fd >= 0)
         ring_close(&w->r);
+    fill_stop(w->helper);
     if (w->staged)
         stage_release();
     else if (w->map)
@@ -1016,9 +1145,9 @@ size_t apr_uring_staged_last(void)
 {
     return 0;
 }
-apr_uring_writer *apr_uring_writer_open(int fd, uint64_t offset, size_t chunk, unsigned depth, int *err)
+apr_uring_writer *apr_uring_writer_open(int fd, uint64_t offset, size_t chunk, unsigned depth, int helper, int *err)
 {
-    (void)fd; (void)offset; (void)chunk; (void)depth;
+    (void)fd; (void)offset; (void)chunk; (void)depth; (void)helper;
     *err = APR_URING_UNAVAILABLE;
     return NULL;
 }

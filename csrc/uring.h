@@ -68,17 +68,21 @@ size_t apr_uring_staged_last(void);
  * writer's own. */
 typedef struct apr_uring_writer apr_uring_writer;
 
-/* Two writes of 4 MiB in flight (8 MiB of the 16 MiB of staging buffers): in the
- * benchmark's loop on the development VM, 154 ms against 178 for eight of 2 MiB and
- * 166 for the thread engine's two of 2 MiB (504 MiB; 4 GiB: 1.40, 1.53, 1.47 s); a
- * request of 4 MiB is the disk's max_sectors_kb (docs/performance.md, stop 38). */
+/* Two writes of 8 MiB in flight (all 16 MiB of staging buffers).  Why: a write that
+ * makes the file longer goes one at a time on ext4 (the inode's lock, and the write is
+ * waited for), so two 4 MiB writes kept the disk at one request; the disk's
+ * max_sectors_kb (4 MiB) splits an 8 MiB write into two requests in flight together.
+ * In the benchmark's loop on the development VM (docs/performance.md, stop 39), per
+ * round against fio: 0.95-0.98 at 4 GiB against 0.86-0.87 for two of 4 MiB. */
 #define APR_URING_WRITE_DEPTH 2u
-#define APR_URING_WRITE_CHUNK ((size_t)4 << 20)
+#define APR_URING_WRITE_CHUNK ((size_t)8 << 20)
 
 /* A writer of fd (opened with O_DIRECT) whose first byte goes to offset (a multiple of
  * the caller's alignment).  chunk (a power of two, a multiple of 4096) and depth 0:
- * the defaults above.  NULL with *err set: APR_URING_UNAVAILABLE, EINVAL or ENOMEM. */
-apr_uring_writer *apr_uring_writer_open(int fd, uint64_t offset, size_t chunk, unsigned depth, int *err);
+ * the defaults above.  helper: 1 a second thread fills half of each buffer, 0 none, -1
+ * one where a second processor is idle now.  NULL with *err set:
+ * APR_URING_UNAVAILABLE, EINVAL or ENOMEM. */
+apr_uring_writer *apr_uring_writer_open(int fd, uint64_t offset, size_t chunk, unsigned depth, int helper, int *err);
 
 /* Append len bytes of src (CRC taken into *crc when crc is not NULL, zlib.crc32
  * semantics); every buffer filled is written.  Returns 0 or the errno value of the

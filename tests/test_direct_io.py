@@ -466,6 +466,37 @@ def test_uring_writer_checks_its_arguments(tmp_path):
         os.close(fd)
 
 
+@pytest.mark.parametrize("helper", [False, True, None], ids=["alone", "helper", "auto"])
+def test_uring_writer_with_a_helper_writes_every_byte_and_the_crc(tmp_path, helper):
+    """A helper thread fills the second half of each buffer (its CRC and its copy): the
+    file and the CRC are still those of every byte in order, for pieces smaller than a
+    buffer, larger than one, and ending anywhere in one."""
+    if not _ring_here(tmp_path):
+        pytest.skip("no direct writes on a ring here (no io_uring, or O_DIRECT refused)")
+    from aprfast import _memory
+
+    rng = np.random.default_rng(7)
+    sizes = [1, 3 << 20, (2 << 20) + 5, 9 << 20, 4095, 1 << 20, (5 << 20) + 4097, 17]
+    pieces = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    body = b"".join(p.tobytes() for p in pieces)
+    for with_crc in (True, False):
+        path = tmp_path / f"h{with_crc}.bin"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+        try:
+            ring = _memory.UringWriter(fd, 0, 4 << 20, 2, helper)
+            crc = 99 if with_crc else None
+            for piece in pieces:
+                crc = ring.write(piece, crc)
+            tail, offset = ring.flush()
+            ring.close()
+        finally:
+            os.close(fd)
+        assert crc == (zlib.crc32(body, 99) if with_crc else None)
+        assert offset == len(body) // 4096 * 4096
+        assert path.read_bytes() == body[:offset]
+        assert bytes(tail) == body[offset:]
+
+
 def test_direct_writer_takes_any_buffer_and_dtype(tmp_path):
     rng = np.random.default_rng(1)
     pieces = [rng.standard_normal((33, 17), dtype=np.float32), b"abc", bytearray(b"xyz" * 5000),
@@ -525,8 +556,9 @@ def test_direct_writer_error_of_a_later_write_fails_the_save_and_keeps_the_old_f
     monkeypatch.setattr(direct, "_pwrite_all", pwrite_all)
     monkeypatch.setattr(direct, "WRITE_CHUNK", 8192)
     # the thread-pool engine: its writes go through _pwrite_all (the ring's are tested below)
-    defaults = (None, 0, 8192, 2, "threads", direct.RING_CHUNK, direct.RING_DEPTH)
-    monkeypatch.setattr(direct.DirectWriter.__init__, "__defaults__", defaults)
+    real_init = direct.DirectWriter.__init__
+    monkeypatch.setattr(direct.DirectWriter, "__init__",
+                        lambda self, fd, path=None, **kw: real_init(self, fd, path, chunk=8192, engine="threads"))
     new = {f"w{i}": np.random.default_rng(i).standard_normal(5000, dtype=np.float32) for i in range(8)}
     with pytest.raises(aprfast.errors.AprIOError, match="No space left"):
         aprfast.save_file(new, path, backend="direct")

@@ -359,11 +359,15 @@ WRITE_CHUNK = 2 << 20
 WRITE_DEPTH = 2
 #: The ring that takes the writes over where io_uring is there keeps this many writes
 #: of :data:`RING_CHUNK` bytes in flight, from the staging buffers direct reads keep
-#: (16 MiB for the process; the ring populates the 8 MiB it fills, once).  Why 2 x 4 MiB: in the benchmark's loop it
-#: beat 8 x 2 MiB and 3 x 4 MiB, and the threads' 2 x 2 MiB at 504 MiB in four runs of
-#: four (docs/performance.md, "durable saves on an io_uring ring", stop 38).
+#: (16 MiB for the process, all of it; the ring populates them as it fills them, once).
+#: Why 2 x 8 MiB: a write that makes the file longer is one request at a time on ext4
+#: (the inode's lock, and the write waited for), and the disk's ``max_sectors_kb`` of
+#: 4 MiB splits an 8 MiB write into two requests in flight together.  In the loop of
+#: docs/performance.md "Durable saves: 8 MiB writes and a helper" (stop 39), per-round
+#: ratios to fio, 4 GiB: 2 x 8 MiB 0.95-0.98, 2 x 4 MiB 0.86-0.87, 4 x 4 MiB 0.87;
+#: 504 MiB: 0.90 against 0.78.
 RING_DEPTH = 2
-RING_CHUNK = 4 << 20
+RING_CHUNK = 8 << 20
 
 
 def _huge_page_buffer(nbytes: int):
@@ -433,6 +437,9 @@ class DirectWriter:
         depth: Buffers of the thread engine (writes in flight).
         ring_chunk: Bytes per write on the ring (a power of two, at least :data:`ALIGN`).
         ring_depth: Writes in flight on the ring (1 to 64).
+        ring_helper: Whether a second thread fills half of each of the ring's buffers
+            (its CRC and its copy) beside the calling thread: None (the default) where
+            a second processor is idle when the ring starts.
         engine: "auto" or "io_uring" (the ring where there is one), "threads" or
             "buffered" (the threads); None: :func:`engine_from_env`.
 
@@ -454,12 +461,13 @@ class DirectWriter:
     """
 
     def __init__(self, fd: int, path=None, start: int = 0, chunk: int = WRITE_CHUNK, depth: int = WRITE_DEPTH,
-                 engine: str | None = None, ring_chunk: int = RING_CHUNK, ring_depth: int = RING_DEPTH):
+                 engine: str | None = None, ring_chunk: int = RING_CHUNK, ring_depth: int = RING_DEPTH,
+                 ring_helper: bool | None = None):
         if chunk <= 0 or chunk % ALIGN or depth < 1:
             raise ValueError(f"chunk must be a positive multiple of {ALIGN} and depth at least 1")
         if ring_chunk < ALIGN or ring_chunk & (ring_chunk - 1) or not 1 <= ring_depth <= 64:
             raise ValueError(f"ring_chunk must be a power of two of at least {ALIGN}, ring_depth 1 to 64")
-        self._ring_chunk, self._ring_depth = ring_chunk, ring_depth
+        self._ring_chunk, self._ring_depth, self._ring_helper = ring_chunk, ring_depth, ring_helper
         engine = engine_from_env() if engine is None else engine
         if engine not in ENGINES:
             raise ValueError(f"no direct engine {engine!r}; known: {', '.join(ENGINES)}")
@@ -635,7 +643,8 @@ class DirectWriter:
         where none can be set up (the threads go on)."""
         self._ring_wanted = False
         try:
-            self._ring = _memory.UringWriter(self._direct, self._offset, self._ring_chunk, self._ring_depth)
+            self._ring = _memory.UringWriter(self._direct, self._offset, self._ring_chunk, self._ring_depth,
+                                             self._ring_helper)
         except (NotImplementedError, ValueError, OSError):
             return False
         self.engine = "io_uring"
