@@ -358,7 +358,7 @@ def _ring_here(tmp_path) -> bool:
     try:
         writer = direct.DirectWriter(fd, str(path), chunk=8192, depth=2, engine="io_uring", ring_chunk=8192)
         try:
-            writer.write(b"p" * (3 * 8192))
+            writer.write(b"p" * (direct.PROBE_BYTES + 3 * 8192))
             writer.flush()
             return writer.engine == "io_uring"
         finally:
@@ -402,13 +402,13 @@ def test_direct_writer_engine_from_the_environment(tmp_path, monkeypatch):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             writer = direct.DirectWriter(fd, str(path), chunk=8192, depth=2, ring_chunk=8192)
-            writer.write(b"e" * 50000)
+            writer.write(b"e" * 150000)  # past the first write (PROBE_BYTES): the ring's
             writer.flush()
             writer.finish()
         finally:
             os.close(fd)
         assert writer.engine == want, value
-        assert path.read_bytes() == b"e" * 50000
+        assert path.read_bytes() == b"e" * 150000
     monkeypatch.setenv(direct.ENGINE_ENV, "spdk")
     with pytest.raises(ValueError, match="APRFAST_DIRECT_ENGINE"):
         direct.DirectWriter(0)
@@ -660,12 +660,50 @@ def test_backend_validation(tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE on this platform")
+@pytest.mark.parametrize("size", [10, direct.PROBE_BYTES - 1, direct.PROBE_BYTES, direct.PROBE_BYTES + 4097,
+                                  3 * direct.PROBE_BYTES + 5])
+def test_ring_takes_over_after_a_small_first_write(tmp_path, monkeypatch, size):
+    """Where the ring is to take over, the first direct write is PROBE_BYTES from small
+    buffers (no huge page populated for it), the ring writes the rest, and where no
+    ring can start the threads' buffers are made then: every byte in order each way."""
+    if not _ring_here(tmp_path):
+        pytest.skip("no direct writes on a ring here (no io_uring, or O_DIRECT refused)")
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    for ring in (True, False):
+        if not ring:
+            from aprfast import _memory
+
+            class Refused:
+                def __init__(self, *args):
+                    raise NotImplementedError("no ring in this test")
+
+            monkeypatch.setattr(_memory, "UringWriter", Refused)
+        path = tmp_path / f"p{ring}.bin"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            writer = direct.DirectWriter(fd, str(path), chunk=8192, depth=2, ring_chunk=16384)
+            assert writer._chunk == direct.PROBE_BYTES and writer._pool is None
+            crc = writer.write(data[:7], 0)
+            crc = writer.write(data[7:], crc)
+            writer.flush()
+            os.fsync(fd)
+            writer.finish()
+        finally:
+            os.close(fd)
+        assert crc == zlib.crc32(data.tobytes())
+        assert path.read_bytes() == data.tobytes()
+        if size >= direct.PROBE_BYTES:
+            assert writer.engine == ("io_uring" if ring else "threads")
+
+
 def test_direct_writes_come_from_private_huge_page_aligned_buffers(tmp_path):
     # a shared anonymous map is shmem (no huge pages): from 4 KiB pages each direct
     # request holds at most max_segments pages (docs/performance.md)
+    # (the thread engine's; where the ring is to take over, the first write comes from
+    # two small buffers in 4 KiB pages, populated on every save for little)
     path = tmp_path / "w.bin"
     with open(path, "wb") as f:
-        w = direct.DirectWriter(f.fileno(), str(path))
+        w = direct.DirectWriter(f.fileno(), str(path), engine="threads")
         try:
             if not w.direct:
                 pytest.skip(f"direct writes {w.how}")

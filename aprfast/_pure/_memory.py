@@ -281,7 +281,7 @@ class UringWriter:
     no ring, so constructing one raises ``NotImplementedError`` (DirectWriter then keeps
     its writing threads)."""
 
-    def __init__(self, fd, offset=0, chunk=0, depth=0):
+    def __init__(self, fd, offset=0, chunk=0, depth=0, helper=None):
         raise NotImplementedError("no io_uring ring can be set up here (the pure backend)")
 
     def write(self, data, crc=None):
