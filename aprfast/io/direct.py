@@ -363,7 +363,7 @@ WRITE_DEPTH = 2
 #: Why 2 x 8 MiB: a write that makes the file longer is one request at a time on ext4
 #: (the inode's lock, and the write waited for), and the disk's ``max_sectors_kb`` of
 #: 4 MiB splits an 8 MiB write into two requests in flight together.  In the loop of
-#: docs/performance.md "Durable saves: 8 MiB writes and a helper" (stop 39), per-round
+#: docs/performance.md "durable saves with 8 MiB writes and a fill helper" (stop 39), per-round
 #: ratios to fio, 4 GiB: 2 x 8 MiB 0.95-0.98, 2 x 4 MiB 0.86-0.87, 4 x 4 MiB 0.87;
 #: 504 MiB: 0.90 against 0.78.
 RING_DEPTH = 2
