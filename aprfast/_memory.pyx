@@ -42,6 +42,7 @@ cdef extern from "buffers.h" nogil:
     void apr_cache_set_decay(long long ms)
     int apr_huge_pages_state()
     int apr_fresh_replay(const long long *ns, size_t n, size_t step, long long slow_ns, unsigned char *huge_out)
+    void apr_fresh_stats(unsigned long long *out, int reset)
     long long APR_HUGE_SLOW_DIRECT_NS
     void apr_advise_huge(void *ptr, size_t len)
     size_t APR_CACHE_MIN
@@ -222,6 +223,26 @@ def huge_page_choices(step_ns, size_t step=2 << 20, long long slow_ns=0):
     if apr_fresh_replay(&ns[0], <size_t>n, step, slow_ns, &out[0]) != 0:
         raise OSError("huge_page_choices: no page-size choice is made on this platform")
     return [bool(out[i]) for i in range(n)]
+
+
+def fresh_population(bint reset=False):
+    """What populating fresh destinations (the arrays of eager and direct loads) has
+    cost this process so far, by page size: a dict with ``huge_bytes``,
+    ``huge_seconds``, ``small_bytes`` and ``small_seconds`` (4 KiB pages), the seconds
+    summed over the populating threads.  All zero where nothing is populated ahead
+    (pages then fault in as they are written).
+
+    Args:
+        reset: Start counting again from zero after reading.
+
+    Examples:
+        >>> from aprfast import _memory
+        >>> sorted(_memory.fresh_population())
+        ['huge_bytes', 'huge_seconds', 'small_bytes', 'small_seconds']
+    """
+    cdef unsigned long long out[4]
+    apr_fresh_stats(out, reset)
+    return {"huge_bytes": out[0], "huge_seconds": out[1] / 1e9, "small_bytes": out[2], "small_seconds": out[3] / 1e9}
 
 
 def release_buffer_cache(limit=None):

@@ -90,6 +90,7 @@ import timing
 from timing import Row, Samples, Table, interleaved
 
 import aprfast
+from aprfast import _memory
 
 MiB = 1 << 20
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -580,13 +581,15 @@ def child(tool, files_json):
     base = _status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
+    _memory.fresh_population(reset=True)
     start = time.perf_counter()
     out = fn()
     seconds = time.perf_counter() - start
+    population = _memory.fresh_population()  # what aprfast populated, by page size
     peak = _status("VmHWM") - base
     cached = sum(pagecache.resident_bytes(p) for p in paths)
     del out
-    print(json.dumps({"seconds": seconds, "peak_above": peak, "cached": cached}))
+    print(json.dumps({"seconds": seconds, "peak_above": peak, "cached": cached, "population": population}))
 
 
 def _run_child(table, label, tool, files):
@@ -646,6 +649,7 @@ def memory_rows(table, name, files, size, nbytes, rounds, limit=None):
     cached = {k: Samples() for k in tools}
     total = {k: Samples() for k in tools}
     seconds = {k: Samples() for k in tools}
+    population = {k: [] for k in tools if k.startswith("aprfast")}
     if limit is not None:
         FIO_TIMES.clear()
     for i in range(rounds):
@@ -657,6 +661,8 @@ def memory_rows(table, name, files, size, nbytes, rounds, limit=None):
             cached[tool].append(got["cached"])
             total[tool].append(got["peak_above"] + got["cached"])
             seconds[tool].append(got["seconds"])
+            if tool in population:
+                population[tool].append(got["population"])
         if limit is not None:
             limit[2]()
             limit[1]()
@@ -685,6 +691,14 @@ def memory_rows(table, name, files, size, nbytes, rounds, limit=None):
         prim = {k: data.pop(k) for k in list(data) if k.startswith("safetensors")}
         table.add(Row(f"{name}: cold eager load in a fresh process, {label}", size, data.pop(ours), prim, data,
                       unit="B"))
+    for tool, counts in population.items():
+        if counts and any(c["huge_bytes"] or c["small_bytes"] for c in counts):
+            mib = {k: ", ".join(f"{c[k] / MiB:.0f}" for c in counts) for k in ("huge_bytes", "small_bytes")}
+            sec = {k: ", ".join(f"{c[k]:.2f}" for c in counts) for k in ("huge_seconds", "small_seconds")}
+            table.notes.append(
+                f"{name}: {tool} (--fresh-memory {FRESH_MEMORY}) populated its arrays, per round: in huge pages "
+                f"{mib['huge_bytes']} MiB taking {sec['huge_seconds']} s of thread time; in 4 KiB pages "
+                f"{mib['small_bytes']} MiB taking {sec['small_seconds']} s.")
     if total.get(ours):
         target = 1.05 * nbytes + 64 * MiB
         table.notes.append(f"{name}: aprfast backend='direct' peak RSS + page cache left: median "

@@ -227,6 +227,19 @@ static long long monotonic_ns(void)
  * fault in as they are written) is done here because every caller fills what it
  * maps: one call instead of a fault per page (0.29 s against 0.35-0.58 s above). */
 #if defined(MADV_HUGEPAGE) && defined(__linux__)
+/* What populating fresh destinations cost in this process, per page size: bytes and
+ * the populating threads' time (apr_fresh_stats).  Why kept: a cold load into memory
+ * the host took back is bound by this, and the benchmark reports the mix each load
+ * got (docs/performance.md, "Fresh memory on a VM that reports free pages"). */
+static unsigned long long fresh_stat[4]; /* huge bytes, huge ns, 4 KiB bytes, 4 KiB ns */
+
+void apr_fresh_stats(unsigned long long out[4], int reset)
+{
+    for (int i = 0; i < 4; i++)
+        out[i] = reset ? __atomic_exchange_n(&fresh_stat[i], 0ull, __ATOMIC_RELAXED)
+                       : __atomic_load_n(&fresh_stat[i], __ATOMIC_RELAXED);
+}
+
 /* Blocks this large always start with a huge-page step whatever earlier blocks found:
  * a slow first step costs at most a few percent of the block, while 4 KiB pages where
  * huge ones were cheap (memory another buffer freed a moment ago) cost 2-4x (a 4 GiB
@@ -257,6 +270,13 @@ void apr_fresh_begin(apr_fresh_state *st, uint8_t *lo, uint8_t *hi)
     st->huge = slow != 1 || n % 64 == 0 || (size_t)(hi - lo) >= HUGE_ALWAYS_PROBE;
     st->advised = -1;
     st->retry_after = HUGE_RETRY_BYTES;
+}
+
+static void fresh_tally(int huge, size_t bytes, long long ns)
+{
+    int k = huge ? 0 : 2;
+    __atomic_fetch_add(&fresh_stat[k], (unsigned long long)bytes, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&fresh_stat[k + 1], (unsigned long long)(ns > 0 ? ns : 0), __ATOMIC_RELAXED);
 }
 
 static void note_step(apr_fresh_state *st, int huge, uint8_t *a, uint8_t *b)
@@ -297,10 +317,12 @@ void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len)
         if (!from || (uint8_t *)a < from || __atomic_load_n(&st->leader->advised, __ATOMIC_RELAXED) != follow)
             madvise((void *)a, step, follow ? MADV_HUGEPAGE : MADV_NOHUGEPAGE); /* this step only */
         st->huge = follow;
+        long long f0 = monotonic_ns();
         if (madvise((void *)a, step, APR_MADV_POPULATE_WRITE) != 0) {
             st->unsupported = 1;
             return;
         }
+        fresh_tally(follow, step, monotonic_ns() - f0);
         note_step(st, follow, (uint8_t *)a, (uint8_t *)b);
         return;
     }
@@ -316,6 +338,7 @@ void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len)
         return;
     }
     long long ns = monotonic_ns() - t0;
+    fresh_tally(huge, step, ns);
     note_step(st, huge, (uint8_t *)a, (uint8_t *)b);
     apr_fresh_record(st, huge, step, ns);
 }
@@ -518,6 +541,12 @@ void apr_fresh_populate(apr_fresh_state *st, uint8_t *start, size_t len)
     (void)len;
 }
 void apr_fresh_finish(apr_fresh_state *st) { (void)st; }
+void apr_fresh_stats(unsigned long long out[4], int reset)
+{
+    (void)reset;
+    for (int i = 0; i < 4; i++)
+        out[i] = 0; /* nothing is populated ahead here */
+}
 void apr_fresh_record(apr_fresh_state *st, int huge, size_t step, long long ns)
 {
     (void)st;

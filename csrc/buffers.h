@@ -103,6 +103,11 @@ void apr_fresh_merge(apr_fresh_state *into, const apr_fresh_state *from);
 /* Whether [ptr, ptr + len) overlaps memory of a live block populated (in part) with
  * 4 KiB pages: what apr_fresh_finish recorded, until the block is unmapped. */
 int apr_small_pages_overlap(const void *ptr, size_t len);
+/* Bytes and nanoseconds of populating fresh destinations in this process so far:
+ * out[0], out[1] with huge pages, out[2], out[3] with 4 KiB pages (summed over the
+ * populating threads); reset: start counting again from zero.  All zero where no
+ * page-size choice is made. */
+void apr_fresh_stats(unsigned long long out[4], int reset);
 /* Replay the choice over n steps of ``step`` bytes that took ns[i] each, from a fresh
  * block's start; huge_out[i]: whether step i used huge pages.  -1 where no choice is
  * made (no MADV_HUGEPAGE). */

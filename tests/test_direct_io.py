@@ -717,3 +717,31 @@ def test_direct_writes_come_from_private_huge_page_aligned_buffers(tmp_path):
         finally:
             w.close()
     assert path.read_bytes() == b"y" * (5 << 20)
+
+
+def test_fresh_population_counts_what_a_load_populates(tmp_path):
+    """_memory.fresh_population: the bytes and thread time a load spent populating its
+    fresh arrays, by page size (bench_cold.py's memory rows print it); reset zeroes it."""
+    from aprfast import _memory
+
+    tensors = {"w": np.random.default_rng(0).standard_normal(12 << 20, dtype=np.float32)}  # 48 MiB
+    path = tmp_path / "p.apr"
+    aprfast.save_file(tensors, path)
+    _memory.release_buffer_cache()  # a cached block would be reused, not populated
+    _memory.fresh_population(reset=True)
+    loaded = aprfast.load_file(path, backend="direct")
+    counts = _memory.fresh_population(reset=True)
+    zero = {"huge_bytes": 0, "huge_seconds": 0.0, "small_bytes": 0, "small_seconds": 0.0}
+    assert set(counts) == set(zero)
+    np.testing.assert_array_equal(loaded["w"], tensors["w"])
+    try:
+        _memory.huge_page_choices([1])
+    except OSError:  # no page-size choice here (not Linux, or the pure backend): nothing counted
+        assert counts == zero
+        return
+    if counts["huge_bytes"] + counts["small_bytes"] == 0:
+        pytest.skip("this kernel cannot populate ahead (no MADV_POPULATE_WRITE): pages fault in as written")
+    assert counts["huge_bytes"] + counts["small_bytes"] >= 48 << 20
+    assert (counts["huge_bytes"] > 0) == (counts["huge_seconds"] > 0)
+    assert (counts["small_bytes"] > 0) == (counts["small_seconds"] > 0)
+    assert _memory.fresh_population() == zero

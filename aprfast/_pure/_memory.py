@@ -143,6 +143,16 @@ def huge_page_choices(step_ns, step=2 << 20, slow_ns=0):
     raise OSError("huge_page_choices: no page-size choice is made by the pure backend")
 
 
+def fresh_population(reset=False):
+    """This backend populates nothing ahead: every count is zero.
+
+    Examples:
+        >>> fresh_population()["huge_bytes"]
+        0
+    """
+    return {"huge_bytes": 0, "huge_seconds": 0.0, "small_bytes": 0, "small_seconds": 0.0}
+
+
 def release_buffer_cache(limit=None) -> None:
     """Nothing is cached here; ``limit`` is checked as the compiled module checks it."""
     if limit is not None and limit < 0:
