@@ -765,8 +765,8 @@ typedef struct {
 
 enum { FILL_IDLE, FILL_POSTED, FILL_DONE, FILL_QUIT };
 
-/* A buffer's share this large or more is split with the helper: below it the hand-off
- * (two wake-ups, tens of microseconds on a VM) costs more than half the copy saves. */
+/* A buffer's share this large or more is split with the helper.  Not tuned: below it the
+ * hand-off (two wake-ups, tens of microseconds on a VM) is a large share of the work. */
 #define FILL_SPLIT_MIN ((size_t)1 << 20)
 
 struct apr_uring_writer {

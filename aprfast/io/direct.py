@@ -496,7 +496,7 @@ class DirectWriter:
             self._refused("refused: the first byte is not block-aligned")
         self._depth = depth
         if self._direct is not None:
-            if self._ring_wanted and _memory.uring_available():
+            if self._ring_wanted:
                 self._probe_buffers()
             else:
                 self._thread_buffers()
@@ -504,7 +504,7 @@ class DirectWriter:
     def _probe_buffers(self) -> None:
         """Two :data:`PROBE_BYTES` buffers in 4 KiB pages for the first write, the one
         that proves direct writes work before the ring takes over; the threads' buffers
-        are made only if the ring then cannot start.  Why: the first write came from a
+        are made only if the ring then cannot start (no io_uring, the pure backend).  Why: the first write came from a
         fresh 2 MiB huge page of the threads' buffers, populated on every save, which
         took 0.2-6.7 ms before a byte was written (more where the host took the memory
         back), against about 0.2 ms for the whole 504 MiB save's other set-up."""
