@@ -229,8 +229,9 @@ static long long monotonic_ns(void)
 #if defined(MADV_HUGEPAGE) && defined(__linux__)
 /* What populating fresh destinations cost in this process, per page size: bytes and
  * the populating threads' time (apr_fresh_stats).  Why kept: a cold load into memory
- * the host took back is bound by this, and the benchmark reports the mix each load
- * got (docs/performance.md, "Fresh memory on a VM that reports free pages"). */
+ * the host took back pays this (about half of what it took over fio's read in one
+ * 4 GiB round), and the benchmark reports the mix each load got (docs/performance.md,
+ * stop 39). */
 static unsigned long long fresh_stat[4]; /* huge bytes, huge ns, 4 KiB bytes, 4 KiB ns */
 
 void apr_fresh_stats(unsigned long long out[4], int reset)
