@@ -12,7 +12,10 @@ round-robin:
 Each tool edits the same tensors (float32, ``--tensors`` of them, ``--size`` bytes in
 all), the files in the page cache.  Per call: wall time and the bytes it made the kernel
 write (``/proc/self/io`` ``write_bytes``: pages dirtied, counted when dirtied, so a
-rewrite is counted in full even before writeback) and passed to write calls (``wchar``).
+rewrite is counted in full even before writeback), passed to write calls (``wchar``),
+and, for the durable calls, what the disk wrote: the sectors-written count of the block
+device the files are on (``/sys/dev/block/MAJ:MIN/stat``), before and after the call and
+its fsyncs, journal included.
 The peers write a new file; "durable" adds ``fsync`` of it (aprfast's ``durable=True``
 fdatasyncs twice in place: once between its two writes, once after).
 
@@ -56,6 +59,22 @@ def proc_io() -> dict:
             return {k: int(v) for k, v in (line.split(": ") for line in f)}
     except OSError:  # not Linux: the byte rows are left out
         return {}
+
+
+def device_stat_path(path):
+    """The ``/sys`` stat file of the block device ``path`` lives on (a partition's own
+    where it has one), or None where there is none (not Linux, a network or virtual
+    filesystem)."""
+    st = os.stat(path)
+    stat = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"
+    return stat if os.path.exists(stat) else None
+
+
+def device_written(stat) -> int:
+    """Bytes the device has written since boot: field 7 of its stat file counts 512-byte
+    sectors whatever the device's block size (Documentation/block/stat.rst)."""
+    with open(stat) as f:
+        return int(f.read().split()[6]) * 512
 
 
 def fsync_path(path) -> None:
@@ -204,6 +223,13 @@ def run(args) -> str:
         durable = {name: Samples() for name in tools if tools[name][1]}
         written = {name: Samples() for name in tools}
         wchar = {name: Samples() for name in tools}
+        # What reached the disk, journal included: write_bytes counts page-cache folios
+        # as they are dirtied, and a few KiB written into a large folio count it whole,
+        # though ext4 writes back only the blocks that were dirtied.  Another writer on
+        # the same device in the same moment counts too: read the median.
+        stat = device_stat_path(directory)
+        on_disk = {name: Samples() for name in tools if name.endswith("durable") or "evicted" in name
+                   or tools[name][1]}
         for r in range(-1, args.rounds):  # round -1 warms every tool up (page cache, imports)
             for name, (call, sync) in tools.items():
                 for out in (st_out, gg_out):
@@ -212,6 +238,7 @@ def run(args) -> str:
                 if name.endswith("evicted first"):
                     evict(roomy_cold)  # untimed: the edit then reads its prefix from disk
                 before = proc_io()
+                disk_before = device_written(stat) if stat else 0
                 start = time.perf_counter()
                 call(r)
                 wrote = time.perf_counter() - start
@@ -219,6 +246,7 @@ def run(args) -> str:
                     fsync_path(sync)
                 synced = time.perf_counter() - start
                 after = proc_io()
+                disk_after = device_written(stat) if stat else 0
                 if r < 0:
                     continue
                 times[name].append(wrote)
@@ -227,6 +255,8 @@ def run(args) -> str:
                 if before:
                     written[name].append(after["write_bytes"] - before["write_bytes"])
                     wchar[name].append(after["wchar"] - before["wchar"])
+                if stat and name in on_disk:
+                    on_disk[name].append(disk_after - disk_before)
         size = timing.fmt_bytes(args.size)
         peers_plain = {k: v for k, v in times.items() if not k.startswith("aprfast")}
         peers_durable = {f"{k} + fsync": v for k, v in durable.items()}
@@ -252,6 +282,14 @@ def run(args) -> str:
                           unit="bytes"))
             table.add(Row("bytes written (/proc/self/io write_bytes), rewrite", size,
                           written["aprfast rewrite, durable"], primary=wst, others=wgg, unit="bytes"))
+            if stat:
+                dst = {f"{k} + fsync": v for k, v in on_disk.items() if k.startswith("safetensors")}
+                dgg = {f"{k} + fsync": v for k, v in on_disk.items() if k.startswith("GGUF")}
+                table.add(Row("bytes the disk wrote (device sectors, journal included), in place, durable", size,
+                              on_disk["aprfast in place, durable"], primary=dst, others=dgg, unit="bytes"))
+                table.add(Row("bytes the disk wrote (device sectors, journal included), in place, file not cached",
+                              size, on_disk["aprfast in place, durable, file evicted first"], primary=dst,
+                              others=dgg, unit="bytes"))
             for name in tools:
                 table.notes.append(f"{name}: write_bytes median {int(np.median(written[name])):,} B, "
                                    f"wchar median {int(np.median(wchar[name])):,} B")
@@ -261,6 +299,10 @@ def run(args) -> str:
                            "folio, the evicted row the pages written (the edit's own bytes are its wchar). "
                            "copy_file_range counts in both. The peers write a new file, as "
                            "gguf_new_metadata.py does; aprfast edits its file.")
+        if stat:
+            for name in on_disk:
+                table.notes.append(f"{name}: the disk wrote median {int(np.median(on_disk[name])):,} B "
+                                   f"({stat}, sectors written, during the call and its fsync)")
         table.notes.append(f"aprfast's file was saved with reserve={args.reserve}; its in-place edit writes "
                            "the new metadata and index into that room, then the header (docs/FORMAT.md §5.2).")
         return table.finish(args.md_out)
