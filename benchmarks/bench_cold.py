@@ -416,10 +416,11 @@ class CacheShort(RuntimeError):
 
 def _cache_all(paths):
     """Read every file of ``paths`` into the page cache and check with mincore that it is
-    (all but 0.1% of its pages: a 4 GiB file once came back 72 pages short), with the run's other files dropped from it first.  Why drop them: in the 4 GiB warm
-    row five formats' files (20 GiB) and the tensors outgrew the VM's 23 GiB, and the
-    kernel reclaimed the file just read (its pages, read once, sit on the inactive list,
-    behind the files read twice before): torch's file was left half cached (stop 40)."""
+    (all but 0.1% of its pages: a 4 GiB file once came back 72 pages short), with the
+    run's other files dropped from it first.  Why drop them: in the 4 GiB warm row five
+    formats' files (20 GiB) and the tensors outgrew the VM's 23 GiB, and the kernel
+    reclaimed the file just read (its pages, read once, sit on the inactive list, behind
+    the files read twice before): torch's file was left half cached (stop 40)."""
     own = set(paths)
     pagecache.evict_all([p for p in ALL_FILES if p not in own])
     for path in paths:
