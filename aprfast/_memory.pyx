@@ -12,9 +12,13 @@ from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_SIMPLE, PyBuffer_IsCont
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.bytearray cimport (PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_GET_SIZE,
                                PyByteArray_Resize)
+from cpython.pythread cimport (WAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock, PyThread_free_lock,
+                               PyThread_release_lock, PyThread_type_lock)
 from libc.errno cimport EINVAL
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
+
+cimport cython
 
 import array
 import os
@@ -51,6 +55,11 @@ cdef extern from "buffers.h" nogil:
 cdef extern from "pio.h" nogil:
     int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc)
     int apr_pread_some(int fd, uint8_t *dst, uint64_t offset, size_t len, size_t *got)
+    ctypedef struct apr_pread_job:
+        pass
+    apr_pread_job *apr_pread_start(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads,
+                                   const uint32_t *crc)
+    int apr_pread_finish(apr_pread_job *job, uint32_t *crc)
     void apr_copy(uint8_t *dst, const uint8_t *src, size_t len, int nthreads)
     int apr_default_threads()
     int apr_preallocate(int fd, uint64_t size)
@@ -273,6 +282,113 @@ def pread_into(int fd, unsigned long long offset, uint8_t[::1] dst, int threads=
     if rc:
         raise OSError(rc, os.strerror(rc))
     return None if crc is None else value
+
+
+@cython.no_gc_clear  # __dealloc__ joins a read still writing into dst: dst must outlive it
+cdef class BackgroundRead:
+    """``pread_into`` on a thread of its own: the read starts here and :meth:`wait`
+    returns what ``pread_into`` would have.  For work that does not touch ``dst``
+    meanwhile (an eager load makes its arrays over the buffer while the bytes arrive).
+
+    ``dst`` is held until the read is over.  Where no thread can be started (or ``dst``
+    is empty) the read is done here, synchronously, and :meth:`wait` reports it.  An
+    object dropped without :meth:`wait` waits for its read when it is freed.
+
+    Args:
+        fd: The descriptor to read (kept open by the caller until :meth:`wait`).
+        offset: The file offset of ``dst``'s first byte.
+        dst: A writable, contiguous byte buffer, filled entirely.
+        threads: Threads for the read, as ``pread_into`` takes them (0: the library's choice).
+        crc: The running CRC to continue over the bytes read, or None for none.
+
+    Raises:
+        OverflowError: ``crc`` is not a 32-bit unsigned value.
+
+    Examples:
+        >>> import tempfile, zlib
+        >>> from aprfast import _memory
+        >>> fh = tempfile.TemporaryFile(buffering=0)
+        >>> _ = fh.write(b"0123456789")
+        >>> out = bytearray(4)
+        >>> read = _memory.BackgroundRead(fh.fileno(), 3, out, crc=0)
+        >>> read.wait() == zlib.crc32(b"3456"), bytes(out)
+        (True, b'3456')
+        >>> fh.close()
+    """
+
+    cdef apr_pread_job *job
+    cdef uint8_t[::1] dst
+    cdef PyThread_type_lock lock
+    cdef int rc
+    cdef uint32_t value
+    cdef bint want_crc
+    cdef size_t n
+    cdef unsigned long long offset
+
+    def __cinit__(self, int fd, unsigned long long offset, uint8_t[::1] dst, int threads=0, crc=None):
+        cdef size_t n = dst.shape[0]
+        cdef uint32_t value = 0 if crc is None else crc
+        cdef uint32_t *crc_ptr = NULL if crc is None else &value
+        cdef apr_pread_job *job = NULL
+        cdef int rc = 0
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError("BackgroundRead: cannot allocate a lock")
+        self.n = n
+        self.offset = offset
+        self.want_crc = crc is not None
+        self.value = value
+        if n == 0:
+            return
+        self.dst = dst  # the buffer stays exported (alive, not resized) until the read is over
+        job = apr_pread_start(fd, &dst[0], offset, n, threads, crc_ptr)
+        if job == NULL:
+            with nogil:
+                rc = apr_pread_exact(fd, &dst[0], offset, n, threads, crc_ptr)
+            self.rc = rc
+            self.value = value
+            self.dst = None
+        self.job = job
+
+    def __dealloc__(self):
+        if self.job != NULL:
+            with nogil:
+                apr_pread_finish(self.job, NULL)
+            self.job = NULL
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
+            self.lock = NULL
+
+    def wait(self):
+        """Wait for the read: the running CRC if ``crc`` was given, else None.  A second
+        call gives the same (or raises the same error) without waiting.
+
+        Raises:
+            EOFError: The file ended before ``dst`` was filled.
+            OSError: The read failed.
+        """
+        cdef apr_pread_job *job
+        cdef uint32_t value
+        cdef int rc
+        with nogil:  # another thread may hold it while joining, without the GIL
+            PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        try:
+            job = self.job
+            if job != NULL:
+                value = self.value
+                with nogil:
+                    rc = apr_pread_finish(job, &value)
+                self.job = NULL
+                self.rc = rc
+                self.value = value
+                self.dst = None
+        finally:
+            PyThread_release_lock(self.lock)
+        if self.rc == -1:
+            raise EOFError(f"file ended before {self.n} bytes at offset {self.offset} were read")
+        if self.rc:
+            raise OSError(self.rc, os.strerror(self.rc))
+        return self.value if self.want_crc else None
 
 
 def pread_to_bytes(int fd, unsigned long long offset, Py_ssize_t n, int threads=0, crc=None):

@@ -8,6 +8,7 @@
 #include "uring.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef _WIN32
@@ -287,6 +288,62 @@ int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthre
     if (crc)
         *crc = total;
     return 0;
+}
+
+struct apr_pread_job {
+    apr_thread thread;
+    apr_parallel_task task; /* read by the thread after apr_thread_start returns: lives here */
+    int fd;
+    uint8_t *dst;
+    uint64_t offset;
+    size_t len;
+    int nthreads;
+    int want_crc;
+    uint32_t crc;
+    int status;
+};
+
+static void pread_job_run(void *arg)
+{
+    apr_pread_job *job = arg;
+    job->status = apr_pread_exact(job->fd, job->dst, job->offset, job->len, job->nthreads,
+                                  job->want_crc ? &job->crc : NULL);
+}
+
+apr_pread_job *apr_pread_start(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads,
+                               const uint32_t *crc)
+{
+    apr_pread_job *job = malloc(sizeof *job);
+    if (job == NULL)
+        return NULL;
+    memset(job, 0, sizeof *job);
+    job->fd = fd;
+    job->dst = dst;
+    job->offset = offset;
+    job->len = len;
+    /* The library's choice is made here, not on the job's thread: there the caller,
+     * busy making arrays, counts as a core taken and a read of 300 x 1 MiB got one
+     * thread instead of two (33 ms against 27 ms for the same read done in turn). */
+    job->nthreads = clamp_threads(nthreads, len);
+    job->want_crc = crc != NULL;
+    job->crc = crc ? *crc : 0;
+    job->task.work = pread_job_run;
+    job->task.piece = job;
+    if (!apr_thread_start(&job->thread, &job->task)) {
+        free(job); /* no thread, no read begun: the caller reads itself */
+        return NULL;
+    }
+    return job;
+}
+
+int apr_pread_finish(apr_pread_job *job, uint32_t *crc)
+{
+    apr_thread_join(job->thread);
+    int status = job->status;
+    if (crc && job->want_crc)
+        *crc = job->crc;
+    free(job);
+    return status;
 }
 
 void apr_copy(uint8_t *dst, const uint8_t *src, size_t len, int nthreads)

@@ -22,6 +22,24 @@ extern "C" {
  * With APR_FALLBACK_PREAD set: lseek + read under one lock, the position put back. */
 int apr_pread_exact(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads, uint32_t *crc);
 
+/* apr_pread_exact on a thread of its own, for a caller with work to do meanwhile that
+ * does not touch dst (an eager load makes every tensor's array over the buffer while
+ * the bytes arrive: on a file of many small tensors the two took about as long each,
+ * one after the other).  The running CRC to start from is read from *crc now (crc NULL:
+ * none).  nthreads <= 0 is resolved now, on the calling thread, as apr_pread_exact
+ * would resolve it here.  dst must stay valid and unread until apr_pread_finish.  NULL
+ * where the job cannot be allocated or its thread cannot start: the caller reads
+ * synchronously. */
+typedef struct apr_pread_job apr_pread_job;
+apr_pread_job *apr_pread_start(int fd, uint8_t *dst, uint64_t offset, size_t len, int nthreads,
+                               const uint32_t *crc);
+
+/* Wait for the job and free it (exactly once for every job started).  Returns what
+ * apr_pread_exact returned (0, an errno value, or -1 if the file ended first); with crc
+ * not NULL and a job started with a crc, *crc is the running CRC apr_pread_exact left
+ * (the starting value where the read failed). */
+int apr_pread_finish(apr_pread_job *job, uint32_t *crc);
+
 /* One positional read of at most len bytes (the same call as apr_pread_exact's, on
  * the calling thread): 0 or an errno value; *got is the bytes read, 0 at the end. */
 int apr_pread_some(int fd, uint8_t *dst, uint64_t offset, size_t len, size_t *got);

@@ -1,12 +1,15 @@
 """Eager loads of many small tensors (_index.Entries.tensors_in: every array made with
-NumPy's C API in one pass over the index, the pure twin with np.ndarray) and
-AprFile.get_tensors' batched reads."""
+NumPy's C API in one pass over the index, the pure twin with np.ndarray, while the data
+section is read on a thread of its own: _memory.BackgroundRead) and AprFile.get_tensors'
+batched reads."""
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import sys
+import zlib
 
 import hostile_builders as hb
 import numpy as np
@@ -14,7 +17,7 @@ import pytest
 
 import aprfast
 from aprfast import RawTensor, _memory
-from aprfast.errors import CorruptError, TensorNotFoundError
+from aprfast.errors import AprIOError, ChecksumError, CorruptError, TensorNotFoundError
 from aprfast.files import reader
 from aprfast.io import sources
 
@@ -385,3 +388,187 @@ def test_get_tensors_shares_a_buffer_among_small_spans_only(tmp_path, mode):
     if mode != "direct":  # (direct I/O places each span for the device instead)
         assert len({id(got[f"s{i}"].base) for i in range(6)}) == 1
     assert got["s3.h"].base is not got["s0"].base
+
+
+# --- the read overlapped with making the arrays (AprFile.load_all) -------------------------
+def _overlapping_file(tmp_path, extra=64):
+    """A file just over both overlap bounds: (path, tensors)."""
+    n = reader.OVERLAP_MIN_TENSORS + extra
+    elems = max(256, -(-reader.OVERLAP_MIN_BYTES // (4 * n)))
+    rng = np.random.default_rng(7)
+    want = {f"t.{i:05d}": rng.standard_normal(elems, dtype=np.float32) for i in range(n)}
+    path = tmp_path / "overlap.apr"
+    aprfast.save_file(want, path)
+    return path, want
+
+
+@pytest.fixture
+def starts(monkeypatch):
+    """The offsets FileSource.readinto_start was called with."""
+    calls = []
+    original = sources.FileSource.readinto_start
+    monkeypatch.setattr(sources.FileSource, "readinto_start",
+                        lambda self, offset, out, **kw: calls.append(offset) or original(self, offset, out, **kw))
+    return calls
+
+
+def test_an_overlapped_load_gives_what_a_sequential_one_gives(tmp_path, monkeypatch, starts):
+    path, want = _overlapping_file(tmp_path)
+    overlapped = aprfast.load_file(path, mmap=False)
+    assert len(starts) == 1
+    with aprfast.open(path, mode="pread") as f:
+        unchecked = f.load_all(verify=False)  # no CRC asked of the read
+    assert len(starts) == 2
+    monkeypatch.setattr(reader, "OVERLAP_MIN_TENSORS", 1 << 62)
+    sequential = aprfast.load_file(path, mmap=False)
+    assert len(starts) == 2
+    for got in (overlapped, unchecked):
+        assert list(got) == list(sequential) == list(want)
+        for name, value in want.items():
+            np.testing.assert_array_equal(got[name], value)
+            assert got[name].flags.writeable and got[name].ctypes.data % 64 == 0
+            assert got[name].dtype == sequential[name].dtype and got[name].shape == sequential[name].shape
+    gc.collect()
+    np.testing.assert_array_equal(overlapped["t.00000"], want["t.00000"])  # the arena outlives the handle
+
+
+def test_few_or_small_tensors_are_read_before_the_arrays_are_made(tmp_path, starts):
+    few = {f"t.{i}": np.full(1 << 14, i, np.float32) for i in range(reader.OVERLAP_MIN_TENSORS // 8)}
+    small = {f"t.{i:05d}": np.full(4, i, np.float32) for i in range(reader.OVERLAP_MIN_TENSORS + 1)}
+    for i, tensors in enumerate((few, small)):
+        aprfast.save_file(tensors, tmp_path / f"{i}.apr")
+        got = aprfast.load_file(tmp_path / f"{i}.apr", mmap=False)
+        np.testing.assert_array_equal(got["t.1" if i == 0 else "t.00001"], tensors["t.1" if i == 0 else "t.00001"])
+    assert starts == []
+
+
+def test_an_overlapped_load_still_refuses_a_damaged_tensor(tmp_path, starts):
+    path, want = _overlapping_file(tmp_path)
+    with aprfast.open(path) as f:
+        info = f.info(list(want)[len(want) // 2])
+    data = bytearray(path.read_bytes())
+    data[info.offset + info.nbytes // 2] ^= 0x04
+    path.write_bytes(bytes(data))
+    with pytest.raises(ChecksumError) as raised:
+        aprfast.load_file(path, mmap=False)
+    assert raised.value.code == "E004" and "[E004]" in str(raised.value)
+    assert len(starts) == 1
+    with aprfast.open(path, mode="pread") as f:  # unchecked: the damage is loaded as it is
+        assert f.load_all(verify=False)[info.name].tobytes() != want[info.name].tobytes()
+
+
+def test_an_overlapped_read_that_fails_raises_the_typed_error_and_leaves_the_source(tmp_path, monkeypatch):
+    path, _ = _overlapping_file(tmp_path)
+    with aprfast.open(path, mode="pread") as f:
+        os.truncate(path, os.path.getsize(path) // 2)  # the size checked at open no longer holds
+        with pytest.raises(CorruptError, match="shrank"):
+            f.load_all()
+        assert f._source._users == 0
+
+    class Failing:
+        def __init__(self, fd, offset, dst, threads=0, crc=None):
+            pass
+
+        def wait(self):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    path, _ = _overlapping_file(tmp_path)
+    monkeypatch.setattr(sources._memory, "BackgroundRead", Failing)
+    with aprfast.open(path, mode="pread") as f:
+        with pytest.raises(AprIOError, match="read of .* failed") as raised:
+            f.load_all()
+        assert isinstance(raised.value.__cause__, OSError) and f._source._users == 0
+
+
+def test_an_error_making_the_arrays_waits_for_the_read_and_is_what_is_raised(tmp_path, monkeypatch):
+    path, _ = _overlapping_file(tmp_path)
+    waited = []
+    original = sources._PendingRead.wait
+    monkeypatch.setattr(sources._PendingRead, "wait", lambda self: waited.append(1) or original(self))
+
+    def broken(*args, **kwargs):
+        raise MemoryError("no arrays today")
+    monkeypatch.setattr(reader, "_slice_arena", broken)
+    with aprfast.open(path, mode="pread") as f:
+        os.truncate(path, f._file.data_start + 10)  # the read fails too: its error is not the one raised
+        with pytest.raises(MemoryError, match="no arrays today"):
+            f.load_all()
+        assert waited == [1] and f._source._users == 0
+
+
+def test_readinto_start_checks_the_range_and_the_source_and_counts_the_read_in_flight(tmp_path):
+    data = os.urandom(3 << 20)
+    path = tmp_path / "bytes"
+    path.write_bytes(data)
+    with open(path, "rb") as fh:
+        source = sources.FileSource(fh.fileno(), str(path), mappable=False)
+        out = _memory.AlignedBuffer(len(data) - 10)
+        pending = source.readinto_start(10, out, crc=5)
+        assert source._users == 1
+        assert pending.wait() == pending.wait() == zlib.crc32(data[10:], 5)
+        assert bytes(out) == data[10:] and source._users == 0
+        with pytest.raises(CorruptError, match="lies outside"):
+            source.readinto_start(11, out)
+        dropped = source.readinto_start(0, bytearray(100))  # never waited for: leaves when freed
+        del dropped
+        gc.collect()
+        assert source._users == 0
+        source.close()
+        with pytest.raises(AprIOError, match="closed"):
+            source.readinto_start(0, bytearray(1))
+    streamed = sources.StreamSource(__import__("io").BytesIO(data))  # the base class: read at once
+    out = bytearray(20)
+    assert streamed.readinto_start(5, out, crc=0).wait() == zlib.crc32(data[5:25]) and bytes(out) == data[5:25]
+
+
+# --- _memory.BackgroundRead ------------------------------------------------------------------
+@pytest.fixture
+def data_file(tmp_path):
+    data = os.urandom((5 << 20) + 123)
+    path = tmp_path / "data.bin"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    yield fd, data
+    os.close(fd)
+
+
+@pytest.mark.parametrize("threads", [0, 1, 3])
+def test_background_read_gives_the_bytes_and_their_crc(data_file, threads):
+    fd, data = data_file
+    out = _memory.AlignedBuffer(len(data) - 77)
+    read = _memory.BackgroundRead(fd, 77, out, threads, 12345)
+    assert read.wait() == zlib.crc32(data[77:], 12345)
+    assert read.wait() == zlib.crc32(data[77:], 12345)  # again: the same, no second read
+    assert bytes(out) == data[77:]
+    small = bytearray(10)
+    assert _memory.BackgroundRead(fd, 3, small).wait() is None and bytes(small) == data[3:13]
+    assert _memory.BackgroundRead(fd, 0, bytearray(), crc=7).wait() == 7  # nothing to read
+
+
+def test_background_read_past_the_end_raises_eof_error_on_every_wait(data_file):
+    fd, data = data_file
+    read = _memory.BackgroundRead(fd, len(data) - 5, bytearray(10), crc=0)
+    for _ in range(2):
+        with pytest.raises(EOFError, match="file ended before 10 bytes at offset"):
+            read.wait()
+    bad = _memory.BackgroundRead(-1, 0, bytearray(10))
+    for _ in range(2):
+        with pytest.raises(OSError) as raised:
+            bad.wait()
+        assert raised.value.errno == errno.EBADF
+    with pytest.raises(OverflowError):
+        _memory.BackgroundRead(fd, 0, bytearray(10), crc=1 << 32)
+
+
+def test_a_background_read_dropped_unwaited_still_fills_its_buffer(data_file):
+    fd, data = data_file
+    outs = [bytearray(len(data)) for _ in range(4)]
+    reads = [_memory.BackgroundRead(fd, 0, out, crc=0) for out in outs]
+    del reads  # freed unwaited: each waits for its read as it goes
+    gc.collect()
+    assert all(bytes(out) == data for out in outs)
+    out = bytearray(len(data))
+    read = _memory.BackgroundRead(fd, 0, out)
+    read.wait()
+    out.extend(b"x")  # the buffer is let go after the read: a bytearray may grow again
+    del read

@@ -194,6 +194,52 @@ def pread_into(fd, offset, dst, threads=0, crc=None):
     return None if value is None else crc32(view, value)
 
 
+class BackgroundRead:
+    """``pread_into`` started now, its result taken by :meth:`wait`.  The compiled module
+    reads on a thread of its own meanwhile; here the read is done in the constructor,
+    on the calling thread, by ``pread_into`` itself, so :meth:`wait` only reports it.
+
+    Args:
+        fd: The descriptor to read.
+        offset: The file offset of ``dst``'s first byte.
+        dst: A writable, contiguous byte buffer, filled entirely.
+        threads: Threads for the read (one here, whatever is asked).
+        crc: The running CRC to continue over the bytes read, or None for none.
+
+    Raises:
+        OverflowError: ``crc`` is not a 32-bit unsigned value.
+
+    Examples:
+        >>> import tempfile, zlib
+        >>> fh = tempfile.TemporaryFile(buffering=0)
+        >>> _ = fh.write(b"0123456789")
+        >>> out = bytearray(4)
+        >>> read = BackgroundRead(fh.fileno(), 3, out, crc=0)
+        >>> read.wait() == zlib.crc32(b"3456"), bytes(out)
+        (True, b'3456')
+        >>> fh.close()
+    """
+
+    def __init__(self, fd, offset, dst, threads=0, crc=None):
+        self._result = self._error = None
+        try:
+            self._result = pread_into(fd, offset, dst, threads, crc)
+        except (EOFError, OSError) as exc:  # raised by wait(), where the compiled module raises it
+            self._error = exc
+
+    def wait(self):
+        """The running CRC if ``crc`` was given, else None; the same on every call.
+
+        Raises:
+            EOFError: The file ended before ``dst`` was filled.
+            OSError: The read failed.
+        """
+        error = self._error
+        if error is not None:
+            raise type(error)(*error.args)  # a fresh one each call: no traceback piling up
+        return self._result
+
+
 def pread_to_bytes(fd, offset, n, threads=0, crc=None):
     """(a new ``bytes`` of the ``n`` bytes of ``fd`` at ``offset``, the running CRC over
     them if ``crc`` is given, else None).  Raises EOFError if the file ends first."""

@@ -22,6 +22,7 @@ import numpy as np
 from .. import _memory
 from .._crc import crc32
 from ..errors import AprIOError, CorruptError, os_error
+from . import platform
 from .direct import ALIGN, DirectReader
 
 __all__ = ["Source", "FileSource", "BufferSource", "StreamSource", "open_source"]
@@ -99,6 +100,14 @@ class Source:
         finally:
             self._leave()
 
+    def readinto_start(self, offset: int, out, *, threads: int = 0, crc=None):
+        """:meth:`readinto`, begun now and finished by the ``wait()`` of the object
+        returned, which gives what :meth:`readinto` returns (or raises what it raises).
+        ``out`` must not be read, and the source not closed, until then.  Here the read
+        is done before returning; a local file reads on a thread of its own meanwhile
+        (:meth:`FileSource.readinto_start`)."""
+        return _DoneRead(self.readinto(offset, out, threads=threads, crc=crc))
+
     def readinto_many(self, pieces) -> None:
         """Fill the writable byte buffer of each ``(offset, out)`` of ``pieces`` from its
         offset, as :meth:`readinto` does (no CRC): the batched reads of
@@ -167,6 +176,50 @@ class BufferSource(Source):
 
     def _free(self):
         self._view = None
+
+
+class _DoneRead:
+    """A read already over (Source.readinto_start): ``wait()`` gives its result."""
+
+    __slots__ = ("_result",)
+
+    def __init__(self, result):
+        self._result = result
+
+    def wait(self):
+        return self._result
+
+
+class _PendingRead:
+    """A FileSource read running on a thread of its own (_memory.BackgroundRead).  The
+    source counts it as an access in flight until ``wait()``, so a ``close()`` meanwhile
+    cannot free the descriptor under the read; an object dropped unwaited waits (and
+    leaves) when it is freed."""
+
+    __slots__ = ("_read", "_holders", "_path", "_offset", "_n")
+
+    def __init__(self, source, read, offset: int, n: int):
+        self._read = read
+        # list.pop is atomic: wait() from two threads still leaves the source once
+        self._holders = [source]
+        self._path, self._offset, self._n = source.path, offset, n
+
+    def wait(self):
+        try:
+            with _read_errors(self._path, self._n, self._offset):
+                return self._read.wait()
+        finally:
+            try:
+                source = self._holders.pop()
+            except IndexError:  # left already, by an earlier wait() or another thread's
+                source = None
+            if source is not None:
+                source._leave()
+
+    def __del__(self):
+        if self._holders:
+            with contextlib.suppress(Exception):
+                self.wait()
 
 
 @contextlib.contextmanager
@@ -279,6 +332,24 @@ class FileSource(Source):
             if self._direct is not None:
                 return self._direct.readinto(offset, out, threads, crc)
             return _memory.pread_into(self._fd, offset, out, threads, crc)
+
+    def readinto_start(self, offset: int, out, *, threads: int = 0, crc=None):
+        """:meth:`Source.readinto_start` with the parallel ``pread`` begun on a thread of
+        its own (``_memory.BackgroundRead``), which the caller's ``wait()`` joins.
+        Direct I/O and the forced "pread" fallback read before returning."""
+        if self._direct is not None or not platform.uses("pread"):
+            return Source.readinto_start(self, offset, out, threads=threads, crc=crc)
+        out = memoryview(out)
+        if out.format != "B" or out.ndim != 1:
+            out = out.cast("B")
+        self.check_range(offset, out.nbytes)
+        self._enter()
+        try:
+            read = _memory.BackgroundRead(self._fd, offset, out, threads, crc)
+        except BaseException:
+            self._leave()
+            raise
+        return _PendingRead(self, read, offset, out.nbytes)
 
     def readinto_many(self, pieces) -> None:
         """:meth:`Source.readinto_many` with one entry into the source and a ``pread``
