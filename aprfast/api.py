@@ -387,8 +387,9 @@ def load_file(path, *, mmap: bool = True, verify: bool | None = None, limits: Li
     the cache; :mod:`aprfast.io.direct`), and "auto" (the default) follows ``mmap``,
     an owned load then reading direct where that measured faster or saves memory: a
     file of 64 MiB or more mostly not in the page cache (sampled with ``mincore``), on
-    a network filesystem, or larger than half the available memory
-    (:func:`aprfast.io.direct.choose_backend`), and through the cache otherwise.
+    a network filesystem, or, where the cache cannot be sampled, larger than half the
+    available memory (:func:`aprfast.io.direct.choose_backend`), and through the cache
+    otherwise (a file mostly cached always).
 
     Args:
         path: A path, a URL or a sharded model's manifest.

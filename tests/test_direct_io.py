@@ -298,6 +298,13 @@ def test_auto_picks_direct_for_a_cold_file_and_pread_for_a_cached_one(tmp_path, 
         assert direct.cached_fraction(fd, size, 64) <= 0.05
         monkeypatch.setattr(direct, "available_memory", lambda: size)  # larger than half of it
         assert direct.choose_backend(fd, size, str(path))[0] == "direct"
+        # cached again: buffered, however short memory is (the cache holds the copy already)
+        os.pread(fd, size, 0)
+        assert direct.choose_backend(fd, size, str(path)) == ("pread", "in the page cache")
+        monkeypatch.setattr(direct, "cached_fraction", lambda fd, size, samples=32: None)  # cannot be told
+        assert direct.choose_backend(fd, size, str(path))[0] == "direct"
+        monkeypatch.setattr(direct, "available_memory", lambda: None)
+        assert direct.choose_backend(fd, size, str(path)) == ("pread", "page cache state unknown")
     finally:
         os.close(fd)
 

@@ -805,10 +805,15 @@ def choose_backend(fd: int, size: int, path=None) -> tuple:
     ``("pread", why)``.
 
     Direct I/O where it measured faster or saves a copy of the model: a network
-    filesystem, a file larger than half the available memory, or a file of at least
-    64 MiB mostly not in the page cache (mincore sample; 504 MiB cold: direct 0.15 s,
-    buffered pread 0.5-1.3 s on the development VM, docs/performance.md).  A file in
-    the cache reads faster buffered (a copy from memory), so it stays so.
+    filesystem, or a file of at least 64 MiB mostly not in the page cache (mincore
+    sample; 504 MiB cold: direct 0.15 s, buffered pread 0.5-1.3 s on the development
+    VM, docs/performance.md), or, where the cache cannot be sampled, larger than half
+    the available memory.  A file mostly in the cache reads faster buffered (a copy from
+    memory) whatever the free memory: the cache already holds the second copy, and a
+    direct read would go to the disk for it (a warm 4 GiB load, with the benchmark's
+    other loaders holding memory, took 2.26 s direct against safetensors' 0.45 s, stop
+    40).  A file larger than half the available memory and mostly not cached is read
+    direct, so that it does not push the rest of the cache out.
 
     Examples:
         >>> import tempfile
@@ -821,10 +826,12 @@ def choose_backend(fd: int, size: int, path=None) -> tuple:
         return "pread", "smaller than 64 MiB"
     if path is not None and is_network_filesystem(path):
         return "direct", f"on a network filesystem ({filesystem_type(path)})"
+    cached = cached_fraction(fd, size)
+    if cached is not None and cached >= AUTO_CACHED_BELOW:
+        return "pread", "in the page cache"
     free = available_memory()
     if free is not None and size > AUTO_MEMORY_FRACTION * free:
         return "direct", f"larger than half the available memory ({free >> 20} MiB)"
-    cached = cached_fraction(fd, size)
-    if cached is not None and cached < AUTO_CACHED_BELOW:
+    if cached is not None:
         return "direct", f"{cached:.0%} of the sampled pages in the page cache"
-    return "pread", "in the page cache" if cached is not None else "page cache state unknown"
+    return "pread", "page cache state unknown"
