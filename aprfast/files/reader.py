@@ -66,7 +66,7 @@ _PACKED_SPAN = 1 << 20
 #: at least OVERLAP_MIN_BYTES reads the section on a thread of its own while the calling
 #: thread makes the arrays over the buffer (which does not touch the bytes).  Why: for
 #: 10,000 tensors of 1 KiB the read took 0.93 ms and the arrays 1.16 ms, one after the
-#: other.  Why the bounds (repeated loads of one file, 2-core VM, s13_ovl_sweep): the
+#: other.  Why the bounds (repeated loads of one file, 2-core VM, a scratch sweep): the
 #: thread's start and join and the read running on another core than the last one cost
 #: about 0.05-0.1 ms, so the overlap pays only where both the arrays (about 0.1 us a
 #: tensor) and the read (about 0.1 ms a MiB) take longer than that: 2,048 x 1 KiB

@@ -87,13 +87,18 @@ class Source:
     def _buffer(self) -> memoryview:
         raise NotImplementedError(f"{type(self).__name__} has no zero-copy buffer")
 
-    def readinto(self, offset: int, out, *, threads: int = 0, crc=None):
-        """Fill the writable byte buffer ``out`` from ``offset``; return the running CRC
-        over those bytes if ``crc`` is given (zlib.crc32 semantics)."""
+    def _checked_bytes(self, offset: int, out) -> memoryview:
+        """``out`` as a flat byte view, its range ``[offset, offset + len)`` checked."""
         out = memoryview(out)
         if out.format != "B" or out.ndim != 1:
             out = out.cast("B")
         self.check_range(offset, out.nbytes)
+        return out
+
+    def readinto(self, offset: int, out, *, threads: int = 0, crc=None):
+        """Fill the writable byte buffer ``out`` from ``offset``; return the running CRC
+        over those bytes if ``crc`` is given (zlib.crc32 semantics)."""
+        out = self._checked_bytes(offset, out)
         self._enter()
         try:
             return self._readinto(offset, out, threads, crc)
@@ -339,10 +344,7 @@ class FileSource(Source):
         Direct I/O and the forced "pread" fallback read before returning."""
         if self._direct is not None or not platform.uses("pread"):
             return Source.readinto_start(self, offset, out, threads=threads, crc=crc)
-        out = memoryview(out)
-        if out.format != "B" or out.ndim != 1:
-            out = out.cast("B")
-        self.check_range(offset, out.nbytes)
+        out = self._checked_bytes(offset, out)
         self._enter()
         try:
             read = _memory.BackgroundRead(self._fd, offset, out, threads, crc)
@@ -358,11 +360,7 @@ class FileSource(Source):
             return super().readinto_many(pieces)
         views = []
         for offset, out in pieces:  # every range checked before anything is read
-            view = memoryview(out)
-            if view.format != "B" or view.ndim != 1:
-                view = view.cast("B")
-            self.check_range(offset, view.nbytes)
-            views.append((offset, view))
+            views.append((offset, self._checked_bytes(offset, out)))
         self._enter()
         try:
             offset = n = 0
