@@ -811,7 +811,8 @@ def choose_backend(fd: int, size: int, path=None) -> tuple:
     the available memory.  A file mostly in the cache reads faster buffered (a copy from
     memory) whatever the free memory: the cache already holds the second copy, and a
     direct read would go to the disk for it (a forced direct load of a cached 4 GiB file
-    took 1.7-2.6 s against 0.45-0.65 s buffered, docs/performance.md, stop 40).  A file
+    took 1.7-2.6 s against 0.48-1.02 s buffered, medians of three runs,
+    docs/performance.md, stop 40).  A file
     larger than half the available memory and mostly not cached is read direct, so that
     it does not push the rest of the cache out.
 
