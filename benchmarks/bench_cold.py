@@ -60,8 +60,9 @@ child took to start), so the 4 GiB rows moved by 30% between runs.  ``warm`` tou
 frees the model's size + 512 MiB before every sample (untimed): every tool starts from
 memory just freed, as a process started right after another ended does.  ``cold`` waits
 4 s after the eviction instead: every tool populates memory the host took back, as the
-first load on a VM idle for a while does.  ``as-is`` (the default) does neither.  In the
-fresh-process rows the child does the same after its imports.
+first load on a VM idle for a while does.  ``as-is`` (the default) does neither.  The
+warm rows do the same after reading the file into the page cache, and in the
+fresh-process rows the child does it after its imports.
 
 fio: ``apt-get install -y fio`` (Debian/Ubuntu), ``dnf install fio``, ``brew install
 fio``; without it the limit rows say so.  fio reads into its own buffers, 4 KiB pages
@@ -338,6 +339,11 @@ def settle(paths) -> None:
     tools before it (4 GiB each in the huge rows, and five formats) stayed cached and
     left the sample short of free memory, by an amount that depended on the order."""
     pagecache.evict_all(ALL_FILES or paths)
+    fresh_memory_state()
+
+
+def fresh_memory_state() -> None:
+    """Bring free memory to the state FRESH_MEMORY names (untimed, before a sample)."""
     if FRESH_MEMORY == "cold":
         time.sleep(COLD_WAIT)
     elif FRESH_MEMORY == "warm" and FRESH_BYTES:
@@ -420,7 +426,10 @@ def _cache_all(paths):
     run's other files dropped from it first.  Why drop them: in the 4 GiB warm row five
     formats' files (20 GiB) and the tensors outgrew the VM's 23 GiB, and the kernel
     reclaimed the file just read (its pages, read once, sit on the inactive list, behind
-    the files read twice before): torch's file was left half cached (stop 40)."""
+    the files read twice before): torch's file was left half cached (stop 40).  Then free
+    memory is brought to the state --fresh-memory names, as for the cold rows: reading a
+    file back into the cache (after a direct read dropped it) takes the memory the tool
+    before just freed, which left the next tool memory the host had taken back."""
     own = set(paths)
     pagecache.evict_all([p for p in ALL_FILES if p not in own])
     for path in paths:
@@ -430,6 +439,7 @@ def _cache_all(paths):
         cached, total = pagecache.resident(path)
         if cached < total - total // 1000:  # the tolerance pagecache.evict allows the other way
             raise CacheShort(f"{path}: {cached} of {total} pages cached after reading it whole")
+    fresh_memory_state()
 
 
 # --- rows ----------------------------------------------------------------------------------

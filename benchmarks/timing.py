@@ -4,9 +4,10 @@ round-robin, the machine's state, and the Markdown table the README pastes.
 Method (the same for every row of every script):
 
 * Each tool is warmed up once (page cache, first touch, code paths), then timed in
-  ``rounds`` rounds; within a round the tools run one after another (A, B, C, A, B,
-  C, ...), so a burst of load from other processes hits every tool alike instead of
-  the whole loop of one of them.
+  ``rounds`` rounds; within a round the tools run one after another (A, B, C, then
+  B, A, C, ...: :func:`schedule`), so a burst of load from other processes hits every
+  tool alike instead of the whole loop of one of them, and no tool always runs after
+  the same one.
 * A sample is one call, or, for calls too short for the timer, a loop of calls lasting
   about ``min_sample`` seconds (like timeit) divided by its length.  ``setup`` runs
   before every call outside the timed region (e.g. removing the destination of a save).
@@ -20,6 +21,7 @@ Method (the same for every row of every script):
 from __future__ import annotations
 
 import gc
+import math
 import os
 import platform
 import shlex
@@ -27,7 +29,7 @@ import statistics
 import sys
 import time
 
-__all__ = ["Samples", "interleaved", "machine", "Row", "Table", "fmt_time", "fmt_bytes", "command_line"]
+__all__ = ["Samples", "interleaved", "schedule", "machine", "Row", "Table", "fmt_time", "fmt_bytes", "command_line"]
 
 
 class Samples(list):
@@ -124,10 +126,38 @@ def _once(fn, setup, clock=time.perf_counter, teardown=None) -> float:
     return elapsed
 
 
+def schedule(names: list, i: int) -> list:
+    """The order of round ``i``: ``names`` taken with a stride coprime to their count,
+    starting at ``i``, the stride changing each round.
+
+    Why not a rotation: rotating keeps each tool's predecessor (C always follows B), and
+    what the predecessor leaves decides the sample on a VM that hands freed memory back
+    to the host.  In the 4 GiB warm row, ``backend="auto"`` always followed a direct
+    read, which drops the file from the page cache, so the next setup read 4 GiB back
+    into the cache with the memory just freed and the auto sample populated memory the
+    host had taken back: 3.17 s, while ``backend="pread"`` (the same code path, after
+    auto) took 0.50 s (stop 41).  With stride s, tool k follows tool k - s, so n tools
+    see up to phi(n) different predecessors over as many rounds.
+
+    Examples:
+        >>> schedule(["a", "b", "c", "d"], 0)
+        ['a', 'b', 'c', 'd']
+        >>> schedule(["a", "b", "c", "d"], 1)
+        ['b', 'a', 'd', 'c']
+    """
+    n = len(names)
+    if n == 0:
+        return []
+    strides = [s for s in range(1, n) if math.gcd(s, n) == 1] or [1]
+    stride = strides[i % len(strides)]
+    return [names[(i + j * stride) % n] for j in range(n)]
+
+
 def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None, slow: float | None = None,
                 slow_rounds: int = 3, independent: bool = False, clock=time.perf_counter, teardown=None) -> dict:
-    """Time every tool of ``tools`` (name -> zero-argument callable) round-robin, the
-    order rotated by one tool each round.
+    """Time every tool of ``tools`` (name -> zero-argument callable) round-robin, in the
+    order :func:`schedule` gives each round (each tool follows a different tool from
+    round to round).
 
     ``setup`` is a callable run before every call (of every tool) outside the timed
     region, or a dict name -> callable; ``teardown`` the same, run after every call
@@ -152,11 +182,7 @@ def interleaved(tools: dict, rounds: int, *, min_sample: float = 0.0, setup=None
     names = list(tools)
 
     def order(i):
-        # rotated each round: no tool always runs right after the same one (after a tool
-        # that freed 8 GiB, the next fresh allocation on the development VM was slower,
-        # which a fixed order charged to one tool every round)
-        k = i % len(names) if names else 0
-        return names[k:] + names[:k]
+        return schedule(names, i)
 
     if independent:
         limit = {}
@@ -432,8 +458,8 @@ class Table:
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")
         lines.append("Median over rounds with min..max; tools run round-robin within each row, the order "
-                     "rotated each round; ratio = peer median / aprfast median (above 1: aprfast faster, "
-                     "or uses less memory in MiB rows; **bold** "
+                     "changed each round so no tool always follows the same one; ratio = peer median / "
+                     "aprfast median (above 1: aprfast faster, or uses less memory in MiB rows; **bold** "
                      "below 1; against a limit, also the median [min..max] of each round's own ratio, "
                      "the two run seconds apart). ❌ marks rows "
                      "where aprfast loses to the peer shown; ≈ marks rows whose ranges overlap.")
