@@ -130,7 +130,7 @@ void apr_block_free(apr_block *block);
 void apr_advise_huge(void *ptr, size_t len);
 
 /* Freed blocks of at least APR_CACHE_MIN bytes are kept for reuse, up to a total that
- * defaults to min(physical memory / 8, 2 GiB) and is set by the environment variable
+ * defaults to a quarter of physical memory and is set by the environment variable
  * APRFAST_BUFFER_CACHE (bytes; 0 disables) when the first block is freed.  Why: a
  * loop that loads or copies tensors of the same sizes would otherwise map, fault in
  * and zero fresh pages on every call (about 0.8 ms per MiB on the development VM),
@@ -158,8 +158,8 @@ void apr_advise_huge(void *ptr, size_t len);
  * cost warm loads a third.  10 s is jemalloc's default dirty-page decay
  * (opt.dirty_decay_ms), the policy of a well-kept allocator that trades the same way:
  * memory freed and wanted again soon stays in place, memory not wanted goes back to
- * the kernel soon after.  Bounded by the cache's cap (at most an eighth of physical
- * memory, and 2 GiB); release_buffer_cache() gives it back at once.  Windows gives
+ * the kernel soon after.  Bounded by the cache's cap (a quarter of physical memory by
+ * default); release_buffer_cache() gives it back at once.  Windows gives
  * MEM_RESET at once, as before. */
 #define APR_CACHE_DECAY_MS 10000
 

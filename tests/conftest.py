@@ -139,6 +139,8 @@ _COMPILED_ONLY_FIXTURES = {
 #: Tests (by name) about the compiled implementation only.
 _COMPILED_ONLY_TESTS = {
     "test_the_environment_sets_the_cap": "the cache of freed buffers belongs to the compiled allocator",
+    "test_the_default_cap_is_a_quarter_of_physical_memory":
+        "the cache of freed buffers belongs to the compiled allocator",
     "test_a_fresh_mapped_block_is_populated_and_decides_its_page_size":
         "the timed huge-page choice belongs to the compiled allocator (csrc/buffers.c)",
     "test_one_slow_huge_step_keeps_huge_pages":

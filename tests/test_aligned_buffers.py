@@ -384,6 +384,24 @@ def test_sizes_that_never_repeat_hold_about_one_block(fresh_cache):
     assert _memory.buffer_cache_stats()["blocks"] == 0
 
 
+@pytest.mark.skipif(not hasattr(os, "sysconf") or "SC_PHYS_PAGES" not in getattr(os, "sysconf_names", {}),
+                    reason="no sysconf(_SC_PHYS_PAGES) to compare with")
+def test_the_default_cap_is_a_quarter_of_physical_memory():
+    """A quarter, not min(RAM/8, 2 GiB): a 4 GiB model loaded again in a long-lived process
+    gets its freed arena back instead of populating fresh memory (csrc/buffers.c)."""
+    import subprocess
+
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(aprfast.__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "APRFAST_BUFFER_CACHE"}
+    env["PYTHONPATH"] = package_parent
+    out = subprocess.run([sys.executable, "-c", "from aprfast import _memory; "
+                          "print(_memory.buffer_cache_stats()['limit'])"],
+                         env=env, capture_output=True, text=True, timeout=60, check=True,
+                         cwd=package_parent).stdout
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert int(out) == physical // 4
+
+
 def test_the_environment_sets_the_cap():
     import subprocess
 
