@@ -34,6 +34,8 @@ cdef extern from "buffers.h" nogil:
         size_t bytes
         size_t resident
         size_t limit
+        size_t heap_bytes
+        size_t heap_limit
         uint64_t hits
         uint64_t misses
         size_t deferred
@@ -42,7 +44,7 @@ cdef extern from "buffers.h" nogil:
     int apr_block_alloc_deferred(apr_block *block, size_t size, size_t alignment)
     void apr_block_free(apr_block *block)
     void apr_cache_stats_get(apr_cache_stats *out)
-    void apr_cache_release(long long limit)
+    void apr_cache_release(long long limit, long long heap)
     void apr_cache_set_decay(long long ms)
     int apr_huge_pages_state()
     int apr_fresh_replay(const long long *ns, size_t n, size_t step, long long slow_ns, unsigned char *huge_out)
@@ -175,11 +177,13 @@ BUFFER_CACHE_RESIDENT = APR_CACHE_RESIDENT
 
 def buffer_cache_stats():
     """The cache of freed buffers: blocks and bytes held, the bytes of those kept resident
-    (not given MADV_FREE), the cap, hits and misses, the resident bytes whose advice is
-    deferred and for how long (``decay_ms``, csrc/buffers.h)."""
+    (not given MADV_FREE), the cap, the bytes in heap blocks (below 32 MiB) and their own
+    cap, hits and misses, the resident bytes whose advice is deferred and for how long
+    (``decay_ms``, csrc/buffers.h)."""
     cdef apr_cache_stats st
     apr_cache_stats_get(&st)
     return {"blocks": st.blocks, "bytes": st.bytes, "resident": st.resident, "limit": st.limit,
+            "heap_bytes": st.heap_bytes, "heap_limit": st.heap_limit,
             "hits": st.hits, "misses": st.misses, "deferred": st.deferred, "decay_ms": st.decay_ms}
 
 
@@ -254,14 +258,28 @@ def fresh_population(bint reset=False):
     return {"huge_bytes": out[0], "huge_seconds": out[1] / 1e9, "small_bytes": out[2], "small_seconds": out[3] / 1e9}
 
 
-def release_buffer_cache(limit=None):
+def release_buffer_cache(limit=None, heap_limit=None):
     """Give every cached block back to the system; ``limit`` (bytes) sets a new cap
-    (0 turns the cache off)."""
+    (0 turns the cache off), ``heap_limit`` a new cap on the heap blocks among them
+    (those below 32 MiB; the smaller of the two caps holds for them).
+
+    Raises:
+        ValueError: a cap is negative.
+
+    Examples:
+        >>> from aprfast import _memory
+        >>> before = _memory.buffer_cache_stats()
+        >>> _memory.release_buffer_cache(64 << 20, heap_limit=8 << 20)
+        >>> _memory.buffer_cache_stats()["heap_limit"] == 8 << 20
+        True
+        >>> _memory.release_buffer_cache(before["limit"], heap_limit=before["heap_limit"])
+    """
     cdef long long cap = -1 if limit is None else limit
-    if limit is not None and limit < 0:
+    cdef long long heap = -1 if heap_limit is None else heap_limit
+    if (limit is not None and limit < 0) or (heap_limit is not None and heap_limit < 0):
         raise ValueError("the buffer cache limit is a number of bytes >= 0")
     with nogil:
-        apr_cache_release(cap)
+        apr_cache_release(cap, heap)
 
 
 def pread_into(int fd, unsigned long long offset, uint8_t[::1] dst, int threads=0, crc=None):

@@ -642,7 +642,9 @@ static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 #endif
 static apr_block cache_slot[APR_CACHE_SLOTS];
 static size_t cache_count, cache_bytes, cache_resident; /* resident: bytes of blocks not advised */
+static size_t cache_heap_bytes; /* bytes of heap blocks (not mapped) */
 static long long cache_limit = -1; /* -1: not read from the environment yet */
+static long long heap_cap = -1;    /* set by apr_cache_release; -1: the default (heap_limit) */
 static uint64_t cache_hits, cache_misses, cache_seq;
 
 /* Deferred advice (buffers.h): POSIX systems with MADV_FREE and threads. */
@@ -691,9 +693,27 @@ static long long default_limit(void)
      * checkpoints, an evaluation sweep) gets its freed arena back: with the old cap,
      * min(RAM / 8, 2 GiB), every 4 GiB load populated fresh memory, 0.5-3.2 s on the
      * development VM against 0.27 s into the kept block (stop 41).  What is kept is
-     * what the process itself held a moment before, advised away after the decay. */
+     * what the process itself held a moment before, advised away after the decay.
+     * Heap blocks keep the old cap (heap_limit). */
     long long physical = physical_memory();
     return physical > 0 ? physical / 4 : (long long)2 << 30;
+}
+
+/* The cap on heap blocks (below APR_MAP_THRESHOLD): min(RAM / 8, 2 GiB), and never
+ * above the whole cache's.  Why apart: the larger cap is for arenas, mapped blocks that
+ * every platform can advise away; Windows cannot advise heap blocks (MEM_RESET applies
+ * to VirtualAlloc'ed memory only), so a process that dropped many tensor copies would
+ * keep them resident up to the cap. */
+static long long heap_limit(void)
+{
+    long long cap = heap_cap;
+    if (cap < 0) {
+        long long physical = physical_memory();
+        cap = (long long)2 << 30;
+        if (physical > 0 && physical / 8 < cap)
+            cap = physical / 8;
+    }
+    return cache_limit < cap ? cache_limit : cap;
 }
 
 static long long default_decay(void)
@@ -730,6 +750,8 @@ static apr_block cache_take(size_t i)
     memmove(&cache_slot[i], &cache_slot[i + 1], (cache_count - i - 1) * sizeof(apr_block));
     cache_count--;
     cache_bytes -= b.capacity;
+    if (!b.mapped)
+        cache_heap_bytes -= b.capacity;
     if (!b.advised)
         cache_resident -= b.capacity;
     if (b.due)
@@ -746,6 +768,8 @@ static int cache_insert(const apr_block *b)
 {
     if (cache_count == APR_CACHE_SLOTS || (long long)(cache_bytes + b->capacity) > cache_limit)
         return 0;
+    if (!b->mapped && (long long)(cache_heap_bytes + b->capacity) > heap_limit())
+        return 0;
     size_t i = cache_count;
     while (i > 0 && cache_slot[i - 1].seq > b->seq)
         i--;
@@ -753,6 +777,8 @@ static int cache_insert(const apr_block *b)
     cache_slot[i] = *b;
     cache_count++;
     cache_bytes += b->capacity;
+    if (!b->mapped)
+        cache_heap_bytes += b->capacity;
     if (!b->advised)
         cache_resident += b->capacity;
     if (b->due)
@@ -928,7 +954,8 @@ static int cache_put(apr_block *block)
     cache_lock_take();
     cache_limit_init();
     int advise = block->mapped != 0 || cache_resident + block->capacity > APR_CACHE_RESIDENT;
-    int worth = (long long)block->capacity <= cache_limit;
+    long long limit = block->mapped ? cache_limit : heap_limit();
+    int worth = (long long)block->capacity <= limit;
     long long delay = decay_ms;
     cache_lock_give();
     if (!worth)
@@ -944,13 +971,22 @@ static int cache_put(apr_block *block)
         lazy_free(block);
     block->advised = advise;
     cache_lock_take();
-    if ((long long)block->capacity <= cache_limit) {
-        /* Oldest first out until it fits (at most a few per call; the rest next time). */
-        while (cache_count && (cache_count == APR_CACHE_SLOTS ||
-                               (long long)(cache_bytes + block->capacity) > cache_limit)) {
-            if (n_evicted == sizeof evicted / sizeof evicted[0])
+    limit = block->mapped ? cache_limit : heap_limit(); /* release_buffer_cache may have moved it */
+    if ((long long)block->capacity <= limit) {
+        /* Oldest first out until it fits (at most a few per call; the rest next time):
+         * the oldest heap block where only the heap cap is short, else the oldest. */
+        for (;;) {
+            int full = cache_count == APR_CACHE_SLOTS || (long long)(cache_bytes + block->capacity) > cache_limit;
+            int heap_full = !block->mapped && (long long)(cache_heap_bytes + block->capacity) > limit;
+            if (!cache_count || (!full && !heap_full) || n_evicted == sizeof evicted / sizeof evicted[0])
                 break;
-            evicted[n_evicted++] = cache_take(0);
+            size_t victim = 0;
+            if (!full)
+                while (victim < cache_count && cache_slot[victim].mapped)
+                    victim++;
+            if (victim == cache_count)
+                break; /* unreachable: heap bytes over the cap means a heap block is held */
+            evicted[n_evicted++] = cache_take(victim);
         }
         block->seq = ++cache_seq;
         kept = cache_insert(block);
@@ -991,6 +1027,8 @@ void apr_cache_stats_get(apr_cache_stats *out)
     out->bytes = cache_bytes;
     out->resident = cache_resident;
     out->limit = (size_t)cache_limit;
+    out->heap_bytes = cache_heap_bytes;
+    out->heap_limit = (size_t)heap_limit();
     out->hits = cache_hits;
     out->misses = cache_misses;
     out->deferred = cache_deferred;
@@ -998,7 +1036,7 @@ void apr_cache_stats_get(apr_cache_stats *out)
     cache_lock_give();
 }
 
-void apr_cache_release(long long limit)
+void apr_cache_release(long long limit, long long heap)
 {
     for (;;) {
         apr_block b;
@@ -1007,7 +1045,9 @@ void apr_cache_release(long long limit)
         cache_limit_init();
         if (limit >= 0)
             cache_limit = limit;
-        limit = -1;
+        if (heap >= 0)
+            heap_cap = heap;
+        limit = heap = -1;
         if (cache_count) {
             b = cache_take(cache_count - 1);
             have = 1;

@@ -131,7 +131,8 @@ void apr_advise_huge(void *ptr, size_t len);
 
 /* Freed blocks of at least APR_CACHE_MIN bytes are kept for reuse, up to a total that
  * defaults to a quarter of physical memory and is set by the environment variable
- * APRFAST_BUFFER_CACHE (bytes; 0 disables) when the first block is freed.  Why: a
+ * APRFAST_BUFFER_CACHE (bytes; 0 disables) when the first block is freed; heap blocks
+ * (below APR_MAP_THRESHOLD) are kept up to min(that, physical memory / 8, 2 GiB).  Why: a
  * loop that loads or copies tensors of the same sizes would otherwise map, fault in
  * and zero fresh pages on every call (about 0.8 ms per MiB on the development VM),
  * while glibc hands the peers' freed blocks straight back to them.  Mapped blocks
@@ -168,6 +169,8 @@ typedef struct {
     size_t bytes;     /* their capacity */
     size_t resident;  /* of which in blocks not given MADV_FREE */
     size_t limit;     /* the cap on bytes */
+    size_t heap_bytes; /* of which in heap blocks (below APR_MAP_THRESHOLD) */
+    size_t heap_limit; /* the cap on those: min(limit, physical memory / 8, 2 GiB) by default */
     uint64_t hits;    /* allocations served from the cache */
     uint64_t misses;  /* cacheable allocations that were not */
     size_t deferred;  /* bytes of resident blocks whose advice is deferred */
@@ -175,8 +178,9 @@ typedef struct {
 } apr_cache_stats;
 
 void apr_cache_stats_get(apr_cache_stats *out);
-/* Release every cached block; set the cap (bytes) if limit >= 0. */
-void apr_cache_release(long long limit);
+/* Release every cached block; set the cap (bytes) if limit >= 0, and the cap on heap
+ * blocks if heap >= 0 (never above the cap: the smaller of the two holds). */
+void apr_cache_release(long long limit, long long heap);
 /* Set how long advice is deferred (ms; 0 advises at once); blocks already waiting
  * keep their due time. */
 void apr_cache_set_decay(long long ms);

@@ -326,7 +326,7 @@ def fresh_cache():
     before = _memory.buffer_cache_stats()
     yield before
     _memory.set_buffer_decay(before["decay_ms"])
-    _memory.release_buffer_cache(before["limit"])
+    _memory.release_buffer_cache(before["limit"], heap_limit=before["heap_limit"])
 
 
 @pytest.mark.parametrize("size", [_memory.BUFFER_CACHE_MIN, 3 << 20, 40 << 20])
@@ -372,6 +372,30 @@ def test_the_cap_bounds_what_is_kept_and_zero_turns_the_cache_off(fresh_cache):
     assert stats["bytes"] <= 5 << 20 and stats["blocks"] == 2
 
 
+def test_heap_blocks_have_their_own_cap_and_give_way_to_each_other_not_to_arenas(fresh_cache):
+    """Mapped blocks (arenas, 32 MiB and more) may fill the whole cap; heap blocks only
+    their own (csrc/buffers.c heap_limit): Windows cannot advise heap blocks away."""
+    _memory.release_buffer_cache(64 << 20, heap_limit=5 << 20)
+    assert _memory.buffer_cache_stats()["heap_limit"] == 5 << 20
+    # all made before any is freed (a miss gives back the oldest cached block)
+    heap = [_memory.AlignedBuffer(2 << 20, 64) for _ in range(3)]
+    arena = _memory.AlignedBuffer(40 << 20, 64)
+    arena_address = arena.address
+    del arena  # the oldest cached block
+    while heap:
+        del heap[0]  # the first two fit the heap cap; the third gives back the first, not the arena
+    stats = _memory.buffer_cache_stats()
+    assert stats["blocks"] == 3, stats
+    assert 4 << 20 <= stats["heap_bytes"] <= 5 << 20, stats
+    assert stats["bytes"] - stats["heap_bytes"] >= 40 << 20, stats
+    again = _memory.AlignedBuffer(40 << 20, 64)
+    assert again.address == arena_address
+    del again
+    # a heap cap above the whole cap changes nothing: the smaller holds
+    _memory.release_buffer_cache(3 << 20, heap_limit=1 << 30)
+    assert _memory.buffer_cache_stats()["heap_limit"] == 3 << 20
+
+
 def test_sizes_that_never_repeat_hold_about_one_block(fresh_cache):
     for i in range(40):  # 1, 1.5, 2.25 ... MiB: never within a cached block's slack
         made = _memory.AlignedBuffer(int((1 << 20) * 1.5 ** (i % 12)) + i * 4096, 64)
@@ -394,12 +418,14 @@ def test_the_default_cap_is_a_quarter_of_physical_memory():
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(aprfast.__file__)))
     env = {k: v for k, v in os.environ.items() if k != "APRFAST_BUFFER_CACHE"}
     env["PYTHONPATH"] = package_parent
-    out = subprocess.run([sys.executable, "-c", "from aprfast import _memory; "
-                          "print(_memory.buffer_cache_stats()['limit'])"],
+    out = subprocess.run([sys.executable, "-c", "from aprfast import _memory; s = _memory.buffer_cache_stats(); "
+                          "print(s['limit'], s['heap_limit'])"],
                          env=env, capture_output=True, text=True, timeout=60, check=True,
                          cwd=package_parent).stdout
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    assert int(out) == physical // 4
+    limit, heap_limit = map(int, out.split())
+    assert limit == physical // 4
+    assert heap_limit == min(physical // 8, 2 << 30)  # heap blocks keep the old cap
 
 
 def test_the_environment_sets_the_cap():

@@ -88,8 +88,8 @@ BUFFER_CACHE_RESIDENT = 256 << 20
 
 def buffer_cache_stats() -> dict:
     """The cache of freed buffers: this backend keeps none."""
-    return {"blocks": 0, "bytes": 0, "resident": 0, "limit": 0, "hits": 0, "misses": 0, "deferred": 0,
-            "decay_ms": 0}
+    return {"blocks": 0, "bytes": 0, "resident": 0, "limit": 0, "heap_bytes": 0, "heap_limit": 0, "hits": 0,
+            "misses": 0, "deferred": 0, "decay_ms": 0}
 
 
 def set_buffer_decay(ms) -> None:
@@ -153,9 +153,10 @@ def fresh_population(reset=False):
     return {"huge_bytes": 0, "huge_seconds": 0.0, "small_bytes": 0, "small_seconds": 0.0}
 
 
-def release_buffer_cache(limit=None) -> None:
-    """Nothing is cached here; ``limit`` is checked as the compiled module checks it."""
-    if limit is not None and limit < 0:
+def release_buffer_cache(limit=None, heap_limit=None) -> None:
+    """Nothing is cached here; ``limit`` and ``heap_limit`` are checked as the compiled
+    module checks them."""
+    if (limit is not None and limit < 0) or (heap_limit is not None and heap_limit < 0):
         raise ValueError("the buffer cache limit is a number of bytes >= 0")
 
 
