@@ -644,7 +644,8 @@ static apr_block cache_slot[APR_CACHE_SLOTS];
 static size_t cache_count, cache_bytes, cache_resident; /* resident: bytes of blocks not advised */
 static size_t cache_heap_bytes; /* bytes of heap blocks (not mapped) */
 static long long cache_limit = -1; /* -1: not read from the environment yet */
-static long long heap_cap = -1;    /* set by apr_cache_release; -1: the default (heap_limit) */
+static long long heap_cap = -1;    /* set by apr_cache_release; -1: heap_default */
+static long long heap_default = -1; /* min(RAM / 8, 2 GiB), from cache_limit_init */
 static uint64_t cache_hits, cache_misses, cache_seq;
 
 /* Deferred advice (buffers.h): POSIX systems with MADV_FREE and threads. */
@@ -704,15 +705,17 @@ static long long default_limit(void)
  * every platform can advise away; Windows cannot advise heap blocks (MEM_RESET applies
  * to VirtualAlloc'ed memory only), so a process that dropped many tensor copies would
  * keep them resident up to the cap. */
+static long long default_heap_limit(void)
+{
+    long long physical = physical_memory();
+    long long cap = (long long)2 << 30;
+    return physical > 0 && physical / 8 < cap ? physical / 8 : cap;
+}
+
+/* Must hold cache_lock, after cache_limit_init. */
 static long long heap_limit(void)
 {
-    long long cap = heap_cap;
-    if (cap < 0) {
-        long long physical = physical_memory();
-        cap = (long long)2 << 30;
-        if (physical > 0 && physical / 8 < cap)
-            cap = physical / 8;
-    }
+    long long cap = heap_cap >= 0 ? heap_cap : heap_default;
     return cache_limit < cap ? cache_limit : cap;
 }
 
@@ -733,6 +736,8 @@ static void cache_limit_init(void)
 {
     if (cache_limit < 0)
         cache_limit = default_limit();
+    if (heap_default < 0)
+        heap_default = default_heap_limit();
     if (decay_ms < 0)
         decay_ms = default_decay();
 #if !defined(_WIN32)
