@@ -812,9 +812,9 @@ def choose_backend(fd: int, size: int, path=None) -> tuple:
     memory) whatever the free memory: the cache already holds the second copy, and a
     direct read would go to the disk for it (a forced direct load of a cached 4 GiB file
     took 1.7-2.6 s against 0.48-1.02 s buffered, medians of three runs,
-    docs/performance.md, stop 40).  A file
-    larger than half the available memory and mostly not cached is read direct, so that
-    it does not push the rest of the cache out.
+    docs/performance.md, stop 40).  A file larger than half the available memory and
+    mostly not cached is read direct, so that it does not push the rest of the cache
+    out.
 
     Examples:
         >>> import tempfile
