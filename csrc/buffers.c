@@ -22,14 +22,6 @@
 
 #define HUGE_PAGE ((size_t)1 << 21)
 
-#if defined(__linux__)
-#ifdef MADV_POPULATE_WRITE
-#define APR_MADV_POPULATE_WRITE MADV_POPULATE_WRITE
-#else
-#define APR_MADV_POPULATE_WRITE 23 /* <linux/mman.h>: older libc headers lack it */
-#endif
-#endif
-
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
 
 #if defined(__linux__)

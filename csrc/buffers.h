@@ -11,6 +11,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+/* Populating pages ahead (Linux 5.14+; buffers.c and uring.c fall back where the
+ * kernel refuses it). */
+#ifdef MADV_POPULATE_WRITE
+#define APR_MADV_POPULATE_WRITE MADV_POPULATE_WRITE
+#else
+#define APR_MADV_POPULATE_WRITE 23 /* <linux/mman.h>: older libc headers lack it */
+#endif
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -235,12 +235,6 @@ static __thread size_t staged_last; /* pieces the calling thread's last read sta
  * thread to populate, and populated.  Kept with the buffers: populated once. */
 static uint32_t stage_claimed, stage_ready;
 
-#ifdef MADV_POPULATE_WRITE
-#define STAGE_POPULATE_WRITE MADV_POPULATE_WRITE
-#else
-#define STAGE_POPULATE_WRITE 23 /* <linux/mman.h>: older libc headers lack it */
-#endif
-
 /* Take and populate unit u unless another thread has taken it: 1 if this call did. */
 static int stage_take(unsigned u)
 {
@@ -249,7 +243,7 @@ static int stage_take(unsigned u)
         || (__atomic_fetch_or(&stage_claimed, bit, __ATOMIC_ACQ_REL) & bit))
         return 0;
     uint8_t *p = stage_mem + (size_t)u * STAGE_UNIT;
-    if (madvise(p, STAGE_UNIT, STAGE_POPULATE_WRITE) != 0)
+    if (madvise(p, STAGE_UNIT, APR_MADV_POPULATE_WRITE) != 0)
         memset(p, 0, STAGE_UNIT); /* kernels before 5.14: fault it in by writing */
     __atomic_fetch_or(&stage_ready, bit, __ATOMIC_RELEASE);
     return 1;
