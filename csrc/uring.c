@@ -60,7 +60,7 @@ typedef struct {
     size_t claim;       /* atomic: the next step nobody has taken */
     uint8_t *done;      /* atomic per step: populated */
     size_t frontier;    /* the calling thread's: every step below it is done */
-    unsigned stage_units; /* units of the staging buffers the helper populates first */
+    unsigned stage_units; /* units of the staging buffers the read may use (stage_take_next) */
     pthread_t thread;
     int running;
 } sharer;
@@ -108,7 +108,7 @@ static void *share_main(void *arg)
             break;
         /* a staging buffer's unit after each step, once the steps get 4 KiB pages (their
          * reads are staged).  Why not all of them first: in memory the host took back
-         * each unit costs ~3 ms, and while the helper populated 64 MiB of them the
+         * each unit costs 3-5 ms, and while the helper populated 64 MiB of them the
          * calling thread went on populating the first steps in huge pages, as slow,
          * nobody timing them: the first 100 ms read half as much */
         if (!__atomic_load_n(&sh->st.huge, __ATOMIC_RELAXED))
@@ -152,10 +152,9 @@ static int share_worth(const uint8_t *dst, size_t len)
            && apr_parallel_cpu_count(2) >= 2;
 }
 
-/* Start the helper over [dst, dst + len) of a claimed fresh block, populating the
- * first stage_units units of the staging buffers (held by the caller) before the
- * block's steps: 0 where it is not worth it or cannot start (the caller populates
- * alone). */
+/* Start the helper over [dst, dst + len) of a claimed fresh block; stage_units: the
+ * units of the staging buffers (held by the caller) it may populate, 0 for none.  0
+ * where it is not worth it or cannot start (the caller populates alone). */
 static int share_start(sharer *sh, apr_fresh_state *pages, uint8_t *dst, size_t len, unsigned stage_units)
 {
     memset(sh, 0, sizeof *sh);
@@ -209,8 +208,9 @@ static void share_stop(sharer *sh)
  * of a whole burst (0.2 ms per 4 MiB; bursts of four completions 5 ms apart, from
  * timestamps in this loop).  A cold 4 GiB read with every piece staged (memory just
  * freed) took 1.44-1.51 s before, 1.35-1.40 s after, 1.20-1.28 s straight into place;
- * with the copies skipped, for the experiment, 1.15-1.2 s.  Two reads in flight keep
- * that disk as busy as sixteen (fio: 1.08-1.20 s at depths 1 to 4).
+ * with the copies skipped, for the experiment, 1.15-1.2 s.  Two reads in flight kept
+ * that disk as busy as sixteen then (fio: 1.08-1.20 s at depths 1 to 4), but not in a
+ * fresh load's own loop (below).
  *
  * 64 MiB of buffers, up to a sixteenth of the read (so 16 buffers, 8 reads in flight,
  * at 4 GiB; 7 and 3 at 504 MiB), populated 2 MiB at a time as they are first wanted,
