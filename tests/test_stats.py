@@ -128,6 +128,20 @@ def test_extreme_ranges_use_the_division_form_and_still_match():
     assert const.bin_edges == (1.5, 2.0, 2.5) and const.histogram == (0, 5)  # NumPy's +-0.5 widening
 
 
+@pytest.mark.parametrize("edge", [-np.finfo(np.float64).max, np.finfo(np.float64).max])
+def test_a_range_of_one_value_at_the_largest_double_widens_inward(edge):
+    # lo == hi widens to the neighbouring doubles; the one outward of the largest double
+    # is infinite, so that edge stays (the fuzz regression burnpack-stats-histogram-...)
+    lo, hi, scale, divide = histogram_spec(5, edge, edge)
+    assert math.isfinite(lo) and math.isfinite(hi) and lo < hi and edge in (lo, hi)
+    assert scale > 0 and not divide
+    x = np.array([edge, -np.inf, edge, np.nan, np.inf], np.float64)
+    s = tensor_stats(x, bins=5)
+    assert s.finite_count == 2 and sum(s.histogram) == 2
+    assert s.histogram == ((2, 0, 0, 0, 0) if edge < 0 else (0, 0, 0, 0, 2))
+    assert_same(s, tensor_stats_numpy(x, bins=5))
+
+
 def test_thread_counts_give_identical_results(rng):
     x = rng.standard_normal(3 * (1 << 20) + 123).astype(np.float32)
     x[17] = np.nan

@@ -117,8 +117,9 @@ class TensorStats:
 # --- the histogram's arithmetic (shared with the twin) ----------------------------------
 def histogram_spec(bins: int, lo: float, hi: float):
     """(lo, hi, scale, divide) as the C engine takes them.  lo == hi widens to lo-0.5 ..
-    hi+0.5 as NumPy does; a range whose width or scale overflows a double switches to
-    the halved division form (csrc/stats.h).
+    hi+0.5 as NumPy does (where that rounds back to lo, to the neighbouring doubles, and
+    never past the largest finite one); a range whose width or scale overflows a double
+    switches to the halved division form (csrc/stats.h).
 
     Args:
         bins: The number of bins.
@@ -145,7 +146,9 @@ def histogram_spec(bins: int, lo: float, hi: float):
     if lo == hi:
         lo, hi = lo - 0.5, hi + 0.5
         if lo == hi:  # beyond 2**53 half a unit rounds away: take the neighbouring doubles
-            lo, hi = math.nextafter(lo, -math.inf), math.nextafter(hi, math.inf)
+            down, up = math.nextafter(lo, -math.inf), math.nextafter(hi, math.inf)
+            # at the largest double the neighbour outward is infinite: keep that edge
+            lo, hi = (down if math.isfinite(down) else lo), (up if math.isfinite(up) else hi)
     width = hi - lo
     scale = bins / width if width > 0 and math.isfinite(width) else math.inf
     divide = not (math.isfinite(width) and math.isfinite(scale) and scale > 0)
