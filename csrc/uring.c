@@ -578,6 +578,7 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
     if (nstage > sixteenth)
         nstage = (unsigned)sixteenth;
     unsigned stage_units = (unsigned)((nstage * chunk + STAGE_UNIT - 1) / STAGE_UNIT);
+    unsigned stage_all = nstage >= 32 ? 0xffffffffu : (1u << nstage) - 1; /* every buffer free */
     /* staged reads in flight at most; the other buffers wait for their copies */
     unsigned stage_cap = nstage / 2 ? nstage / 2 : 1, staged_inflight = 0;
     /* completed staged reads whose bytes are still to be copied into place, in order of
@@ -592,7 +593,7 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
     if (pages && !stage_tried && share_worth(dst, len)) {
         stage_tried = 1;
         stage = stage_acquire();
-        stage_free = stage ? (nstage >= 32 ? 0xffffffffu : (1u << nstage) - 1) : 0;
+        stage_free = stage ? stage_all : 0;
     }
     shared = pages ? share_start(&share, pages, dst, len, stage ? stage_units : 0) : 0;
     if (shared)
@@ -633,7 +634,7 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
             if (want_stage && !stage_tried) {
                 stage_tried = 1;
                 stage = stage_acquire();
-                stage_free = stage ? (nstage >= 32 ? 0xffffffffu : (1u << nstage) - 1) : 0;
+                stage_free = stage ? stage_all : 0;
             }
             if (want_stage && stage && (!stage_free || staged_inflight >= stage_cap))
                 break; /* the buffers are being read into or copied from: reap and copy first */
