@@ -63,17 +63,49 @@ typedef struct {
     unsigned stage_units; /* units of the staging buffers the read may use (stage_take_next) */
     pthread_t thread;
     int running;
+    int stop;           /* atomic: the read is over, populate nothing more */
+    /* ns per KiB of the last huge step of the calling thread, and (atomic) of the
+     * helper: 0 for none yet */
+    long long caller_cost, helper_cost;
 } sharer;
 
 /* done[k]: 0 not yet, STEP_HUGE or STEP_SMALL: populated, with that page size. */
 #define STEP_HUGE 1
 #define STEP_SMALL 2
 
+static long long share_clock(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static void share_step(apr_fresh_state *st, sharer *sh, size_t k)
 {
     st->last_huge = 1; /* a step populating nothing (unsupported) counts as huge: no staging */
+    long long t0 = share_clock();
     apr_fresh_populate(st, sh->base + k * FRESH_STEP, FRESH_STEP);
+    if (st->last_huge) {
+        long long cost = ((share_clock() - t0) << 10) / (long long)FRESH_STEP + 1;
+        if (st == &sh->st)
+            __atomic_store_n(&sh->helper_cost, cost, __ATOMIC_RELAXED);
+        else
+            sh->caller_cost = cost;
+    }
     __atomic_store_n(&sh->done[k], st->last_huge ? STEP_HUGE : STEP_SMALL, __ATOMIC_RELEASE);
+}
+
+/* Whether the calling thread, with reads in flight, may take a step while the helper's
+ * choice is huge pages: not while its own last huge step cost more than twice the
+ * helper's.  Why: in memory the host took back the calling thread's huge steps took
+ * ~4.5 ms where the helper's took 0.2-0.3 ms (why one thread and not the other is not
+ * known), and with the ring unattended meanwhile the first completions of a fresh
+ * 504 MiB load were reaped 10-15 ms late; but where both are slow, the helper alone
+ * populated a fresh 504 MiB load in 0.46 s. */
+static int share_caller_huge(const sharer *sh)
+{
+    long long helper = __atomic_load_n(&sh->helper_cost, __ATOMIC_RELAXED);
+    return sh->caller_cost == 0 || helper == 0 || sh->caller_cost <= 2 * helper;
 }
 
 /* Whether a step of [p, p + len) (all populated: share_ready said so) has 4 KiB pages. */
@@ -114,6 +146,10 @@ static void *share_main(void *arg)
         if (!__atomic_load_n(&sh->st.huge, __ATOMIC_RELAXED))
             stage_take_next(sh->stage_units);
     }
+    /* the rest of them, if the steps got 4 KiB pages: the calling thread populates none
+     * while reads are in flight (apr_uring_read) */
+    while (sh->st.small_lo && !__atomic_load_n(&sh->stop, __ATOMIC_RELAXED) && stage_take_next(sh->stage_units))
+        ;
     return NULL;
 }
 
@@ -123,8 +159,10 @@ static void *share_main(void *arg)
  * taking the next steps past it while the helper finished one the read needs held the
  * read back (on the development VM the helper's first step took ~7 ms, and the
  * calling thread populated nine more steps meanwhile, the disk idle); steps past it
- * are populated while reads are in flight instead (apr_uring_read's loop). */
-static int share_ready(sharer *sh, apr_fresh_state *st, uint8_t *end, int may_leave)
+ * are populated while reads are in flight instead (apr_uring_read's loop).
+ * take_huge: whether it may take a step while the helper's choice is huge pages
+ * (share_caller_huge). */
+static int share_ready(sharer *sh, apr_fresh_state *st, uint8_t *end, int may_leave, int take_huge)
 {
     size_t upto = (size_t)(end - sh->base + FRESH_STEP - 1) / FRESH_STEP;
     if (upto > sh->steps)
@@ -134,7 +172,8 @@ static int share_ready(sharer *sh, apr_fresh_state *st, uint8_t *end, int may_le
             sh->frontier++;
             continue;
         }
-        if (__atomic_load_n(&sh->claim, __ATOMIC_RELAXED) < upto && share_take(sh, st))
+        if (__atomic_load_n(&sh->claim, __ATOMIC_RELAXED) < upto
+            && (take_huge || !__atomic_load_n(&sh->st.huge, __ATOMIC_RELAXED)) && share_take(sh, st))
             continue;
         if (may_leave)
             return 0;
@@ -181,6 +220,7 @@ static void share_stop(sharer *sh)
     if (!sh->running)
         return;
     __atomic_store_n(&sh->claim, sh->steps, __ATOMIC_RELEASE); /* takes nothing more */
+    __atomic_store_n(&sh->stop, 1, __ATOMIC_RELEASE);
     pthread_join(sh->thread, NULL);
     free(sh->done);
     sh->running = 0;
@@ -275,6 +315,21 @@ static int stage_fill(size_t off, size_t len, int may_leave)
     return 1;
 }
 
+/* The buffers of ``chunk`` bytes among the first nstage whose units are all populated:
+ * bit b for the buffer at stage_mem + b * chunk. */
+static unsigned stage_populated(size_t chunk, unsigned nstage)
+{
+    uint32_t ready = __atomic_load_n(&stage_ready, __ATOMIC_ACQUIRE);
+    unsigned mask = 0;
+    for (unsigned b = 0; b < nstage; b++) {
+        unsigned u0 = (unsigned)(b * chunk / STAGE_UNIT), u1 = (unsigned)(((b + 1) * chunk + STAGE_UNIT - 1) / STAGE_UNIT);
+        uint32_t need = (u1 - u0 >= 32 ? 0xffffffffu : ((1u << (u1 - u0)) - 1)) << u0;
+        if ((ready & need) == need)
+            mask |= 1u << b;
+    }
+    return mask;
+}
+
 /* The buffers, held until stage_release (NULL: another thread holds them, or no
  * memory).  Their pages are populated by stage_fill as a read first wants them; a
  * writer instead populates only what it fills, as it fills it (8 of the 16 MiB it
@@ -330,6 +385,7 @@ typedef struct {
     void *sq_map, *cq_map, *sqe_map;
     size_t sq_size, cq_size, sqe_size;
     unsigned pending; /* queued in the SQ ring, not yet taken by the kernel */
+    int timed;        /* a wait can time out (IORING_FEAT_EXT_ARG, 5.11+) */
 } ring;
 
 static int sys_setup(unsigned entries, struct io_uring_params *p)
@@ -368,6 +424,9 @@ static int ring_open(ring *r, unsigned entries)
     if (fd < 0)
         return APR_URING_UNAVAILABLE;
     r->fd = fd;
+#if defined(IORING_FEAT_EXT_ARG) && defined(IORING_ENTER_EXT_ARG)
+    r->timed = (p.features & IORING_FEAT_EXT_ARG) != 0;
+#endif
     r->sq_size = p.sq_off.array + p.sq_entries * sizeof(unsigned);
     r->cq_size = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
     int single = 0;
@@ -435,6 +494,32 @@ static int ring_enter(ring *r, int wait)
         }
         return errno;
     }
+}
+
+/* Wait for a completion, at most ``ns`` (ring_enter where the kernel cannot time out):
+ * 0, or an errno.  Why: the calling thread waits for a step the helper is populating
+ * as much as for a completion, and the development VM's disk completes the reads it
+ * holds together (16 reads of 4 MiB in 25 ms): waiting for a completion left the
+ * steps the helper populated meanwhile unread. */
+static int ring_wait_for(ring *r, long ns)
+{
+#if defined(IORING_FEAT_EXT_ARG) && defined(IORING_ENTER_EXT_ARG)
+    if (r->timed) {
+        struct __kernel_timespec ts = {0, ns};
+        struct io_uring_getevents_arg arg;
+        memset(&arg, 0, sizeof arg);
+        arg.ts = (uint64_t)(uintptr_t)&ts;
+        int got = (int)syscall(__NR_io_uring_enter, r->fd, r->pending, 1, IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG,
+                               &arg, sizeof arg);
+        if (got >= 0) {
+            r->pending -= (unsigned)got < r->pending ? (unsigned)got : r->pending;
+            return 0;
+        }
+        return errno == ETIME || errno == EINTR ? 0 : errno;
+    }
+#endif
+    (void)ns;
+    return ring_enter(r, 1);
 }
 
 /* Hand the queued reads to the kernel; on a refusal none of them starts: the first
@@ -602,6 +687,7 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
     size_t next = 0, crc_next = 0;
     unsigned inflight = 0;
     for (;;) {
+        int on_helper = 0; /* the next read waits for the helper's populating, not the disk */
         /* fill the free slots with the next pieces, in file order */
         for (unsigned i = 0; i < depth && status == 0 && next < n && inflight < depth; i++) {
             slot *s = &slots[i];
@@ -611,8 +697,11 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
             unit_range(&pl, next, &lo, &hi);
             if (shared) {
                 /* with reads in flight, reap and checksum rather than wait for the helper */
-                if (!share_ready(&share, pages, dst + (hi - offset), inflight > 0))
+                if (!share_ready(&share, pages, dst + (hi - offset), inflight > 0,
+                                 inflight == 0 || !r.timed || share_caller_huge(&share))) {
+                    on_helper = 1;
                     break;
+                }
             } else if (pages) {
                 uint8_t *need = dst + (hi - offset);
                 while (populated < need) {
@@ -636,13 +725,28 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
                 stage = stage_acquire();
                 stage_free = stage ? stage_all : 0;
             }
-            if (want_stage && stage && (!stage_free || staged_inflight >= stage_cap))
+            unsigned usable = stage_free;
+            if (want_stage && stage && shared && inflight > 0 && r.timed) {
+                /* The helper populates the buffers: with reads in flight a piece takes
+                 * one already populated, or waits for one.  Why: in memory the host took
+                 * back a buffer's 2 MiB unit took ~4.5 ms, and with the calling thread
+                 * populating them between completions the first completions of a fresh
+                 * 504 MiB load were reaped up to 15 ms late.  Reading such a piece
+                 * straight into its 4 KiB pages meanwhile lost (0.206-0.216 s against
+                 * 0.211-0.260 s, five pairs). */
+                usable &= stage_populated(chunk, nstage);
+                if (!usable && stage_free)
+                    on_helper = 1;
+            }
+            if (want_stage && stage && (!usable || staged_inflight >= stage_cap))
                 break; /* the buffers are being read into or copied from: reap and copy first */
             s->stage = -1;
-            if (want_stage && stage && !stage_fill((size_t)__builtin_ctz(stage_free) * chunk, chunk, inflight > 0))
+            if (want_stage && stage && !stage_fill((size_t)__builtin_ctz(usable) * chunk, chunk, inflight > 0)) {
+                on_helper = 1;
                 break; /* its buffer is being populated by the helper: reap meanwhile */
+            }
             if (want_stage && stage) {
-                int b = __builtin_ctz(stage_free);
+                int b = __builtin_ctz(usable);
                 stage_free &= ~(1u << b);
                 s->stage = b;
                 staged_inflight++;
@@ -766,14 +870,17 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
             break;
         /* the reads in flight are not done: populate a staging buffer or a step ahead
          * instead of waiting */
-        if (stage && status == 0 && (staged_last || (shared && !__atomic_load_n(&share.st.huge, __ATOMIC_RELAXED)))
-            && stage_take_next(stage_units))
+        if (stage && status == 0 && !shared && staged_last && stage_take_next(stage_units))
             continue;
-        if (shared && status == 0 && share_take(&share, pages))
+        if (shared && status == 0
+            && (inflight == 0 || !r.timed || share_caller_huge(&share) || !__atomic_load_n(&share.st.huge, __ATOMIC_RELAXED))
+            && share_take(&share, pages))
             continue;
         if (inflight == 0)
             break;
-        int rc = ring_enter(&r, 1);
+        /* a step or buffer the helper populates can let the next read go before any
+         * completion: look again every half millisecond */
+        int rc = on_helper ? ring_wait_for(&r, 500000) : ring_enter(&r, 1);
         if (rc) {
             /* Reads in flight still write into dst: never return before they end.
              * Their completions are posted whatever happens to the wait, so look
