@@ -255,10 +255,11 @@ static void share_stop(sharer *sh)
  * 64 MiB of buffers, up to a sixteenth of the read (so 16 buffers, 8 reads in flight,
  * at 4 GiB; 7 and 3 at 504 MiB), populated 2 MiB at a time as they are first wanted,
  * or by the populating helper, one after each step once the steps get 4 KiB pages (a
- * load that gets only huge pages populates none of them).  Why: with
- * 16 MiB (2 staged reads in flight) the disk read 2.3 GB/s into staged pieces of a
- * fresh 4 GiB load once its destination was populated, against 2.7 GB/s with 8 in
- * flight and fio's 2.6-2.8 GB/s (sectors read per 50 ms, /sys/block/vda/stat); and
+ * load that gets only huge pages populates none of them); with the helper running,
+ * the calling thread populates none while reads are in flight (apr_uring_read).
+ * Why: with 16 MiB (2 staged reads in flight) the disk read 2.3 GB/s into staged
+ * pieces of a fresh 4 GiB load once its destination was populated, against 2.7 GB/s
+ * with 8 in flight and fio's 2.6-2.8 GB/s (sectors read per 50 ms, /sys/block/vda/stat); and
  * populated whole on first use, memory the host took back made that a 60-200 ms stall
  * of every read (a 32 MiB trial in stop 34 lost at 504 MiB for it). */
 #define STAGE_BYTES ((size_t)64 << 20)
@@ -608,8 +609,8 @@ static void queue_read(ring *r, int fd, slot *s, size_t index)
 
 /* The calling thread copies staged pieces and checksums them this much at a time,
  * reaping completions and submitting reads in between.  Why: this VM's disk completes
- * the reads it holds together, and a completion reaped a whole piece's copy (0.4 ms
- * for 4 MiB) or CRC late left it idle that long each time: a warm 504 MiB load with
+ * the reads it holds together, and completions seen only after a whole piece's copy
+ * (0.4 ms for 4 MiB) or CRC left it idle up to that long each time: a warm 504 MiB load with
  * every piece staged took 215-226 ms, 198-208 ms with the copies and the CRC skipped
  * (for the experiment), fio 200 ms. */
 #define SLICE_BYTES ((size_t)256 << 10)
@@ -741,8 +742,9 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
                  * back a buffer's 2 MiB unit took ~4.5 ms, and with the calling thread
                  * populating them between completions the first completions of a fresh
                  * 504 MiB load were reaped up to 15 ms late.  Reading such a piece
-                 * straight into its 4 KiB pages meanwhile lost (0.206-0.216 s against
-                 * 0.211-0.260 s, five pairs). */
+                 * straight into its 4 KiB pages meanwhile did not win (six pairs:
+                 * 0.211-0.260 s against 0.206-0.216 s, and one load of 0.46 s whose
+                 * steps all got slow huge pages and staged nothing). */
                 usable &= stage_populated(chunk, nstage);
                 if (!usable && stage_free)
                     on_helper = 1;
