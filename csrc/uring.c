@@ -83,14 +83,15 @@ static long long share_clock(void)
 static void share_step(apr_fresh_state *st, sharer *sh, size_t k)
 {
     st->last_huge = 1; /* a step populating nothing (unsupported) counts as huge: no staging */
-    long long t0 = share_clock();
+    /* the helper's own state times its steps (apr_fresh_record's cost[1]); the calling
+     * thread's follows it untimed, so its steps are timed here */
+    long long t0 = st == &sh->st ? 0 : share_clock();
     apr_fresh_populate(st, sh->base + k * FRESH_STEP, FRESH_STEP);
     if (st->last_huge) {
-        long long cost = ((share_clock() - t0) << 10) / (long long)FRESH_STEP + 1;
-        if (st == &sh->st)
-            __atomic_store_n(&sh->helper_cost, cost, __ATOMIC_RELAXED);
+        if (t0)
+            sh->caller_cost = ((share_clock() - t0) << 10) / (long long)FRESH_STEP + 1;
         else
-            sh->caller_cost = cost;
+            __atomic_store_n(&sh->helper_cost, st->cost[1], __ATOMIC_RELAXED);
     }
     __atomic_store_n(&sh->done[k], st->last_huge ? STEP_HUGE : STEP_SMALL, __ATOMIC_RELEASE);
 }
