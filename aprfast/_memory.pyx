@@ -86,8 +86,9 @@ cdef extern from "uring.h" nogil:
     int APR_URING_UNAVAILABLE
     int apr_uring_available()
     int apr_uring_set_staging(int mode)
+    int apr_uring_stages_every_piece(int fd)
     size_t apr_uring_staged_last()
-    int APR_STAGE_AUTO, APR_STAGE_ALWAYS, APR_STAGE_NEVER
+    int APR_STAGE_AUTO, APR_STAGE_ALWAYS, APR_STAGE_NEVER, APR_STAGE_RING
 
 cdef extern from "fallbacks.h" nogil:
     void apr_set_fallbacks(unsigned int flags)
@@ -596,14 +597,16 @@ cdef class UringWriter:
 
 
 #: The staging modes of io_uring direct reads (csrc/uring.h APR_STAGE_*).
-STAGING_MODES = ("auto", "always", "never")
+STAGING_MODES = ("auto", "always", "never", "ring")
 
 
 def set_direct_staging(mode):
     """Set how io_uring direct reads use their huge-page staging buffers and return
-    the mode before: "auto" (the default: the pieces whose destination is known to
-    have 4 KiB pages, csrc/uring.c says why), "always" (every whole-block piece: tests
-    and benchmarks) or "never".
+    the mode before: "auto" (the default: on a virtio-blk disk every whole-block piece
+    through a small ring of them, elsewhere the pieces whose destination is known to
+    have 4 KiB pages; csrc/uring.c says why), "always" (every whole-block piece through
+    the large set: tests and benchmarks), "ring" (every whole-block piece through the
+    small ring, on any disk) or "never".
 
     Raises:
         ValueError: ``mode`` is not one of :data:`STAGING_MODES`.
@@ -616,9 +619,24 @@ def set_direct_staging(mode):
     """
     if mode not in STAGING_MODES:
         raise ValueError(f"set_direct_staging: no mode {mode!r}; known: {', '.join(STAGING_MODES)}")
-    cdef int code = (APR_STAGE_AUTO, APR_STAGE_ALWAYS, APR_STAGE_NEVER)[STAGING_MODES.index(mode)]
-    cdef int old = apr_uring_set_staging(code)
-    return STAGING_MODES[(APR_STAGE_AUTO, APR_STAGE_ALWAYS, APR_STAGE_NEVER).index(old)]
+    codes = (APR_STAGE_AUTO, APR_STAGE_ALWAYS, APR_STAGE_NEVER, APR_STAGE_RING)
+    cdef int old = apr_uring_set_staging(codes[STAGING_MODES.index(mode)])
+    return STAGING_MODES[codes.index(old)]
+
+
+def direct_stages_every_piece(int fd):
+    """True when io_uring direct reads of ``fd`` stage every whole-block piece through
+    the small ring: the mode is "ring", or "auto" and the file lies on a virtio-blk
+    disk (csrc/uring.c says why).
+
+    Examples:
+        >>> import tempfile
+        >>> from aprfast import _memory
+        >>> with tempfile.TemporaryFile() as f:
+        ...     _memory.direct_stages_every_piece(f.fileno()) in (True, False)
+        True
+    """
+    return apr_uring_stages_every_piece(fd) != 0
 
 
 def direct_staged_last():

@@ -46,12 +46,20 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
 int apr_uring_available(void);
 
 /* Staging of direct reads through huge-page buffers (uring.c says why): AUTO stages
- * the pieces whose destination is known to have 4 KiB pages, ALWAYS every whole-block
- * piece (tests), NEVER none.  Returns the mode before; an unknown mode changes nothing. */
+ * every whole-block piece through a small ring of them on a disk whose host copies
+ * each read into guest memory (virtio-blk), elsewhere the pieces whose destination is
+ * known to have 4 KiB pages; ALWAYS every whole-block piece through the large set
+ * (tests), RING every one through the small ring wherever the file is, NEVER none.
+ * Returns the mode before; an unknown mode changes nothing. */
 #define APR_STAGE_AUTO 0
 #define APR_STAGE_ALWAYS 1
 #define APR_STAGE_NEVER 2
+#define APR_STAGE_RING 3
 int apr_uring_set_staging(int mode);
+/* 1 when apr_uring_read stages every whole-block piece of fd through the small ring
+ * (the mode, and for AUTO the disk under fd): the destination's page size then does
+ * not change how the disk is read. */
+int apr_uring_stages_every_piece(int fd);
 /* The pieces the calling thread's last apr_uring_read read through staging buffers. */
 size_t apr_uring_staged_last(void);
 

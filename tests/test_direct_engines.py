@@ -366,7 +366,7 @@ def _staging_set(mode):
     _memory.set_direct_staging(before)
 
 
-@pytest.fixture(params=["always", "never"])
+@pytest.fixture(params=["always", "never", "ring"])
 def staging(request):
     yield from _staging_set(request.param)
 
@@ -391,7 +391,7 @@ def test_staged_reads_give_the_bytes_and_crc_of_direct_ones(blob, staging):
         assert not np.any(whole[:shift] != 0x5A) and not np.any(whole[shift + n:] != 0x5A), (at, n, shift)
         assert crc == zlib.crc32(data[at:at + n], 5)
         whole_pieces = -(-at // ALIGN) * ALIGN < (at + n) // ALIGN * ALIGN
-        assert (_memory.direct_staged_last() > 0) == (staging == "always" and whole_pieces), (at, n, chunk)
+        assert (_memory.direct_staged_last() > 0) == (staging in ("always", "ring") and whole_pieces), (at, n, chunk)
 
 
 @pytest.mark.skipif(not URING, reason="no io_uring ring can be set up here")
@@ -414,7 +414,7 @@ def test_a_file_shorter_than_asked_is_eof_with_staging(blob, staging, chunk):
     dst = _dst(data.size, 0)
     _memory.pread_direct(fd, 0, dst, 0, None, ALIGN, "io_uring")
     np.testing.assert_array_equal(dst, data)
-    assert (_memory.direct_staged_last() > 0) == (staging == "always")
+    assert (_memory.direct_staged_last() > 0) == (staging in ("always", "ring"))
 
 
 @pytest.mark.skipif(not URING, reason="no io_uring ring can be set up here")
@@ -450,7 +450,7 @@ def test_threads_reading_at_once_share_the_staging_buffers_without_a_mixup(blob)
     assert any(staged)
 
 
-@pytest.fixture(params=["always", "never", "auto"])
+@pytest.fixture(params=["always", "never", "auto", "ring"])
 def any_staging(request):
     yield from _staging_set(request.param)
 
@@ -471,6 +471,45 @@ def test_a_large_fresh_destination_staged_gives_the_tensors(tmp_path, monkeypatc
         _memory.release_buffer_cache()
         with pytest.raises(CorruptError):
             f.load_all()
+
+
+@pytest.mark.skipif(not URING, reason="no io_uring ring can be set up here")
+def test_the_small_ring_stages_every_piece_through_a_few_buffers(blob):
+    # "ring": every whole-block piece through 8 MiB of buffers, 2 MiB reads by default
+    # (csrc/uring.c RING_BYTES); the bytes and the CRC are those of the file
+    fd, data, _ = blob
+    before = _memory.set_direct_staging("ring")
+    try:
+        assert _memory.direct_stages_every_piece(fd)
+        dst = _dst(data.size, 0)
+        assert _memory.pread_direct(fd, 0, dst, 0, 7, ALIGN, "io_uring") == zlib.crc32(data, 7)
+        np.testing.assert_array_equal(dst, data)
+        whole_blocks = data.size // ALIGN * ALIGN  # the partial last block goes through a bounce block
+        assert _memory.direct_staged_last() == -(-whole_blocks // (2 << 20))
+        # an explicit chunk of more than half the ring is read as the other modes read it
+        dst = _dst(data.size, 0)
+        assert _memory.pread_direct(fd, 0, dst, 0, 0, ALIGN, "io_uring", 0, 8 << 20) == zlib.crc32(data)
+        np.testing.assert_array_equal(dst, data)
+        assert _memory.direct_staged_last() == 0
+    finally:
+        _memory.set_direct_staging(before)
+
+
+@pytest.mark.skipif(not URING or not os.path.isdir("/dev/shm"), reason="needs io_uring and a tmpfs at /dev/shm")
+def test_only_a_virtio_disk_or_the_ring_mode_stages_every_piece():
+    # "auto" asks the disk under the file (sysfs): a file on tmpfs has none
+    before = _memory.set_direct_staging("auto")
+    path = f"/dev/shm/aprfast-ring-probe-{os.getpid()}"
+    try:
+        with open(path, "wb") as f:
+            assert _memory.direct_stages_every_piece(f.fileno()) is False
+            for mode, want in (("ring", True), ("always", False), ("never", False)):
+                _memory.set_direct_staging(mode)
+                assert _memory.direct_stages_every_piece(f.fileno()) is want
+        assert pure_memory.direct_stages_every_piece(0) is False
+    finally:
+        _memory.set_direct_staging(before)
+        os.unlink(path)
 
 
 @pytest.mark.parametrize("module", [_memory, pure_memory], ids=["compiled", "pure"])

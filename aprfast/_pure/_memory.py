@@ -104,7 +104,7 @@ def huge_pages_state() -> str:
 
 
 #: The staging modes of the compiled module's io_uring direct reads.
-STAGING_MODES = ("auto", "always", "never")
+STAGING_MODES = ("auto", "always", "never", "ring")
 _staging = ["auto"]
 
 
@@ -119,6 +119,11 @@ def set_direct_staging(mode):
         raise ValueError(f"set_direct_staging: no mode {mode!r}; known: {', '.join(STAGING_MODES)}")
     old, _staging[0] = _staging[0], mode
     return old
+
+
+def direct_stages_every_piece(fd: int) -> bool:
+    """Always False: this backend stages nothing."""
+    return False
 
 
 def direct_staged_last() -> int:
