@@ -13,11 +13,13 @@ disk whose host serves requests one by one), fewer and larger requests read fast
 Rows, each reading the whole file cold (evicted and checked with mincore before every
 call) into a destination touched beforehand, so no row pays for fresh memory:
 
-* ``O_DIRECT`` through aprfast's io_uring engine (16 reads of 4 MiB in flight) into
-  4 KiB pages (``MADV_NOHUGEPAGE``), into huge pages (``MADV_HUGEPAGE``, checked in
-  ``/proc/self/smaps``), and into 4 KiB pages through the engine's huge-page staging
-  buffers (``set_direct_staging("always")``: each piece read into a staging buffer,
-  then copied into place);
+* ``O_DIRECT`` through aprfast's io_uring engine (16 reads of 4 MiB in flight) straight
+  into 4 KiB pages (``MADV_NOHUGEPAGE``) and into huge pages (``MADV_HUGEPAGE``, checked
+  in ``/proc/self/smaps``) (``set_direct_staging("never")``), into 4 KiB pages through
+  the engine's 64 MiB of huge-page staging buffers (``"always"``: each piece read into
+  a staging buffer, then copied into place), and into either through the small ring
+  (``"ring"``: 2 MiB reads into four 2 MiB buffers, two in flight: what ``"auto"`` does
+  on a virtio-blk disk, csrc/uring.c ``RING_BYTES``);
 * buffered ``pread`` by one thread (1 MiB reads; the kernel reads ahead) and by eight.
 
 After the timed rounds one more cold call of each counts the device's requests
@@ -99,9 +101,9 @@ def huge_bytes(arr) -> int:
     return total
 
 
-def staged(read):
-    """``read`` with every piece staged through aprfast's huge-page buffers (uring.c)."""
-    before = _memory.set_direct_staging("always")
+def staged(mode, read):
+    """``read`` with the io_uring engine's staging mode set to ``mode`` (uring.c)."""
+    before = _memory.set_direct_staging(mode)
     try:
         return read()
     finally:
@@ -141,9 +143,12 @@ def main():
             return _memory.pread_direct(dfd, 0, dst, 8, None, 4096, "io_uring")
 
         tools = {
-            "O_DIRECT io_uring into 4 KiB pages": lambda: direct(small),
-            "O_DIRECT io_uring into huge pages": lambda: direct(huge),
-            "O_DIRECT io_uring into 4 KiB pages, staged": lambda: staged(lambda: direct(small)),
+            "O_DIRECT io_uring into 4 KiB pages": lambda: staged("never", lambda: direct(small)),
+            "O_DIRECT io_uring into huge pages": lambda: staged("never", lambda: direct(huge)),
+            "O_DIRECT io_uring into 4 KiB pages, staged (64 MiB of buffers)":
+                lambda: staged("always", lambda: direct(small)),
+            "O_DIRECT io_uring into 4 KiB pages, the small ring (8 MiB)": lambda: staged("ring", lambda: direct(small)),
+            "O_DIRECT io_uring into huge pages, the small ring (8 MiB)": lambda: staged("ring", lambda: direct(huge)),
             "buffered pread, 1 thread": lambda: _memory.pread_into(fd, 0, small, 1, None),
             "buffered pread, 8 threads": lambda: _memory.pread_into(fd, 0, small, 8, None),
         }
