@@ -37,7 +37,9 @@ Rows (aprfast | safetensors | the best other peer | limit):
   of it.  Its limit column also has the fresh memory alone: a fresh process populating
   the model's size (``MADV_POPULATE_WRITE``, huge pages and 4 KiB pages, one thread per
   core), and per round the slower of fio and the faster populate: a load into fresh
-  memory pays both, while fio reuses its buffers and pays neither.
+  memory pays both, while fio reuses its buffers and pays neither.  Beside it, fio's
+  shallow read of the same file (``--bs=4M --iodepth=1``), which beat the issue's
+  16M/16 on the development VM's virtio disk.
 * peak memory of a cold eager load, each in a fresh process: VmHWM above the RSS after
   the imports, and the file's pages left in the page cache (mincore): their sum is
   what the load costs the machine (the issue's target: at most 1.05x the model +
