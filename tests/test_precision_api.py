@@ -2,7 +2,8 @@
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
+from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 from ml_dtypes import bfloat16
 
@@ -58,6 +59,48 @@ def test_float64_inputs_convert_as_numpy_and_ml_dtypes_do():
         assert np.array_equal(bits16(aprfast.to_bfloat16(x)), bits16(x.astype(bfloat16)))
         assert np.array_equal(aprfast.to_float32(x), x.astype(np.float32))
     assert np.isinf(aprfast.to_float32(x)[3]) and np.isinf(aprfast.to_float16(x)[3])
+
+
+def _double_bits(n):
+    return arrays(np.uint64, n, elements=st.integers(0, 2**52 - 1))
+
+
+@given(mant=_double_bits(40), exp=arrays(np.uint64, 40, elements=st.integers(1023 - 126, 1023 + 126)),
+       sign=arrays(np.uint64, 40, elements=st.integers(0, 1)))
+@example(mant=np.full(40, (1 << 45) + (1 << 44) + 1, np.uint64), exp=np.full(40, 1023, np.uint64),
+         sign=np.zeros(40, np.uint64))  # just above a bfloat16 tie: a tie in float32
+@example(mant=np.full(40, 1 << 44, np.uint64), exp=np.full(40, 1023, np.uint64),
+         sign=np.ones(40, np.uint64))  # an exact tie: to even
+def test_float64_to_bfloat16_rounds_once(mant, exp, sign):
+    # The oracle: round-to-nearest-even on the float64 bits themselves (45 bits below
+    # bfloat16's 7 stored ones), valid where the result is a normal float32 exponent.
+    bits = (sign << np.uint64(63)) | (exp << np.uint64(52)) | mant
+    x = bits.view(np.float64)
+    lsb = (bits >> np.uint64(45)) & np.uint64(1)
+    rounded = ((bits + np.uint64((1 << 44) - 1) + lsb) >> np.uint64(45)) << np.uint64(45)
+    want = (rounded.view(np.float64).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    assert np.array_equal(bits16(precision._f32_round_to_odd(x).astype(bfloat16)), want)
+    got = bits16(aprfast.to_bfloat16(x))
+    if precision._BF16_F64_ONCE:  # ml_dtypes 0.7 rounds once: so does aprfast
+        assert np.array_equal(got, want)
+    else:  # earlier ml_dtypes round through float32: aprfast gives their bits
+        assert np.array_equal(got, bits16(x.astype(np.float32).astype(bfloat16)))
+    # gguf-py narrows to float32 first, whatever ml_dtypes does
+    assert np.array_equal(bits16(aprfast.to_bfloat16(x, ggml=True)), bits16(x.astype(np.float32).astype(bfloat16)))
+
+
+def test_float64_round_to_odd_keeps_infinities_nans_and_the_tiniest():
+    x = np.array([np.inf, -np.inf, np.nan, 1e300, -1e300, 1e-320, -1e-320, 0.0, -0.0], np.float64)
+    got = precision._f32_round_to_odd(x)
+    assert got[0] == np.inf and got[1] == -np.inf and np.isnan(got[2])
+    # beyond float32: the largest finite float32 with its last bit set, which bfloat16
+    # rounding takes to infinity as one rounding of the float64 would
+    assert got[3] == np.finfo(np.float32).max and got[4] == -np.finfo(np.float32).max
+    assert bits16(got[3:5].astype(bfloat16)).tolist() == [0x7F80, 0xFF80]
+    # below float32's subnormals: the smallest subnormal of the sign, then bfloat16 0
+    assert got[5:7].view(np.uint32).tolist() == [1, 0x80000001]
+    assert bits16(got[5:7].astype(bfloat16)).tolist() == [0x0000, 0x8000]
+    assert got[7:].view(np.uint32).tolist() == [0, 0x80000000]
 
 
 def test_half_inputs_convert_between_each_other():

@@ -11,7 +11,9 @@ Each function gives exactly the bits NumPy and ml_dtypes give (the kernels in
 * :func:`to_float32` - widens float16 or bfloat16 exactly.
 
 float64 inputs convert as NumPy/ml_dtypes convert them: straight to float16 (one
-rounding), through float32 to bfloat16 (ml_dtypes' own path); overflow gives infinity
+rounding); to bfloat16 with one rounding as ml_dtypes 0.7 does, or through float32
+where the installed ml_dtypes rounds twice (0.6 and earlier), so the bits match the
+ml_dtypes at hand (``ggml=True`` always through float32, as gguf-py); overflow gives infinity
 without a warning, as in the kernels.  ``out`` is reused when
 given: C-contiguous, writable, the right element count and dtype (float16/bfloat16
 or their ``uint16`` bits; float32 for :func:`to_float32`).  ``threads`` caps the
@@ -43,6 +45,21 @@ _U16 = np.dtype("<u2")
 _F32 = np.dtype(np.float32)
 _BITS = np.dtype(np.uint16)  # the native-order object: .view() takes it several times faster than "<u2"
 _BF16 = np.dtype(bfloat16) if bfloat16 is not None else None
+
+
+def _ml_dtypes_rounds_f64_once() -> bool:
+    """Whether ``float64.astype(bfloat16)`` rounds once (ml_dtypes 0.7) rather than
+    through float32 (earlier versions): 1 + 2**-8 + 2**-30 is a tie in float32 (rounds
+    down to even, 1.0) but above the tie in float64 (rounds up, 0x3F81).  True without
+    ml_dtypes: one rounding is the correct result."""
+    if _BF16 is None:
+        return True
+    probe = np.array([1 + 2**-8 + 2**-30], np.float64).astype(_BF16).view(np.uint16)
+    return int(probe[0]) == 0x3F81
+
+
+#: How float64 becomes bfloat16 here: as the installed ml_dtypes does it.
+_BF16_F64_ONCE = _ml_dtypes_rounds_f64_once()
 
 #: Outputs of at least this many bytes come from aprfast's buffer cache (csrc/buffers.c),
 #: smaller ones from np.empty.  Why: glibc's malloc reuses freed blocks below its mmap
@@ -127,7 +144,9 @@ def to_bfloat16(array, out=None, *, threads: int = 0, ggml: bool = False) -> np.
     bits = _flat(result).view(_BITS)
     if _BF16 is not None and values.dtype == _BF16:
         bits[...] = values.reshape(-1).view(_BITS)
-    else:  # float64 goes through float32, exactly as ml_dtypes converts it
+    elif values.dtype == np.float64 and _BF16_F64_ONCE and not ggml:
+        _half.f32_to_bf16(_f32_round_to_odd(_flat(values)), bits, threads=threads)
+    else:  # float64 through float32, as earlier ml_dtypes and gguf-py convert it
         _half.f32_to_bf16(_flat(_widened(values, threads)), bits, threads=threads)
     if ggml:
         _ggml_nans(values, bits)
@@ -223,6 +242,24 @@ def _little_endian(values: np.ndarray) -> np.ndarray:
     if order == ">" or (order == "=" and not np.little_endian):
         return values.astype(values.dtype.newbyteorder("<"))
     return values
+
+
+def _f32_round_to_odd(flat: np.ndarray) -> np.ndarray:
+    """float64 values narrowed to float32 rounding to odd (toward zero, the last bit
+    set where inexact).  Why: float32 keeps 16 more bits than bfloat16, so rounding
+    that result to nearest even bfloat16 gives what one rounding of the float64 gives;
+    rounding to nearest twice would not (a float64 just above a bfloat16 tie becomes
+    the tie in float32)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        narrow = flat.astype(_F32)
+        inexact = (narrow != flat) & (flat == flat)  # NaNs stay as NumPy narrows them
+    if inexact.any():
+        bits = narrow.view(np.uint32)
+        got = bits[inexact]
+        # rounded away from zero (up to infinity, too): one step back toward zero
+        away = np.abs(narrow[inexact].astype(np.float64)) > np.abs(flat[inexact])
+        bits[inexact] = (got - away.astype(np.uint32)) | 1
+    return narrow
 
 
 def _widened(values: np.ndarray, threads: int) -> np.ndarray:
