@@ -581,7 +581,9 @@ int apr_pread_direct_engine(int fd, uint8_t *dst, uint64_t offset, size_t len, i
     apr_fresh_state pages;
     memset(&pages, 0, sizeof pages);
     int fresh = apr_fresh_claim(dst, len, &pages);
-    pages.slow_ns = APR_HUGE_SLOW_DIRECT_NS; /* 4 KiB pages split direct reads (buffers.h) */
+    /* 4 KiB pages split direct reads (buffers.h); apr_uring_read drops the mark where
+     * it stages every piece */
+    pages.slow_ns = APR_HUGE_SLOW_DIRECT_NS;
     int status = APR_URING_UNAVAILABLE;
     uint64_t a0 = (offset + align - 1) & ~(uint64_t)(align - 1), a1 = (offset + len) & ~(uint64_t)(align - 1);
     int congruent = (((uintptr_t)dst - (uintptr_t)offset) & (align - 1)) == 0;
@@ -590,10 +592,6 @@ int apr_pread_direct_engine(int fd, uint8_t *dst, uint64_t offset, size_t len, i
     int uring = engine == APR_ENGINE_URING || (engine == APR_ENGINE_AUTO && APR_ENGINE_DEFAULT == APR_ENGINE_URING
                                                && a1 > a0 && a1 - a0 >= URING_MIN);
     if (uring && congruent && a1 > a0) {
-        /* every piece staged: the destination's pages no longer split the reads, so
-         * huge pages are worth only what they save in populating (buffers.c) */
-        if (apr_uring_stages_every_piece(fd))
-            pages.slow_ns = 0;
         status = apr_uring_read(fd, dst, offset, len, crc, align, depth, chunk, fresh ? &pages : NULL);
         /* refused by this ring but maybe not by a plain pread (an old kernel's io_uring on
          * this filesystem): the threads try, and say EINVAL themselves if O_DIRECT is

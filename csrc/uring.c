@@ -690,8 +690,11 @@ int apr_uring_read(int fd, uint8_t *dst, uint64_t offset, size_t len, uint32_t *
     int mode = __atomic_load_n(&stage_mode, __ATOMIC_RELAXED);
     /* every whole-block piece through the small ring (RING_BYTES says why), where the
      * ring holds at least two of them */
-    int ring_all = (mode == APR_STAGE_RING || (mode == APR_STAGE_AUTO && host_copies(fd)))
-                   && (chunk == 0 || chunk <= RING_BYTES / 2);
+    int ring_all = apr_uring_stages_every_piece(fd) && (chunk == 0 || chunk <= RING_BYTES / 2);
+    /* the destination's pages then no longer split the reads, so huge pages are worth
+     * only what they save in populating (buffers.c's own mark) */
+    if (ring_all && pages)
+        pages->slow_ns = 0;
     if (chunk == 0)
         chunk = ring_all ? RING_CHUNK : APR_URING_CHUNK;
     if (align == 0 || (align & (align - 1)) || chunk < align || (chunk & (chunk - 1)) || chunk > ((size_t)1 << 30))

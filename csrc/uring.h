@@ -35,7 +35,8 @@ extern "C" {
  * a partial block at either end is read whole into a small aligned bounce buffer and
  * copied.  crc (zlib.crc32 semantics) is updated over the bytes in file order, only on
  * success.  pages, when not NULL, is a claimed fresh block (buffers.h) populated just
- * ahead of each read.  depth 0 / chunk 0: the defaults above.
+ * ahead of each read; where every piece is staged (apr_uring_stages_every_piece) its
+ * slow_ns is set to 0, the plain huge-page mark.  depth 0 / chunk 0: the defaults above.
  * Returns 0, an errno value of the first failed read (every read in flight is waited
  * for before returning: none writes into dst afterwards), -1 if the file ended first,
  * or APR_URING_UNAVAILABLE. */
